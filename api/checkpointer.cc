@@ -1,0 +1,418 @@
+#include "api/checkpointer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/checksum.h"
+#include "core/clock.h"
+
+namespace cairn {
+namespace {
+
+constexpr uint64_t kShardAlign = 64;  // slot offsets: cache-line aligned for streaming stores
+constexpr size_t kMaxBlobs = 1 << 16;
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string ShardKey(const std::string& name, const Box& box) {
+  std::string k = name;
+  k.push_back('\0');
+  for (size_t d = 0; d < box.ndim(); ++d) {
+    k.append(reinterpret_cast<const char*>(&box.offsets[d]), sizeof(int64_t));
+    k.append(reinterpret_cast<const char*>(&box.lengths[d]), sizeof(int64_t));
+  }
+  return k;
+}
+
+}  // namespace
+
+struct Checkpointer::Request {
+  uint64_t seq = 0;
+  int slot = -1;
+  SlotHeader header;                    // complete but for checksums
+  std::vector<CopyChunk> chunks;        // src set; dst filled in once the slot is mapped
+  std::vector<uint64_t> chunk_offsets;  // destination offsets in the slot
+  std::vector<std::string> blob_bytes;  // in header.blobs order
+};
+
+Checkpointer::Checkpointer(Options options, FileSystem* fs, std::unique_ptr<CopyEngine> engine)
+    : options_(std::move(options)),
+      fs_(fs),
+      log_("cairn rank " + std::to_string(options_.rank), options_.log_level),
+      engine_(std::move(engine)) {
+  stats_.copy_engine = std::string(engine_->name());
+}
+
+Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
+  CAIRN_RETURN_IF_ERROR(options.Validate());
+  FileSystem* fs = options.fs ? options.fs : DefaultFileSystem();
+  CAIRN_ASSIGN_OR_RETURN(auto engine, MakeCopyEngine(options.copy_engine, options.copy_threads));
+  std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options), fs, std::move(engine)));
+  HostTierConfig tc;
+  tc.dir = HostTier::RankDir(c->options_.host_root, c->options_.job_id, c->options_.node,
+                             c->options_.rank);
+  tc.slots = c->options_.slots;
+  tc.slot_bytes = c->options_.slot_bytes;
+  CopyEngine* e = c->engine_.get();
+  tc.on_map = [e](void* p, size_t n) { return e->RegisterHost(p, n); };
+  tc.on_unmap = [e](void* p, size_t n) { e->UnregisterHost(p, n); };
+  auto tier = HostTier::Open(std::move(tc), fs, &c->log_);
+  if (!tier.ok()) return tier.status().WithContext(c->Who());
+  c->tier_ = std::move(*tier);
+  auto held = c->tier_->Versions();
+  if (!held.empty())
+    c->log_.Info("host tier " + c->tier_->dir() + " holds " + std::to_string(held.size()) +
+                 " restorable version(s), newest step " + std::to_string(held.front().step));
+  c->capture_thread_ = std::thread([p = c.get()] { p->CaptureLoop(); });
+  return c;
+}
+
+Checkpointer::~Checkpointer() {
+  {
+    std::unique_lock lk(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (capture_thread_.joinable()) capture_thread_.join();
+}
+
+std::string Checkpointer::Who() const {
+  return "rank " + std::to_string(options_.rank);
+}
+
+Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> shards,
+                                       const Blobs& blobs) {
+  const int64_t t0 = NowNanos();
+  const std::string who = Who() + ", step " + std::to_string(step);
+  if (step < 0) return Status::InvalidArgument(who + ": step must not be negative");
+  if (last_step_ && step <= *last_step_)
+    return Status::InvalidArgument(who + ": steps must increase (the last save was step " +
+                                   std::to_string(*last_step_) + ")");
+  if (blobs.size() > kMaxBlobs)
+    return Status::InvalidArgument(who + ": too many blobs (" + std::to_string(blobs.size()) + ")");
+
+  // Validate everything before reserving anything.
+  std::unordered_map<std::string, const TensorMeta*> metas;
+  std::unordered_set<std::string> keys;
+  for (const ShardSpec& s : shards) {
+    CAIRN_RETURN_IF_ERROR(CheckShard(s).WithContext(who));
+    if (s.memory == MemoryKind::kDevice && engine_->name() != "cuda")
+      return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
+                                     "' is in device memory but the copy engine is '" +
+                                     std::string(engine_->name()) + "'");
+    auto [it, fresh] = metas.emplace(s.meta.name, &s.meta);
+    if (!fresh && !(*it->second == s.meta))
+      return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
+                                     "' is given with two different dtypes or global shapes");
+    if (!keys.insert(ShardKey(s.meta.name, s.box)).second)
+      return Status::InvalidArgument(who + ": tensor '" + s.meta.name + "' box " +
+                                     s.box.ToString() + " is given twice");
+  }
+  for (const auto& [name, bytes] : blobs)
+    CAIRN_RETURN_IF_ERROR(CheckTensorName(name).WithContext(who + ": blob name"));
+
+  // Lay the version out in a slot and cut it into chunks.
+  auto req = std::make_unique<Request>();
+  SlotHeader& h = req->header;
+  h.step = step;
+  h.rank = static_cast<uint32_t>(options_.rank);
+  h.world_size = static_cast<uint32_t>(options_.world_size);
+  h.node = static_cast<uint32_t>(options_.node);
+  h.chunk_bytes = options_.chunk_bytes;
+  uint64_t off = 0;
+  uint32_t chunk_index = 0;
+  h.shards.reserve(shards.size());
+  for (const ShardSpec& s : shards) {
+    SlotShard r;
+    r.name = s.meta.name;
+    r.dtype = s.meta.dtype;
+    r.global_shape = s.meta.global_shape;
+    r.box = s.box;
+    r.offset = off = AlignUp(off, kShardAlign);
+    r.nbytes = s.nbytes();
+    r.first_chunk = chunk_index;
+    r.num_chunks = static_cast<uint32_t>((r.nbytes + h.chunk_bytes - 1) / h.chunk_bytes);
+    for (uint32_t i = 0; i < r.num_chunks; ++i) {
+      const uint64_t b = static_cast<uint64_t>(i) * h.chunk_bytes;
+      CopyChunk c;
+      c.src = static_cast<const std::byte*>(s.data) + b;
+      c.bytes = static_cast<size_t>(std::min(h.chunk_bytes, r.nbytes - b));
+      req->chunks.push_back(c);
+      req->chunk_offsets.push_back(r.offset + b);
+    }
+    chunk_index += r.num_chunks;
+    off += r.nbytes;
+    h.shards.push_back(std::move(r));
+  }
+  for (const auto& [name, bytes] : blobs) {
+    SlotBlob b;
+    b.name = name;
+    b.offset = off = AlignUp(off, kShardAlign);
+    b.nbytes = bytes.size();
+    off += b.nbytes;
+    h.blobs.push_back(std::move(b));
+    req->blob_bytes.push_back(bytes);
+  }
+  h.data_bytes = off;
+  h.chunk_checksums.assign(chunk_index, 0);
+
+  auto slot = tier_->Reserve(step, options_.full_policy);
+  last_step_ = step;
+  std::unique_lock lk(mu_);
+  if (!slot.ok()) {
+    if (slot.status().code() != StatusCode::kUnavailable) return slot.status().WithContext(who);
+    ++stats_.skipped;
+    if (!warned_skip_) {
+      log_.Warning(who + " skipped: " + slot.status().message() +
+                   " (policy skip; later skips are only counted in stats)");
+      warned_skip_ = true;
+    }
+    const double dt = NanosToSeconds(NowNanos() - t0);
+    stats_.save_call_total_s += dt;
+    stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
+    return SaveOutcome::kSkipped;
+  }
+  req->slot = *slot;
+  req->seq = ++submitted_seq_;
+  queue_.push_back(std::move(req));
+  ++stats_.saves;
+  cv_.notify_all();
+  const double dt = NanosToSeconds(NowNanos() - t0);
+  stats_.save_call_total_s += dt;
+  stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
+  return SaveOutcome::kQueued;
+}
+
+Status Checkpointer::fence() {
+  const int64_t t0 = NowNanos();
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return copied_seq_ >= submitted_seq_; });
+  const double dt = NanosToSeconds(NowNanos() - t0);
+  ++stats_.fences;
+  stats_.fence_wait_total_s += dt;
+  stats_.fence_wait_max_s = std::max(stats_.fence_wait_max_s, dt);
+  Status st = fence_error_;
+  fence_error_ = Status::OK();
+  return st;
+}
+
+Status Checkpointer::wait_captured() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
+  Status st = capture_error_;
+  capture_error_ = Status::OK();
+  fence_error_ = Status::OK();
+  return st;
+}
+
+void Checkpointer::CaptureLoop() {
+  for (;;) {
+    std::unique_ptr<Request> r;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued is done
+      r = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Capture(*r);
+  }
+}
+
+void Checkpointer::Capture(Request& r) {
+  SlotHeader& h = r.header;
+  const std::string who = Who() + ", step " + std::to_string(h.step);
+  Status st;
+  int64_t copy_ns = 0;
+  auto base = tier_->Prepare(r.slot, h.step, h.data_bytes, h);
+  if (!base.ok()) {
+    st = base.status();
+  } else {
+    std::byte* slot = *base;
+    for (size_t i = 0; i < r.chunks.size(); ++i) r.chunks[i].dst = slot + r.chunk_offsets[i];
+    const int64_t t0 = NowNanos();
+    st = engine_->Copy(r.chunks, engine_->checksums_while_copying() ? h.chunk_checksums.data()
+                                                                     : nullptr);
+    for (size_t i = 0; st.ok() && i < h.blobs.size(); ++i) {
+      std::memcpy(slot + h.blobs[i].offset, r.blob_bytes[i].data(), h.blobs[i].nbytes);
+      h.blobs[i].checksum = Checksum(r.blob_bytes[i].data(), h.blobs[i].nbytes);
+    }
+    copy_ns = NowNanos() - t0;
+  }
+  {
+    std::lock_guard lk(mu_);
+    copied_seq_ = r.seq;
+    if (st.ok()) {
+      stats_.bytes_copied += h.data_bytes;
+      stats_.copy_seconds += NanosToSeconds(copy_ns);
+      if (stats_.copy_seconds > 0)
+        stats_.copy_gbps = static_cast<double>(stats_.bytes_copied) / stats_.copy_seconds / 1e9;
+    } else if (fence_error_.ok()) {
+      fence_error_ = st.WithContext(who + ": capture failed");
+    }
+    cv_.notify_all();
+  }
+  if (st.ok()) {
+    tier_->MarkCopied(r.slot);
+    if (!engine_->checksums_while_copying()) {
+      std::vector<HostRange> ranges;
+      ranges.reserve(r.chunks.size());
+      for (const CopyChunk& c : r.chunks) ranges.push_back({c.dst, c.bytes});
+      engine_->ChecksumHost(ranges, h.chunk_checksums.data());
+    }
+    h.created_wall_ns = WallNanos();
+    st = tier_->Commit(r.slot, h);
+  }
+  if (!st.ok()) {
+    tier_->Abort(r.slot);
+    log_.Warning(who + ": capture failed, version not restorable (older versions are kept): " +
+                 st.ToString());
+  }
+  std::lock_guard lk(mu_);
+  if (st.ok()) {
+    ++stats_.captured;
+    stats_.newest_captured_step = std::max(stats_.newest_captured_step, h.step);
+  } else {
+    ++stats_.failed;
+    if (capture_error_.ok()) capture_error_ = st.WithContext(who + ": capture failed");
+  }
+  done_seq_ = r.seq;
+  cv_.notify_all();
+}
+
+std::vector<VersionInfo> Checkpointer::versions() const { return tier_->Versions(); }
+
+Stats Checkpointer::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
+                                            const RestoreOptions& options) {
+  const int64_t t0 = NowNanos();
+  (void)wait_captured();  // a failed capture is simply not among the versions
+  for (const ShardSpec& t : targets) {
+    CAIRN_RETURN_IF_ERROR(CheckShard(t).WithContext(Who() + ": restore target"));
+    if (t.memory == MemoryKind::kDevice && engine_->name() != "cuda")
+      return Status::InvalidArgument(Who() + ": restore target '" + t.meta.name +
+                                     "' is in device memory but the copy engine is '" +
+                                     std::string(engine_->name()) + "'");
+  }
+  RestoreReport report;
+  std::vector<int64_t> candidates;
+  if (options.step) {
+    candidates.push_back(*options.step);
+  } else {
+    for (const VersionInfo& v : tier_->Versions()) candidates.push_back(v.step);
+    if (candidates.empty())
+      return Status::NotFound(Who() + ": no restorable version in host tier " + tier_->dir());
+  }
+  for (int64_t step : candidates) {
+    auto view = tier_->Pin(step);
+    if (!view.ok()) return view.status().WithContext(Who());
+    Status st = RestoreFrom(**view, targets, &report);
+    if (st.ok()) {
+      report.step = step;
+      report.tier = "host";
+      report.seconds = NanosToSeconds(NowNanos() - t0);
+      return report;
+    }
+    if (st.code() != StatusCode::kCorruption || options.step) return st;
+    log_.Warning("skipping step " + std::to_string(step) + ": " + st.message() +
+                 "; trying the next older version");
+    report.skipped.push_back(st.message());
+  }
+  std::string why;
+  for (const auto& s : report.skipped) why += "\n  " + s;
+  return Status::Corruption(Who() + ": every version in host tier " + tier_->dir() +
+                            " failed verification:" + why);
+}
+
+Status Checkpointer::RestoreFrom(const HostTier::View& view, std::span<const ShardSpec> targets,
+                                 RestoreReport* report) {
+  const SlotHeader& h = view.header();
+  const std::string who = Who() + ", step " + std::to_string(h.step);
+  std::unordered_map<std::string, const SlotShard*> saved;
+  std::unordered_map<std::string, std::vector<const SlotShard*>> by_name;
+  for (const SlotShard& s : h.shards) {
+    saved.emplace(ShardKey(s.name, s.box), &s);
+    by_name[s.name].push_back(&s);
+  }
+  // Match every target to a saved shard before touching any target memory.
+  std::vector<const SlotShard*> match(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const ShardSpec& t = targets[i];
+    auto it = saved.find(ShardKey(t.meta.name, t.box));
+    if (it == saved.end()) {
+      auto n = by_name.find(t.meta.name);
+      if (n == by_name.end())
+        return Status::NotFound(who + ": tensor '" + t.meta.name + "' was not saved");
+      std::string boxes;
+      for (const SlotShard* s : n->second) boxes += " " + s->box.ToString();
+      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' box " +
+                                     t.box.ToString() + " was not saved by this rank (saved:" +
+                                     boxes + "); restore into the layout that was saved");
+    }
+    const SlotShard& s = *it->second;
+    if (s.dtype != t.meta.dtype)
+      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved as " +
+                                     std::string(DTypeName(s.dtype)) + " but the target is " +
+                                     std::string(DTypeName(t.meta.dtype)));
+    if (s.global_shape != t.meta.global_shape)
+      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved with shape " +
+                                     ShapeToString(s.global_shape) + " but the target has " +
+                                     ShapeToString(t.meta.global_shape));
+    match[i] = &s;
+  }
+  // Verify every chunk the targets need, and every blob.
+  std::vector<HostRange> ranges;
+  std::vector<std::pair<const SlotShard*, uint32_t>> owners;
+  for (const SlotShard* s : match) {
+    for (uint32_t c = 0; c < s->num_chunks; ++c) {
+      auto [b, e] = h.ChunkRange(*s, c);
+      ranges.push_back({view.data() + b, static_cast<size_t>(e - b)});
+      owners.emplace_back(s, c);
+    }
+  }
+  for (const SlotBlob& b : h.blobs) ranges.push_back({view.data() + b.offset, b.nbytes});
+  std::vector<uint64_t> sums(ranges.size());
+  engine_->ChecksumHost(ranges, sums.data());
+  for (size_t i = 0; i < owners.size(); ++i) {
+    const auto [s, c] = owners[i];
+    if (sums[i] != h.chunk_checksums[s->first_chunk + c]) {
+      auto [b, e] = h.ChunkRange(*s, c);
+      return Status::Corruption(who + ": checksum mismatch in tensor '" + s->name + "' box " +
+                                s->box.ToString() + ", bytes [" + std::to_string(b) + ", " +
+                                std::to_string(e) + ") of " + view.data_path());
+    }
+  }
+  for (size_t j = 0; j < h.blobs.size(); ++j) {
+    const SlotBlob& b = h.blobs[j];
+    if (sums[owners.size() + j] != b.checksum)
+      return Status::Corruption(who + ": checksum mismatch in blob '" + b.name + "' of " +
+                                view.data_path());
+  }
+  // All verified: fill the targets.
+  std::vector<CopyChunk> chunks;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const SlotShard* s = match[i];
+    for (uint32_t c = 0; c < s->num_chunks; ++c) {
+      auto [b, e] = h.ChunkRange(*s, c);
+      chunks.push_back({view.data() + b, static_cast<std::byte*>(targets[i].data) + (b - s->offset),
+                        static_cast<size_t>(e - b)});
+    }
+    bytes += s->nbytes;
+  }
+  CAIRN_RETURN_IF_ERROR(engine_->Copy(chunks, nullptr).WithContext(who + ": restore copy"));
+  report->blobs.clear();
+  for (const SlotBlob& b : h.blobs)
+    report->blobs.emplace(b.name, std::string(reinterpret_cast<const char*>(view.data() + b.offset),
+                                              b.nbytes));
+  report->bytes = bytes;
+  return Status::OK();
+}
+
+}  // namespace cairn

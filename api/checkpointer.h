@@ -1,0 +1,146 @@
+// cairn::Checkpointer: the one object a training job holds.
+//
+//   auto ckpt = cairn::Checkpointer::Open(cairn::Options::FromEnvironment().value()).value();
+//   ckpt->save(step, shards, blobs);   // returns at once; the copy runs in the background
+//   ...forward, backward...
+//   ckpt->fence();                     // before optimizer.step(): waits only if still copying
+//
+// save() reserves a host slot and queues the copy; the capture thread copies the shards'
+// bytes into the slot (chunked, checksummed), persists them and publishes the slot header,
+// making the version CAPTURED. The shards' memory must not change between save() and the
+// return of the next fence(). restore() fills target shards from the newest (or a given)
+// CAPTURED version after verifying every checksum.
+//
+// Thread-safety: save/fence/restore are meant for one training thread; stats() and
+// versions() may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "core/options.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "snapshot/copy_engine.h"
+#include "tiers/host_tier.h"
+
+namespace cairn {
+
+// Named opaque byte strings saved with a version (RNG state, data-loader position, ...).
+// save() copies them before it returns.
+using Blobs = std::map<std::string, std::string>;
+
+enum class SaveOutcome {
+  kQueued,   // the version will be captured (check fence() / wait_captured() for errors)
+  kSkipped,  // no slot was free under the skip policy; counted in Stats::skipped
+};
+
+struct Stats {
+  uint64_t saves = 0;     // versions accepted by save()
+  uint64_t skipped = 0;   // versions skipped because no slot was free
+  uint64_t captured = 0;  // versions that reached CAPTURED
+  uint64_t failed = 0;    // versions whose capture failed (slot I/O, copy)
+  uint64_t fences = 0;
+  double fence_wait_total_s = 0;  // time the training thread spent inside fence()
+  double fence_wait_max_s = 0;
+  double save_call_total_s = 0;  // time the training thread spent inside save()
+  double save_call_max_s = 0;
+  uint64_t bytes_copied = 0;  // tensor and blob bytes captured
+  double copy_seconds = 0;    // time the copy engine spent copying them
+  double copy_gbps = 0;       // bytes_copied / copy_seconds / 1e9
+  int64_t newest_captured_step = -1;
+  std::string copy_engine;  // "host" or "cuda"
+};
+
+struct RestoreOptions {
+  // The step to restore; unset: the newest restorable version (falling back to older ones
+  // when a version fails verification).
+  std::optional<int64_t> step;
+};
+
+struct RestoreReport {
+  int64_t step = -1;
+  std::string tier;  // where the bytes came from: "host"
+  uint64_t bytes = 0;
+  double seconds = 0;
+  Blobs blobs;
+  std::vector<std::string> skipped;  // newer versions passed over, and why
+};
+
+class Checkpointer {
+ public:
+  // Opens this rank's host tier (creating it, or finding the versions a previous process
+  // left) and starts the capture thread.
+  static Result<std::unique_ptr<Checkpointer>> Open(Options options);
+  // Waits for captures in flight to finish, then stops. Files stay for the next process.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Queues a version of `step` made of `shards` (whose bytes are read until the next
+  // fence() returns) and `blobs` (copied now). Returns at once: no I/O, no copy of tensor
+  // bytes on the calling thread. Steps must increase within a process. InvalidArgument
+  // naming the tensor for a bad shard; kSkipped when no slot is free under the skip policy.
+  Result<SaveOutcome> save(int64_t step, std::span<const ShardSpec> shards,
+                           const Blobs& blobs = {});
+  // Waits until the shards of every queued save have been copied, so they may be modified.
+  // Returns the error of a capture that failed since the last fence (the version is then
+  // not restorable; older versions are untouched).
+  Status fence();
+  // Waits until every queued version is CAPTURED or has failed; returns the first failure
+  // since the last call.
+  Status wait_captured();
+
+  // Fills `targets` (same tensors and boxes as saved) from a CAPTURED version after
+  // verifying the checksums of every byte it needs; targets are written only once all of
+  // them verify. Errors name the rank, step, tensor and file.
+  Result<RestoreReport> restore(std::span<const ShardSpec> targets,
+                                const RestoreOptions& options = {});
+
+  // Restorable versions in the host tier, newest first.
+  std::vector<VersionInfo> versions() const;
+  Stats stats() const;
+  const Options& options() const { return options_; }
+  const std::string& host_dir() const { return tier_->dir(); }
+
+ private:
+  struct Request;
+  Checkpointer(Options options, FileSystem* fs, std::unique_ptr<CopyEngine> engine);
+  void CaptureLoop();
+  void Capture(Request& r);
+  Status RestoreFrom(const HostTier::View& view, std::span<const ShardSpec> targets,
+                     RestoreReport* report);
+  std::string Who() const;
+
+  Options options_;
+  FileSystem* fs_;
+  Logger log_;
+  std::unique_ptr<CopyEngine> engine_;  // outlives tier_ (the tier unregisters slots)
+  std::unique_ptr<HostTier> tier_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Request>> queue_;
+  bool stopping_ = false;
+  uint64_t submitted_seq_ = 0;
+  uint64_t copied_seq_ = 0;
+  uint64_t done_seq_ = 0;
+  Status fence_error_;
+  Status capture_error_;
+  std::optional<int64_t> last_step_;
+  bool warned_skip_ = false;
+  Stats stats_;
+  std::thread capture_thread_;
+};
+
+}  // namespace cairn

@@ -1,0 +1,12 @@
+// `cairn demo`: a single-rank training loop of a synthetic GPT-like model that checkpoints
+// every iteration, is killed with SIGKILL mid-run, restarts and restores bit-exactly.
+#pragma once
+
+namespace cairn::cli {
+
+// `cairn demo ...` (the parent: runs, kills and restarts the worker). Returns exit code.
+int DemoMain(int argc, char** argv);
+// `cairn demo-worker ...` (internal: the training process the demo starts).
+int DemoWorkerMain(int argc, char** argv);
+
+}  // namespace cairn::cli

@@ -1,0 +1,42 @@
+// The cairn command.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/demo.h"
+#include "core/options.h"
+
+namespace {
+
+void PrintHelp() {
+  std::printf(
+      "cairn - a multi-level checkpoint cache for large-model training\n"
+      "\n"
+      "usage: cairn <command> [options]\n"
+      "\n"
+      "commands:\n"
+      "  demo      train a small synthetic model with a checkpoint every iteration, kill the\n"
+      "            training process with SIGKILL mid-run, restart it and restore the newest\n"
+      "            version bit-exactly from host memory (see `cairn demo --help`)\n"
+      "  help      this text\n"
+      "\n"
+      "Settings are read from the environment (defaults in brackets):\n");
+  for (const auto& s : cairn::EnvSettings())
+    std::printf("  %-28s [%s]\n      %s\n", s.name, s.default_value, s.meaning);
+  std::printf("\nDocumentation: README.md in the cairn source tree.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    PrintHelp();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "demo") return cairn::cli::DemoMain(argc - 1, argv + 1);
+  if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
+  std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());
+  return 2;
+}

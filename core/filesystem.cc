@@ -1,0 +1,194 @@
+#include "core/filesystem.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace cairn {
+namespace {
+
+class PosixFileSystem final : public FileSystem {
+ public:
+  Result<int> Open(const std::string& path, int flags, mode_t mode) override {
+    int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    return fd;
+  }
+  Status Close(int fd) override {
+    if (::close(fd) != 0) return Status::FromErrno(errno, "close");
+    return Status::OK();
+  }
+  Status WriteAt(int fd, const void* buf, size_t n, uint64_t offset) override {
+    const char* p = static_cast<const char*>(buf);
+    while (n > 0) {
+      ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, "write");
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+      offset += static_cast<uint64_t>(w);
+    }
+    return Status::OK();
+  }
+  Status ReadAt(int fd, void* buf, size_t n, uint64_t offset) override {
+    char* p = static_cast<char*>(buf);
+    while (n > 0) {
+      ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, "read");
+      }
+      if (r == 0) return Status::Corruption("file ends early (truncated)");
+      p += r;
+      n -= static_cast<size_t>(r);
+      offset += static_cast<uint64_t>(r);
+    }
+    return Status::OK();
+  }
+  Status Sync(int fd) override {
+    if (::fsync(fd) != 0) return Status::FromErrno(errno, "fsync");
+    return Status::OK();
+  }
+  Status Truncate(int fd, uint64_t size) override {
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0)
+      return Status::FromErrno(errno, "ftruncate");
+    return Status::OK();
+  }
+  Status Allocate(int fd, uint64_t size) override {
+    int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (rc != 0) return Status::FromErrno(rc, "fallocate " + std::to_string(size) + " bytes");
+    return Status::OK();
+  }
+  Result<uint64_t> FileSize(int fd) override {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat");
+    return static_cast<uint64_t>(st.st_size);
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0)
+      return Status::FromErrno(errno, "rename " + from + " -> " + to);
+    return Status::OK();
+  }
+  Status Unlink(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return Status::FromErrno(errno, "unlink " + path);
+    return Status::OK();
+  }
+  Status MakeDirs(const std::string& path, mode_t mode) override {
+    if (path.empty()) return Status::InvalidArgument("empty directory path");
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return Status::OK();
+      return Status::IOError("mkdir " + path + ": exists and is not a directory");
+    }
+    std::string parent = DirName(path);
+    if (parent != path && parent != "." && parent != "/")
+      CAIRN_RETURN_IF_ERROR(MakeDirs(parent, mode));
+    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST)
+      return Status::FromErrno(errno, "mkdir " + path);
+    return Status::OK();
+  }
+  Status SyncDir(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open directory " + path);
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno(err, "fsync directory " + path);
+    return Status::OK();
+  }
+  Result<std::vector<std::string>> ListDir(const std::string& path) override {
+    DIR* d = ::opendir(path.c_str());
+    if (!d) return Status::FromErrno(errno, "list " + path);
+    std::vector<std::string> names;
+    while (struct dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    return names;
+  }
+  bool Exists(const std::string& path) override {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0;
+  }
+  Status RemoveAll(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return Status::OK();
+      return Status::FromErrno(errno, "stat " + path);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      CAIRN_ASSIGN_OR_RETURN(auto names, ListDir(path));
+      for (const auto& n : names) CAIRN_RETURN_IF_ERROR(RemoveAll(JoinPath(path, n)));
+      if (::rmdir(path.c_str()) != 0 && errno != ENOENT)
+        return Status::FromErrno(errno, "rmdir " + path);
+      return Status::OK();
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      return Status::FromErrno(errno, "unlink " + path);
+    return Status::OK();
+  }
+};
+
+}  // namespace
+
+FileSystem* DefaultFileSystem() {
+  static PosixFileSystem fs;
+  return &fs;
+}
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (a.back() == '/') return a + b;
+  return a + "/" + b;
+}
+
+std::string DirName(const std::string& path) {
+  size_t pos = path.find_last_of('/');
+  if (pos == std::string::npos) return ".";
+  if (pos == 0) return "/";
+  return path.substr(0, pos);
+}
+
+Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  auto fd = fs->Open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (!fd.ok()) return fd.status();
+  Status st = fs->WriteAt(*fd, bytes.data(), bytes.size(), 0).WithContext(tmp);
+  if (st.ok()) st = fs->Sync(*fd).WithContext(tmp);
+  Status cst = fs->Close(*fd).WithContext(tmp);
+  if (st.ok()) st = cst;
+  if (st.ok()) st = fs->Rename(tmp, path);
+  if (!st.ok()) {
+    (void)fs->Unlink(tmp);  // best effort: never leave a temporary behind
+    return st;
+  }
+  return fs->SyncDir(DirName(path));
+}
+
+Result<std::string> ReadWholeFile(FileSystem* fs, const std::string& path, uint64_t max_bytes) {
+  CAIRN_ASSIGN_OR_RETURN(int fd, fs->Open(path, O_RDONLY, 0));
+  auto size = fs->FileSize(fd);
+  if (!size.ok()) {
+    (void)fs->Close(fd);
+    return size.status().WithContext(path);
+  }
+  if (*size > max_bytes) {
+    (void)fs->Close(fd);
+    return Status::Corruption(path + ": file of " + std::to_string(*size) +
+                              " bytes is larger than the limit of " + std::to_string(max_bytes));
+  }
+  std::string out(*size, '\0');
+  Status st = fs->ReadAt(fd, out.data(), out.size(), 0);
+  (void)fs->Close(fd);
+  if (!st.ok()) return st.WithContext(path);
+  return out;
+}
+
+}  // namespace cairn

@@ -1,0 +1,67 @@
+// FileSystem: the seam through which cairn touches files.
+//
+// All file access of the tiers and (later) the PFS writers goes through this interface, so
+// tests can wrap it (FaultInjectionFileSystem) to fail the Nth call or run out of space.
+// Paths are absolute or relative to the working directory; descriptors are POSIX fds so
+// that a tier can map them with libpmem2.
+// Thread-safety: implementations must be safe to call from several threads at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cairn {
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // Opens `path` with open(2) flags and mode; on success returns the descriptor.
+  virtual Result<int> Open(const std::string& path, int flags, mode_t mode) = 0;
+  virtual Status Close(int fd) = 0;
+  // Writes all `n` bytes at `offset` (retrying short writes).
+  virtual Status WriteAt(int fd, const void* buf, size_t n, uint64_t offset) = 0;
+  // Reads exactly `n` bytes at `offset`; Corruption if the file ends first.
+  virtual Status ReadAt(int fd, void* buf, size_t n, uint64_t offset) = 0;
+  virtual Status Sync(int fd) = 0;
+  virtual Status Truncate(int fd, uint64_t size) = 0;
+  // Reserves backing store for [0, size) (fallocate), so that a later store through a
+  // mapping cannot fail with SIGBUS for lack of space: ENOSPC is reported here instead.
+  virtual Status Allocate(int fd, uint64_t size) = 0;
+  virtual Result<uint64_t> FileSize(int fd) = 0;
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Unlink(const std::string& path) = 0;
+  // Creates `path` and its missing parents with `mode`; OK if it exists as a directory.
+  virtual Status MakeDirs(const std::string& path, mode_t mode) = 0;
+  // fsyncs a directory, making renames and creations in it durable.
+  virtual Status SyncDir(const std::string& path) = 0;
+  // Names in a directory, without "." and "..".
+  virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
+  virtual bool Exists(const std::string& path) = 0;
+  // Removes a file or a directory tree; OK if it does not exist.
+  virtual Status RemoveAll(const std::string& path) = 0;
+};
+
+// The POSIX filesystem. Stateless; the returned object lives for the whole process.
+FileSystem* DefaultFileSystem();
+
+// Publishes `bytes` at `path` atomically: writes "<path>.tmp.<pid>", fsyncs it, renames it
+// over `path` and fsyncs the directory. On any failure the temporary file is removed and
+// `path` is left as it was (old contents or absent). Files are created with mode 0600.
+Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes);
+
+// Reads a whole file (at most `max_bytes`; Corruption naming the file if it is larger).
+Result<std::string> ReadWholeFile(FileSystem* fs, const std::string& path, uint64_t max_bytes);
+
+// "a/b" + "c" -> "a/b/c".
+std::string JoinPath(const std::string& a, const std::string& b);
+// The directory part of a path ("a/b/c" -> "a/b", "c" -> ".").
+std::string DirName(const std::string& path);
+
+}  // namespace cairn

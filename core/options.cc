@@ -1,0 +1,171 @@
+#include "core/options.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+namespace cairn {
+namespace {
+
+Status ParseInt(const char* var, const char* text, int64_t lo, int64_t hi, int64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0')
+    return Status::InvalidArgument(std::string(var) + "='" + text + "' is not an integer");
+  if (v < lo || v > hi)
+    return Status::InvalidArgument(std::string(var) + "=" + text + " is outside [" +
+                                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  *out = v;
+  return Status::OK();
+}
+
+// Accepts a byte count with an optional K/M/G suffix (powers of 1024).
+Status ParseBytes(const char* var, const char* text, uint64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || end == text || text[0] == '-')
+    return Status::InvalidArgument(std::string(var) + "='" + text + "' is not a byte count");
+  uint64_t mult = 1;
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "KiB") mult = 1ull << 10;
+  else if (suffix == "M" || suffix == "MiB") mult = 1ull << 20;
+  else if (suffix == "G" || suffix == "GiB") mult = 1ull << 30;
+  else if (!suffix.empty())
+    return Status::InvalidArgument(std::string(var) + "='" + text +
+                                   "': unknown suffix (use K, M or G)");
+  if (v > std::numeric_limits<uint64_t>::max() / mult)
+    return Status::InvalidArgument(std::string(var) + "='" + text + "' is too large");
+  *out = v * mult;
+  return Status::OK();
+}
+
+}  // namespace
+
+const std::vector<EnvSetting>& EnvSettings() {
+  static const std::vector<EnvSetting> kSettings = {
+      {"RANK", "0", "global rank of this process (torchrun / Slurm)"},
+      {"WORLD_SIZE", "1", "number of ranks in the job"},
+      {"LOCAL_RANK", "0", "rank within this node"},
+      {"LOCAL_WORLD_SIZE", "1", "ranks on this node"},
+      {"GROUP_RANK", "RANK / LOCAL_WORLD_SIZE", "node id, as torchrun sets it"},
+      {"CAIRN_RANK / CAIRN_WORLD_SIZE / CAIRN_LOCAL_RANK / CAIRN_LOCAL_WORLD_SIZE", "-",
+       "override the variables above"},
+      {"CAIRN_NODE", "GROUP_RANK", "node id: selects <host_root>/<job>/node-<n>"},
+      {"CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID, else 'default'",
+       "job name; separates the files of concurrent jobs"},
+      {"CAIRN_HOST_ROOT", "/dev/shm/cairn",
+       "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent memory)"},
+      {"CAIRN_SLOTS", "2", "host slots per rank (ring); at least 2"},
+      {"CAIRN_SLOT_BYTES", "0", "pre-size and pre-fault every slot at open (K/M/G suffix); "
+                                "0 sizes a slot at its first save, in the background"},
+      {"CAIRN_CHUNK_BYTES", "4M", "capture and checksum chunk size (64K..1G)"},
+      {"CAIRN_COPY_THREADS", "1", "threads of the host copy engine"},
+      {"CAIRN_COPY_ENGINE", "auto", "auto | host | cuda (auto: cuda when a device is usable)"},
+      {"CAIRN_FULL_POLICY", "skip",
+       "when no slot is free at save(): skip (count it, never stall) or block"},
+      {"CAIRN_LOG_LEVEL", "1", "0 errors, 1 warnings, 2 info, 3 debug"},
+  };
+  return kSettings;
+}
+
+Result<Options> Options::FromEnvironment(const std::function<const char*(const char*)>& getenv) {
+  auto get = [&](const char* name) -> const char* {
+    const char* v = getenv ? getenv(name) : std::getenv(name);
+    return (v && *v) ? v : nullptr;
+  };
+  auto first = [&](const char* a, const char* b) -> std::pair<const char*, const char*> {
+    if (const char* v = get(a)) return {a, v};
+    if (const char* v = get(b)) return {b, v};
+    return {nullptr, nullptr};
+  };
+  Options o;
+  int64_t v = 0;
+  const int64_t kMaxRanks = 1 << 24;
+  if (auto [n, t] = first("CAIRN_RANK", "RANK"); t) {
+    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 0, kMaxRanks, &v));
+    o.rank = static_cast<int>(v);
+  }
+  if (auto [n, t] = first("CAIRN_WORLD_SIZE", "WORLD_SIZE"); t) {
+    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 1, kMaxRanks, &v));
+    o.world_size = static_cast<int>(v);
+  }
+  if (auto [n, t] = first("CAIRN_LOCAL_RANK", "LOCAL_RANK"); t) {
+    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 0, kMaxRanks, &v));
+    o.local_rank = static_cast<int>(v);
+  }
+  if (auto [n, t] = first("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"); t) {
+    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 1, kMaxRanks, &v));
+    o.local_world_size = static_cast<int>(v);
+  }
+  o.node = o.rank / o.local_world_size;
+  if (auto [n, t] = first("CAIRN_NODE", "GROUP_RANK"); t) {
+    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 0, kMaxRanks, &v));
+    o.node = static_cast<int>(v);
+  }
+  if (auto [n, t] = first("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID"); t) o.job_id = t;
+  if (const char* t = get("CAIRN_HOST_ROOT")) o.host_root = t;
+  if (const char* t = get("CAIRN_SLOTS")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_SLOTS", t, 2, 64, &v));
+    o.slots = static_cast<int>(v);
+  }
+  if (const char* t = get("CAIRN_SLOT_BYTES"))
+    CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_SLOT_BYTES", t, &o.slot_bytes));
+  if (const char* t = get("CAIRN_CHUNK_BYTES"))
+    CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_CHUNK_BYTES", t, &o.chunk_bytes));
+  if (const char* t = get("CAIRN_COPY_THREADS")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_COPY_THREADS", t, 1, 256, &v));
+    o.copy_threads = static_cast<int>(v);
+  }
+  if (const char* t = get("CAIRN_COPY_ENGINE")) {
+    std::string s(t);
+    if (s == "auto") o.copy_engine = CopyEngineKind::kAuto;
+    else if (s == "host") o.copy_engine = CopyEngineKind::kHost;
+    else if (s == "cuda") o.copy_engine = CopyEngineKind::kCuda;
+    else return Status::InvalidArgument("CAIRN_COPY_ENGINE='" + s + "': use auto, host or cuda");
+  }
+  if (const char* t = get("CAIRN_FULL_POLICY")) {
+    std::string s(t);
+    if (s == "skip") o.full_policy = FullPolicy::kSkip;
+    else if (s == "block") o.full_policy = FullPolicy::kBlock;
+    else return Status::InvalidArgument("CAIRN_FULL_POLICY='" + s + "': use skip or block");
+  }
+  if (const char* t = get("CAIRN_LOG_LEVEL")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));
+    o.log_level = static_cast<int>(v);
+  }
+  CAIRN_RETURN_IF_ERROR(o.Validate());
+  return o;
+}
+
+Status Options::Validate() const {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
+  if (job_id.empty() || job_id.size() > 128) return bad("job id must be 1..128 characters");
+  for (char c : job_id)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return bad("job id '" + job_id + "' may only contain letters, digits, '-', '_' and '.'");
+  if (job_id == "." || job_id == "..") return bad("job id '" + job_id + "' is not a name");
+  if (host_root.empty()) return bad("host root is empty");
+  if (world_size < 1) return bad("world size must be at least 1");
+  if (rank < 0 || rank >= world_size)
+    return bad("rank " + std::to_string(rank) + " is not within world size " +
+               std::to_string(world_size));
+  if (local_world_size < 1) return bad("local world size must be at least 1");
+  if (local_rank < 0 || local_rank >= local_world_size)
+    return bad("local rank " + std::to_string(local_rank) + " is not within local world size " +
+               std::to_string(local_world_size));
+  if (node < 0) return bad("node id must not be negative");
+  if (slots < 2 || slots > 64)
+    return bad("slots=" + std::to_string(slots) +
+               ": need at least 2 so that the newest complete version survives the next "
+               "capture (at most 64)");
+  if (copy_threads < 1 || copy_threads > 256) return bad("copy threads must be 1..256");
+  if (chunk_bytes < (64u << 10) || chunk_bytes > (1ull << 30))
+    return bad("chunk bytes must be between 64 KiB and 1 GiB");
+  if (log_level < 0 || log_level > 3) return bad("log level must be 0..3");
+  return Status::OK();
+}
+
+}  // namespace cairn

@@ -1,0 +1,62 @@
+// Options: every setting of a Checkpointer, with its default, read from the environment in
+// this one place.
+//
+// torchrun / Slurm style variables give the rank layout (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, GROUP_RANK); CAIRN_* variables override them and set everything else.
+// The table in README.md lists every variable; keep it in sync with kEnvSettings below.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cairn {
+
+class FileSystem;
+
+// What save() does when every host slot is still needed (capturing, or holding the newest
+// complete version): skip this version (count it, never stall) or block until one frees.
+enum class FullPolicy { kSkip, kBlock };
+
+// Which engine copies tensors into host slots.
+enum class CopyEngineKind { kAuto, kHost, kCuda };
+
+struct Options {
+  std::string job_id = "default";
+  std::string host_root = "/dev/shm/cairn";
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node = 0;                              // node id: the host-tier tree this rank writes
+  int slots = 2;                             // host-tier ring size per rank (>= 2)
+  int copy_threads = 1;                      // host copy engine threads
+  uint64_t chunk_bytes = 4ull << 20;         // capture / checksum granularity
+  uint64_t slot_bytes = 0;                   // pre-size slots at open (0: on first save)
+  FullPolicy full_policy = FullPolicy::kSkip;
+  CopyEngineKind copy_engine = CopyEngineKind::kAuto;
+  int log_level = 1;                         // 0 errors, 1 warnings, 2 info, 3 debug
+  FileSystem* fs = nullptr;                  // nullptr: the POSIX filesystem
+
+  // Reads the settings from `getenv` (the process environment by default). Unset
+  // variables keep the defaults above. InvalidArgument naming the variable when a value
+  // does not parse or is out of range.
+  static Result<Options> FromEnvironment(
+      const std::function<const char*(const char*)>& getenv = nullptr);
+
+  // OK when the values are usable; InvalidArgument naming the setting otherwise.
+  Status Validate() const;
+};
+
+// One documented setting: its variable, default and meaning (for --help and the README).
+struct EnvSetting {
+  const char* name;
+  const char* default_value;
+  const char* meaning;
+};
+const std::vector<EnvSetting>& EnvSettings();
+
+}  // namespace cairn

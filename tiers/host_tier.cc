@@ -1,0 +1,326 @@
+#include "tiers/host_tier.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace cairn {
+namespace {
+
+constexpr uint64_t kSlotGranule = 2ull << 20;  // slots grow in 2 MiB steps
+
+std::string SlotName(int k) { return "slot-" + std::to_string(k); }
+
+// Parses "slot-<k>" or "slot-<k>.hdr"; -1 for other names.
+int SlotIndexOf(const std::string& name) {
+  if (name.rfind("slot-", 0) != 0) return -1;
+  std::string rest = name.substr(5);
+  if (rest.size() > 4 && rest.compare(rest.size() - 4, 4, ".hdr") == 0)
+    rest.resize(rest.size() - 4);
+  if (rest.empty() || rest.size() > 4) return -1;
+  for (char c : rest)
+    if (c < '0' || c > '9') return -1;
+  return std::stoi(rest);
+}
+
+VersionInfo InfoOf(const SlotHeader& h, int slot) {
+  VersionInfo v;
+  v.step = h.step;
+  v.state = h.state;
+  v.slot = slot;
+  v.data_bytes = h.data_bytes;
+  v.created_wall_ns = h.created_wall_ns;
+  v.shards = h.shards.size();
+  v.blobs = h.blobs.size();
+  return v;
+}
+
+}  // namespace
+
+std::string HostTier::RankDir(const std::string& host_root, const std::string& job, int node,
+                              int rank) {
+  return JoinPath(JoinPath(JoinPath(host_root, job), "node-" + std::to_string(node)),
+                  "rank-" + std::to_string(rank));
+}
+
+Result<std::unique_ptr<HostTier>> HostTier::Open(HostTierConfig config, FileSystem* fs,
+                                                 const Logger* log) {
+  if (config.slots < 2) return Status::InvalidArgument("a host tier needs at least 2 slots");
+  CAIRN_RETURN_IF_ERROR(fs->MakeDirs(config.dir, 0700).WithContext("host tier"));
+  const std::string lock_path = JoinPath(config.dir, ".lock");
+  CAIRN_ASSIGN_OR_RETURN(int lock_fd, fs->Open(lock_path, O_RDWR | O_CREAT, 0600));
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    (void)fs->Close(lock_fd);
+    if (err == EWOULDBLOCK)
+      return Status::FailedPrecondition(
+          "host tier " + config.dir +
+          " is in use by another live process of this job and rank; stop it or give this "
+          "process another CAIRN_JOB_ID / RANK");
+    return Status::FromErrno(err, "flock " + lock_path);
+  }
+  std::unique_ptr<HostTier> tier(new HostTier(std::move(config), fs, log, lock_fd));
+  CAIRN_RETURN_IF_ERROR(tier->Load());
+  return tier;
+}
+
+HostTier::~HostTier() {
+  for (Slot& s : slots_) Unregister(s);
+  slots_.clear();
+  (void)fs_->Close(lock_fd_);  // releases the flock
+}
+
+Status HostTier::Load() {
+  CAIRN_ASSIGN_OR_RETURN(auto names, fs_->ListDir(config_.dir));
+  int count = config_.slots;
+  for (const std::string& n : names) {
+    if (n.find(".tmp.") != std::string::npos) {
+      // A temporary header of a process that died before its rename: never published.
+      (void)fs_->Unlink(JoinPath(config_.dir, n));
+      continue;
+    }
+    int k = SlotIndexOf(n);
+    if (k >= 0) count = std::max(count, k + 1);
+  }
+  slots_.resize(static_cast<size_t>(count));
+  for (int k = 0; k < count; ++k) {
+    Slot& s = slots_[static_cast<size_t>(k)];
+    s.index = k;
+    s.data_path = JoinPath(config_.dir, SlotName(k));
+    s.header_path = s.data_path + ".hdr";
+    if (fs_->Exists(s.header_path)) {
+      auto bytes = ReadWholeFile(fs_, s.header_path, kMaxSlotHeaderBytes);
+      Result<SlotHeader> h = bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
+      if (!h.ok()) {
+        log_->Warning("ignoring " + s.header_path + ": " + h.status().message());
+      } else if (!IsRestorable(h->state)) {
+        log_->Info(s.header_path + ": step " + std::to_string(h->step) +
+                   " was never completely captured (the process stopped mid-capture); the "
+                   "slot will be reused");
+      } else {
+        auto f = MappedFile::Open(fs_, s.data_path);
+        if (!f.ok()) {
+          log_->Warning("ignoring step " + std::to_string(h->step) + ": " +
+                        f.status().ToString());
+        } else if ((*f)->size() < h->data_bytes) {
+          log_->Warning("ignoring step " + std::to_string(h->step) + ": " + s.data_path +
+                        " holds " + std::to_string((*f)->size()) + " bytes but the header needs " +
+                        std::to_string(h->data_bytes) + " (truncated)");
+          s.file = std::move(*f);
+        } else {
+          s.file = std::move(*f);
+          s.header = std::move(*h);
+          s.use = Use::kCaptured;
+        }
+      }
+    }
+    if (config_.slot_bytes > 0) CAIRN_RETURN_IF_ERROR(EnsureMapped(s, config_.slot_bytes));
+  }
+  return Status::OK();
+}
+
+Result<std::vector<VersionInfo>> HostTier::Scan(FileSystem* fs, const std::string& dir,
+                                                std::vector<std::string>* problems) {
+  CAIRN_ASSIGN_OR_RETURN(auto names, fs->ListDir(dir));
+  std::vector<VersionInfo> out;
+  for (const std::string& n : names) {
+    int k = SlotIndexOf(n);
+    if (k < 0 || n.size() < 4 || n.compare(n.size() - 4, 4, ".hdr") != 0) continue;
+    const std::string path = JoinPath(dir, n);
+    auto bytes = ReadWholeFile(fs, path, kMaxSlotHeaderBytes);
+    Result<SlotHeader> h = bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
+    if (!h.ok()) {
+      if (problems) problems->push_back(path + ": " + h.status().message());
+      continue;
+    }
+    out.push_back(InfoOf(*h, k));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const VersionInfo& a, const VersionInfo& b) { return a.step > b.step; });
+  return out;
+}
+
+int HostTier::NewestLocked() const {
+  int best = -1;
+  for (const Slot& s : slots_) {
+    if (s.use != Use::kCaptured) continue;
+    if (best < 0) {
+      best = s.index;
+      continue;
+    }
+    const SlotHeader& b = *slots_[static_cast<size_t>(best)].header;
+    if (s.header->step > b.step ||
+        (s.header->step == b.step && s.header->created_wall_ns > b.created_wall_ns))
+      best = s.index;
+  }
+  return best;
+}
+
+std::string HostTier::StepsHeldLocked() const {
+  std::vector<int64_t> steps;
+  for (const Slot& s : slots_)
+    if (s.use == Use::kCaptured) steps.push_back(s.header->step);
+  std::sort(steps.rbegin(), steps.rend());
+  if (steps.empty()) return "none";
+  std::string out;
+  for (int64_t v : steps) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    const int newest = NewestLocked();
+    int pick = -1;
+    for (const Slot& s : slots_) {
+      if (s.pins > 0 || s.index == newest) continue;
+      if (s.use == Use::kEmpty) {
+        pick = s.index;
+        break;
+      }
+      if (s.use == Use::kCaptured &&
+          (pick < 0 || s.header->step < slots_[static_cast<size_t>(pick)].header->step))
+        pick = s.index;
+    }
+    if (pick >= 0) {
+      slots_[static_cast<size_t>(pick)].use = Use::kReserved;
+      return pick;
+    }
+    bool committing = false;
+    for (const Slot& s : slots_) committing = committing || s.use == Use::kCommitting;
+    if (policy == FullPolicy::kSkip && !committing)
+      return Status::Unavailable("no host slot is free for step " + std::to_string(step) +
+                                 " (all " + std::to_string(slots_.size()) +
+                                 " slots are capturing, pinned or hold the newest version)");
+    cv_.wait(lk);
+  }
+}
+
+Status HostTier::EnsureMapped(Slot& s, uint64_t bytes) {
+  if (!s.file) {
+    CAIRN_ASSIGN_OR_RETURN(s.file, MappedFile::Open(fs_, s.data_path));
+  }
+  const uint64_t want = std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+  if (s.file->size() < bytes || s.file->size() == 0) {
+    Unregister(s);
+    CAIRN_RETURN_IF_ERROR(s.file->Resize(want));
+    s.prefaulted = false;
+  }
+  if (!s.prefaulted) {
+    CAIRN_RETURN_IF_ERROR(s.file->Prefault());
+    s.prefaulted = true;
+  }
+  if (config_.on_map && s.registered == nullptr) {
+    CAIRN_RETURN_IF_ERROR(config_.on_map(s.file->data(), s.file->size()));
+    s.registered = s.file->data();
+    s.registered_bytes = s.file->size();
+  }
+  return Status::OK();
+}
+
+void HostTier::Unregister(Slot& s) {
+  if (s.registered && config_.on_unmap) config_.on_unmap(s.registered, s.registered_bytes);
+  s.registered = nullptr;
+  s.registered_bytes = 0;
+}
+
+Result<std::byte*> HostTier::Prepare(int slot, int64_t step, uint64_t bytes,
+                                     const SlotHeader& base) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  {
+    std::lock_guard lk(mu_);
+    if (s.use != Use::kReserved) return Status::Internal("Prepare of a slot not reserved");
+  }
+  SlotHeader h = base;
+  h.state = VersionState::kCapturing;
+  h.step = step;
+  h.shards.clear();
+  h.blobs.clear();
+  h.chunk_checksums.clear();
+  h.data_bytes = 0;
+  Status st = WriteFileAtomic(fs_, s.header_path, EncodeSlotHeader(h));
+  {
+    std::lock_guard lk(mu_);
+    if (!st.ok()) {
+      // The old header is untouched, so its version is still whole: keep it.
+      s.use = s.header ? Use::kCaptured : Use::kEmpty;
+      cv_.notify_all();
+      return st.WithContext("invalidating " + s.header_path);
+    }
+    s.header.reset();
+    s.use = Use::kCapturing;
+  }
+  CAIRN_RETURN_IF_ERROR(EnsureMapped(s, bytes).WithContext("sizing " + s.data_path));
+  return s.file->data();
+}
+
+void HostTier::MarkCopied(int slot) {
+  std::lock_guard lk(mu_);
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.use == Use::kCapturing) s.use = Use::kCommitting;
+  cv_.notify_all();
+}
+
+Status HostTier::Commit(int slot, SlotHeader header) {
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (!s.file || s.file->size() < header.data_bytes)
+    return Status::Internal("commit of a slot smaller than its version");
+  s.file->Persist(0, header.data_bytes);
+  header.state = VersionState::kCaptured;
+  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs_, s.header_path, EncodeSlotHeader(header))
+                            .WithContext("publishing step " + std::to_string(header.step)));
+  std::lock_guard lk(mu_);
+  s.header = std::move(header);
+  s.use = Use::kCaptured;
+  cv_.notify_all();
+  return Status::OK();
+}
+
+void HostTier::Abort(int slot) {
+  std::lock_guard lk(mu_);
+  Slot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.use == Use::kReserved && s.header) {
+    s.use = Use::kCaptured;  // never invalidated: the old version still stands
+  } else {
+    s.header.reset();
+    s.use = Use::kEmpty;
+  }
+  cv_.notify_all();
+}
+
+std::vector<VersionInfo> HostTier::Versions() const {
+  std::lock_guard lk(mu_);
+  std::vector<VersionInfo> out;
+  for (const Slot& s : slots_)
+    if (s.use == Use::kCaptured) out.push_back(InfoOf(*s.header, s.index));
+  std::sort(out.begin(), out.end(), [](const VersionInfo& a, const VersionInfo& b) {
+    return a.step != b.step ? a.step > b.step : a.created_wall_ns > b.created_wall_ns;
+  });
+  return out;
+}
+
+Result<std::unique_ptr<HostTier::View>> HostTier::Pin(int64_t step) {
+  std::lock_guard lk(mu_);
+  Slot* best = nullptr;
+  for (Slot& s : slots_) {
+    if (s.use != Use::kCaptured || s.header->step != step) continue;
+    if (!best || s.header->created_wall_ns > best->header->created_wall_ns) best = &s;
+  }
+  if (!best)
+    return Status::NotFound("step " + std::to_string(step) + " is not in host tier " +
+                            config_.dir + " (steps held: " + StepsHeldLocked() + ")");
+  ++best->pins;
+  return std::unique_ptr<View>(
+      new View(this, best->index, *best->header, best->file->data(), best->data_path));
+}
+
+HostTier::View::~View() {
+  std::lock_guard lk(tier_->mu_);
+  --tier_->slots_[static_cast<size_t>(slot_)].pins;
+  tier_->cv_.notify_all();
+}
+
+}  // namespace cairn

@@ -1,0 +1,159 @@
+// HostTier: one rank's ring of host-memory slots that outlive the process.
+//
+// Each slot is a data file "slot-<k>" mapped with libpmem2 and a header "slot-<k>.hdr"
+// under <host_root>/<job>/node-<n>/rank-<r>/ (default host root /dev/shm/cairn, a tmpfs
+// that survives the process; on a DAX filesystem the same code gives persistent memory).
+//
+// Life of a version in a slot:
+//   Reserve (training thread, memory only) -> Prepare (writes a CAPTURING header over the
+//   old one, so the old version is gone on disk before any of its bytes change; sizes and
+//   pre-faults the slot) -> bytes copied in -> MarkCopied -> Commit (persists the data, then
+//   writes the CAPTURED header atomically) or Abort.
+// A process killed at any point leaves either the old complete header, a CAPTURING header
+// or the new complete header; only complete ones are listed after a restart.
+//
+// Reuse rules: a slot is never reused while it is being captured, while it is pinned by a
+// reader, or while it holds the newest restorable version (so an older complete version
+// always survives a capture that dies).
+// Thread-safety: all methods may be called from any thread; one process at a time may
+// open a rank's directory (an flock on ".lock" enforces it).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/filesystem.h"
+#include "core/log.h"
+#include "core/options.h"
+#include "core/status.h"
+#include "tiers/mapped_file.h"
+#include "tiers/slot_header.h"
+
+namespace cairn {
+
+struct HostTierConfig {
+  std::string dir;          // the rank's directory (see RankDir)
+  int slots = 2;            // ring size, at least 2
+  uint64_t slot_bytes = 0;  // if > 0: size and pre-fault every slot at Open
+  // Called after a slot is mapped for capture and before it is unmapped (the CUDA engine
+  // registers the memory with cudaHostRegister here). Optional.
+  std::function<Status(void*, size_t)> on_map;
+  std::function<void(void*, size_t)> on_unmap;
+};
+
+// A version as listed from a tier.
+struct VersionInfo {
+  int64_t step = 0;
+  VersionState state = VersionState::kCapturing;
+  int slot = -1;
+  uint64_t data_bytes = 0;
+  int64_t created_wall_ns = 0;
+  size_t shards = 0;
+  size_t blobs = 0;
+};
+
+class HostTier {
+ public:
+  // "<host_root>/<job>/node-<node>/rank-<rank>"
+  static std::string RankDir(const std::string& host_root, const std::string& job, int node,
+                             int rank);
+
+  // Creates the directory (mode 0700) if needed, takes the rank's lock, removes temporary
+  // files of dead processes and loads every slot header. Versions whose header is
+  // CAPTURING, unreadable or whose data file is too short are not listed (and are logged).
+  // FailedPrecondition if another live process holds the directory.
+  static Result<std::unique_ptr<HostTier>> Open(HostTierConfig config, FileSystem* fs,
+                                                const Logger* log);
+  ~HostTier();
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
+
+  // Lists the headers in `dir` without opening the tier (no lock, nothing changed): every
+  // slot header that parses, restorable or not, newest step first. Unreadable headers are
+  // described in *problems when it is given.
+  static Result<std::vector<VersionInfo>> Scan(FileSystem* fs, const std::string& dir,
+                                               std::vector<std::string>* problems);
+
+  // Chooses a slot for a new version of `step` (no I/O). With kBlock waits until a slot is
+  // free; with kSkip returns Unavailable when none is, except that it waits for a version
+  // whose bytes are already copied and only needs its commit.
+  Result<int> Reserve(int64_t step, FullPolicy policy);
+  // Invalidates the reserved slot's old version on disk, then sizes the slot for `bytes`
+  // and pre-faults it. On success returns the slot's data address (valid until the next
+  // Prepare of the same slot). On failure the caller must Abort (the old version is kept if
+  // it was not yet invalidated).
+  Result<std::byte*> Prepare(int slot, int64_t step, uint64_t bytes, const SlotHeader& base);
+  // The slot's bytes are all copied; only Commit remains.
+  void MarkCopied(int slot);
+  // Persists the data, then publishes `header` (state CAPTURED) atomically.
+  Status Commit(int slot, SlotHeader header);
+  // Gives the slot up after a failed Prepare, copy or Commit.
+  void Abort(int slot);
+
+  // Restorable versions, newest step first.
+  std::vector<VersionInfo> Versions() const;
+
+  // A restorable version held against reuse until destroyed.
+  class View {
+   public:
+    ~View();
+    const SlotHeader& header() const { return header_; }
+    const std::byte* data() const { return data_; }
+    const std::string& data_path() const { return data_path_; }
+
+   private:
+    friend class HostTier;
+    View(HostTier* tier, int slot, SlotHeader h, const std::byte* d, std::string p)
+        : tier_(tier), slot_(slot), header_(std::move(h)), data_(d), data_path_(std::move(p)) {}
+    HostTier* tier_;
+    int slot_;
+    SlotHeader header_;
+    const std::byte* data_;
+    std::string data_path_;
+  };
+  // Pins the restorable version of `step`; NotFound listing the steps held otherwise.
+  Result<std::unique_ptr<View>> Pin(int64_t step);
+
+  const std::string& dir() const { return config_.dir; }
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+
+ private:
+  enum class Use { kEmpty, kReserved, kCapturing, kCommitting, kCaptured };
+  struct Slot {
+    int index = 0;
+    std::string data_path;
+    std::string header_path;
+    std::unique_ptr<MappedFile> file;
+    Use use = Use::kEmpty;
+    std::optional<SlotHeader> header;  // the restorable version (kCaptured, kReserved)
+    int pins = 0;
+    bool prefaulted = false;
+    void* registered = nullptr;  // address passed to on_map
+    size_t registered_bytes = 0;
+  };
+
+  HostTier(HostTierConfig config, FileSystem* fs, const Logger* log, int lock_fd)
+      : config_(std::move(config)), fs_(fs), log_(log), lock_fd_(lock_fd) {}
+  Status Load();
+  Status EnsureMapped(Slot& s, uint64_t bytes);
+  void Unregister(Slot& s);
+  // Index of the slot with the newest restorable version, -1 if none. Caller holds mu_.
+  int NewestLocked() const;
+  std::string StepsHeldLocked() const;
+
+  HostTierConfig config_;
+  FileSystem* fs_;
+  const Logger* log_;
+  int lock_fd_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace cairn
