@@ -241,6 +241,9 @@ void Checkpointer::Capture(Request& r) {
     }
     copy_ns = NowNanos() - t0;
   }
+  // Before fence() can return: a save() right after it must see this slot as committing
+  // (and wait for the commit) rather than as capturing (and skip).
+  if (st.ok()) tier_->MarkCopied(r.slot);
   {
     std::lock_guard lk(mu_);
     copied_seq_ = r.seq;
@@ -255,7 +258,6 @@ void Checkpointer::Capture(Request& r) {
     cv_.notify_all();
   }
   if (st.ok()) {
-    tier_->MarkCopied(r.slot);
     if (!engine_->checksums_while_copying()) {
       std::vector<HostRange> ranges;
       ranges.reserve(r.chunks.size());
@@ -344,11 +346,20 @@ Status Checkpointer::RestoreFrom(const HostTier::View& view, std::span<const Sha
   std::vector<const SlotShard*> match(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     const ShardSpec& t = targets[i];
+    auto n = by_name.find(t.meta.name);
+    if (n == by_name.end())
+      return Status::NotFound(who + ": tensor '" + t.meta.name + "' was not saved");
+    const SlotShard& first = *n->second.front();
+    if (first.dtype != t.meta.dtype)
+      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved as " +
+                                     std::string(DTypeName(first.dtype)) + " but the target is " +
+                                     std::string(DTypeName(t.meta.dtype)));
+    if (first.global_shape != t.meta.global_shape)
+      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved with shape " +
+                                     ShapeToString(first.global_shape) + " but the target has " +
+                                     ShapeToString(t.meta.global_shape));
     auto it = saved.find(ShardKey(t.meta.name, t.box));
     if (it == saved.end()) {
-      auto n = by_name.find(t.meta.name);
-      if (n == by_name.end())
-        return Status::NotFound(who + ": tensor '" + t.meta.name + "' was not saved");
       std::string boxes;
       for (const SlotShard* s : n->second) boxes += " " + s->box.ToString();
       return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' box " +
@@ -356,14 +367,6 @@ Status Checkpointer::RestoreFrom(const HostTier::View& view, std::span<const Sha
                                      boxes + "); restore into the layout that was saved");
     }
     const SlotShard& s = *it->second;
-    if (s.dtype != t.meta.dtype)
-      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved as " +
-                                     std::string(DTypeName(s.dtype)) + " but the target is " +
-                                     std::string(DTypeName(t.meta.dtype)));
-    if (s.global_shape != t.meta.global_shape)
-      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved with shape " +
-                                     ShapeToString(s.global_shape) + " but the target has " +
-                                     ShapeToString(t.meta.global_shape));
     match[i] = &s;
   }
   // Verify every chunk the targets need, and every blob.

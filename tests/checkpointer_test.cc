@@ -1,0 +1,377 @@
+// The Checkpointer end to end on one rank: bit-exact restore, the lazy-capture contract,
+// corruption detection with fallback, the skip/block policy, bad input and I/O faults.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+
+#include "api/checkpointer.h"
+#include "core/fault_injection_filesystem.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+using testing::CheckPattern;
+using testing::FillPattern;
+
+// A small model: tensors of several dtypes and ranks, one held as a flat range.
+struct State {
+  std::vector<uint16_t> bf16 = std::vector<uint16_t>(64 * 48);
+  std::vector<float> f32 = std::vector<float>(3 * 5 * 7 * 11);
+  std::vector<int64_t> scalar = std::vector<int64_t>(1);
+  std::vector<uint8_t> fp8 = std::vector<uint8_t>(1000);
+  std::vector<double> flat = std::vector<double>(37);  // elements [13, 50) of a {5, 2, 6} tensor
+  std::vector<uint8_t> big = std::vector<uint8_t>(9 << 20);  // several 4 MiB chunks
+
+  void Fill(uint64_t seed) {
+    FillPattern(bf16.data(), bf16.size() * 2, seed + 1);
+    FillPattern(f32.data(), f32.size() * 4, seed + 2);
+    FillPattern(scalar.data(), 8, seed + 3);
+    FillPattern(fp8.data(), fp8.size(), seed + 4);
+    FillPattern(flat.data(), flat.size() * 8, seed + 5);
+    FillPattern(big.data(), big.size(), seed + 6);
+  }
+  bool Holds(uint64_t seed) const {
+    return CheckPattern(bf16.data(), bf16.size() * 2, seed + 1) &&
+           CheckPattern(f32.data(), f32.size() * 4, seed + 2) &&
+           CheckPattern(scalar.data(), 8, seed + 3) &&
+           CheckPattern(fp8.data(), fp8.size(), seed + 4) &&
+           CheckPattern(flat.data(), flat.size() * 8, seed + 5) &&
+           CheckPattern(big.data(), big.size(), seed + 6);
+  }
+  std::vector<ShardSpec> Shards() {
+    std::vector<ShardSpec> s;
+    // Rows 16..64 of a 128 x 48 bf16 matrix (a tensor-parallel piece).
+    ShardSpec a;
+    a.meta = {"layers.0.attn.qkv.weight", DType::kBF16, {128, 48}};
+    a.box = Box{{64, 0}, {64, 48}};
+    a.data = bf16.data();
+    s.push_back(a);
+    s.push_back(ShardSpec::Whole({"layers.0.mlp.bias", DType::kF32, {3, 5, 7, 11}}, f32.data()));
+    s.push_back(ShardSpec::Whole({"step", DType::kI64, {}}, scalar.data()));
+    s.push_back(ShardSpec::Whole({"emb.fp8", DType::kF8E4M3, {10, 100}}, fp8.data()));
+    auto f = ShardSpec::FromFlatRange({"optimizer.flat", DType::kF64, {5, 2, 6}}, 13, 50,
+                                      flat.data());
+    EXPECT_TRUE(f.ok());
+    for (auto& x : *f) s.push_back(x);
+    s.push_back(ShardSpec::Whole({"big", DType::kU8, {static_cast<int64_t>(big.size())}}, big.data()));
+    return s;
+  }
+};
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  CheckpointerTest() : root_("ckpt") { opts_ = testing::TestOptions(root_, "ckpt"); }
+  std::unique_ptr<Checkpointer> Open() {
+    auto c = Checkpointer::Open(opts_);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  testing::TempDir root_;
+  Options opts_;
+};
+
+TEST_F(CheckpointerTest, RestoresBitExactWithBlobs) {
+  State s;
+  auto c = Open();
+  for (int64_t step = 1; step <= 5; ++step) {
+    ASSERT_TRUE(c->fence().ok());
+    s.Fill(step * 100);
+    auto out = c->save(step, s.Shards(), {{"rng", "state-" + std::to_string(step)}});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ASSERT_EQ(*out, SaveOutcome::kQueued);
+  }
+  ASSERT_TRUE(c->wait_captured().ok());
+  State r;
+  auto rep = c->restore(r.Shards());
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->step, 5);
+  EXPECT_TRUE(r.Holds(500));
+  EXPECT_EQ(rep->blobs.at("rng"), "state-5");
+  // The previous version is still there too.
+  State r4;
+  RestoreOptions o;
+  o.step = 4;
+  ASSERT_TRUE(c->restore(r4.Shards(), o).ok());
+  EXPECT_TRUE(r4.Holds(400));
+  Stats st = c->stats();
+  EXPECT_EQ(st.saves, 5u);
+  EXPECT_EQ(st.captured, 5u);
+  EXPECT_EQ(st.skipped, 0u);
+  EXPECT_GT(st.bytes_copied, 5u * (9u << 20));
+  EXPECT_GT(st.copy_gbps, 0.0);
+  EXPECT_EQ(st.newest_captured_step, 5);
+  // A new process (here: a new Checkpointer on the same directory) finds it.
+  c.reset();
+  auto c2 = Open();
+  State r2;
+  auto rep2 = c2->restore(r2.Shards());
+  ASSERT_TRUE(rep2.ok()) << rep2.status().ToString();
+  EXPECT_EQ(rep2->step, 5);
+  EXPECT_TRUE(r2.Holds(500));
+}
+
+TEST_F(CheckpointerTest, MutationsAfterFenceDoNotReachTheCapturedVersion) {
+  State s;
+  auto c = Open();
+  s.Fill(7);
+  ASSERT_TRUE(c->save(1, s.Shards()).ok());
+  ASSERT_TRUE(c->fence().ok());
+  s.Fill(8);  // the optimizer step, right after fence() returned
+  std::memset(s.big.data(), 0xee, s.big.size());
+  ASSERT_TRUE(c->wait_captured().ok());
+  State r;
+  auto rep = c->restore(r.Shards());
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_TRUE(r.Holds(7));
+}
+
+TEST_F(CheckpointerTest, CorruptByteNamesTheTensorAndLatestFallsBack) {
+  State s;
+  auto c = Open();
+  s.Fill(1);
+  ASSERT_TRUE(c->save(1, s.Shards()).ok());
+  ASSERT_TRUE(c->fence().ok());
+  s.Fill(2);
+  ASSERT_TRUE(c->save(2, s.Shards()).ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  // Step 2 lives in the slot listed first; damage one byte inside the f32 tensor.
+  auto v = c->versions();
+  ASSERT_EQ(v.front().step, 2);
+  const std::string data = c->host_dir() + "/slot-" + std::to_string(v.front().slot);
+  // Shards are laid out in order, 64-byte aligned: bf16 (6144 bytes) then the f32 tensor.
+  testing::CorruptByte(data, 6144 + 100);
+
+  State r;
+  RestoreOptions two;
+  two.step = 2;
+  std::fill(r.f32.begin(), r.f32.end(), 1.5f);
+  auto bad = c->restore(r.Shards(), two);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption);
+  const std::string m = bad.status().message();
+  EXPECT_NE(m.find("layers.0.mlp.bias"), std::string::npos) << m;
+  EXPECT_NE(m.find(data), std::string::npos) << m;
+  EXPECT_NE(m.find("step 2"), std::string::npos) << m;
+  EXPECT_EQ(r.f32[0], 1.5f) << "targets were written before verification";
+
+  auto latest = c->restore(r.Shards());
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(latest->step, 1);
+  ASSERT_EQ(latest->skipped.size(), 1u);
+  EXPECT_NE(latest->skipped[0].find("layers.0.mlp.bias"), std::string::npos);
+  EXPECT_TRUE(r.Holds(1));
+}
+
+TEST_F(CheckpointerTest, BadInputGivesClearErrors) {
+  State s;
+  s.Fill(1);
+  auto c = Open();
+  auto shards = s.Shards();
+  ASSERT_TRUE(c->save(5, shards).ok());
+  EXPECT_EQ(c->save(5, shards).status().code(), StatusCode::kInvalidArgument);  // not increasing
+
+  auto bad = shards;
+  bad[0].box.offsets[0] = 100;  // leaves the 128-row tensor
+  auto r = c->save(6, bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("layers.0.attn.qkv.weight"), std::string::npos);
+  bad = shards;
+  bad[1].data = nullptr;
+  EXPECT_NE(c->save(7, bad).status().message().find("null"), std::string::npos);
+  bad = shards;
+  bad.push_back(shards[1]);
+  EXPECT_NE(c->save(8, bad).status().message().find("twice"), std::string::npos);
+  bad = shards;
+  bad[1].meta.name = std::string("x\0y", 3);
+  EXPECT_FALSE(c->save(9, bad).ok());
+  bad = shards;
+  bad[2].memory = MemoryKind::kDevice;
+  EXPECT_NE(c->save(10, bad).status().message().find("device"), std::string::npos);
+  ASSERT_TRUE(c->wait_captured().ok());
+
+  // Restore into something other than what was saved.
+  State t;
+  auto targets = t.Shards();
+  targets[1].meta.dtype = DType::kI32;
+  auto e = c->restore(targets);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("float32"), std::string::npos) << e.status().message();
+  targets = t.Shards();
+  targets[1].meta.global_shape = {3, 5, 77, 1};
+  targets[1].box = Box::Whole(targets[1].meta.global_shape);
+  EXPECT_NE(c->restore(targets).status().message().find("shape"), std::string::npos);
+  targets = t.Shards();
+  targets[0].box = Box{{0, 0}, {64, 48}};
+  e = c->restore(targets);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("[64:128, 0:48]"), std::string::npos) << e.status().message();
+  targets = t.Shards();
+  targets[0].meta.name = "not.saved";
+  EXPECT_EQ(c->restore(targets).status().code(), StatusCode::kNotFound);
+  RestoreOptions o;
+  o.step = 99;
+  e = c->restore(t.Shards(), o);
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(e.status().message().find("5"), std::string::npos);
+  // None of this damaged what was saved.
+  ASSERT_TRUE(c->restore(t.Shards()).ok());
+  EXPECT_TRUE(t.Holds(1));
+}
+
+TEST_F(CheckpointerTest, RestoreWithNothingSavedIsNotFound) {
+  auto c = Open();
+  State r;
+  auto e = c->restore(r.Shards());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(e.status().message().find(c->host_dir()), std::string::npos);
+}
+
+// A FileSystem whose renames wait at a gate: holds a capture inside Prepare.
+class GateFileSystem final : public FileSystem {
+ public:
+  explicit GateFileSystem(FileSystem* base) : base_(base) {}
+  void Close_() {
+    std::lock_guard lk(mu_);
+    open_ = false;
+  }
+  void Open_() {
+    std::lock_guard lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  Result<int> Open(const std::string& p, int f, mode_t m) override { return base_->Open(p, f, m); }
+  Status Close(int fd) override { return base_->Close(fd); }
+  Status WriteAt(int fd, const void* b, size_t n, uint64_t o) override { return base_->WriteAt(fd, b, n, o); }
+  Status ReadAt(int fd, void* b, size_t n, uint64_t o) override { return base_->ReadAt(fd, b, n, o); }
+  Status Sync(int fd) override { return base_->Sync(fd); }
+  Status Truncate(int fd, uint64_t s) override { return base_->Truncate(fd, s); }
+  Status Allocate(int fd, uint64_t s) override { return base_->Allocate(fd, s); }
+  Result<uint64_t> FileSize(int fd) override { return base_->FileSize(fd); }
+  Status Rename(const std::string& a, const std::string& b) override {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return open_; });
+    return base_->Rename(a, b);
+  }
+  Status Unlink(const std::string& p) override { return base_->Unlink(p); }
+  Status MakeDirs(const std::string& p, mode_t m) override { return base_->MakeDirs(p, m); }
+  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  Result<std::vector<std::string>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  bool Exists(const std::string& p) override { return base_->Exists(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+
+ private:
+  FileSystem* base_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+};
+
+TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
+  GateFileSystem gate(DefaultFileSystem());
+  opts_.fs = &gate;
+  auto c = Open();
+  State s;
+  s.Fill(1);
+  ASSERT_TRUE(c->save(1, s.Shards()).ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  gate.Close_();  // step 2's capture now hangs before it starts copying
+  ASSERT_EQ(*c->save(2, s.Shards()), SaveOutcome::kQueued);
+  // Slot of step 1 holds the newest version, the other is busy: step 3 is skipped at once.
+  auto out = c->save(3, s.Shards());
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out, SaveOutcome::kSkipped);
+  EXPECT_EQ(c->stats().skipped, 1u);
+  gate.Open_();
+  ASSERT_TRUE(c->fence().ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  EXPECT_EQ(c->versions().front().step, 2);
+}
+
+TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
+  GateFileSystem gate(DefaultFileSystem());
+  opts_.fs = &gate;
+  opts_.full_policy = FullPolicy::kBlock;
+  auto c = Open();
+  State s;
+  s.Fill(1);
+  ASSERT_TRUE(c->save(1, s.Shards()).ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  gate.Close_();
+  ASSERT_EQ(*c->save(2, s.Shards()), SaveOutcome::kQueued);
+  auto third = std::async(std::launch::async, [&] { return c->save(3, s.Shards()); });
+  EXPECT_EQ(third.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  gate.Open_();
+  ASSERT_EQ(third.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  auto out = third.get();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out, SaveOutcome::kQueued);
+  ASSERT_TRUE(c->wait_captured().ok());
+  EXPECT_EQ(c->versions().front().step, 3);
+  EXPECT_EQ(c->stats().skipped, 0u);
+}
+
+// Out of host-tier space (and other I/O errors) while a slot grows: the version fails with
+// a clear error, the older one stays restorable, and the next save succeeds.
+TEST_F(CheckpointerTest, FailedCaptureKeepsOlderVersion) {
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  opts_.fs = &fs;
+  auto c = Open();
+  State small;
+  small.big.resize(1000);
+  small.Fill(1);
+  ASSERT_TRUE(c->save(1, small.Shards()).ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  State s;  // larger: the slot must grow
+  s.Fill(2);
+  fs.FailNth(1, ENOSPC, true, kFsAllocate);
+  ASSERT_TRUE(c->save(2, s.Shards()).ok());
+  Status f = c->fence();
+  ASSERT_EQ(f.code(), StatusCode::kNoSpace) << f.ToString();
+  EXPECT_NE(f.message().find("step 2"), std::string::npos) << f.message();
+  EXPECT_EQ(c->wait_captured().code(), StatusCode::kNoSpace);
+  fs.Disarm();
+  EXPECT_EQ(c->stats().failed, 1u);
+  State r;
+  r.big.resize(1000);
+  auto rep = c->restore(r.Shards());
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->step, 1);
+  EXPECT_TRUE(r.Holds(1));
+  s.Fill(3);
+  ASSERT_TRUE(c->save(3, s.Shards()).ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  State r3;
+  ASSERT_TRUE(c->restore(r3.Shards()).ok());
+  EXPECT_TRUE(r3.Holds(3));
+}
+
+TEST_F(CheckpointerTest, SlotBytesPresizesAndSmallChunksWork) {
+  opts_.slot_bytes = 16 << 20;
+  opts_.chunk_bytes = 64 << 10;
+  opts_.copy_threads = 2;
+  opts_.slots = 3;
+  auto c = Open();
+  State s;
+  for (int64_t step = 10; step < 16; ++step) {
+    ASSERT_TRUE(c->fence().ok());
+    s.Fill(step);
+    ASSERT_TRUE(c->save(step, s.Shards()).ok());
+  }
+  ASSERT_TRUE(c->wait_captured().ok());
+  EXPECT_EQ(c->versions().size(), 3u);
+  State r;
+  ASSERT_TRUE(c->restore(r.Shards()).ok());
+  EXPECT_TRUE(r.Holds(15));
+}
+
+}  // namespace
+}  // namespace cairn

@@ -1,0 +1,206 @@
+// Status/Result, dtypes, options from the environment, and the FileSystem seam with its
+// fault-injecting wrapper.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <map>
+
+#include "core/dtype.h"
+#include "core/fault_injection_filesystem.h"
+#include "core/filesystem.h"
+#include "core/options.h"
+#include "core/status.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+Result<int> Half(int v) {
+  if (v % 2) return Status::InvalidArgument(std::to_string(v) + " is odd");
+  return v / 2;
+}
+
+Result<int> Quarter(int v) {
+  CAIRN_ASSIGN_OR_RETURN(int h, Half(v));
+  CAIRN_ASSIGN_OR_RETURN(int q, Half(h));
+  return q;
+}
+
+TEST(Status, ResultPropagatesErrors) {
+  EXPECT_EQ(*Quarter(8), 2);
+  Result<int> r = Quarter(6);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().ToString(), "InvalidArgument: 3 is odd");
+  EXPECT_EQ(Status::FromErrno(ENOSPC, "write x").code(), StatusCode::kNoSpace);
+  EXPECT_EQ(Status::FromErrno(EIO, "write x").code(), StatusCode::kIOError);
+  EXPECT_EQ(Status::IOError("b").WithContext("a").message(), "a: b");
+  EXPECT_TRUE(Status::OK().WithContext("a").ok());
+  // A Result may not hold an OK status without a value.
+  Result<int> bad(Status::OK());
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+TEST(DType, SizesNamesAndParsing) {
+  const std::map<DType, size_t> sizes = {
+      {DType::kF64, 8}, {DType::kF32, 4},    {DType::kF16, 2},    {DType::kBF16, 2},
+      {DType::kF8E4M3, 1}, {DType::kF8E5M2, 1}, {DType::kI64, 8}, {DType::kI32, 4},
+      {DType::kI16, 2}, {DType::kI8, 1},     {DType::kU8, 1},     {DType::kBool, 1}};
+  for (auto [t, n] : sizes) {
+    EXPECT_EQ(DTypeSize(t), n) << DTypeName(t);
+    EXPECT_EQ(ParseDType(DTypeName(t)), t);
+    EXPECT_TRUE(IsValidDType(static_cast<uint8_t>(t)));
+  }
+  EXPECT_EQ(ParseDType("bf16"), DType::kBF16);
+  EXPECT_EQ(ParseDType("float8_e4m3fn"), DType::kF8E4M3);
+  EXPECT_FALSE(ParseDType("complex64").has_value());
+  EXPECT_FALSE(IsValidDType(0));
+  EXPECT_FALSE(IsValidDType(200));
+  EXPECT_EQ(DTypeSize(static_cast<DType>(99)), 0u);
+}
+
+struct FakeEnv {
+  std::map<std::string, std::string> vars;
+  std::function<const char*(const char*)> fn() {
+    return [this](const char* k) -> const char* {
+      auto it = vars.find(k);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
+
+TEST(Options, DefaultsWhenNothingIsSet) {
+  FakeEnv env;
+  auto o = Options::FromEnvironment(env.fn());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 0);
+  EXPECT_EQ(o->world_size, 1);
+  EXPECT_EQ(o->slots, 2);
+  EXPECT_EQ(o->host_root, "/dev/shm/cairn");
+  EXPECT_EQ(o->job_id, "default");
+  EXPECT_EQ(o->chunk_bytes, 4u << 20);
+  EXPECT_EQ(o->full_policy, FullPolicy::kSkip);
+}
+
+TEST(Options, TorchrunVariablesAndCairnOverrides) {
+  FakeEnv env;
+  env.vars = {{"RANK", "5"},          {"WORLD_SIZE", "8"},       {"LOCAL_RANK", "1"},
+              {"LOCAL_WORLD_SIZE", "4"}, {"TORCHELASTIC_RUN_ID", "run7"},
+              {"CAIRN_SLOTS", "3"},   {"CAIRN_CHUNK_BYTES", "8M"}, {"CAIRN_FULL_POLICY", "block"},
+              {"CAIRN_SLOT_BYTES", "1G"}};
+  auto o = Options::FromEnvironment(env.fn());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 5);
+  EXPECT_EQ(o->local_rank, 1);
+  EXPECT_EQ(o->node, 1);  // RANK / LOCAL_WORLD_SIZE
+  EXPECT_EQ(o->job_id, "run7");
+  EXPECT_EQ(o->slots, 3);
+  EXPECT_EQ(o->chunk_bytes, 8u << 20);
+  EXPECT_EQ(o->slot_bytes, 1ull << 30);
+  EXPECT_EQ(o->full_policy, FullPolicy::kBlock);
+  env.vars["CAIRN_RANK"] = "6";
+  env.vars["CAIRN_NODE"] = "3";
+  env.vars["CAIRN_JOB_ID"] = "mine";
+  o = Options::FromEnvironment(env.fn());
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->rank, 6);
+  EXPECT_EQ(o->node, 3);
+  EXPECT_EQ(o->job_id, "mine");
+}
+
+TEST(Options, BadValuesNameTheVariable) {
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"CAIRN_SLOTS", "1"},         {"CAIRN_SLOTS", "two"},       {"RANK", "-1"},
+      {"CAIRN_CHUNK_BYTES", "4X"},  {"CAIRN_FULL_POLICY", "wait"}, {"CAIRN_COPY_ENGINE", "gpu"},
+      {"CAIRN_JOB_ID", "../etc"},   {"WORLD_SIZE", "0"}};
+  for (const auto& [k, v] : bad) {
+    FakeEnv env;
+    env.vars[k] = v;
+    auto o = Options::FromEnvironment(env.fn());
+    ASSERT_FALSE(o.ok()) << k << "=" << v;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    const std::string m = o.status().message();
+    const bool named = m.find(k) != std::string::npos || m.find("job id") != std::string::npos ||
+                       m.find("rank") != std::string::npos;
+    EXPECT_TRUE(named) << k << ": " << m;
+  }
+  FakeEnv env;
+  env.vars = {{"RANK", "4"}, {"WORLD_SIZE", "4"}};
+  EXPECT_FALSE(Options::FromEnvironment(env.fn()).ok());
+}
+
+TEST(FileSystem, WriteFileAtomicPublishesWholeFiles) {
+  testing::TempDir dir("fs");
+  FileSystem* fs = DefaultFileSystem();
+  const std::string path = JoinPath(dir.path(), "f");
+  ASSERT_TRUE(WriteFileAtomic(fs, path, "hello").ok());
+  EXPECT_EQ(*ReadWholeFile(fs, path, 100), "hello");
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto big = ReadWholeFile(fs, path, 3);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find(path), std::string::npos);
+  EXPECT_EQ(ReadWholeFile(fs, path + "x", 3).status().code(), StatusCode::kNotFound);
+}
+
+// SQLite style: fail the 1st, 2nd, ... call of an atomic publish, once and persistently;
+// the old contents must survive and no temporary file may remain.
+TEST(FileSystem, AtomicWriteSurvivesEveryInjectedFault) {
+  testing::TempDir dir("fsfault");
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  const std::string path = JoinPath(dir.path(), "f");
+  ASSERT_TRUE(WriteFileAtomic(&fs, path, "old").ok());
+  for (int err : {EIO, ENOSPC}) {
+    for (bool persistent : {false, true}) {
+      for (uint64_t n = 1;; ++n) {
+        fs.FailNth(n, err, persistent);
+        Status st = WriteFileAtomic(&fs, path, "new contents");
+        fs.Disarm();
+        auto now = ReadWholeFile(DefaultFileSystem(), path, 100);
+        ASSERT_TRUE(now.ok());
+        if (st.ok()) {
+          EXPECT_EQ(*now, "new contents");
+        } else {
+          // Either the old file or, when only the directory fsync failed, the new one.
+          EXPECT_TRUE(*now == "old" || *now == "new contents") << *now;
+          if (err == ENOSPC) {
+            EXPECT_EQ(st.code(), StatusCode::kNoSpace) << st.ToString();
+          }
+        }
+        auto names = DefaultFileSystem()->ListDir(dir.path());
+        ASSERT_TRUE(names.ok());
+        for (const auto& name : *names) {
+          // A single fault never leaves a temporary (the cleanup unlink works); a persistent
+          // one may also fail the cleanup, and the next publish reuses the name.
+          if (!persistent) {
+            ASSERT_EQ(name.find(".tmp."), std::string::npos) << "after fault " << n;
+          }
+        }
+        ASSERT_TRUE(WriteFileAtomic(&fs, path, "old").ok());
+        names = DefaultFileSystem()->ListDir(dir.path());
+        ASSERT_EQ(names->size(), 1u) << "a temporary survived the next publish";
+        if (st.ok()) break;
+        ASSERT_LT(n, 20u) << "never succeeded";
+      }
+    }
+  }
+}
+
+TEST(FileSystem, MakeDirsAndRemoveAll) {
+  testing::TempDir dir("fsdirs");
+  FileSystem* fs = DefaultFileSystem();
+  const std::string deep = JoinPath(dir.path(), "a/b/c");
+  ASSERT_TRUE(fs->MakeDirs(deep, 0700).ok());
+  ASSERT_TRUE(WriteFileAtomic(fs, JoinPath(deep, "x"), "1").ok());
+  ASSERT_TRUE(fs->MakeDirs(deep, 0700).ok());  // exists: fine
+  ASSERT_TRUE(fs->RemoveAll(JoinPath(dir.path(), "a")).ok());
+  EXPECT_FALSE(fs->Exists(JoinPath(dir.path(), "a")));
+  EXPECT_TRUE(fs->RemoveAll(JoinPath(dir.path(), "a")).ok());
+}
+
+}  // namespace
+}  // namespace cairn

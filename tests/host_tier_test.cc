@@ -1,0 +1,185 @@
+// The host tier: ring rules, reopen after a crash, and faults while publishing headers.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "core/fault_injection_filesystem.h"
+#include "tiers/host_tier.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+class HostTierTest : public ::testing::Test {
+ protected:
+  HostTierTest() : root_("tier"), log_("test", 0) {
+    dir_ = HostTier::RankDir(root_.path(), testing::UniqueJobId("tier"), 0, 0);
+  }
+  std::unique_ptr<HostTier> OpenTier(FileSystem* fs = DefaultFileSystem(), int slots = 2) {
+    HostTierConfig c;
+    c.dir = dir_;
+    c.slots = slots;
+    auto t = HostTier::Open(c, fs, &log_);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+  // Captures a version of `step` holding one 1000-byte shard filled with `fill`.
+  Status Capture(HostTier& t, int64_t step, char fill, int* slot_out = nullptr) {
+    auto slot = t.Reserve(step, FullPolicy::kSkip);
+    if (!slot.ok()) return slot.status();
+    if (slot_out) *slot_out = *slot;
+    SlotHeader h;
+    h.step = step;
+    h.chunk_bytes = 4096;
+    h.data_bytes = 1000;
+    h.shards.push_back({"w", DType::kU8, {1000}, Box{{0}, {1000}}, 0, 1000, 0, 1});
+    h.chunk_checksums = {0};
+    auto base = t.Prepare(*slot, step, h.data_bytes, h);
+    if (!base.ok()) {
+      t.Abort(*slot);
+      return base.status();
+    }
+    std::memset(*base, fill, 1000);
+    t.MarkCopied(*slot);
+    Status st = t.Commit(*slot, h);
+    if (!st.ok()) t.Abort(*slot);
+    return st;
+  }
+  std::vector<int64_t> Steps(const HostTier& t) {
+    std::vector<int64_t> s;
+    for (const auto& v : t.Versions()) s.push_back(v.step);
+    return s;
+  }
+
+  testing::TempDir root_;
+  Logger log_;
+  std::string dir_;
+};
+
+TEST_F(HostTierTest, ReopenListsOnlyCapturedVersions) {
+  {
+    auto t = OpenTier();
+    ASSERT_TRUE(Capture(*t, 1, 'a').ok());
+    ASSERT_TRUE(Capture(*t, 2, 'b').ok());
+    EXPECT_EQ(Steps(*t), (std::vector<int64_t>{2, 1}));
+    // Step 3 dies mid-copy: reserved and prepared, never committed.
+    auto slot = t->Reserve(3, FullPolicy::kSkip);
+    ASSERT_TRUE(slot.ok());
+    SlotHeader h;
+    h.step = 3;
+    h.chunk_bytes = 4096;
+    auto base = t->Prepare(*slot, 3, 1000, h);
+    ASSERT_TRUE(base.ok());
+    std::memset(*base, 'c', 500);
+    EXPECT_EQ(Steps(*t), (std::vector<int64_t>{2}));  // step 1's slot was reused
+  }
+  auto t = OpenTier();
+  EXPECT_EQ(Steps(*t), (std::vector<int64_t>{2}));
+  auto view = t->Pin(2);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(static_cast<char>((*view)->data()[999]), 'b');
+  std::vector<std::string> problems;
+  auto scan = HostTier::Scan(DefaultFileSystem(), dir_, &problems);
+  ASSERT_TRUE(scan.ok());
+  ASSERT_EQ(scan->size(), 2u);
+  EXPECT_EQ((*scan)[0].step, 3);
+  EXPECT_EQ((*scan)[0].state, VersionState::kCapturing);
+  EXPECT_EQ((*scan)[1].state, VersionState::kCaptured);
+  EXPECT_TRUE(problems.empty());
+}
+
+TEST_F(HostTierTest, NewestVersionIsNeverReserved) {
+  auto t = OpenTier();
+  for (int64_t step = 1; step <= 6; ++step) {
+    int slot = -1;
+    ASSERT_TRUE(Capture(*t, step, static_cast<char>('a' + step), &slot).ok());
+    auto v = t->Versions();
+    ASSERT_EQ(v.front().step, step);
+    if (step > 1) {
+      ASSERT_EQ(v[1].step, step - 1);  // the previous one survives each capture
+    }
+  }
+}
+
+TEST_F(HostTierTest, SkipWhenFullAndBlockUntilFree) {
+  auto t = OpenTier();
+  ASSERT_TRUE(Capture(*t, 1, 'a').ok());
+  auto s2 = t->Reserve(2, FullPolicy::kSkip);  // the only non-newest slot
+  ASSERT_TRUE(s2.ok());
+  auto s3 = t->Reserve(3, FullPolicy::kSkip);
+  ASSERT_FALSE(s3.ok());
+  EXPECT_EQ(s3.status().code(), StatusCode::kUnavailable);
+  auto blocked = std::async(std::launch::async, [&] { return t->Reserve(3, FullPolicy::kBlock); });
+  EXPECT_EQ(blocked.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  t->Abort(*s2);  // frees slot 2's reservation
+  ASSERT_EQ(blocked.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(blocked.get().ok());
+}
+
+TEST_F(HostTierTest, SecondOpenIsRefused) {
+  auto t = OpenTier();
+  HostTierConfig c;
+  c.dir = dir_;
+  auto again = HostTier::Open(c, DefaultFileSystem(), &log_);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find(dir_), std::string::npos);
+}
+
+TEST_F(HostTierTest, TruncatedDataFileIsNotListed) {
+  {
+    auto t = OpenTier();
+    ASSERT_TRUE(Capture(*t, 1, 'a').ok());
+    ASSERT_TRUE(Capture(*t, 2, 'b').ok());
+  }
+  const std::string p = dir_ + "/slot-0";  // holds step 1
+  ASSERT_EQ(::truncate(p.c_str(), 10), 0);
+  auto t = OpenTier();
+  EXPECT_EQ(t->Versions().size(), 1u);
+}
+
+// Fail every mutating filesystem call of a capture, once and persistently, with EIO and
+// ENOSPC: the previous version must stay restorable and intact every time.
+TEST_F(HostTierTest, FaultsDuringCaptureKeepThePreviousVersion) {
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  auto t = OpenTier(&fs);
+  ASSERT_TRUE(Capture(*t, 1, 'a' + 1).ok());
+  int64_t step = 2;
+  for (int err : {EIO, ENOSPC}) {
+    for (bool persistent : {false, true}) {
+      for (uint64_t n = 1;; ++n) {
+        ASSERT_LT(n, 40u);
+        const int64_t newest_before = t->Versions().front().step;
+        const char fill_before = static_cast<char>('a' + newest_before % 20);
+        fs.FailNth(n, err, persistent);
+        Status st = Capture(*t, step, static_cast<char>('a' + step % 20));
+        fs.Disarm();
+        auto v = t->Versions();
+        ASSERT_FALSE(v.empty()) << "lost every version at fault " << n;
+        if (st.ok()) {
+          ASSERT_EQ(v.front().step, step);
+          ++step;
+          break;
+        }
+        // The newest complete version from before is still there, bytes intact.
+        ASSERT_EQ(v.front().step, newest_before);
+        auto view = t->Pin(newest_before);
+        ASSERT_TRUE(view.ok());
+        ASSERT_EQ(static_cast<char>((*view)->data()[0]), fill_before);
+        ++step;
+      }
+    }
+  }
+  // And the state on disk agrees after a restart.
+  const int64_t newest = t->Versions().front().step;
+  t.reset();
+  auto t2 = OpenTier();
+  ASSERT_EQ(t2->Versions().front().step, newest);
+}
+
+}  // namespace
+}  // namespace cairn
