@@ -445,7 +445,7 @@ int DemoMain(int argc, char** argv) {
 
   std::printf("summary\n");
   std::printf("  %-46s %s\n", "restart exit code", second_exit == 0 ? "0" : std::to_string(second_exit).c_str());
-  std::printf("  %-46s %lld (newest step the killed process had saved: %lld; restoring step - 1 or later is correct) %s\n",
+  std::printf("  %-46s %lld (killed after saving step %lld) %s\n",
               "restored step", restored, static_cast<long long>(last_step), Check(restored_recent));
   std::printf("  %-46s %s\n", "restored state bit-exact", Check(exact == 1));
   std::printf("  %-46s %s\n", "final state equals uninterrupted run", Check(same_final));
