@@ -51,7 +51,7 @@ class CopyEngine {
 // falls back to memcpy for small or unaligned tails. Safe for any alignment.
 void StreamingCopy(void* dst, const void* src, size_t n);
 
-// The host engine: `threads` workers (a oneTBB arena; with 1 thread the caller copies),
+// The host engine: `threads` workers (the calling thread plus threads-1 helpers),
 // non-temporal copies in sub-blocks of 256 KiB, each checksummed while still in cache.
 std::unique_ptr<CopyEngine> MakeHostCopyEngine(int threads);
 

@@ -1,13 +1,11 @@
 #include <emmintrin.h>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/task_arena.h>
 
 #include <cstdint>
 #include <cstring>
 
 #include "core/checksum.h"
 #include "snapshot/copy_engine.h"
+#include "snapshot/worker_pool.h"
 
 namespace cairn {
 namespace {
@@ -18,7 +16,7 @@ constexpr size_t kSubBlock = 256 << 10;
 
 class HostCopyEngine final : public CopyEngine {
  public:
-  explicit HostCopyEngine(int threads) : threads_(threads), arena_(threads) {}
+  explicit HostCopyEngine(int threads) : pool_(threads) {}
 
   std::string_view name() const override { return "host"; }
   bool checksums_while_copying() const override { return true; }
@@ -54,19 +52,10 @@ class HostCopyEngine final : public CopyEngine {
  private:
   template <typename F>
   void Run(size_t n, const F& f) {
-    if (threads_ <= 1 || n <= 1) {
-      for (size_t i = 0; i < n; ++i) f(i);
-      return;
-    }
-    arena_.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
-        for (size_t i = r.begin(); i != r.end(); ++i) f(i);
-      });
-    });
+    pool_.ParallelFor(n, f);
   }
 
-  int threads_;
-  tbb::task_arena arena_;
+  WorkerPool pool_;
 };
 
 }  // namespace
