@@ -14,7 +14,9 @@ namespace {
 constexpr uint64_t kShardAlign = 64;  // slot offsets: cache-line aligned for streaming stores
 constexpr size_t kMaxBlobs = 1 << 16;
 
-uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t AlignUp(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 std::string ShardKey(const std::string& name, const Box& box) {
   std::string k = name;
@@ -233,8 +235,8 @@ void Checkpointer::Capture(Request& r) {
     std::byte* slot = *base;
     for (size_t i = 0; i < r.chunks.size(); ++i) r.chunks[i].dst = slot + r.chunk_offsets[i];
     const int64_t t0 = NowNanos();
-    st = engine_->Copy(r.chunks, engine_->checksums_while_copying() ? h.chunk_checksums.data()
-                                                                     : nullptr);
+    st = engine_->Copy(r.chunks,
+                       engine_->checksums_while_copying() ? h.chunk_checksums.data() : nullptr);
     for (size_t i = 0; st.ok() && i < h.blobs.size(); ++i) {
       std::memcpy(slot + h.blobs[i].offset, r.blob_bytes[i].data(), h.blobs[i].nbytes);
       h.blobs[i].checksum = Checksum(r.blob_bytes[i].data(), h.blobs[i].nbytes);
@@ -284,7 +286,9 @@ void Checkpointer::Capture(Request& r) {
   cv_.notify_all();
 }
 
-std::vector<VersionInfo> Checkpointer::versions() const { return tier_->Versions(); }
+std::vector<VersionInfo> Checkpointer::versions() const {
+  return tier_->Versions();
+}
 
 Stats Checkpointer::stats() const {
   std::lock_guard lk(mu_);
@@ -294,7 +298,12 @@ Stats Checkpointer::stats() const {
 Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
                                             const RestoreOptions& options) {
   const int64_t t0 = NowNanos();
-  (void)wait_captured();  // a failed capture is simply not among the versions
+  {
+    // Let captures in flight settle (a failed one is simply not among the versions); their
+    // errors stay for fence() / wait_captured() to report.
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
+  }
   for (const ShardSpec& t : targets) {
     CAIRN_RETURN_IF_ERROR(CheckShard(t).WithContext(Who() + ": restore target"));
     if (t.memory == MemoryKind::kDevice && engine_->name() != "cuda")
@@ -412,8 +421,8 @@ Status Checkpointer::RestoreFrom(const HostTier::View& view, std::span<const Sha
   CAIRN_RETURN_IF_ERROR(engine_->Copy(chunks, nullptr).WithContext(who + ": restore copy"));
   report->blobs.clear();
   for (const SlotBlob& b : h.blobs)
-    report->blobs.emplace(b.name, std::string(reinterpret_cast<const char*>(view.data() + b.offset),
-                                              b.nbytes));
+    report->blobs.emplace(
+        b.name, std::string(reinterpret_cast<const char*>(view.data() + b.offset), b.nbytes));
   report->bytes = bytes;
   return Status::OK();
 }

@@ -45,9 +45,12 @@ struct Args {
 uint64_t ParseSize(const std::string& s) {
   char* end = nullptr;
   uint64_t v = std::strtoull(s.c_str(), &end, 10);
-  if (*end == 'G') v <<= 30;
-  else if (*end == 'M') v <<= 20;
-  else if (*end == 'K') v <<= 10;
+  if (*end == 'G')
+    v <<= 30;
+  else if (*end == 'M')
+    v <<= 20;
+  else if (*end == 'K')
+    v <<= 10;
   return v;
 }
 
@@ -129,7 +132,8 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
   for (int i = 0; i < kTensors; ++i) {
     owned.push_back(std::make_unique<Buffer>(state_bytes / kTensors));
     tensors.push_back(owned.back().get());
-    TensorMeta m{"layers." + std::to_string(i) + ".weight", DType::kF32,
+    TensorMeta m{"layers." + std::to_string(i) + ".weight",
+                 DType::kF32,
                  {static_cast<int64_t>(state_bytes / kTensors / 4 / 1024), 1024}};
     shards.push_back(ShardSpec::Whole(m, tensors.back()->p));
   }
@@ -170,8 +174,8 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
       Compute(work, reps);
       ct.push_back(NanosToSeconds(NowNanos() - t0));
     }
-    reps = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(reps) * 1.5 * memcpy_s /
-                                                     Median(ct)));
+    reps = std::max<int64_t>(
+        1, static_cast<int64_t>(static_cast<double>(reps) * 1.5 * memcpy_s / Median(ct)));
   }
 
   Options o;
@@ -324,21 +328,21 @@ int main(int argc, char** argv) {
         r.copy_gbps / r.memcpy_gbps, r.iter_none * 1e3, r.iter_blocking * 1e3,
         r.stall_blocking * 1e3, r.iter_lazy * 1e3, r.stall_lazy * 1e3,
         (r.iter_lazy / r.iter_none - 1) * 100, r.stall_save * 1e3, r.stall_fence * 1e3,
-        r.max_stall_lazy * 1e3, reduction,
-        static_cast<unsigned long long>(r.skipped), static_cast<unsigned long long>(r.saves));
+        r.max_stall_lazy * 1e3, reduction, static_cast<unsigned long long>(r.skipped),
+        static_cast<unsigned long long>(r.saves));
     char buf[1024];
     std::snprintf(buf, sizeof buf,
                   "{\"bench\":\"capture\",\"state_bytes\":%llu,\"copy_threads\":%d,"
                   "\"iter_ms_no_ckpt\":%.3f,\"iter_ms_blocking\":%.3f,\"iter_ms_lazy\":%.3f,"
                   "\"lazy_iter_overhead\":%.4f,\"stall_ms_blocking\":%.3f,\"stall_ms_lazy\":%.4f,"
-                  "\"stall_ms_lazy_save\":%.4f,\"stall_ms_lazy_fence\":%.4f,\"stall_reduction\":%.1f,\"copy_gbps\":%.3f,\"memcpy_gbps\":%.3f,"
+                  "\"stall_ms_lazy_save\":%.4f,\"stall_ms_lazy_fence\":%.4f,\"stall_reduction\":%."
+                  "1f,\"copy_gbps\":%.3f,\"memcpy_gbps\":%.3f,"
                   "\"copy_vs_memcpy\":%.3f,\"skipped\":%llu}",
                   static_cast<unsigned long long>(r.state_bytes), a.threads, r.iter_none * 1e3,
                   r.iter_blocking * 1e3, r.iter_lazy * 1e3, r.iter_lazy / r.iter_none - 1,
                   r.stall_blocking * 1e3, r.stall_lazy * 1e3, r.stall_save * 1e3,
-                  r.stall_fence * 1e3, reduction, r.copy_gbps,
-                  r.memcpy_gbps, r.copy_gbps / r.memcpy_gbps,
-                  static_cast<unsigned long long>(r.skipped));
+                  r.stall_fence * 1e3, reduction, r.copy_gbps, r.memcpy_gbps,
+                  r.copy_gbps / r.memcpy_gbps, static_cast<unsigned long long>(r.skipped));
     json.push_back(buf);
   }
   for (const auto& j : json) std::printf("%s\n", j.c_str());

@@ -84,10 +84,10 @@ class SyntheticModel {
     std::vector<ShardSpec> out;
     for (Param& p : params_) {
       out.push_back(ShardSpec::Whole({p.name, DType::kF32, p.shape}, p.w.data()));
-      out.push_back(ShardSpec::Whole({"optimizer." + p.name + ".exp_avg", DType::kF32, p.shape},
-                                     p.m.data()));
-      out.push_back(ShardSpec::Whole(
-          {"optimizer." + p.name + ".exp_avg_sq", DType::kF32, p.shape}, p.v.data()));
+      out.push_back(
+          ShardSpec::Whole({"optimizer." + p.name + ".exp_avg", DType::kF32, p.shape}, p.m.data()));
+      out.push_back(ShardSpec::Whole({"optimizer." + p.name + ".exp_avg_sq", DType::kF32, p.shape},
+                                     p.v.data()));
     }
     return out;
   }
@@ -268,7 +268,8 @@ int DemoWorkerMain(int argc, char** argv) {
   }
   Status ws = c.wait_captured();
   Stats s = c.stats();
-  Report("final %llu %llu %llu %.3f %.3f %llu %.2f", static_cast<unsigned long long>(model.Digest()),
+  Report("final %llu %llu %llu %.3f %.3f %llu %.2f",
+         static_cast<unsigned long long>(model.Digest()),
          static_cast<unsigned long long>(s.captured), static_cast<unsigned long long>(s.skipped),
          (s.fence_wait_total_s + s.save_call_total_s) * 1e3, s.fence_wait_max_s * 1e3,
          static_cast<unsigned long long>(s.bytes_copied), s.copy_gbps);
@@ -290,8 +291,10 @@ Worker Spawn(const DemoArgs& a, bool resume) {
     ::dup2(fds[1], STDOUT_FILENO);
     ::close(fds[0]);
     ::close(fds[1]);
-    std::vector<std::string> args = {"cairn",       "demo-worker", "--job",    a.job,
-                                     "--host-root", a.host_root,   "--steps",  std::to_string(a.steps),
+    std::vector<std::string> args = {"cairn",       "demo-worker",
+                                     "--job",       a.job,
+                                     "--host-root", a.host_root,
+                                     "--steps",     std::to_string(a.steps),
                                      "--layers",    std::to_string(a.layers)};
     if (resume) args.push_back("--resume");
     std::vector<char*> argv;
@@ -312,7 +315,9 @@ int WaitExit(pid_t pid) {
   return 128 + WTERMSIG(status);
 }
 
-const char* Check(bool ok) { return ok ? "ok" : "FAILED"; }
+const char* Check(bool ok) {
+  return ok ? "ok" : "FAILED";
+}
 
 }  // namespace
 
@@ -390,15 +395,15 @@ int DemoMain(int argc, char** argv) {
   std::printf("[2/3] killed the training process with SIGKILL after it reported step %lld\n",
               static_cast<long long>(last_step));
   std::vector<std::string> problems;
-  auto held = HostTier::Scan(DefaultFileSystem(), HostTier::RankDir(a.host_root, a.job, 0, 0),
-                             &problems);
+  auto held =
+      HostTier::Scan(DefaultFileSystem(), HostTier::RankDir(a.host_root, a.job, 0, 0), &problems);
   if (held.ok()) {
     std::printf("      what the dead process left in host memory:\n");
     for (const VersionInfo& v : *held)
-      std::printf("        step %3lld  %-10s %s\n", static_cast<long long>(v.step),
-                  VersionStateName(v.state),
-                  IsRestorable(v.state) ? "complete, restorable"
-                                        : "torn by the kill: never restored");
+      std::printf(
+          "        step %3lld  %-10s %s\n", static_cast<long long>(v.step),
+          VersionStateName(v.state),
+          IsRestorable(v.state) ? "complete, restorable" : "torn by the kill: never restored");
   }
   std::fflush(stdout);
 
@@ -418,9 +423,10 @@ int DemoMain(int argc, char** argv) {
     int queued = 0;
     if (std::sscanf(line, "restored %lld %lf %d %zu", &restored, &restore_ms, &exact,
                     &skipped_versions) == 4) {
-      std::printf("      restored step %lld from host memory in %.1f ms; bit-exact with a replay "
-                  "of steps 1..%lld: %s\n",
-                  restored, restore_ms, restored, exact ? "yes" : "NO");
+      std::printf(
+          "      restored step %lld from host memory in %.1f ms; bit-exact with a replay "
+          "of steps 1..%lld: %s\n",
+          restored, restore_ms, restored, exact ? "yes" : "NO");
     } else if (std::sscanf(line, "step %lld %lf %d", &t, &stall, &queued) == 3) {
       stall_sum += stall;
       ++stall_n;
@@ -444,9 +450,10 @@ int DemoMain(int argc, char** argv) {
               static_cast<long long>(a.steps), same_final ? "yes" : "NO");
 
   std::printf("summary\n");
-  std::printf("  %-46s %s\n", "restart exit code", second_exit == 0 ? "0" : std::to_string(second_exit).c_str());
-  std::printf("  %-46s %lld (killed after saving step %lld) %s\n",
-              "restored step", restored, static_cast<long long>(last_step), Check(restored_recent));
+  std::printf("  %-46s %s\n", "restart exit code",
+              second_exit == 0 ? "0" : std::to_string(second_exit).c_str());
+  std::printf("  %-46s %lld (killed after saving step %lld) %s\n", "restored step", restored,
+              static_cast<long long>(last_step), Check(restored_recent));
   std::printf("  %-46s %s\n", "restored state bit-exact", Check(exact == 1));
   std::printf("  %-46s %s\n", "final state equals uninterrupted run", Check(same_final));
   std::printf("  %-46s %.3f ms (max fence wait %.3f ms)\n", "mean checkpoint stall per iteration",

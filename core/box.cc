@@ -55,8 +55,7 @@ Status CheckBoxInShape(const Box& box, const Shape& shape) {
     if (box.offsets[d] < 0 || box.lengths[d] < 0 || box.offsets[d] > shape[d] ||
         box.lengths[d] > shape[d] - box.offsets[d])
       return Status::InvalidArgument("box " + box.ToString() + " lies outside shape " +
-                                     ShapeToString(shape) + " in dimension " +
-                                     std::to_string(d));
+                                     ShapeToString(shape) + " in dimension " + std::to_string(d));
   }
   return Status::OK();
 }

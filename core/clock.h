@@ -18,6 +18,8 @@ inline int64_t WallNanos() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-inline double NanosToSeconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+inline double NanosToSeconds(int64_t ns) {
+  return static_cast<double>(ns) * 1e-9;
+}
 
 }  // namespace cairn

@@ -51,6 +51,8 @@ std::optional<DType> ParseDType(std::string_view name) {
   return std::nullopt;
 }
 
-bool IsValidDType(uint8_t raw) { return Find(static_cast<DType>(raw)) != nullptr; }
+bool IsValidDType(uint8_t raw) {
+  return Find(static_cast<DType>(raw)) != nullptr;
+}
 
 }  // namespace cairn

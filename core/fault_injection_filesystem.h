@@ -26,8 +26,8 @@ enum FsOp : uint32_t {
   kFsMkdir = 1u << 8,
   kFsSyncDir = 1u << 9,
   kFsList = 1u << 10,
-  kFsMutating = kFsOpen | kFsWrite | kFsSync | kFsTruncate | kFsAllocate | kFsRename |
-                kFsUnlink | kFsMkdir | kFsSyncDir,
+  kFsMutating = kFsOpen | kFsWrite | kFsSync | kFsTruncate | kFsAllocate | kFsRename | kFsUnlink |
+                kFsMkdir | kFsSyncDir,
   kFsAll = 0x7ff,
 };
 

@@ -30,9 +30,12 @@ Status ParseBytes(const char* var, const char* text, uint64_t* out) {
     return Status::InvalidArgument(std::string(var) + "='" + text + "' is not a byte count");
   uint64_t mult = 1;
   std::string suffix(end);
-  if (suffix == "K" || suffix == "KiB") mult = 1ull << 10;
-  else if (suffix == "M" || suffix == "MiB") mult = 1ull << 20;
-  else if (suffix == "G" || suffix == "GiB") mult = 1ull << 30;
+  if (suffix == "K" || suffix == "KiB")
+    mult = 1ull << 10;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = 1ull << 20;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = 1ull << 30;
   else if (!suffix.empty())
     return Status::InvalidArgument(std::string(var) + "='" + text +
                                    "': unknown suffix (use K, M or G)");
@@ -59,8 +62,9 @@ const std::vector<EnvSetting>& EnvSettings() {
       {"CAIRN_HOST_ROOT", "/dev/shm/cairn",
        "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent memory)"},
       {"CAIRN_SLOTS", "2", "host slots per rank (ring); at least 2"},
-      {"CAIRN_SLOT_BYTES", "0", "pre-size and pre-fault every slot at open (K/M/G suffix); "
-                                "0 sizes a slot at its first save, in the background"},
+      {"CAIRN_SLOT_BYTES", "0",
+       "pre-size and pre-fault every slot at open (K/M/G suffix); "
+       "0 sizes a slot at its first save, in the background"},
       {"CAIRN_CHUNK_BYTES", "4M", "capture and checksum chunk size (64K..1G)"},
       {"CAIRN_COPY_THREADS", "1", "threads of the host copy engine"},
       {"CAIRN_COPY_ENGINE", "auto", "auto | host | cuda (auto: cuda when a device is usable)"},
@@ -121,16 +125,23 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
   }
   if (const char* t = get("CAIRN_COPY_ENGINE")) {
     std::string s(t);
-    if (s == "auto") o.copy_engine = CopyEngineKind::kAuto;
-    else if (s == "host") o.copy_engine = CopyEngineKind::kHost;
-    else if (s == "cuda") o.copy_engine = CopyEngineKind::kCuda;
-    else return Status::InvalidArgument("CAIRN_COPY_ENGINE='" + s + "': use auto, host or cuda");
+    if (s == "auto")
+      o.copy_engine = CopyEngineKind::kAuto;
+    else if (s == "host")
+      o.copy_engine = CopyEngineKind::kHost;
+    else if (s == "cuda")
+      o.copy_engine = CopyEngineKind::kCuda;
+    else
+      return Status::InvalidArgument("CAIRN_COPY_ENGINE='" + s + "': use auto, host or cuda");
   }
   if (const char* t = get("CAIRN_FULL_POLICY")) {
     std::string s(t);
-    if (s == "skip") o.full_policy = FullPolicy::kSkip;
-    else if (s == "block") o.full_policy = FullPolicy::kBlock;
-    else return Status::InvalidArgument("CAIRN_FULL_POLICY='" + s + "': use skip or block");
+    if (s == "skip")
+      o.full_policy = FullPolicy::kSkip;
+    else if (s == "block")
+      o.full_policy = FullPolicy::kBlock;
+    else
+      return Status::InvalidArgument("CAIRN_FULL_POLICY='" + s + "': use skip or block");
   }
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));

@@ -31,15 +31,15 @@ struct Options {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  int node = 0;                              // node id: the host-tier tree this rank writes
-  int slots = 2;                             // host-tier ring size per rank (>= 2)
-  int copy_threads = 1;                      // host copy engine threads
-  uint64_t chunk_bytes = 4ull << 20;         // capture / checksum granularity
-  uint64_t slot_bytes = 0;                   // pre-size slots at open (0: on first save)
+  int node = 0;                       // node id: the host-tier tree this rank writes
+  int slots = 2;                      // host-tier ring size per rank (>= 2)
+  int copy_threads = 1;               // host copy engine threads
+  uint64_t chunk_bytes = 4ull << 20;  // capture / checksum granularity
+  uint64_t slot_bytes = 0;            // pre-size slots at open (0: on first save)
   FullPolicy full_policy = FullPolicy::kSkip;
   CopyEngineKind copy_engine = CopyEngineKind::kAuto;
-  int log_level = 1;                         // 0 errors, 1 warnings, 2 info, 3 debug
-  FileSystem* fs = nullptr;                  // nullptr: the POSIX filesystem
+  int log_level = 1;         // 0 errors, 1 warnings, 2 info, 3 debug
+  FileSystem* fs = nullptr;  // nullptr: the POSIX filesystem
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value

@@ -15,14 +15,14 @@ namespace cairn {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // the caller passed something wrong (shape, dtype, name, option)
-  kNotFound,           // no such version, tensor or file
-  kCorruption,         // bytes on a tier do not match their checksum or format
-  kIOError,            // a filesystem or mapping call failed
-  kNoSpace,            // ENOSPC / out of host-tier memory
-  kUnavailable,        // no slot free (skip policy), peer down: retry later
-  kFailedPrecondition, // called in the wrong state (e.g. tier locked by another process)
-  kInternal,           // a bug in cairn
+  kInvalidArgument,     // the caller passed something wrong (shape, dtype, name, option)
+  kNotFound,            // no such version, tensor or file
+  kCorruption,          // bytes on a tier do not match their checksum or format
+  kIOError,             // a filesystem or mapping call failed
+  kNoSpace,             // ENOSPC / out of host-tier memory
+  kUnavailable,         // no slot free (skip policy), peer down: retry later
+  kFailedPrecondition,  // called in the wrong state (e.g. tier locked by another process)
+  kInternal,            // a bug in cairn
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -33,7 +33,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status Corruption(std::string m) { return {StatusCode::kCorruption, std::move(m)}; }
   static Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
@@ -64,7 +66,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     if (std::get<Status>(v_).ok()) v_ = Status::Internal("Result constructed from OK status");
   }
@@ -89,10 +91,10 @@ class [[nodiscard]] Result {
 #define CAIRN_CONCAT(a, b) CAIRN_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is not OK.
-#define CAIRN_RETURN_IF_ERROR(expr)             \
-  do {                                          \
-    ::cairn::Status _cairn_st = (expr);         \
-    if (!_cairn_st.ok()) return _cairn_st;      \
+#define CAIRN_RETURN_IF_ERROR(expr)        \
+  do {                                     \
+    ::cairn::Status _cairn_st = (expr);    \
+    if (!_cairn_st.ok()) return _cairn_st; \
   } while (0)
 
 // `lhs = value of expr`, or returns its Status from the enclosing function.

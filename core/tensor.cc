@@ -61,8 +61,7 @@ Status CheckShard(const ShardSpec& shard) {
                                    " is negative or too large");
   CAIRN_RETURN_IF_ERROR(CheckBoxInShape(shard.box, shard.meta.global_shape).WithContext(who));
   if (shard.data == nullptr && shard.nbytes() > 0)
-    return Status::InvalidArgument(who + " box " + shard.box.ToString() +
-                                   ": data pointer is null");
+    return Status::InvalidArgument(who + " box " + shard.box.ToString() + ": data pointer is null");
   return Status::OK();
 }
 

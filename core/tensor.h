@@ -36,9 +36,7 @@ struct ShardSpec {
   void* data = nullptr;
   MemoryKind memory = MemoryKind::kHost;
 
-  size_t nbytes() const {
-    return static_cast<size_t>(box.numel()) * DTypeSize(meta.dtype);
-  }
+  size_t nbytes() const { return static_cast<size_t>(box.numel()) * DTypeSize(meta.dtype); }
 
   // A shard that holds the whole tensor.
   static ShardSpec Whole(TensorMeta meta, void* data, MemoryKind memory = MemoryKind::kHost);

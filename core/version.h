@@ -15,10 +15,14 @@ enum class VersionState : uint32_t {
 
 inline const char* VersionStateName(VersionState s) {
   switch (s) {
-    case VersionState::kCapturing: return "CAPTURING";
-    case VersionState::kCaptured: return "CAPTURED";
-    case VersionState::kReplicated: return "REPLICATED";
-    case VersionState::kPersisted: return "PERSISTED";
+    case VersionState::kCapturing:
+      return "CAPTURING";
+    case VersionState::kCaptured:
+      return "CAPTURED";
+    case VersionState::kReplicated:
+      return "REPLICATED";
+    case VersionState::kPersisted:
+      return "PERSISTED";
   }
   return "INVALID";
 }

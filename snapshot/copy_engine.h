@@ -43,7 +43,10 @@ class CopyEngine {
 
   // Host memory the engine will copy into or out of (a slot mapping). The CUDA engine pins
   // it (cudaHostRegister); the host engine does nothing.
-  virtual Status RegisterHost(void* p, size_t n) { (void)p, (void)n; return Status::OK(); }
+  virtual Status RegisterHost(void* p, size_t n) {
+    (void)p, (void)n;
+    return Status::OK();
+  }
   virtual void UnregisterHost(void* p, size_t n) { (void)p, (void)n; }
 };
 

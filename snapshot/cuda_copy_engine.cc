@@ -8,13 +8,12 @@
 #include "snapshot/copy_engine.h"
 
 // Turns a failed CUDA runtime call into a Status naming the call and the error.
-#define CAIRN_CUDA_CHECK(call)                                                         \
-  do {                                                                                 \
-    cudaError_t _e = (call);                                                           \
-    if (_e != cudaSuccess)                                                             \
-      return ::cairn::Status::IOError(std::string(#call) + " failed: " +              \
-                                      cudaGetErrorName(_e) + " (" +                    \
-                                      cudaGetErrorString(_e) + ")");                   \
+#define CAIRN_CUDA_CHECK(call)                                                                  \
+  do {                                                                                          \
+    cudaError_t _e = (call);                                                                    \
+    if (_e != cudaSuccess)                                                                      \
+      return ::cairn::Status::IOError(std::string(#call) + " failed: " + cudaGetErrorName(_e) + \
+                                      " (" + cudaGetErrorString(_e) + ")");                     \
   } while (0)
 
 namespace cairn {

@@ -3,7 +3,9 @@
 
 namespace cairn {
 
-bool CudaDeviceAvailable() { return false; }
+bool CudaDeviceAvailable() {
+  return false;
+}
 
 Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads) {
   (void)threads;

@@ -57,11 +57,12 @@ struct State {
     s.push_back(ShardSpec::Whole({"layers.0.mlp.bias", DType::kF32, {3, 5, 7, 11}}, f32.data()));
     s.push_back(ShardSpec::Whole({"step", DType::kI64, {}}, scalar.data()));
     s.push_back(ShardSpec::Whole({"emb.fp8", DType::kF8E4M3, {10, 100}}, fp8.data()));
-    auto f = ShardSpec::FromFlatRange({"optimizer.flat", DType::kF64, {5, 2, 6}}, 13, 50,
-                                      flat.data());
+    auto f =
+        ShardSpec::FromFlatRange({"optimizer.flat", DType::kF64, {5, 2, 6}}, 13, 50, flat.data());
     EXPECT_TRUE(f.ok());
     for (auto& x : *f) s.push_back(x);
-    s.push_back(ShardSpec::Whole({"big", DType::kU8, {static_cast<int64_t>(big.size())}}, big.data()));
+    s.push_back(
+        ShardSpec::Whole({"big", DType::kU8, {static_cast<int64_t>(big.size())}}, big.data()));
     return s;
   }
 };
@@ -250,8 +251,12 @@ class GateFileSystem final : public FileSystem {
   }
   Result<int> Open(const std::string& p, int f, mode_t m) override { return base_->Open(p, f, m); }
   Status Close(int fd) override { return base_->Close(fd); }
-  Status WriteAt(int fd, const void* b, size_t n, uint64_t o) override { return base_->WriteAt(fd, b, n, o); }
-  Status ReadAt(int fd, void* b, size_t n, uint64_t o) override { return base_->ReadAt(fd, b, n, o); }
+  Status WriteAt(int fd, const void* b, size_t n, uint64_t o) override {
+    return base_->WriteAt(fd, b, n, o);
+  }
+  Status ReadAt(int fd, void* b, size_t n, uint64_t o) override {
+    return base_->ReadAt(fd, b, n, o);
+  }
   Status Sync(int fd) override { return base_->Sync(fd); }
   Status Truncate(int fd, uint64_t s) override { return base_->Truncate(fd, s); }
   Status Allocate(int fd, uint64_t s) override { return base_->Allocate(fd, s); }
@@ -264,7 +269,9 @@ class GateFileSystem final : public FileSystem {
   Status Unlink(const std::string& p) override { return base_->Unlink(p); }
   Status MakeDirs(const std::string& p, mode_t m) override { return base_->MakeDirs(p, m); }
   Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::vector<std::string>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  Result<std::vector<std::string>> ListDir(const std::string& p) override {
+    return base_->ListDir(p);
+  }
   bool Exists(const std::string& p) override { return base_->Exists(p); }
   Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
 

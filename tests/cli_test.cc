@@ -51,7 +51,8 @@ TEST(Cli, UnknownCommandsAndOptionsFail) {
 TEST(Cli, DemoKillsRestartsAndRestoresBitExactly) {
   testing::TempDir root("clidemo");
   const std::string job = testing::UniqueJobId("clidemo");
-  CliRun r = RunCli("demo --steps 16 --layers 1 --kill-at 7 --host-root " + root.path() + " --job " + job);
+  CliRun r =
+      RunCli("demo --steps 16 --layers 1 --kill-at 7 --host-root " + root.path() + " --job " + job);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("SIGKILL"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bit-exact with a replay of steps 1.."), std::string::npos) << r.out;

@@ -37,7 +37,8 @@ TEST(HostCopyEngine, ChecksumsMatchTheCopiedBytes) {
     testing::FillPattern(src.data(), src.size(), threads);
     std::vector<CopyChunk> chunks;
     for (size_t off = 0; off < src.size(); off += 700000)
-      chunks.push_back({src.data() + off, dst.data() + off, std::min<size_t>(700000, src.size() - off)});
+      chunks.push_back(
+          {src.data() + off, dst.data() + off, std::min<size_t>(700000, src.size() - off)});
     std::vector<uint64_t> sums(chunks.size());
     ASSERT_TRUE(e->Copy(chunks, sums.data()).ok());
     ASSERT_EQ(src, dst);

@@ -46,9 +46,9 @@ TEST(Status, ResultPropagatesErrors) {
 
 TEST(DType, SizesNamesAndParsing) {
   const std::map<DType, size_t> sizes = {
-      {DType::kF64, 8}, {DType::kF32, 4},    {DType::kF16, 2},    {DType::kBF16, 2},
+      {DType::kF64, 8},    {DType::kF32, 4},    {DType::kF16, 2}, {DType::kBF16, 2},
       {DType::kF8E4M3, 1}, {DType::kF8E5M2, 1}, {DType::kI64, 8}, {DType::kI32, 4},
-      {DType::kI16, 2}, {DType::kI8, 1},     {DType::kU8, 1},     {DType::kBool, 1}};
+      {DType::kI16, 2},    {DType::kI8, 1},     {DType::kU8, 1},  {DType::kBool, 1}};
   for (auto [t, n] : sizes) {
     EXPECT_EQ(DTypeSize(t), n) << DTypeName(t);
     EXPECT_EQ(ParseDType(DTypeName(t)), t);
@@ -87,9 +87,14 @@ TEST(Options, DefaultsWhenNothingIsSet) {
 
 TEST(Options, TorchrunVariablesAndCairnOverrides) {
   FakeEnv env;
-  env.vars = {{"RANK", "5"},          {"WORLD_SIZE", "8"},       {"LOCAL_RANK", "1"},
-              {"LOCAL_WORLD_SIZE", "4"}, {"TORCHELASTIC_RUN_ID", "run7"},
-              {"CAIRN_SLOTS", "3"},   {"CAIRN_CHUNK_BYTES", "8M"}, {"CAIRN_FULL_POLICY", "block"},
+  env.vars = {{"RANK", "5"},
+              {"WORLD_SIZE", "8"},
+              {"LOCAL_RANK", "1"},
+              {"LOCAL_WORLD_SIZE", "4"},
+              {"TORCHELASTIC_RUN_ID", "run7"},
+              {"CAIRN_SLOTS", "3"},
+              {"CAIRN_CHUNK_BYTES", "8M"},
+              {"CAIRN_FULL_POLICY", "block"},
               {"CAIRN_SLOT_BYTES", "1G"}};
   auto o = Options::FromEnvironment(env.fn());
   ASSERT_TRUE(o.ok()) << o.status().ToString();
@@ -112,10 +117,14 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
 }
 
 TEST(Options, BadValuesNameTheVariable) {
-  const std::vector<std::pair<std::string, std::string>> bad{
-      {"CAIRN_SLOTS", "1"},         {"CAIRN_SLOTS", "two"},       {"RANK", "-1"},
-      {"CAIRN_CHUNK_BYTES", "4X"},  {"CAIRN_FULL_POLICY", "wait"}, {"CAIRN_COPY_ENGINE", "gpu"},
-      {"CAIRN_JOB_ID", "../etc"},   {"WORLD_SIZE", "0"}};
+  const std::vector<std::pair<std::string, std::string>> bad{{"CAIRN_SLOTS", "1"},
+                                                             {"CAIRN_SLOTS", "two"},
+                                                             {"RANK", "-1"},
+                                                             {"CAIRN_CHUNK_BYTES", "4X"},
+                                                             {"CAIRN_FULL_POLICY", "wait"},
+                                                             {"CAIRN_COPY_ENGINE", "gpu"},
+                                                             {"CAIRN_JOB_ID", "../etc"},
+                                                             {"WORLD_SIZE", "0"}};
   for (const auto& [k, v] : bad) {
     FakeEnv env;
     env.vars[k] = v;

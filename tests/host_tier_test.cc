@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "core/fault_injection_filesystem.h"
-#include "tiers/host_tier.h"
 #include "tests/test_util.h"
+#include "tiers/host_tier.h"
 
 namespace cairn {
 namespace {

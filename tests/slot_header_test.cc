@@ -19,7 +19,8 @@ SlotHeader Sample() {
   h.world_size = 8;
   h.node = 1;
   h.chunk_bytes = 64;
-  SlotShard a{"layers.0.attn.qkv.weight", DType::kBF16, {8, 16}, Box{{0, 0}, {4, 16}}, 0, 128, 0, 2};
+  SlotShard a{
+      "layers.0.attn.qkv.weight", DType::kBF16, {8, 16}, Box{{0, 0}, {4, 16}}, 0, 128, 0, 2};
   SlotShard b{"step", DType::kI64, {}, Box{}, 128, 8, 2, 1};
   SlotShard c{"emb", DType::kF8E5M2, {10}, Box{{3}, {0}}, 136, 0, 3, 0};
   h.shards = {a, b, c};

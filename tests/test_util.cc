@@ -38,7 +38,9 @@ TempDir::TempDir(const std::string& tag) {
   path_ = templ;
 }
 
-TempDir::~TempDir() { (void)DefaultFileSystem()->RemoveAll(path_); }
+TempDir::~TempDir() {
+  (void)DefaultFileSystem()->RemoveAll(path_);
+}
 
 std::string UniqueJobId(const std::string& tag) {
   return tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +

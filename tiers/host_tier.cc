@@ -12,7 +12,9 @@ namespace {
 
 constexpr uint64_t kSlotGranule = 2ull << 20;  // slots grow in 2 MiB steps
 
-std::string SlotName(int k) { return "slot-" + std::to_string(k); }
+std::string SlotName(int k) {
+  return "slot-" + std::to_string(k);
+}
 
 // Parses "slot-<k>" or "slot-<k>.hdr"; -1 for other names.
 int SlotIndexOf(const std::string& name) {
@@ -93,7 +95,8 @@ Status HostTier::Load() {
     s.header_path = s.data_path + ".hdr";
     if (fs_->Exists(s.header_path)) {
       auto bytes = ReadWholeFile(fs_, s.header_path, kMaxSlotHeaderBytes);
-      Result<SlotHeader> h = bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
+      Result<SlotHeader> h =
+          bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
       if (!h.ok()) {
         log_->Warning("ignoring " + s.header_path + ": " + h.status().message());
       } else if (!IsRestorable(h->state)) {
@@ -103,8 +106,7 @@ Status HostTier::Load() {
       } else {
         auto f = MappedFile::Open(fs_, s.data_path);
         if (!f.ok()) {
-          log_->Warning("ignoring step " + std::to_string(h->step) + ": " +
-                        f.status().ToString());
+          log_->Warning("ignoring step " + std::to_string(h->step) + ": " + f.status().ToString());
         } else if ((*f)->size() < h->data_bytes) {
           log_->Warning("ignoring step " + std::to_string(h->step) + ": " + s.data_path +
                         " holds " + std::to_string((*f)->size()) + " bytes but the header needs " +
@@ -131,7 +133,8 @@ Result<std::vector<VersionInfo>> HostTier::Scan(FileSystem* fs, const std::strin
     if (k < 0 || n.size() < 4 || n.compare(n.size() - 4, 4, ".hdr") != 0) continue;
     const std::string path = JoinPath(dir, n);
     auto bytes = ReadWholeFile(fs, path, kMaxSlotHeaderBytes);
-    Result<SlotHeader> h = bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
+    Result<SlotHeader> h =
+        bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
     if (!h.ok()) {
       if (problems) problems->push_back(path + ": " + h.status().message());
       continue;
@@ -203,7 +206,8 @@ Status HostTier::EnsureMapped(Slot& s, uint64_t bytes) {
   if (!s.file) {
     CAIRN_ASSIGN_OR_RETURN(s.file, MappedFile::Open(fs_, s.data_path));
   }
-  const uint64_t want = std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+  const uint64_t want =
+      std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
   if (s.file->size() < bytes || s.file->size() == 0) {
     Unregister(s);
     CAIRN_RETURN_IF_ERROR(s.file->Resize(want));
@@ -310,8 +314,8 @@ Result<std::unique_ptr<HostTier::View>> HostTier::Pin(int64_t step) {
     if (!best || s.header->created_wall_ns > best->header->created_wall_ns) best = &s;
   }
   if (!best)
-    return Status::NotFound("step " + std::to_string(step) + " is not in host tier " +
-                            config_.dir + " (steps held: " + StepsHeldLocked() + ")");
+    return Status::NotFound("step " + std::to_string(step) + " is not in host tier " + config_.dir +
+                            " (steps held: " + StepsHeldLocked() + ")");
   ++best->pins;
   return std::unique_ptr<View>(
       new View(this, best->index, *best->header, best->file->data(), best->data_path));

@@ -55,7 +55,9 @@ class Reader {
   size_t pos_ = 0;
 };
 
-Status Bad(const std::string& what) { return Status::Corruption("bad slot header: " + what); }
+Status Bad(const std::string& what) {
+  return Status::Corruption("bad slot header: " + what);
+}
 
 }  // namespace
 
@@ -120,8 +122,8 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
     return Bad("format version " + std::to_string(version) + " (this build reads " +
                std::to_string(kSlotHeaderVersion) + ")");
   if (!r.Get(&state) || !r.Get(&h.step) || !r.Get(&h.created_wall_ns) || !r.Get(&h.rank) ||
-      !r.Get(&h.world_size) || !r.Get(&h.node) || !r.Get(&h.data_bytes) ||
-      !r.Get(&h.chunk_bytes) || !r.Get(&n_shards) || !r.Get(&n_blobs) || !r.Get(&n_chunks))
+      !r.Get(&h.world_size) || !r.Get(&h.node) || !r.Get(&h.data_bytes) || !r.Get(&h.chunk_bytes) ||
+      !r.Get(&n_shards) || !r.Get(&n_blobs) || !r.Get(&n_chunks))
     return Bad("truncated fixed fields");
   if (state < static_cast<uint32_t>(VersionState::kCapturing) ||
       state > static_cast<uint32_t>(VersionState::kPersisted))
@@ -129,8 +131,7 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
   h.state = static_cast<VersionState>(state);
   if (h.chunk_bytes == 0) return Bad("chunk size 0");
   // Every record takes at least this many bytes; counts beyond what is present are lies.
-  if (n_shards > r.remaining() / 32 || n_blobs > r.remaining() / 28 ||
-      n_chunks > r.remaining() / 8)
+  if (n_shards > r.remaining() / 32 || n_blobs > r.remaining() / 28 || n_chunks > r.remaining() / 8)
     return Bad("counts larger than the header (" + std::to_string(n_shards) + " shards, " +
                std::to_string(n_blobs) + " blobs, " + std::to_string(n_chunks) + " chunks)");
   h.shards.reserve(n_shards);
@@ -153,8 +154,8 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
     for (auto& v : s.global_shape) ok = ok && r.Get(&v);
     for (auto& v : s.box.offsets) ok = ok && r.Get(&v);
     for (auto& v : s.box.lengths) ok = ok && r.Get(&v);
-    ok = ok && r.Get(&s.offset) && r.Get(&s.nbytes) && r.Get(&s.first_chunk) &&
-         r.Get(&s.num_chunks);
+    ok =
+        ok && r.Get(&s.offset) && r.Get(&s.nbytes) && r.Get(&s.first_chunk) && r.Get(&s.num_chunks);
     if (!ok) return Bad("truncated shard '" + s.name + "'");
     Status bs = CheckBoxInShape(s.box, s.global_shape);
     if (!bs.ok()) return Bad("tensor '" + s.name + "': " + bs.message());
