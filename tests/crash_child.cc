@@ -11,41 +11,9 @@
 #include <vector>
 
 #include "api/checkpointer.h"
-#include "tests/test_util.h"
+#include "tests/crash_state.h"
 
 using namespace cairn;
-
-namespace {
-
-struct ChildState {
-  explicit ChildState(size_t bytes) : a(bytes / 2), b(bytes / 8), c(bytes / 16 + 13) {}
-  std::vector<uint8_t> a;
-  std::vector<float> b;
-  std::vector<double> c;
-
-  void Fill(int64_t t) {
-    testing::FillPattern(a.data(), a.size(), static_cast<uint64_t>(t) * 3 + 1);
-    testing::FillPattern(b.data(), b.size() * 4, static_cast<uint64_t>(t) * 3 + 2);
-    testing::FillPattern(c.data(), c.size() * 8, static_cast<uint64_t>(t) * 3 + 3);
-  }
-  std::vector<ShardSpec> Shards() {
-    std::vector<ShardSpec> s;
-    s.push_back(ShardSpec::Whole({"a", DType::kU8, {static_cast<int64_t>(a.size())}}, a.data()));
-    // b as rows [4, 4 + n/64) of a (n/64 + 8) x 64 matrix.
-    ShardSpec bs;
-    bs.meta = {"b", DType::kF32, {static_cast<int64_t>(b.size() / 64 + 8), 64}};
-    bs.box = Box{{4, 0}, {static_cast<int64_t>(b.size() / 64), 64}};
-    bs.data = b.data();
-    s.push_back(bs);
-    // c as a flat range of a larger 3-d tensor.
-    const int64_t n = static_cast<int64_t>(c.size());
-    auto f = ShardSpec::FromFlatRange({"c", DType::kF64, {3, 7, n / 7 + 1}}, 5, 5 + n, c.data());
-    for (auto& x : *f) s.push_back(x);
-    return s;
-  }
-};
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 4) return 2;
@@ -61,7 +29,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   Checkpointer& c = **ckpt;
-  ChildState s(std::strtoull(argv[3], nullptr, 10));
+  testing::CrashState s(std::strtoull(argv[3], nullptr, 10));
   int64_t reported = -1;
   // Resume after the newest version a previous child left, as a training job would.
   auto v = c.versions();

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "api/checkpointer.h"
+#include "tests/crash_state.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -56,37 +57,12 @@ int64_t DrainReports(int fd) {
   return newest;
 }
 
-// The same shapes as crash_child's state, as restore targets.
-struct Targets {
-  std::vector<uint8_t> a = std::vector<uint8_t>(kStateBytes / 2);
-  std::vector<float> b = std::vector<float>(kStateBytes / 8);
-  std::vector<double> c = std::vector<double>(kStateBytes / 16 + 13);
-  std::vector<ShardSpec> Shards() {
-    std::vector<ShardSpec> s;
-    s.push_back(ShardSpec::Whole({"a", DType::kU8, {static_cast<int64_t>(a.size())}}, a.data()));
-    ShardSpec bs;
-    bs.meta = {"b", DType::kF32, {static_cast<int64_t>(b.size() / 64 + 8), 64}};
-    bs.box = Box{{4, 0}, {static_cast<int64_t>(b.size() / 64), 64}};
-    bs.data = b.data();
-    s.push_back(bs);
-    const int64_t n = static_cast<int64_t>(c.size());
-    auto f = ShardSpec::FromFlatRange({"c", DType::kF64, {3, 7, n / 7 + 1}}, 5, 5 + n, c.data());
-    for (auto& x : *f) s.push_back(x);
-    return s;
-  }
-  bool Holds(int64_t t) const {
-    return testing::CheckPattern(a.data(), a.size(), static_cast<uint64_t>(t) * 3 + 1) &&
-           testing::CheckPattern(b.data(), b.size() * 4, static_cast<uint64_t>(t) * 3 + 2) &&
-           testing::CheckPattern(c.data(), c.size() * 8, static_cast<uint64_t>(t) * 3 + 3);
-  }
-};
-
 TEST(Crash, SigkillAtRandomMomentsNeverYieldsATornVersion) {
   testing::TempDir root("crash");
   const int trials = 60;
   std::mt19937_64 rng(std::random_device{}());
   int restored_newer_than_reported = 0;
-  Targets t;
+  testing::CrashState t(kStateBytes);
   for (int trial = 0; trial < trials; ++trial) {
     const std::string job = testing::UniqueJobId("crash");
     // Two lives per trial: the second child resumes from the first one's versions, so the
@@ -124,7 +100,7 @@ TEST(Crash, SigkillAtRandomMomentsNeverYieldsATornVersion) {
     for (size_t i = 1; i < versions.size(); ++i) {
       RestoreOptions ro;
       ro.step = versions[i].step;
-      Targets older;
+      testing::CrashState older(kStateBytes);
       auto r2 = (*c)->restore(older.Shards(), ro);
       ASSERT_TRUE(r2.ok()) << r2.status().ToString();
       ASSERT_TRUE(older.Holds(versions[i].step));
