@@ -248,14 +248,12 @@ Result<std::byte*> HostTier::Prepare(int slot, int64_t step, uint64_t bytes,
   Status st = WriteFileAtomic(fs_, s.header_path, EncodeSlotHeader(h));
   {
     std::lock_guard lk(mu_);
-    if (!st.ok()) {
-      // The old header is untouched, so its version is still whole: keep it.
-      s.use = s.header ? Use::kCaptured : Use::kEmpty;
-      cv_.notify_all();
-      return st.WithContext("invalidating " + s.header_path);
-    }
+    // Whether or not the write got as far as its rename, the old version of this slot is
+    // no longer ours to serve: the caller aborts and the slot reads as empty. (If the old
+    // header survived on disk, its version is still whole and a restart lists it again.)
     s.header.reset();
     s.use = Use::kCapturing;
+    if (!st.ok()) return st.WithContext("invalidating " + s.header_path);
   }
   CAIRN_RETURN_IF_ERROR(EnsureMapped(s, bytes).WithContext("sizing " + s.data_path));
   return s.file->data();
@@ -286,12 +284,8 @@ Status HostTier::Commit(int slot, SlotHeader header) {
 void HostTier::Abort(int slot) {
   std::lock_guard lk(mu_);
   Slot& s = slots_.at(static_cast<size_t>(slot));
-  if (s.use == Use::kReserved && s.header) {
-    s.use = Use::kCaptured;  // never invalidated: the old version still stands
-  } else {
-    s.header.reset();
-    s.use = Use::kEmpty;
-  }
+  s.header.reset();
+  s.use = Use::kEmpty;
   cv_.notify_all();
 }
 

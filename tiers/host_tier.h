@@ -86,8 +86,8 @@ class HostTier {
   Result<int> Reserve(int64_t step, FullPolicy policy);
   // Invalidates the reserved slot's old version on disk, then sizes the slot for `bytes`
   // and pre-faults it. On success returns the slot's data address (valid until the next
-  // Prepare of the same slot). On failure the caller must Abort (the old version is kept if
-  // it was not yet invalidated).
+  // Prepare of the same slot). On failure the caller must Abort; the slot's old version is
+  // no longer served by this process either way (never the newest: see Reserve).
   Result<std::byte*> Prepare(int slot, int64_t step, uint64_t bytes, const SlotHeader& base);
   // The slot's bytes are all copied; only Commit remains.
   void MarkCopied(int slot);
