@@ -8,5 +8,7 @@ namespace cairn::cli {
 int DemoMain(int argc, char** argv);
 // `cairn demo-worker ...` (internal: the training process the demo starts).
 int DemoWorkerMain(int argc, char** argv);
+// `cairn launch ...`: N nodes x M ranks of a program as local processes.
+int LaunchMain(int argc, char** argv);
 
 }  // namespace cairn::cli

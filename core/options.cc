@@ -71,6 +71,11 @@ const std::vector<EnvSetting>& EnvSettings() {
       {"CAIRN_FULL_POLICY", "skip",
        "when no slot is free at save(): skip (count it, never stall) or block"},
       {"CAIRN_LOG_LEVEL", "1", "0 errors, 1 warnings, 2 info, 3 debug"},
+      {"CAIRN_PFS_ROOT", "cairn-pfs", "root on the filesystem every node shares"},
+      {"CAIRN_RENDEZVOUS_DIR", "<CAIRN_PFS_ROOT>/<job>/rendezvous",
+       "where ranks publish their UCX addresses and find the job token (shared by all nodes)"},
+      {"CAIRN_CONNECT_TIMEOUT_S", "120", "how long start-up waits for every rank to appear"},
+      {"CAIRN_OP_TIMEOUT_S", "300", "how long a collective waits for a silent peer"},
   };
   return kSettings;
 }
@@ -143,6 +148,19 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
     else
       return Status::InvalidArgument("CAIRN_FULL_POLICY='" + s + "': use skip or block");
   }
+  if (const char* t = get("CAIRN_PFS_ROOT")) o.pfs_root = t;
+  if (const char* t = get("CAIRN_RENDEZVOUS_DIR")) o.rendezvous_dir = t;
+  for (auto [name, dst] : {std::pair{"CAIRN_CONNECT_TIMEOUT_S", &o.connect_timeout_s},
+                           std::pair{"CAIRN_OP_TIMEOUT_S", &o.op_timeout_s}}) {
+    if (const char* t = get(name)) {
+      char* end = nullptr;
+      double d = std::strtod(t, &end);
+      if (end == t || *end != '\0' || !(d > 0) || d > 86400)
+        return Status::InvalidArgument(std::string(name) + "='" + t +
+                                       "' is not a number of seconds in (0, 86400]");
+      *dst = d;
+    }
+  }
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));
     o.log_level = static_cast<int>(v);
@@ -176,7 +194,14 @@ Status Options::Validate() const {
   if (chunk_bytes < (64u << 10) || chunk_bytes > (1ull << 30))
     return bad("chunk bytes must be between 64 KiB and 1 GiB");
   if (log_level < 0 || log_level > 3) return bad("log level must be 0..3");
+  if (pfs_root.empty()) return bad("PFS root is empty");
+  if (!(connect_timeout_s > 0) || !(op_timeout_s > 0)) return bad("timeouts must be positive");
   return Status::OK();
+}
+
+std::string Options::RendezvousDir() const {
+  if (!rendezvous_dir.empty()) return rendezvous_dir;
+  return pfs_root + "/" + job_id + "/rendezvous";
 }
 
 }  // namespace cairn

@@ -38,8 +38,12 @@ struct Options {
   uint64_t slot_bytes = 0;            // pre-size slots at open (0: on first save)
   FullPolicy full_policy = FullPolicy::kSkip;
   CopyEngineKind copy_engine = CopyEngineKind::kAuto;
-  int log_level = 1;         // 0 errors, 1 warnings, 2 info, 3 debug
-  FileSystem* fs = nullptr;  // nullptr: the POSIX filesystem
+  int log_level = 1;                   // 0 errors, 1 warnings, 2 info, 3 debug
+  std::string pfs_root = "cairn-pfs";  // filesystem every node shares (rendezvous, PFS tier)
+  std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
+  double connect_timeout_s = 120;      // start-up: how long to wait for every rank
+  double op_timeout_s = 300;           // a collective waiting on a silent peer
+  FileSystem* fs = nullptr;            // nullptr: the POSIX filesystem
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value
@@ -49,6 +53,8 @@ struct Options {
 
   // OK when the values are usable; InvalidArgument naming the setting otherwise.
   Status Validate() const;
+  // The rendezvous directory in effect.
+  std::string RendezvousDir() const;
 };
 
 // One documented setting: its variable, default and meaning (for --help and the README).

@@ -1,0 +1,114 @@
+#include "cli/launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <thread>
+
+#include "core/clock.h"
+
+namespace cairn {
+namespace {
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LocalLauncher>> LocalLauncher::Start(const LaunchSpec& spec) {
+  if (spec.nodes < 1 || spec.ranks_per_node < 1 || spec.argv.empty())
+    return Status::InvalidArgument("launch needs nodes >= 1, ranks per node >= 1 and a program");
+  std::unique_ptr<LocalLauncher> l(new LocalLauncher());
+  const int world = spec.nodes * spec.ranks_per_node;
+  for (int rank = 0; rank < world; ++rank) {
+    LaunchedRank r;
+    r.rank = rank;
+    r.node = rank / spec.ranks_per_node;
+    r.local_rank = rank % spec.ranks_per_node;
+    std::vector<std::string> args = spec.argv;
+    if (static_cast<size_t>(rank) < spec.rank_args.size())
+      for (const auto& a : spec.rank_args[static_cast<size_t>(rank)]) args.push_back(a);
+    std::vector<std::pair<std::string, std::string>> env = {
+        {"RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_RANK", std::to_string(r.local_rank)},
+        {"LOCAL_WORLD_SIZE", std::to_string(spec.ranks_per_node)},
+        {"GROUP_RANK", std::to_string(r.node)},
+        {"CAIRN_NODE", std::to_string(r.node)}};
+    for (const auto& kv : spec.env) env.push_back(kv);
+    pid_t pid = ::fork();
+    if (pid < 0) return Status::FromErrno(errno, "fork");
+    if (pid == 0) {
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::_Exit(127);
+    }
+    r.pid = pid;
+    l->ranks_.push_back(r);
+  }
+  return l;
+}
+
+LocalLauncher::~LocalLauncher() {
+  for (auto& r : ranks_) {
+    if (r.exit_code >= 0 || r.pid <= 0) continue;
+    ::kill(r.pid, SIGKILL);
+    WaitRank(r.rank);
+  }
+}
+
+Status LocalLauncher::Signal(int rank, int sig) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size()))
+    return Status::InvalidArgument("no rank " + std::to_string(rank));
+  if (::kill(ranks_[static_cast<size_t>(rank)].pid, sig) != 0)
+    return Status::FromErrno(errno, "kill rank " + std::to_string(rank));
+  return Status::OK();
+}
+
+int LocalLauncher::WaitRank(int rank) {
+  LaunchedRank& r = ranks_.at(static_cast<size_t>(rank));
+  if (r.exit_code >= 0) return r.exit_code;
+  int status = 0;
+  while (::waitpid(r.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = ExitCodeOf(status);
+  return r.exit_code;
+}
+
+bool LocalLauncher::WaitAll(double timeout_s) {
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
+  for (;;) {
+    bool running = false;
+    for (auto& r : ranks_) {
+      if (r.exit_code >= 0) continue;
+      int status = 0;
+      pid_t p = ::waitpid(r.pid, &status, WNOHANG);
+      if (p == r.pid)
+        r.exit_code = ExitCodeOf(status);
+      else
+        running = true;
+    }
+    if (!running) break;
+    if (NowNanos() > deadline) {
+      for (auto& r : ranks_)
+        if (r.exit_code < 0) ::kill(r.pid, SIGKILL);
+      for (auto& r : ranks_) WaitRank(r.rank);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (const auto& r : ranks_)
+    if (r.exit_code != 0) return false;
+  return true;
+}
+
+}  // namespace cairn

@@ -1,0 +1,55 @@
+// LocalLauncher: runs N nodes x M ranks of a program as processes on this machine, with the
+// environment torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK) plus CAIRN_NODE, so the same binaries run under torchrun or Slurm elsewhere.
+// Used by `cairn launch`, the tests and the demo.
+// Thread-safety: one thread drives a launcher.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cairn {
+
+struct LaunchSpec {
+  int nodes = 1;
+  int ranks_per_node = 1;
+  std::vector<std::string> argv;                         // program and its arguments
+  std::vector<std::pair<std::string, std::string>> env;  // extra variables for every rank
+  // Per-rank extra arguments appended to argv (indexed by rank; may be shorter).
+  std::vector<std::vector<std::string>> rank_args;
+};
+
+struct LaunchedRank {
+  int rank = -1;
+  int node = -1;
+  int local_rank = -1;
+  pid_t pid = -1;
+  int exit_code = -1;  // after Wait: the exit status, or 128 + signal
+};
+
+class LocalLauncher {
+ public:
+  static Result<std::unique_ptr<LocalLauncher>> Start(const LaunchSpec& spec);
+  // Kills (SIGKILL) and reaps every rank still running.
+  ~LocalLauncher();
+
+  std::vector<LaunchedRank>& ranks() { return ranks_; }
+  // Sends `sig` to `rank`'s process.
+  Status Signal(int rank, int sig);
+  // Reaps `rank` (blocking); returns its exit code (128 + signal if killed).
+  int WaitRank(int rank);
+  // Waits for every rank up to `timeout_s`, then SIGKILLs the rest. Returns true when all
+  // exited with 0.
+  bool WaitAll(double timeout_s);
+
+ private:
+  std::vector<LaunchedRank> ranks_;
+};
+
+}  // namespace cairn

@@ -1,0 +1,68 @@
+// A rank of the transport tests, started by LocalLauncher with RANK/WORLD_SIZE set.
+//
+//   group_child collectives   barrier, allgather and broadcast from every root, 3 rounds
+//                             (small and >100 KB messages), every byte checked
+//   group_child intruder      joins with a wrong job token: must be refused
+//   group_child victim        a legitimate rank facing an intruder: must refuse it
+#include <cstdio>
+#include <string>
+
+#include "core/options.h"
+#include "transport/ucx_comm.h"
+#include "transport/ucx_group.h"
+
+using namespace cairn;
+
+namespace {
+
+std::string Payload(int rank, int round) {
+  const size_t n = static_cast<size_t>(rank + 1) * (round == 1 ? 150000 : 37);
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + rank * 7 + round) & 0xff);
+  return s;
+}
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "group_child: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  const std::string mode = argv[1];
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) return Fail(o.status().ToString());
+  Logger log("group_child rank " + std::to_string(o->rank), 1);
+  if (mode == "intruder" || mode == "victim") {
+    auto c = UcxComm::Connect(*o, &log, mode == "intruder" ? std::string(64, 'f') : "");
+    if (c.ok()) return Fail("joined a job it should have been refused from");
+    if (c.status().message().find("wrong job token") == std::string::npos)
+      return Fail("refused for the wrong reason: " + c.status().ToString());
+    return 0;
+  }
+  auto c = UcxComm::Connect(*o, &log);
+  if (!c.ok()) return Fail(c.status().ToString());
+  UcxGroup g(c->get());
+  const int n = g.size();
+  for (int round = 0; round < 3; ++round) {
+    Status st = g.Barrier();
+    if (!st.ok()) return Fail(st.ToString());
+    auto all = g.AllGather(Payload(g.rank(), round));
+    if (!all.ok()) return Fail(all.status().ToString());
+    if (static_cast<int>(all->size()) != n) return Fail("allgather size");
+    for (int r = 0; r < n; ++r)
+      if ((*all)[static_cast<size_t>(r)] != Payload(r, round))
+        return Fail("allgather: wrong bytes from rank " + std::to_string(r));
+    for (int root = 0; root < n; ++root) {
+      auto b = g.Broadcast(root, g.rank() == root ? Payload(root, round + 10) : std::string("x"));
+      if (!b.ok()) return Fail(b.status().ToString());
+      if (*b != Payload(root, round + 10))
+        return Fail("broadcast: wrong bytes from root " + std::to_string(root));
+    }
+  }
+  Status st = g.Barrier();
+  if (!st.ok()) return Fail(st.ToString());
+  return 0;
+}

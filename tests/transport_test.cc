@@ -1,0 +1,99 @@
+// UCX bootstrap and the Group collectives with 1 to 8 processes, over tcp and over shared
+// memory; and a process without the job token is refused.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <tuple>
+
+#include "cli/launcher.h"
+#include "core/filesystem.h"
+#include "tests/test_util.h"
+#include "transport/ucx_comm.h"
+
+namespace cairn {
+namespace {
+
+class GroupTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(GroupTest, CollectivesDeliverEveryByte) {
+  const auto [n, tls] = GetParam();
+  testing::TempDir pfs("group");
+  LaunchSpec spec;
+  spec.nodes = n;
+  spec.ranks_per_node = 1;
+  spec.argv = {CAIRN_GROUP_CHILD, "collectives"};
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("group")},
+              {"CAIRN_PFS_ROOT", pfs.path()},
+              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+              {"CAIRN_OP_TIMEOUT_S", "60"},
+              {"UCX_TLS", tls}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const bool ok = (*l)->WaitAll(120);
+  for (const auto& r : (*l)->ranks()) EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank;
+  EXPECT_TRUE(ok);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GroupTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
+                                            ::testing::Values("tcp", "sm,self")),
+                         [](const auto& info) {
+                           return "n" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == "tcp" ? "_tcp" : "_shm");
+                         });
+
+TEST(Bootstrap, ProcessWithoutTheTokenIsRefused) {
+  testing::TempDir pfs("intruder");
+  LaunchSpec spec;
+  spec.nodes = 2;
+  spec.argv = {CAIRN_GROUP_CHILD};
+  spec.rank_args = {{"victim"}, {"intruder"}};
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("intruder")},
+              {"CAIRN_PFS_ROOT", pfs.path()},
+              {"CAIRN_CONNECT_TIMEOUT_S", "30"},
+              {"UCX_TLS", "tcp"}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok());
+  (*l)->WaitAll(90);
+  EXPECT_EQ((*l)->ranks()[0].exit_code, 0) << "the legitimate rank did not refuse the intruder";
+  EXPECT_EQ((*l)->ranks()[1].exit_code, 0) << "the intruder was not refused";
+}
+
+TEST(Bootstrap, MissingRanksAreNamed) {
+  testing::TempDir pfs("missing");
+  Options o;
+  o.job_id = testing::UniqueJobId("missing");
+  o.pfs_root = pfs.path();
+  o.rank = 0;
+  o.world_size = 3;
+  o.connect_timeout_s = 0.5;
+  Logger log("test", 0);
+  auto c = UcxComm::Connect(o, &log);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("ranks 1 2 never appeared"), std::string::npos)
+      << c.status().message();
+}
+
+TEST(Bootstrap, TokenIsPrivateAndStable) {
+  testing::TempDir dir("token");
+  auto a = LoadOrCreateJobToken(dir.path() + "/rdv");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = LoadOrCreateJobToken(dir.path() + "/rdv");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(a->size(), 64u);
+  struct stat st;
+  ASSERT_EQ(::stat((dir.path() + "/rdv/token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir.path() + "/rdv").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::chmod((dir.path() + "/rdv/token").c_str(), 0644), 0);
+  auto c = LoadOrCreateJobToken(dir.path() + "/rdv");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("0600"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cairn

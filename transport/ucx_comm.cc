@@ -1,0 +1,430 @@
+#include "transport/ucx_comm.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/clock.h"
+#include "core/filesystem.h"
+
+namespace cairn {
+namespace {
+
+constexpr char kAddrMagic[8] = {'C', 'A', 'I', 'R', 'N', 'A', 'D', 'R'};
+constexpr size_t kTokenHexBytes = 64;
+
+std::string UcsError(ucs_status_t st) {
+  return ucs_status_string(st);
+}
+
+std::string Hex(const unsigned char* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(d[p[i] >> 4]);
+    s.push_back(d[p[i] & 15]);
+  }
+  return s;
+}
+
+Result<std::string> RandomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open /dev/urandom");
+  ssize_t n = ::read(fd, raw.data(), raw.size());
+  ::close(fd);
+  if (n != static_cast<ssize_t>(raw.size())) return Status::IOError("short read of /dev/urandom");
+  return Hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+}
+
+std::string AddrPath(const std::string& dir, int rank) {
+  return JoinPath(dir, "rank-" + std::to_string(rank) + ".addr");
+}
+
+void Backoff(int& spins) {
+  if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+}  // namespace
+
+Result<std::string> LoadOrCreateJobToken(const std::string& dir) {
+  FileSystem* fs = DefaultFileSystem();
+  CAIRN_RETURN_IF_ERROR(fs->MakeDirs(dir, 0700).WithContext("rendezvous directory"));
+  const std::string path = JoinPath(dir, "token");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
+        return Status::FailedPrecondition("job token " + path +
+                                          " must be a 0600 file of this user; refusing to use it");
+      CAIRN_ASSIGN_OR_RETURN(std::string token, ReadWholeFile(fs, path, 4096));
+      if (token.size() != kTokenHexBytes)
+        return Status::Corruption("job token " + path +
+                                  " is malformed; delete it to make a new one");
+      return token;
+    }
+    // Create it atomically: a complete temporary file hard-linked into place, so racing
+    // ranks all end up reading the one that won.
+    CAIRN_ASSIGN_OR_RETURN(std::string token, RandomHex(kTokenHexBytes / 2));
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, tmp, token));
+    if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
+      int err = errno;
+      (void)fs->Unlink(tmp);
+      return Status::FromErrno(err, "link " + path);
+    }
+    (void)fs->Unlink(tmp);
+    (void)fs->SyncDir(dir);
+  }
+  return Status::Internal("job token " + path + " vanished while being created");
+}
+
+UcxComm::UcxComm(const Options& o, const Logger* log)
+    : options_(o),
+      log_(log),
+      rank_(o.rank),
+      size_(o.world_size),
+      op_timeout_s_(o.op_timeout_s),
+      rdv_dir_(o.RendezvousDir()) {}
+
+Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const Logger* log,
+                                                  const std::string& token) {
+  CAIRN_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<UcxComm> c(new UcxComm(options, log));
+  std::lock_guard lk(c->mu_);
+  CAIRN_RETURN_IF_ERROR(c->Init().WithContext("rank " + std::to_string(options.rank)));
+  CAIRN_RETURN_IF_ERROR(c->Bootstrap(token).WithContext("rank " + std::to_string(options.rank)));
+  return c;
+}
+
+Status UcxComm::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return Status::IOError("ucp_config_read: " + UcsError(st));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    context_ = nullptr;
+    return Status::IOError("ucp_init: " + UcsError(st));
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  st = ucp_worker_create(context_, &wp, &worker_);
+  if (st != UCS_OK) {
+    worker_ = nullptr;
+    return Status::IOError("ucp_worker_create: " + UcsError(st));
+  }
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  st = ucp_worker_get_address(worker_, &addr, &len);
+  if (st != UCS_OK) return Status::IOError("ucp_worker_get_address: " + UcsError(st));
+  address_.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(worker_, addr);
+  peers_.resize(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    peers_[static_cast<size_t>(p)] = std::make_unique<Peer>();
+    peers_[static_cast<size_t>(p)]->self = this;
+    peers_[static_cast<size_t>(p)]->rank = p;
+  }
+  return Status::OK();
+}
+
+UcxComm::~UcxComm() {
+  std::lock_guard lk(mu_);
+  // Close every endpoint at once (a flush needs the peers to progress too, and they are
+  // closing theirs at the same time); failed peers are closed by force.
+  std::vector<void*> closing;
+  for (auto& p : peers_) {
+    if (!p || !p->ep) continue;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = p->error.load() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* req = ucp_ep_close_nbx(p->ep, &prm);
+    if (req && !UCS_PTR_IS_ERR(req)) closing.push_back(req);
+    p->ep = nullptr;
+  }
+  const int64_t deadline = NowNanos() + 5'000'000'000;
+  bool done = false;
+  while (!done) {
+    ucp_worker_progress(worker_);
+    done = true;
+    for (void* r : closing) done = done && ucp_request_check_status(r) != UCS_INPROGRESS;
+    if (!done && NowNanos() > deadline) break;
+  }
+  if (done) {
+    for (void* r : closing) ucp_request_free(r);
+    if (worker_) ucp_worker_destroy(worker_);
+    if (context_) ucp_cleanup(context_);
+  } else if (log_) {
+    // Destroying the worker under an endpoint still closing aborts the process inside
+    // UCX; leaving them to process exit is the lesser evil.
+    log_->Warning("UCX endpoints did not close within 5 s; leaving them to process exit");
+  }
+  if (!rdv_dir_.empty()) (void)DefaultFileSystem()->Unlink(AddrPath(rdv_dir_, rank_));
+}
+
+std::string UcxComm::Who(int peer) const {
+  return "rank " + std::to_string(rank_) + " -> rank " + std::to_string(peer);
+}
+
+void UcxComm::OnPeerError(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* p = static_cast<Peer*>(arg);
+  int expected = 0;
+  if (p->error.compare_exchange_strong(expected, static_cast<int>(status)) && p->self->log_)
+    p->self->log_->Warning("connection to rank " + std::to_string(p->rank) +
+                           " failed: " + UcsError(status));
+}
+
+bool UcxComm::peer_failed(int peer) const {
+  return peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)]->error.load() != 0;
+}
+
+Status UcxComm::WaitRequest(void* request, int peer, double timeout_s, const char* what) {
+  if (request == nullptr) return Status::OK();
+  if (UCS_PTR_IS_ERR(request))
+    return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
+                               UcsError(UCS_PTR_STATUS(request)));
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
+  int spins = 0;
+  ucs_status_t st;
+  while ((st = ucp_request_check_status(request)) == UCS_INPROGRESS) {
+    if (ucp_worker_progress(worker_) == 0) Backoff(spins);
+    if (peer_failed(peer) || NowNanos() > deadline) {
+      ucp_request_cancel(worker_, request);
+      const int64_t give_up = NowNanos() + 1'000'000'000;
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && NowNanos() < give_up)
+        ucp_worker_progress(worker_);
+      ucp_request_free(request);
+      if (peer_failed(peer))
+        return Status::Unavailable(
+            std::string(what) + " " + Who(peer) + ": peer failed (" +
+            UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
+            ")");
+      return Status::Unavailable(std::string(what) + " " + Who(peer) + ": timed out after " +
+                                 std::to_string(timeout_s) + " s");
+    }
+  }
+  ucp_request_free(request);
+  if (st != UCS_OK)
+    return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " + UcsError(st));
+  return Status::OK();
+}
+
+Status UcxComm::Send(int peer, uint64_t tag, const void* buf, size_t n) {
+  std::lock_guard lk(mu_);
+  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep)
+    return Status::InvalidArgument("send to rank " + std::to_string(peer) + ": no such peer");
+  if (peer_failed(peer)) return Status::Unavailable("send " + Who(peer) + ": peer failed");
+  ucp_request_param_t prm{};
+  void* req = ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm);
+  return WaitRequest(req, peer, op_timeout_s_, "send");
+}
+
+UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
+  std::lock_guard lk(mu_);
+  PendingSend p;
+  p.peer = peer;
+  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep) {
+    p.status = Status::InvalidArgument("send to rank " + std::to_string(peer) + ": no such peer");
+    return p;
+  }
+  if (peer_failed(peer)) {
+    p.status = Status::Unavailable("send " + Who(peer) + ": peer failed");
+    return p;
+  }
+  ucp_request_param_t prm{};
+  void* req = ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm);
+  if (UCS_PTR_IS_ERR(req)) {
+    p.status = Status::Unavailable("send " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
+    return p;
+  }
+  p.request = req;
+  return p;
+}
+
+Status UcxComm::FinishSend(PendingSend& send) {
+  if (!send.status.ok()) return send.status;
+  std::lock_guard lk(mu_);
+  void* req = send.request;
+  send.request = nullptr;
+  return WaitRequest(req, send.peer, op_timeout_s_, "send");
+}
+
+Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
+  std::lock_guard lk(mu_);
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
+  int spins = 0;
+  for (;;) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, ~uint64_t{0}, 1, &info);
+    if (msg) {
+      std::string buf(info.length, '\0');
+      ucp_request_param_t prm{};
+      void* req = ucp_tag_msg_recv_nbx(worker_, buf.data(), buf.size(), msg, &prm);
+      CAIRN_RETURN_IF_ERROR(WaitRequest(req, peer, timeout_s, "receive"));
+      return buf;
+    }
+    if (ucp_worker_progress(worker_) == 0) Backoff(spins);
+    if (peer_failed(peer))
+      return Status::Unavailable(
+          "receive " + Who(peer) + ": peer failed (" +
+          UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
+          ")");
+    if (NowNanos() > deadline)
+      return Status::Unavailable("receive " + Who(peer) + ": nothing arrived within " +
+                                 std::to_string(timeout_s) + " s");
+  }
+}
+
+Status UcxComm::Connected(int peer, const std::string& address) {
+  Peer& p = *peers_[static_cast<size_t>(peer)];
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  ep.err_mode = warned_no_peer_errors_ ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &UcxComm::OnPeerError;
+  ep.err_handler.arg = &p;
+  ucs_status_t st = ucp_ep_create(worker_, &ep, &p.ep);
+  if (st == UCS_ERR_UNREACHABLE && ep.err_mode == UCP_ERR_HANDLING_MODE_PEER) {
+    // UCX 1.13's shared-memory transports cannot report peer failures: connect without
+    // that mode; a dead peer then shows up as a timeout instead of an error callback.
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &ep, &p.ep);
+    if (st == UCS_OK && log_ && !warned_no_peer_errors_) {
+      warned_no_peer_errors_ = true;
+      log_->Info(
+          "the selected UCX transports cannot report peer failures; dead peers are "
+          "detected by timeouts");
+    }
+  }
+  if (st != UCS_OK) {
+    p.ep = nullptr;
+    return Status::Unavailable("ucp_ep_create " + Who(peer) + ": " + UcsError(st));
+  }
+  return Status::OK();
+}
+
+Status UcxComm::Bootstrap(const std::string& token_override) {
+  FileSystem* fs = DefaultFileSystem();
+  std::string token = token_override;
+  if (token.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(token, LoadOrCreateJobToken(rdv_dir_));
+  } else {
+    CAIRN_RETURN_IF_ERROR(fs->MakeDirs(rdv_dir_, 0700));
+  }
+  // Publish this rank's address.
+  CAIRN_ASSIGN_OR_RETURN(std::string nonce, RandomHex(8));
+  std::string rec(kAddrMagic, sizeof kAddrMagic);
+  auto put32 = [&](uint32_t v) { rec.append(reinterpret_cast<const char*>(&v), 4); };
+  put32(static_cast<uint32_t>(rank_));
+  put32(static_cast<uint32_t>(size_));
+  rec += nonce;
+  put32(static_cast<uint32_t>(address_.size()));
+  rec += address_;
+  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, AddrPath(rdv_dir_, rank_), rec));
+
+  // Read every peer's address and send it a hello with the token.
+  const std::string hello = token + "/" + std::to_string(rank_) + "/" + nonce;
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
+  std::vector<std::string> tried(static_cast<size_t>(size_));
+  std::vector<bool> connected(static_cast<size_t>(size_), false);
+  connected[static_cast<size_t>(rank_)] = true;
+  for (;;) {
+    bool all = true;
+    for (int p = 0; p < size_; ++p) {
+      if (connected[static_cast<size_t>(p)]) continue;
+      all = false;
+      auto bytes = ReadWholeFile(fs, AddrPath(rdv_dir_, p), 1 << 20);
+      if (!bytes.ok() || *bytes == tried[static_cast<size_t>(p)]) continue;
+      const std::string& b = *bytes;
+      uint32_t r = 0, w = 0, len = 0;
+      if (b.size() < 8 + 4 + 4 + 16 + 4 || std::memcmp(b.data(), kAddrMagic, 8) != 0)
+        return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
+      std::memcpy(&r, b.data() + 8, 4);
+      std::memcpy(&w, b.data() + 12, 4);
+      std::memcpy(&len, b.data() + 32, 4);
+      if (r != static_cast<uint32_t>(p) || len != b.size() - 36)
+        return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
+      if (w != static_cast<uint32_t>(size_))
+        return Status::FailedPrecondition("rank " + std::to_string(p) + " runs with world size " +
+                                          std::to_string(w) + " but this rank with " +
+                                          std::to_string(size_) + " (stale rendezvous files?)");
+      tried[static_cast<size_t>(p)] = b;
+      Peer& peer = *peers_[static_cast<size_t>(p)];
+      if (peer.ep) {  // a stale address from before: drop that endpoint
+        ucp_request_param_t prm{};
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        void* req = ucp_ep_close_nbx(peer.ep, &prm);
+        if (req && !UCS_PTR_IS_ERR(req)) {
+          while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+          ucp_request_free(req);
+        }
+        peer.ep = nullptr;
+        peer.error = 0;
+      }
+      CAIRN_RETURN_IF_ERROR(Connected(p, b.substr(36)));
+      ucp_request_param_t prm{};
+      void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
+                                   MakeTag(MsgKind::kHello, rank_, 0), &prm);
+      Status st = WaitRequest(req, p, 5.0, "hello");
+      if (st.ok())
+        connected[static_cast<size_t>(p)] = true;
+      else if (log_)
+        log_->Info("hello to rank " + std::to_string(p) + " failed, will retry: " + st.message());
+    }
+    if (all) break;
+    if (NowNanos() > deadline) {
+      std::string missing;
+      for (int p = 0; p < size_; ++p)
+        if (!connected[static_cast<size_t>(p)]) missing += " " + std::to_string(p);
+      return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ + " within " +
+                                 std::to_string(options_.connect_timeout_s) + " s");
+    }
+    ucp_worker_progress(worker_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Every peer must greet us with the job token before we accept anything from it.
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const double left = std::max(0.1, NanosToSeconds(deadline - NowNanos()));
+    // Recv() takes the mutex; we already hold it, so poll inline.
+    const uint64_t tag = MakeTag(MsgKind::kHello, p, 0);
+    const int64_t until = NowNanos() + static_cast<int64_t>(left * 1e9);
+    std::string got;
+    int spins = 0;
+    for (;;) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, ~uint64_t{0}, 1, &info);
+      if (msg) {
+        got.assign(info.length, '\0');
+        ucp_request_param_t prm{};
+        void* req = ucp_tag_msg_recv_nbx(worker_, got.data(), got.size(), msg, &prm);
+        CAIRN_RETURN_IF_ERROR(WaitRequest(req, p, left, "hello"));
+        break;
+      }
+      if (ucp_worker_progress(worker_) == 0) Backoff(spins);
+      if (NowNanos() > until)
+        return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
+                                   std::to_string(options_.connect_timeout_s) + " s");
+    }
+    if (got.size() < kTokenHexBytes || got.compare(0, kTokenHexBytes, token) != 0 ||
+        got.size() <= kTokenHexBytes || got[kTokenHexBytes] != '/')
+      return Status::FailedPrecondition("rank " + std::to_string(p) +
+                                        " presented a wrong job token; refused (a process of "
+                                        "another job or user?)");
+  }
+  if (log_) log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + rdv_dir_);
+  return Status::OK();
+}
+
+}  // namespace cairn

@@ -1,0 +1,112 @@
+// UcxComm: this rank's UCX context, worker and an endpoint to every other rank of the job.
+//
+// Start-up (bootstrap) goes through a rendezvous directory on a filesystem all nodes share
+// (Options::RendezvousDir(), mode 0700): every rank publishes its worker address there
+// (written to a temporary name and renamed), reads the others', connects, and sends each
+// peer a hello carrying the job token. The token is generated once per job (the first rank
+// to start creates "token", mode 0600, atomically) and only ranks that present it are
+// accepted: a process of another job or user cannot join.
+//
+// Messages are UCX tagged sends. A tag is (kind, source rank, sequence); Recv matches the
+// whole tag, so collectives and later the replicator never steal each other's messages.
+// Every UCX handle is owned here and released in reverse order of creation.
+// Thread-safety: all calls are serialised by an internal mutex (the worker is used by one
+// thread at a time).
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+#include "core/options.h"
+#include "core/status.h"
+
+namespace cairn {
+
+enum class MsgKind : uint8_t {
+  kHello = 1,
+  kCollective = 2,
+  kBroadcast = 3,
+};
+
+// (kind, source rank < 2^24, sequence) packed into a UCX tag.
+inline uint64_t MakeTag(MsgKind kind, int source, uint32_t seq) {
+  return (static_cast<uint64_t>(kind) << 56) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(source) & 0xffffff) << 32) | seq;
+}
+
+class UcxComm {
+ public:
+  // Joins the job as options.rank of options.world_size. `token` overrides the job token
+  // read from the rendezvous directory (tests use it to play an intruder). Fails with
+  // Unavailable naming the ranks that never appeared within options.connect_timeout_s, or
+  // FailedPrecondition naming a rank that presented a wrong token.
+  static Result<std::unique_ptr<UcxComm>> Connect(const Options& options, const Logger* log,
+                                                  const std::string& token = "");
+  ~UcxComm();
+  UcxComm(const UcxComm&) = delete;
+  UcxComm& operator=(const UcxComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Sends `n` bytes to `peer`; returns when `buf` may be reused (not a proof of delivery).
+  Status Send(int peer, uint64_t tag, const void* buf, size_t n);
+  // Starts sending `n` bytes to `peer`; `buf` must stay valid until FinishSend. Sends to
+  // several peers should be started together and finished after the matching receives:
+  // large messages complete only when the receiver takes them.
+  struct PendingSend {
+    void* request = nullptr;
+    int peer = -1;
+    Status status;  // set when the send failed at once
+  };
+  PendingSend StartSend(int peer, uint64_t tag, const void* buf, size_t n);
+  Status FinishSend(PendingSend& send);
+  // Receives the message carrying exactly `tag`, which `peer` sends. Unavailable if `peer`
+  // fails or nothing arrives within `timeout_s`.
+  Result<std::string> Recv(int peer, uint64_t tag, double timeout_s);
+
+  // Whether `peer`'s endpoint reported an error (it died or reset the connection).
+  bool peer_failed(int peer) const;
+  double op_timeout_s() const { return op_timeout_s_; }
+
+ private:
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    std::atomic<int> error{0};  // ucs_status_t of a failure, 0 while healthy
+    UcxComm* self = nullptr;
+    int rank = -1;
+  };
+  UcxComm(const Options& o, const Logger* log);
+  Status Init();
+  Status Bootstrap(const std::string& token_override);
+  Status WaitRequest(void* request, int peer, double timeout_s, const char* what);
+  Status Connected(int peer, const std::string& address);
+  std::string Who(int peer) const;
+  static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  Options options_;
+  const Logger* log_;
+  int rank_;
+  int size_;
+  double op_timeout_s_;
+  std::string rdv_dir_;
+  std::mutex mu_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;  // this worker's address
+  bool warned_no_peer_errors_ = false;
+  std::vector<std::unique_ptr<Peer>> peers_;
+};
+
+// Reads or creates the job token in `dir` (created 0700 if missing). The token file is
+// 0600 and must belong to this user; anything else is an error naming the file.
+Result<std::string> LoadOrCreateJobToken(const std::string& dir);
+
+}  // namespace cairn

@@ -1,0 +1,32 @@
+// UcxGroup: the Group collectives over a UcxComm.
+//
+// Each collective has a sequence number that advances identically on every rank; its
+// messages are tagged (kind, sender, sequence), so a late message of one collective can
+// never be taken for another's. AllGather sends this rank's bytes to every other rank and
+// receives theirs (n-1 messages each way per rank); Broadcast sends from the root to all.
+// Sizes here are small (layouts, step numbers); bulk data goes through the Replicator.
+// Thread-safety: one collective at a time.
+#pragma once
+
+#include <memory>
+
+#include "core/group.h"
+#include "transport/ucx_comm.h"
+
+namespace cairn {
+
+class UcxGroup final : public Group {
+ public:
+  explicit UcxGroup(UcxComm* comm) : comm_(comm) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  Status Barrier() override;
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override;
+  Result<std::string> Broadcast(int root, std::string_view data) override;
+
+ private:
+  UcxComm* comm_;
+  uint32_t seq_ = 0;
+};
+
+}  // namespace cairn
