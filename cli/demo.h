@@ -10,5 +10,7 @@ int DemoMain(int argc, char** argv);
 int DemoWorkerMain(int argc, char** argv);
 // `cairn launch ...`: N nodes x M ranks of a program as local processes.
 int LaunchMain(int argc, char** argv);
+// `cairn placement ...`: the replica placement table.
+int PlacementMain(int argc, char** argv);
 
 }  // namespace cairn::cli

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli/launcher.h"
+#include "transport/placement.h"
 
 namespace cairn::cli {
 
@@ -66,6 +67,61 @@ int LaunchMain(int argc, char** argv) {
       std::fprintf(stderr, "cairn launch: rank %d (node %d, pid %d) exited with %d\n", r.rank,
                    r.node, r.pid, r.exit_code);
   return ok ? 0 : 1;
+}
+
+int PlacementMain(int argc, char** argv) {
+  int nodes = 2, rpn = 1, replicas = 1;
+  PlacementStrategy strategy = PlacementStrategy::kRing;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "usage: cairn placement [--nodes N] [--ranks-per-node M] [--replicas R]\n"
+          "                       [--strategy ring|group]\n\n"
+          "Prints which ranks hold the in-memory replicas of which (the defaults of a job are\n"
+          "CAIRN_REPLICAS=1 and CAIRN_PLACEMENT=ring).\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "cairn placement: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    std::string v = argv[++i];
+    if (k == "--strategy") {
+      if (v == "ring")
+        strategy = PlacementStrategy::kRing;
+      else if (v == "group")
+        strategy = PlacementStrategy::kGroup;
+      else {
+        std::fprintf(stderr, "cairn placement: --strategy is ring or group\n");
+        return 2;
+      }
+      continue;
+    }
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (*end || n < 0) {
+      std::fprintf(stderr, "cairn placement: %s '%s' is not a count\n", k.c_str(), v.c_str());
+      return 2;
+    }
+    if (k == "--nodes")
+      nodes = static_cast<int>(n);
+    else if (k == "--ranks-per-node")
+      rpn = static_cast<int>(n);
+    else if (k == "--replicas")
+      replicas = static_cast<int>(n);
+    else {
+      std::fprintf(stderr, "cairn placement: unknown option '%s'\n", k.c_str());
+      return 2;
+    }
+  }
+  auto p = Placement::Make(nodes, rpn, replicas, strategy);
+  if (!p.ok()) {
+    std::fprintf(stderr, "cairn placement: %s\n", p.status().message().c_str());
+    return 2;
+  }
+  std::fputs(p->Describe().c_str(), stdout);
+  return 0;
 }
 
 }  // namespace cairn::cli

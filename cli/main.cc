@@ -20,6 +20,7 @@ void PrintHelp() {
       "            version bit-exactly from host memory (see `cairn demo --help`)\n"
       "  launch    run N nodes x M ranks of a program as local processes, with the\n"
       "            environment torchrun would give them (see `cairn launch --help`)\n"
+      "  placement print which ranks hold whose in-memory replicas\n"
       "  help      this text\n"
       "\n"
       "Settings are read from the environment (defaults in brackets):\n");
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   if (cmd == "demo") return cairn::cli::DemoMain(argc - 1, argv + 1);
+  if (cmd == "placement") return cairn::cli::PlacementMain(argc - 1, argv + 1);
   if (cmd == "launch") return cairn::cli::LaunchMain(argc - 1, argv + 1);
   if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
   std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());

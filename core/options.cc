@@ -76,6 +76,9 @@ const std::vector<EnvSetting>& EnvSettings() {
        "where ranks publish their UCX addresses and find the job token (shared by all nodes)"},
       {"CAIRN_CONNECT_TIMEOUT_S", "120", "how long start-up waits for every rank to appear"},
       {"CAIRN_OP_TIMEOUT_S", "300", "how long a collective waits for a silent peer"},
+      {"CAIRN_REPLICAS", "1", "copies of every version held in other nodes' memory (0: none)"},
+      {"CAIRN_PLACEMENT", "ring",
+       "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold each other)"},
   };
   return kSettings;
 }
@@ -160,6 +163,19 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
                                        "' is not a number of seconds in (0, 86400]");
       *dst = d;
     }
+  }
+  if (const char* t = get("CAIRN_REPLICAS")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_REPLICAS", t, 0, 16, &v));
+    o.replicas = static_cast<int>(v);
+  }
+  if (const char* t = get("CAIRN_PLACEMENT")) {
+    std::string s(t);
+    if (s == "ring")
+      o.group_placement = false;
+    else if (s == "group")
+      o.group_placement = true;
+    else
+      return Status::InvalidArgument("CAIRN_PLACEMENT='" + s + "': use ring or group");
   }
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));

@@ -43,6 +43,8 @@ struct Options {
   std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
   double connect_timeout_s = 120;      // start-up: how long to wait for every rank
   double op_timeout_s = 300;           // a collective waiting on a silent peer
+  int replicas = 1;                    // copies of each version in other nodes' memory
+  bool group_placement = false;        // Gemini's group placement instead of the ring
   FileSystem* fs = nullptr;            // nullptr: the POSIX filesystem
 
   // Reads the settings from `getenv` (the process environment by default). Unset

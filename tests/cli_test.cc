@@ -48,6 +48,24 @@ TEST(Cli, UnknownCommandsAndOptionsFail) {
   EXPECT_EQ(RunCli("demo --bogus").code, 2);
 }
 
+TEST(Cli, PlacementTable) {
+  CliRun r = RunCli("placement --nodes 3 --ranks-per-node 2");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("rank 4 (node 2)  replicas on: 0 (node 0)"), std::string::npos) << r.out;
+  EXPECT_EQ(RunCli("placement --nodes 2 --replicas 2").code, 2);
+}
+
+TEST(Cli, LaunchSetsTheTorchrunVariables) {
+  CliRun r = RunCli(
+      "launch --nodes 2 --ranks-per-node 2 -- sh -c "
+      "'test \"$WORLD_SIZE\" = 4 && test \"$LOCAL_WORLD_SIZE\" = 2 && "
+      "test \"$CAIRN_NODE\" = $((RANK / 2)) && test \"$LOCAL_RANK\" = $((RANK % 2))'");
+  EXPECT_EQ(r.code, 0) << r.out;
+  CliRun f = RunCli("launch --nodes 2 -- sh -c 'exit $RANK'");
+  EXPECT_EQ(f.code, 1);
+  EXPECT_NE(f.out.find("rank 1 (node 1"), std::string::npos) << f.out;
+}
+
 TEST(Cli, DemoKillsRestartsAndRestoresBitExactly) {
   testing::TempDir root("clidemo");
   const std::string job = testing::UniqueJobId("clidemo");

@@ -1,0 +1,46 @@
+// Placement: which ranks hold the replicas of which.
+//
+// A replica of a rank always lives on another node, on the rank with the same local rank
+// (so every node stores as much as it sends). Two strategies:
+//   ring   node n's replicas go to nodes n+1 .. n+R (mod N): R replicas per version.
+//   group  Gemini's group placement: nodes are cut into groups of R+1 consecutive nodes
+//          (the last group takes the remainder) and every node holds the replicas of every
+//          other node of its group. A whole group must fail to lose a version; fewer
+//          groups than ring neighbourhoods means fewer failure patterns lose data.
+// Thread-safety: immutable after Make().
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cairn {
+
+enum class PlacementStrategy { kRing, kGroup };
+
+class Placement {
+ public:
+  // InvalidArgument when the layout cannot hold `replicas` copies on other nodes
+  // (replicas >= nodes) or a count is not positive (replicas may be 0: no replication).
+  static Result<Placement> Make(int nodes, int ranks_per_node, int replicas,
+                                PlacementStrategy strategy);
+
+  // Ranks that hold replicas of `rank`'s versions.
+  const std::vector<int>& holders_of(int rank) const { return holders_[static_cast<size_t>(rank)]; }
+  // Ranks whose replicas `rank` holds.
+  const std::vector<int>& held_by(int rank) const { return held_[static_cast<size_t>(rank)]; }
+  int world_size() const { return static_cast<int>(holders_.size()); }
+  int node_of(int rank) const { return rank / ranks_per_node_; }
+
+  // A table for people: one line per rank, "rank 3 (node 1) -> replicas on 5 (node 2)".
+  std::string Describe() const;
+
+ private:
+  int ranks_per_node_ = 1;
+  PlacementStrategy strategy_ = PlacementStrategy::kRing;
+  std::vector<std::vector<int>> holders_;
+  std::vector<std::vector<int>> held_;
+};
+
+}  // namespace cairn
