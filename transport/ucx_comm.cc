@@ -95,9 +95,10 @@ Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const 
                                                   const std::string& token) {
   CAIRN_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<UcxComm> c(new UcxComm(options, log));
-  std::lock_guard lk(c->mu_);
+  Lock lk(c->mu_);
   CAIRN_RETURN_IF_ERROR(c->Init().WithContext("rank " + std::to_string(options.rank)));
-  CAIRN_RETURN_IF_ERROR(c->Bootstrap(token).WithContext("rank " + std::to_string(options.rank)));
+  CAIRN_RETURN_IF_ERROR(
+      c->Bootstrap(lk, token).WithContext("rank " + std::to_string(options.rank)));
   return c;
 }
 
@@ -138,7 +139,7 @@ Status UcxComm::Init() {
 }
 
 UcxComm::~UcxComm() {
-  std::lock_guard lk(mu_);
+  Lock lk(mu_);
   // Close every endpoint at once (a flush needs the peers to progress too, and they are
   // closing theirs at the same time); failed peers are closed by force.
   std::vector<void*> closing;
@@ -187,7 +188,8 @@ bool UcxComm::peer_failed(int peer) const {
   return peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)]->error.load() != 0;
 }
 
-Status UcxComm::WaitRequest(void* request, int peer, double timeout_s, const char* what) {
+Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
+                            const char* what) {
   if (request == nullptr) return Status::OK();
   if (UCS_PTR_IS_ERR(request))
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
@@ -196,7 +198,11 @@ Status UcxComm::WaitRequest(void* request, int peer, double timeout_s, const cha
   int spins = 0;
   ucs_status_t st;
   while ((st = ucp_request_check_status(request)) == UCS_INPROGRESS) {
-    if (ucp_worker_progress(worker_) == 0) Backoff(spins);
+    if (ucp_worker_progress(worker_) == 0) {
+      lk.unlock();
+      Backoff(spins);
+      lk.lock();
+    }
     if (peer_failed(peer) || NowNanos() > deadline) {
       ucp_request_cancel(worker_, request);
       const int64_t give_up = NowNanos() + 1'000'000'000;
@@ -204,10 +210,10 @@ Status UcxComm::WaitRequest(void* request, int peer, double timeout_s, const cha
         ucp_worker_progress(worker_);
       ucp_request_free(request);
       if (peer_failed(peer))
-        return Status::Unavailable(
-            std::string(what) + " " + Who(peer) + ": peer failed (" +
-            UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
-            ")");
+        return Status::Unavailable(std::string(what) + " " + Who(peer) + ": peer failed (" +
+                                   UcsError(static_cast<ucs_status_t>(
+                                       peers_[static_cast<size_t>(peer)]->error.load())) +
+                                   ")");
       return Status::Unavailable(std::string(what) + " " + Who(peer) + ": timed out after " +
                                  std::to_string(timeout_s) + " s");
     }
@@ -219,17 +225,12 @@ Status UcxComm::WaitRequest(void* request, int peer, double timeout_s, const cha
 }
 
 Status UcxComm::Send(int peer, uint64_t tag, const void* buf, size_t n) {
-  std::lock_guard lk(mu_);
-  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep)
-    return Status::InvalidArgument("send to rank " + std::to_string(peer) + ": no such peer");
-  if (peer_failed(peer)) return Status::Unavailable("send " + Who(peer) + ": peer failed");
-  ucp_request_param_t prm{};
-  void* req = ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm);
-  return WaitRequest(req, peer, op_timeout_s_, "send");
+  PendingSend p = StartSend(peer, tag, buf, n);
+  return FinishSend(p);
 }
 
 UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
-  std::lock_guard lk(mu_);
+  Lock lk(mu_);
   PendingSend p;
   p.peer = peer;
   if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep) {
@@ -252,14 +253,36 @@ UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf,
 
 Status UcxComm::FinishSend(PendingSend& send) {
   if (!send.status.ok()) return send.status;
-  std::lock_guard lk(mu_);
+  Lock lk(mu_);
   void* req = send.request;
   send.request = nullptr;
-  return WaitRequest(req, send.peer, op_timeout_s_, "send");
+  return WaitRequest(lk, req, send.peer, op_timeout_s_, "send");
+}
+
+UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_t n) {
+  Lock lk(mu_);
+  PendingRecv r;
+  r.peer = peer;
+  ucp_request_param_t prm{};
+  void* req = ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm);
+  if (UCS_PTR_IS_ERR(req)) {
+    r.status = Status::Unavailable("receive " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
+    return r;
+  }
+  r.request = req;
+  return r;
+}
+
+Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
+  if (!recv.status.ok()) return recv.status;
+  Lock lk(mu_);
+  void* req = recv.request;
+  recv.request = nullptr;
+  return WaitRequest(lk, req, recv.peer, timeout_s, "receive");
 }
 
 Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
-  std::lock_guard lk(mu_);
+  Lock lk(mu_);
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
   for (;;) {
@@ -269,19 +292,143 @@ Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
       std::string buf(info.length, '\0');
       ucp_request_param_t prm{};
       void* req = ucp_tag_msg_recv_nbx(worker_, buf.data(), buf.size(), msg, &prm);
-      CAIRN_RETURN_IF_ERROR(WaitRequest(req, peer, timeout_s, "receive"));
+      CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, peer, timeout_s, "receive"));
       return buf;
     }
-    if (ucp_worker_progress(worker_) == 0) Backoff(spins);
+    if (ucp_worker_progress(worker_) == 0) {
+      lk.unlock();
+      Backoff(spins);
+      lk.lock();
+    }
     if (peer_failed(peer))
-      return Status::Unavailable(
-          "receive " + Who(peer) + ": peer failed (" +
-          UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
-          ")");
+      return Status::Unavailable("receive " + Who(peer) + ": peer failed (" +
+                                 UcsError(static_cast<ucs_status_t>(
+                                     peers_[static_cast<size_t>(peer)]->error.load())) +
+                                 ")");
     if (NowNanos() > deadline)
       return Status::Unavailable("receive " + Who(peer) + ": nothing arrived within " +
                                  std::to_string(timeout_s) + " s");
   }
+}
+
+Result<UcxComm::Incoming> UcxComm::RecvAny(MsgKind kind, double timeout_s) {
+  Lock lk(mu_);
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
+  const uint64_t mask = uint64_t{0xff} << 56;
+  const uint64_t tag = static_cast<uint64_t>(kind) << 56;
+  int spins = 0;
+  for (;;) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
+    if (msg) {
+      Incoming in;
+      in.source = static_cast<int>((info.sender_tag >> 32) & 0xffffff);
+      in.seq = static_cast<uint32_t>(info.sender_tag);
+      in.bytes.assign(info.length, '\0');
+      ucp_request_param_t prm{};
+      void* req = ucp_tag_msg_recv_nbx(worker_, in.bytes.data(), in.bytes.size(), msg, &prm);
+      CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, in.source, timeout_s, "receive"));
+      return in;
+    }
+    if (ucp_worker_progress(worker_) == 0) {
+      lk.unlock();
+      Backoff(spins);
+      lk.lock();
+    }
+    if (NowNanos() > deadline) return Status::Unavailable("nothing arrived");
+  }
+}
+
+uint64_t UcxComm::peer_epoch(int peer) const {
+  return peers_.at(static_cast<size_t>(peer))->epoch.load();
+}
+
+Status UcxComm::ReadAddress(int p, std::string* address, std::string* nonce) {
+  CAIRN_ASSIGN_OR_RETURN(std::string b, ReadWholeFile(DefaultFileSystem(), AddrPath(rdv_dir_, p), 1 << 20));
+  uint32_t r = 0, w = 0, len = 0;
+  if (b.size() < 36 || std::memcmp(b.data(), kAddrMagic, 8) != 0)
+    return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
+  std::memcpy(&r, b.data() + 8, 4);
+  std::memcpy(&w, b.data() + 12, 4);
+  std::memcpy(&len, b.data() + 32, 4);
+  if (r != static_cast<uint32_t>(p) || len != b.size() - 36)
+    return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
+  if (w != static_cast<uint32_t>(size_))
+    return Status::FailedPrecondition(
+        "rank " + std::to_string(p) + " runs with world size " + std::to_string(w) +
+        " but this rank with " + std::to_string(size_) + " (stale rendezvous files?)");
+  *nonce = b.substr(16, 16);
+  *address = b.substr(36);
+  return Status::OK();
+}
+
+void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) {
+  (void)lk;
+  if (!peer.ep) return;
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* req = ucp_ep_close_nbx(peer.ep, &prm);
+  if (req && !UCS_PTR_IS_ERR(req)) {
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    ucp_request_free(req);
+  }
+  peer.ep = nullptr;
+}
+
+Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
+  Peer& peer = *peers_[static_cast<size_t>(p)];
+  std::string address, file_nonce;
+  // The restarted peer wrote its address file before greeting us; allow for a slow reader.
+  for (int attempt = 0;; ++attempt) {
+    CAIRN_RETURN_IF_ERROR(ReadAddress(p, &address, &file_nonce));
+    if (file_nonce == nonce) break;
+    if (attempt > 100)
+      return Status::Unavailable("rank " + std::to_string(p) + " greeted us, but its address file does not match");
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    lk.lock();
+  }
+  CloseEndpoint(lk, peer);
+  peer.error = 0;
+  CAIRN_RETURN_IF_ERROR(Connected(p, address));
+  peer.nonce = nonce;
+  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
+  ucp_request_param_t prm{};
+  void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(), MakeTag(MsgKind::kHello, rank_, 0), &prm);
+  CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, p, 5.0, "hello"));
+  peer.epoch.fetch_add(1);
+  if (log_) log_->Info("rank " + std::to_string(p) + " restarted; reconnected to it");
+  return Status::OK();
+}
+
+std::vector<int> UcxComm::ServiceHellos() {
+  std::vector<int> out;
+  Lock lk(mu_);
+  ucp_worker_progress(worker_);
+  for (;;) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, static_cast<uint64_t>(MsgKind::kHello) << 56,
+                                             uint64_t{0xff} << 56, 1, &info);
+    if (!msg) break;
+    const int p = static_cast<int>((info.sender_tag >> 32) & 0xffffff);
+    std::string got(info.length, '\0');
+    ucp_request_param_t prm{};
+    void* req = ucp_tag_msg_recv_nbx(worker_, got.data(), got.size(), msg, &prm);
+    if (!WaitRequest(lk, req, -1, 5.0, "hello").ok()) continue;
+    if (p < 0 || p >= size_ || p == rank_) continue;
+    // "<token>/<rank>/<nonce>"
+    if (got.size() < kTokenHexBytes + 2 || got.compare(0, kTokenHexBytes, token_) != 0) {
+      if (log_) log_->Warning("refused a hello claiming to be rank " + std::to_string(p) + ": wrong job token");
+      continue;
+    }
+    const std::string nonce = got.substr(got.rfind('/') + 1);
+    if (nonce == peers_[static_cast<size_t>(p)]->nonce) continue;  // a duplicate
+    Status st = Reconnect(lk, p, nonce);
+    if (st.ok()) out.push_back(p);
+    else if (log_) log_->Warning("could not reconnect to restarted rank " + std::to_string(p) + ": " + st.message());
+  }
+  return out;
 }
 
 Status UcxComm::Connected(int peer, const std::string& address) {
@@ -313,27 +460,28 @@ Status UcxComm::Connected(int peer, const std::string& address) {
   return Status::OK();
 }
 
-Status UcxComm::Bootstrap(const std::string& token_override) {
+Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
   FileSystem* fs = DefaultFileSystem();
-  std::string token = token_override;
-  if (token.empty()) {
-    CAIRN_ASSIGN_OR_RETURN(token, LoadOrCreateJobToken(rdv_dir_));
+  token_ = token_override;
+  if (token_.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(token_, LoadOrCreateJobToken(rdv_dir_));
   } else {
     CAIRN_RETURN_IF_ERROR(fs->MakeDirs(rdv_dir_, 0700));
   }
-  // Publish this rank's address.
-  CAIRN_ASSIGN_OR_RETURN(std::string nonce, RandomHex(8));
+  // Publish this rank's address: magic, rank, world size, nonce (16 hex), length, address.
+  CAIRN_ASSIGN_OR_RETURN(nonce_, RandomHex(8));
   std::string rec(kAddrMagic, sizeof kAddrMagic);
   auto put32 = [&](uint32_t v) { rec.append(reinterpret_cast<const char*>(&v), 4); };
   put32(static_cast<uint32_t>(rank_));
   put32(static_cast<uint32_t>(size_));
-  rec += nonce;
+  rec += nonce_;
   put32(static_cast<uint32_t>(address_.size()));
   rec += address_;
   CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, AddrPath(rdv_dir_, rank_), rec));
 
-  // Read every peer's address and send it a hello with the token.
-  const std::string hello = token + "/" + std::to_string(rank_) + "/" + nonce;
+  // Read every peer's address and send it a hello with the token; a peer whose hello
+  // fails (a stale address of a dead process) is retried when its file changes.
+  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
   std::vector<std::string> tried(static_cast<size_t>(size_));
   std::vector<bool> connected(static_cast<size_t>(size_), false);
@@ -343,63 +491,41 @@ Status UcxComm::Bootstrap(const std::string& token_override) {
     for (int p = 0; p < size_; ++p) {
       if (connected[static_cast<size_t>(p)]) continue;
       all = false;
-      auto bytes = ReadWholeFile(fs, AddrPath(rdv_dir_, p), 1 << 20);
-      if (!bytes.ok() || *bytes == tried[static_cast<size_t>(p)]) continue;
-      const std::string& b = *bytes;
-      uint32_t r = 0, w = 0, len = 0;
-      if (b.size() < 8 + 4 + 4 + 16 + 4 || std::memcmp(b.data(), kAddrMagic, 8) != 0)
-        return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
-      std::memcpy(&r, b.data() + 8, 4);
-      std::memcpy(&w, b.data() + 12, 4);
-      std::memcpy(&len, b.data() + 32, 4);
-      if (r != static_cast<uint32_t>(p) || len != b.size() - 36)
-        return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
-      if (w != static_cast<uint32_t>(size_))
-        return Status::FailedPrecondition("rank " + std::to_string(p) + " runs with world size " +
-                                          std::to_string(w) + " but this rank with " +
-                                          std::to_string(size_) + " (stale rendezvous files?)");
-      tried[static_cast<size_t>(p)] = b;
+      std::string address, nonce;
+      Status rs = ReadAddress(p, &address, &nonce);
+      if (rs.code() == StatusCode::kNotFound || (rs.ok() && nonce == tried[static_cast<size_t>(p)]))
+        continue;
+      CAIRN_RETURN_IF_ERROR(rs);
+      tried[static_cast<size_t>(p)] = nonce;
       Peer& peer = *peers_[static_cast<size_t>(p)];
-      if (peer.ep) {  // a stale address from before: drop that endpoint
-        ucp_request_param_t prm{};
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        void* req = ucp_ep_close_nbx(peer.ep, &prm);
-        if (req && !UCS_PTR_IS_ERR(req)) {
-          while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-          ucp_request_free(req);
-        }
-        peer.ep = nullptr;
-        peer.error = 0;
-      }
-      CAIRN_RETURN_IF_ERROR(Connected(p, b.substr(36)));
+      CloseEndpoint(lk, peer);  // a stale address from before, if any
+      peer.error = 0;
+      CAIRN_RETURN_IF_ERROR(Connected(p, address));
+      peer.nonce = nonce;
       ucp_request_param_t prm{};
       void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
                                    MakeTag(MsgKind::kHello, rank_, 0), &prm);
-      Status st = WaitRequest(req, p, 5.0, "hello");
-      if (st.ok())
-        connected[static_cast<size_t>(p)] = true;
-      else if (log_)
-        log_->Info("hello to rank " + std::to_string(p) + " failed, will retry: " + st.message());
+      Status st = WaitRequest(lk, req, p, 5.0, "hello");
+      if (st.ok()) connected[static_cast<size_t>(p)] = true;
+      else if (log_) log_->Info("hello to rank " + std::to_string(p) + " failed, will retry: " + st.message());
     }
     if (all) break;
     if (NowNanos() > deadline) {
       std::string missing;
       for (int p = 0; p < size_; ++p)
         if (!connected[static_cast<size_t>(p)]) missing += " " + std::to_string(p);
-      return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ + " within " +
-                                 std::to_string(options_.connect_timeout_s) + " s");
+      return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ +
+                                 " within " + std::to_string(options_.connect_timeout_s) + " s");
     }
     ucp_worker_progress(worker_);
+    lk.unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    lk.lock();
   }
   // Every peer must greet us with the job token before we accept anything from it.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    const double left = std::max(0.1, NanosToSeconds(deadline - NowNanos()));
-    // Recv() takes the mutex; we already hold it, so poll inline.
     const uint64_t tag = MakeTag(MsgKind::kHello, p, 0);
-    const int64_t until = NowNanos() + static_cast<int64_t>(left * 1e9);
     std::string got;
     int spins = 0;
     for (;;) {
@@ -409,16 +535,20 @@ Status UcxComm::Bootstrap(const std::string& token_override) {
         got.assign(info.length, '\0');
         ucp_request_param_t prm{};
         void* req = ucp_tag_msg_recv_nbx(worker_, got.data(), got.size(), msg, &prm);
-        CAIRN_RETURN_IF_ERROR(WaitRequest(req, p, left, "hello"));
+        CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, p, 10.0, "hello"));
         break;
       }
-      if (ucp_worker_progress(worker_) == 0) Backoff(spins);
-      if (NowNanos() > until)
+      if (ucp_worker_progress(worker_) == 0) {
+        lk.unlock();
+        Backoff(spins);
+        lk.lock();
+      }
+      if (NowNanos() > deadline)
         return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
                                    std::to_string(options_.connect_timeout_s) + " s");
     }
-    if (got.size() < kTokenHexBytes || got.compare(0, kTokenHexBytes, token) != 0 ||
-        got.size() <= kTokenHexBytes || got[kTokenHexBytes] != '/')
+    if (got.size() <= kTokenHexBytes || got.compare(0, kTokenHexBytes, token_) != 0 ||
+        got[kTokenHexBytes] != '/')
       return Status::FailedPrecondition("rank " + std::to_string(p) +
                                         " presented a wrong job token; refused (a process of "
                                         "another job or user?)");

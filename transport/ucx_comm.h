@@ -33,6 +33,10 @@ enum class MsgKind : uint8_t {
   kHello = 1,
   kCollective = 2,
   kBroadcast = 3,
+  kReplOffer = 4,  // replicator: header of a version, sender -> holder
+  kReplReady = 5,  // holder -> sender: receives posted (or refused, and why)
+  kReplData = 6,   // sender -> holder: one chunk of the version's bytes
+  kReplAck = 7,    // holder -> sender: bytes verified and replica published (or not)
 };
 
 // (kind, source rank < 2^24, sequence) packed into a UCX tag.
@@ -68,6 +72,27 @@ class UcxComm {
   };
   PendingSend StartSend(int peer, uint64_t tag, const void* buf, size_t n);
   Status FinishSend(PendingSend& send);
+  // Receives directly into `buf` (at most `n` bytes) the message carrying exactly `tag`.
+  struct PendingRecv {
+    void* request = nullptr;
+    int peer = -1;
+    Status status;
+  };
+  PendingRecv StartRecv(int peer, uint64_t tag, void* buf, size_t n);
+  Status FinishRecv(PendingRecv& recv, double timeout_s);
+  // Takes the next message of `kind` from any rank. Unavailable on timeout.
+  struct Incoming {
+    int source = -1;
+    uint32_t seq = 0;
+    std::string bytes;
+  };
+  Result<Incoming> RecvAny(MsgKind kind, double timeout_s);
+  // Answers the hellos of restarted peers: verifies their token, reconnects to their new
+  // address and greets them back, so a rank that restarts can rejoin a running job.
+  // Returns the ranks reconnected. Call it regularly from a service thread.
+  std::vector<int> ServiceHellos();
+  // Counts reconnections to `peer` (changes when the peer restarted).
+  uint64_t peer_epoch(int peer) const;
   // Receives the message carrying exactly `tag`, which `peer` sends. Unavailable if `peer`
   // fails or nothing arrives within `timeout_s`.
   Result<std::string> Recv(int peer, uint64_t tag, double timeout_s);
@@ -82,12 +107,20 @@ class UcxComm {
     std::atomic<int> error{0};  // ucs_status_t of a failure, 0 while healthy
     UcxComm* self = nullptr;
     int rank = -1;
+    std::string nonce;  // of the address this endpoint was made from
+    std::atomic<uint64_t> epoch{0};
   };
+  using Lock = std::unique_lock<std::mutex>;
   UcxComm(const Options& o, const Logger* log);
   Status Init();
-  Status Bootstrap(const std::string& token_override);
-  Status WaitRequest(void* request, int peer, double timeout_s, const char* what);
+  Status Bootstrap(Lock& lk, const std::string& token_override);
+  // Waits for a request with the lock held except while backing off.
+  Status WaitRequest(Lock& lk, void* request, int peer, double timeout_s, const char* what);
   Status Connected(int peer, const std::string& address);
+  // Reads `peer`'s address file: OK with the address and its nonce, or why not.
+  Status ReadAddress(int peer, std::string* address, std::string* nonce);
+  void CloseEndpoint(Lock& lk, Peer& p);
+  Status Reconnect(Lock& lk, int peer, const std::string& nonce);
   std::string Who(int peer) const;
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -101,6 +134,8 @@ class UcxComm {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;  // this worker's address
+  std::string token_;
+  std::string nonce_;    // of this process's address file
   bool warned_no_peer_errors_ = false;
   std::vector<std::unique_ptr<Peer>> peers_;
 };
