@@ -67,6 +67,34 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
   if (!held.empty())
     c->log_.Info("host tier " + c->tier_->dir() + " holds " + std::to_string(held.size()) +
                  " restorable version(s), newest step " + std::to_string(held.front().step));
+  const Options& o = c->options_;
+  if (o.world_size > 1 && o.replicas > 0) {
+    if (o.world_size % o.local_world_size != 0)
+      return Status::InvalidArgument(c->Who() + ": world size " + std::to_string(o.world_size) +
+                                     " is not a multiple of the local world size " +
+                                     std::to_string(o.local_world_size));
+    const int nodes = o.world_size / o.local_world_size;
+    CAIRN_ASSIGN_OR_RETURN(
+        Placement placement,
+        Placement::Make(nodes, o.local_world_size, std::min(o.replicas, nodes - 1),
+                        o.group_placement ? PlacementStrategy::kGroup : PlacementStrategy::kRing));
+    if (o.replicas > nodes - 1)
+      c->log_.Warning("CAIRN_REPLICAS=" + std::to_string(o.replicas) + " but the job has only " +
+                      std::to_string(nodes) + " nodes: keeping " + std::to_string(nodes - 1));
+    if (o.node != o.rank / o.local_world_size)
+      return Status::InvalidArgument(c->Who() + ": node id " + std::to_string(o.node) +
+                                     " does not match RANK / LOCAL_WORLD_SIZE = " +
+                                     std::to_string(o.rank / o.local_world_size) +
+                                     " (replica placement assumes consecutive ranks per node)");
+    CAIRN_ASSIGN_OR_RETURN(c->comm_, UcxComm::Connect(o, &c->log_));
+    c->group_ = std::make_unique<UcxGroup>(c->comm_.get());
+    c->store_ = std::make_unique<ReplicaStore>(
+        JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &c->log_);
+    if (nodes > 1)
+      c->replicator_ =
+          std::make_unique<Replicator>(c->comm_.get(), std::move(placement), c->tier_.get(),
+                                       c->store_.get(), &c->log_, o.replicate_timeout_s);
+  }
   c->capture_thread_ = std::thread([p = c.get()] { p->CaptureLoop(); });
   return c;
 }
@@ -78,6 +106,10 @@ Checkpointer::~Checkpointer() {
     cv_.notify_all();
   }
   if (capture_thread_.joinable()) capture_thread_.join();
+  replicator_.reset();  // stops pushing before the tiers and the connections go
+  store_.reset();
+  group_.reset();
+  comm_.reset();
 }
 
 std::string Checkpointer::Who() const {
@@ -274,6 +306,7 @@ void Checkpointer::Capture(Request& r) {
     log_.Warning(who + ": capture failed, version not restorable (older versions are kept): " +
                  st.ToString());
   }
+  if (st.ok() && replicator_) replicator_->Notify(h.step);
   std::lock_guard lk(mu_);
   if (st.ok()) {
     ++stats_.captured;
@@ -291,8 +324,37 @@ std::vector<VersionInfo> Checkpointer::versions() const {
 }
 
 Stats Checkpointer::stats() const {
-  std::lock_guard lk(mu_);
-  return stats_;
+  Stats s;
+  {
+    std::lock_guard lk(mu_);
+    s = stats_;
+  }
+  if (replicator_) {
+    ReplicatorStats r = replicator_->stats();
+    s.replicated = r.replicated;
+    s.replicate_failed = r.failed;
+    s.bytes_replicated = r.bytes;
+    s.replicate_gbps = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0;
+    s.replicate_ack_ms = r.last_ack_ms;
+    s.newest_replicated_step = r.newest_replicated;
+    s.replicas_received = r.received;
+  }
+  return s;
+}
+
+Status Checkpointer::wait_replicated(double timeout_s) {
+  if (!replicator_)
+    return Status::FailedPrecondition(Who() +
+                                      ": this job does not replicate (one node, or "
+                                      "CAIRN_REPLICAS=0)");
+  (void)wait_captured();
+  int64_t newest;
+  {
+    std::lock_guard lk(mu_);
+    newest = stats_.newest_captured_step;
+  }
+  if (newest < 0) return Status::NotFound(Who() + ": nothing captured yet");
+  return replicator_->WaitReplicated(newest, timeout_s);
 }
 
 Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,

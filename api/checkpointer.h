@@ -33,6 +33,10 @@
 #include "core/tensor.h"
 #include "snapshot/copy_engine.h"
 #include "tiers/host_tier.h"
+#include "tiers/replica_store.h"
+#include "transport/replicator.h"
+#include "transport/ucx_comm.h"
+#include "transport/ucx_group.h"
 
 namespace cairn {
 
@@ -60,6 +64,14 @@ struct Stats {
   double copy_gbps = 0;       // bytes_copied / copy_seconds / 1e9
   int64_t newest_captured_step = -1;
   std::string copy_engine;  // "host" or "cuda"
+  // Replication (zero when the job has one node or CAIRN_REPLICAS=0).
+  uint64_t replicated = 0;        // versions acknowledged by every replica holder
+  uint64_t replicate_failed = 0;  // pushes that failed (holder dead, slow or refusing)
+  uint64_t bytes_replicated = 0;
+  double replicate_gbps = 0;    // bytes_replicated / time in acknowledged pushes
+  double replicate_ack_ms = 0;  // last data sent -> its acknowledgement, last push
+  int64_t newest_replicated_step = -1;
+  uint64_t replicas_received = 0;  // versions of other ranks this rank holds
 };
 
 struct RestoreOptions {
@@ -101,6 +113,13 @@ class Checkpointer {
   // since the last call.
   Status wait_captured();
 
+  // Waits until the newest captured version is REPLICATED (OK), or its replication has
+  // been tried and failed (Unavailable naming the holder), at most `timeout_s`.
+  // FailedPrecondition when this job does not replicate.
+  Status wait_replicated(double timeout_s);
+  // The job's collectives (nullptr when the job has one rank or does not replicate).
+  Group* group() { return group_.get(); }
+
   // Fills `targets` (same tensors and boxes as saved) from a CAPTURED version after
   // verifying the checksums of every byte it needs; targets are written only once all of
   // them verify. Errors name the rank, step, tensor and file.
@@ -127,6 +146,10 @@ class Checkpointer {
   Logger log_;
   std::unique_ptr<CopyEngine> engine_;  // outlives tier_ (the tier unregisters slots)
   std::unique_ptr<HostTier> tier_;
+  std::unique_ptr<UcxComm> comm_;
+  std::unique_ptr<UcxGroup> group_;
+  std::unique_ptr<ReplicaStore> store_;
+  std::unique_ptr<Replicator> replicator_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,5 +1,6 @@
 #include "cli/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,37 +26,65 @@ Result<std::unique_ptr<LocalLauncher>> LocalLauncher::Start(const LaunchSpec& sp
   if (spec.nodes < 1 || spec.ranks_per_node < 1 || spec.argv.empty())
     return Status::InvalidArgument("launch needs nodes >= 1, ranks per node >= 1 and a program");
   std::unique_ptr<LocalLauncher> l(new LocalLauncher());
+  l->spec_ = spec;
   const int world = spec.nodes * spec.ranks_per_node;
   for (int rank = 0; rank < world; ++rank) {
     LaunchedRank r;
     r.rank = rank;
     r.node = rank / spec.ranks_per_node;
     r.local_rank = rank % spec.ranks_per_node;
-    std::vector<std::string> args = spec.argv;
-    if (static_cast<size_t>(rank) < spec.rank_args.size())
-      for (const auto& a : spec.rank_args[static_cast<size_t>(rank)]) args.push_back(a);
-    std::vector<std::pair<std::string, std::string>> env = {
-        {"RANK", std::to_string(rank)},
-        {"WORLD_SIZE", std::to_string(world)},
-        {"LOCAL_RANK", std::to_string(r.local_rank)},
-        {"LOCAL_WORLD_SIZE", std::to_string(spec.ranks_per_node)},
-        {"GROUP_RANK", std::to_string(r.node)},
-        {"CAIRN_NODE", std::to_string(r.node)}};
-    for (const auto& kv : spec.env) env.push_back(kv);
-    pid_t pid = ::fork();
-    if (pid < 0) return Status::FromErrno(errno, "fork");
-    if (pid == 0) {
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      std::_Exit(127);
-    }
-    r.pid = pid;
+    CAIRN_RETURN_IF_ERROR(l->Spawn(r));
     l->ranks_.push_back(r);
   }
   return l;
+}
+
+Status LocalLauncher::Spawn(LaunchedRank& r) {
+  const LaunchSpec& spec = spec_;
+  const int world = spec.nodes * spec.ranks_per_node;
+  std::vector<std::string> args = spec.argv;
+  if (static_cast<size_t>(r.rank) < spec.rank_args.size())
+    for (const auto& a : spec.rank_args[static_cast<size_t>(r.rank)]) args.push_back(a);
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"RANK", std::to_string(r.rank)},
+      {"WORLD_SIZE", std::to_string(world)},
+      {"LOCAL_RANK", std::to_string(r.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(spec.ranks_per_node)},
+      {"GROUP_RANK", std::to_string(r.node)},
+      {"CAIRN_NODE", std::to_string(r.node)}};
+  for (const auto& kv : spec.env) env.push_back(kv);
+  const std::string log =
+      spec.output_dir.empty() ? "" : spec.output_dir + "/rank-" + std::to_string(r.rank) + ".log";
+  pid_t pid = ::fork();
+  if (pid < 0) return Status::FromErrno(errno, "fork");
+  if (pid == 0) {
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    if (!log.empty()) {
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      if (fd >= 0) {
+        ::dup2(fd, STDOUT_FILENO);
+        ::dup2(fd, STDERR_FILENO);
+        ::close(fd);
+      }
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::_Exit(127);
+  }
+  r.pid = pid;
+  r.exit_code = -1;
+  return Status::OK();
+}
+
+Status LocalLauncher::Restart(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size()))
+    return Status::InvalidArgument("no rank " + std::to_string(rank));
+  LaunchedRank& r = ranks_[static_cast<size_t>(rank)];
+  if (r.exit_code < 0)
+    return Status::FailedPrecondition("rank " + std::to_string(rank) + " is still running");
+  return Spawn(r);
 }
 
 LocalLauncher::~LocalLauncher() {

@@ -23,6 +23,8 @@ struct LaunchSpec {
   std::vector<std::pair<std::string, std::string>> env;  // extra variables for every rank
   // Per-rank extra arguments appended to argv (indexed by rank; may be shorter).
   std::vector<std::vector<std::string>> rank_args;
+  // If set, each rank's stdout and stderr are appended to <output_dir>/rank-<r>.log.
+  std::string output_dir;
 };
 
 struct LaunchedRank {
@@ -40,6 +42,8 @@ class LocalLauncher {
   ~LocalLauncher();
 
   std::vector<LaunchedRank>& ranks() { return ranks_; }
+  // Starts `rank` again (after it exited or was killed), with the same environment.
+  Status Restart(int rank);
   // Sends `sig` to `rank`'s process.
   Status Signal(int rank, int sig);
   // Reaps `rank` (blocking); returns its exit code (128 + signal if killed).
@@ -49,6 +53,8 @@ class LocalLauncher {
   bool WaitAll(double timeout_s);
 
  private:
+  Status Spawn(LaunchedRank& r);
+  LaunchSpec spec_;
   std::vector<LaunchedRank> ranks_;
 };
 

@@ -77,6 +77,8 @@ const std::vector<EnvSetting>& EnvSettings() {
       {"CAIRN_CONNECT_TIMEOUT_S", "120", "how long start-up waits for every rank to appear"},
       {"CAIRN_OP_TIMEOUT_S", "300", "how long a collective waits for a silent peer"},
       {"CAIRN_REPLICAS", "1", "copies of every version held in other nodes' memory (0: none)"},
+      {"CAIRN_REPLICATE_TIMEOUT_S", "30",
+       "a replica holder that does not answer this long counts as down (training never waits)"},
       {"CAIRN_PLACEMENT", "ring",
        "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold each other)"},
   };
@@ -154,7 +156,8 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
   if (const char* t = get("CAIRN_PFS_ROOT")) o.pfs_root = t;
   if (const char* t = get("CAIRN_RENDEZVOUS_DIR")) o.rendezvous_dir = t;
   for (auto [name, dst] : {std::pair{"CAIRN_CONNECT_TIMEOUT_S", &o.connect_timeout_s},
-                           std::pair{"CAIRN_OP_TIMEOUT_S", &o.op_timeout_s}}) {
+                           std::pair{"CAIRN_OP_TIMEOUT_S", &o.op_timeout_s},
+                           std::pair{"CAIRN_REPLICATE_TIMEOUT_S", &o.replicate_timeout_s}}) {
     if (const char* t = get(name)) {
       char* end = nullptr;
       double d = std::strtod(t, &end);

@@ -44,6 +44,7 @@ struct Options {
   double connect_timeout_s = 120;      // start-up: how long to wait for every rank
   double op_timeout_s = 300;           // a collective waiting on a silent peer
   int replicas = 1;                    // copies of each version in other nodes' memory
+  double replicate_timeout_s = 30;     // a replica holder silent this long counts as down
   bool group_placement = false;        // Gemini's group placement instead of the ring
   FileSystem* fs = nullptr;            // nullptr: the POSIX filesystem
 

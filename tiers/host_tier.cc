@@ -289,6 +289,25 @@ void HostTier::Abort(int slot) {
   cv_.notify_all();
 }
 
+Status HostTier::SetState(int64_t step, VersionState state) {
+  std::unique_lock lk(mu_);
+  Slot* slot = nullptr;
+  for (Slot& s : slots_)
+    if (s.use == Use::kCaptured && s.header->step == step) slot = &s;
+  if (!slot)
+    return Status::NotFound("step " + std::to_string(step) + " is no longer in " + config_.dir);
+  SlotHeader h = *slot->header;
+  h.state = state;
+  ++slot->pins;  // keep the slot while the header is rewritten without the lock
+  lk.unlock();
+  Status st = WriteFileAtomic(fs_, slot->header_path, EncodeSlotHeader(h));
+  lk.lock();
+  --slot->pins;
+  if (st.ok()) slot->header = std::move(h);
+  cv_.notify_all();
+  return st;
+}
+
 std::vector<VersionInfo> HostTier::Versions() const {
   std::lock_guard lk(mu_);
   std::vector<VersionInfo> out;

@@ -96,6 +96,10 @@ class HostTier {
   // Gives the slot up after a failed Prepare, copy or Commit.
   void Abort(int slot);
 
+  // Records a new state (REPLICATED, PERSISTED) of the restorable version of `step` by
+  // republishing its header atomically. NotFound if the tier no longer holds it.
+  Status SetState(int64_t step, VersionState state);
+
   // Restorable versions, newest step first.
   std::vector<VersionInfo> Versions() const;
 

@@ -139,6 +139,7 @@ Status UcxComm::Init() {
 }
 
 UcxComm::~UcxComm() {
+  closing_ = true;
   Lock lk(mu_);
   // Close every endpoint at once (a flush needs the peers to progress too, and they are
   // closing theirs at the same time); failed peers are closed by force.
@@ -179,7 +180,8 @@ std::string UcxComm::Who(int peer) const {
 void UcxComm::OnPeerError(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* p = static_cast<Peer*>(arg);
   int expected = 0;
-  if (p->error.compare_exchange_strong(expected, static_cast<int>(status)) && p->self->log_)
+  if (p->error.compare_exchange_strong(expected, static_cast<int>(status)) && p->self->log_ &&
+      !p->self->closing_.load())
     p->self->log_->Warning("connection to rank " + std::to_string(p->rank) +
                            " failed: " + UcsError(status));
 }
@@ -188,8 +190,7 @@ bool UcxComm::peer_failed(int peer) const {
   return peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)]->error.load() != 0;
 }
 
-Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
-                            const char* what) {
+Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s, const char* what) {
   if (request == nullptr) return Status::OK();
   if (UCS_PTR_IS_ERR(request))
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
@@ -210,10 +211,10 @@ Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
         ucp_worker_progress(worker_);
       ucp_request_free(request);
       if (peer_failed(peer))
-        return Status::Unavailable(std::string(what) + " " + Who(peer) + ": peer failed (" +
-                                   UcsError(static_cast<ucs_status_t>(
-                                       peers_[static_cast<size_t>(peer)]->error.load())) +
-                                   ")");
+        return Status::Unavailable(
+            std::string(what) + " " + Who(peer) + ": peer failed (" +
+            UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
+            ")");
       return Status::Unavailable(std::string(what) + " " + Who(peer) + ": timed out after " +
                                  std::to_string(timeout_s) + " s");
     }
@@ -251,12 +252,12 @@ UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf,
   return p;
 }
 
-Status UcxComm::FinishSend(PendingSend& send) {
+Status UcxComm::FinishSend(PendingSend& send, double timeout_s) {
   if (!send.status.ok()) return send.status;
   Lock lk(mu_);
   void* req = send.request;
   send.request = nullptr;
-  return WaitRequest(lk, req, send.peer, op_timeout_s_, "send");
+  return WaitRequest(lk, req, send.peer, timeout_s < 0 ? op_timeout_s_ : timeout_s, "send");
 }
 
 UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_t n) {
@@ -301,10 +302,10 @@ Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
       lk.lock();
     }
     if (peer_failed(peer))
-      return Status::Unavailable("receive " + Who(peer) + ": peer failed (" +
-                                 UcsError(static_cast<ucs_status_t>(
-                                     peers_[static_cast<size_t>(peer)]->error.load())) +
-                                 ")");
+      return Status::Unavailable(
+          "receive " + Who(peer) + ": peer failed (" +
+          UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
+          ")");
     if (NowNanos() > deadline)
       return Status::Unavailable("receive " + Who(peer) + ": nothing arrived within " +
                                  std::to_string(timeout_s) + " s");
@@ -344,7 +345,8 @@ uint64_t UcxComm::peer_epoch(int peer) const {
 }
 
 Status UcxComm::ReadAddress(int p, std::string* address, std::string* nonce) {
-  CAIRN_ASSIGN_OR_RETURN(std::string b, ReadWholeFile(DefaultFileSystem(), AddrPath(rdv_dir_, p), 1 << 20));
+  CAIRN_ASSIGN_OR_RETURN(std::string b,
+                         ReadWholeFile(DefaultFileSystem(), AddrPath(rdv_dir_, p), 1 << 20));
   uint32_t r = 0, w = 0, len = 0;
   if (b.size() < 36 || std::memcmp(b.data(), kAddrMagic, 8) != 0)
     return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
@@ -354,9 +356,9 @@ Status UcxComm::ReadAddress(int p, std::string* address, std::string* nonce) {
   if (r != static_cast<uint32_t>(p) || len != b.size() - 36)
     return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
   if (w != static_cast<uint32_t>(size_))
-    return Status::FailedPrecondition(
-        "rank " + std::to_string(p) + " runs with world size " + std::to_string(w) +
-        " but this rank with " + std::to_string(size_) + " (stale rendezvous files?)");
+    return Status::FailedPrecondition("rank " + std::to_string(p) + " runs with world size " +
+                                      std::to_string(w) + " but this rank with " +
+                                      std::to_string(size_) + " (stale rendezvous files?)");
   *nonce = b.substr(16, 16);
   *address = b.substr(36);
   return Status::OK();
@@ -384,7 +386,8 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
     CAIRN_RETURN_IF_ERROR(ReadAddress(p, &address, &file_nonce));
     if (file_nonce == nonce) break;
     if (attempt > 100)
-      return Status::Unavailable("rank " + std::to_string(p) + " greeted us, but its address file does not match");
+      return Status::Unavailable("rank " + std::to_string(p) +
+                                 " greeted us, but its address file does not match");
     lk.unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     lk.lock();
@@ -395,7 +398,8 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
   peer.nonce = nonce;
   const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
   ucp_request_param_t prm{};
-  void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(), MakeTag(MsgKind::kHello, rank_, 0), &prm);
+  void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
+                               MakeTag(MsgKind::kHello, rank_, 0), &prm);
   CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, p, 5.0, "hello"));
   peer.epoch.fetch_add(1);
   if (log_) log_->Info("rank " + std::to_string(p) + " restarted; reconnected to it");
@@ -419,14 +423,19 @@ std::vector<int> UcxComm::ServiceHellos() {
     if (p < 0 || p >= size_ || p == rank_) continue;
     // "<token>/<rank>/<nonce>"
     if (got.size() < kTokenHexBytes + 2 || got.compare(0, kTokenHexBytes, token_) != 0) {
-      if (log_) log_->Warning("refused a hello claiming to be rank " + std::to_string(p) + ": wrong job token");
+      if (log_)
+        log_->Warning("refused a hello claiming to be rank " + std::to_string(p) +
+                      ": wrong job token");
       continue;
     }
     const std::string nonce = got.substr(got.rfind('/') + 1);
     if (nonce == peers_[static_cast<size_t>(p)]->nonce) continue;  // a duplicate
     Status st = Reconnect(lk, p, nonce);
-    if (st.ok()) out.push_back(p);
-    else if (log_) log_->Warning("could not reconnect to restarted rank " + std::to_string(p) + ": " + st.message());
+    if (st.ok())
+      out.push_back(p);
+    else if (log_)
+      log_->Warning("could not reconnect to restarted rank " + std::to_string(p) + ": " +
+                    st.message());
   }
   return out;
 }
@@ -506,16 +515,18 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
       void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
                                    MakeTag(MsgKind::kHello, rank_, 0), &prm);
       Status st = WaitRequest(lk, req, p, 5.0, "hello");
-      if (st.ok()) connected[static_cast<size_t>(p)] = true;
-      else if (log_) log_->Info("hello to rank " + std::to_string(p) + " failed, will retry: " + st.message());
+      if (st.ok())
+        connected[static_cast<size_t>(p)] = true;
+      else if (log_)
+        log_->Info("hello to rank " + std::to_string(p) + " failed, will retry: " + st.message());
     }
     if (all) break;
     if (NowNanos() > deadline) {
       std::string missing;
       for (int p = 0; p < size_; ++p)
         if (!connected[static_cast<size_t>(p)]) missing += " " + std::to_string(p);
-      return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ +
-                                 " within " + std::to_string(options_.connect_timeout_s) + " s");
+      return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ + " within " +
+                                 std::to_string(options_.connect_timeout_s) + " s");
     }
     ucp_worker_progress(worker_);
     lk.unlock();

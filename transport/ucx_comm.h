@@ -71,7 +71,8 @@ class UcxComm {
     Status status;  // set when the send failed at once
   };
   PendingSend StartSend(int peer, uint64_t tag, const void* buf, size_t n);
-  Status FinishSend(PendingSend& send);
+  // Waits for a started send; `timeout_s` < 0 means the operation timeout.
+  Status FinishSend(PendingSend& send, double timeout_s = -1);
   // Receives directly into `buf` (at most `n` bytes) the message carrying exactly `tag`.
   struct PendingRecv {
     void* request = nullptr;
@@ -135,8 +136,9 @@ class UcxComm {
   ucp_worker_h worker_ = nullptr;
   std::string address_;  // this worker's address
   std::string token_;
-  std::string nonce_;    // of this process's address file
+  std::string nonce_;  // of this process's address file
   bool warned_no_peer_errors_ = false;
+  std::atomic<bool> closing_{false};  // peer errors while shutting down are expected
   std::vector<std::unique_ptr<Peer>> peers_;
 };
 

@@ -1,0 +1,72 @@
+// A rank of the replication tests, started by LocalLauncher.
+//
+//   replicate_child STEPS STATE_BYTES SLEEP_MS
+//
+// Saves STEPS versions (continuing after the newest one a previous incarnation left) of a
+// state whose bytes are a function of (step, rank), one every SLEEP_MS, and prints per step
+// "step T stall_ms S replicated R failed F", then waits for the newest version to be
+// replicated and prints "final ...". Exit 0 when that last replication succeeded.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "api/checkpointer.h"
+#include "core/clock.h"
+#include "tests/crash_state.h"
+
+using namespace cairn;
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  const int64_t steps = std::atoll(argv[1]);
+  const size_t bytes = std::strtoull(argv[2], nullptr, 10);
+  const int sleep_ms = std::atoi(argv[3]);
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) {
+    std::fprintf(stderr, "replicate_child: %s\n", o.status().ToString().c_str());
+    return 1;
+  }
+  o->copy_engine = CopyEngineKind::kHost;
+  auto ck = Checkpointer::Open(*o);
+  if (!ck.ok()) {
+    std::fprintf(stderr, "replicate_child: %s\n", ck.status().ToString().c_str());
+    return 1;
+  }
+  Checkpointer& c = **ck;
+  testing::CrashState s(bytes);
+  auto v = c.versions();
+  const int64_t start = v.empty() ? 1 : v.front().step + 1;
+  for (int64_t t = start; t < start + steps; ++t) {
+    const int64_t f0 = NowNanos();
+    Status fs = c.fence();
+    const int64_t f1 = NowNanos();
+    if (!fs.ok()) std::fprintf(stderr, "replicate_child: %s\n", fs.ToString().c_str());
+    s.Fill(t * 64 + o->rank);
+    const int64_t s0 = NowNanos();
+    auto out = c.save(t, s.Shards());
+    const int64_t s1 = NowNanos();
+    if (!out.ok()) {
+      std::fprintf(stderr, "replicate_child: %s\n", out.status().ToString().c_str());
+      return 1;
+    }
+    Stats st = c.stats();
+    std::printf("step %lld stall_ms %.3f replicated %llu failed %llu\n", static_cast<long long>(t),
+                NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3,
+                static_cast<unsigned long long>(st.replicated),
+                static_cast<unsigned long long>(st.replicate_failed));
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+  }
+  Status w = c.wait_replicated(60);
+  Stats st = c.stats();
+  std::printf("final replicated %llu failed %llu newest %lld received %llu status %s\n",
+              static_cast<unsigned long long>(st.replicated),
+              static_cast<unsigned long long>(st.replicate_failed),
+              static_cast<long long>(st.newest_replicated_step),
+              static_cast<unsigned long long>(st.replicas_received), w.ToString().c_str());
+  std::fflush(stdout);
+  // Stay until every rank is done, so nobody's last push meets a closed endpoint.
+  if (Group* g = c.group()) (void)g->Barrier();
+  return w.ok() ? 0 : 4;
+}

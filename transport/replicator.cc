@@ -1,0 +1,264 @@
+#include "transport/replicator.h"
+
+#include <algorithm>
+
+#include "core/clock.h"
+
+namespace cairn {
+namespace {
+
+constexpr uint64_t kReplChunk = 64ull << 20;
+constexpr int64_t kRetryBackoffNs = 2'000'000'000;
+
+uint32_t DataSeq(uint32_t offer, uint32_t chunk) {
+  return (offer & 0xffff) << 16 | chunk;
+}
+
+}  // namespace
+
+Replicator::Replicator(UcxComm* comm, Placement placement, HostTier* local, ReplicaStore* store,
+                       const Logger* log, double timeout_s)
+    : comm_(comm),
+      placement_(std::move(placement)),
+      local_(local),
+      store_(store),
+      log_(log),
+      timeout_s_(timeout_s) {
+  next_offer_ = static_cast<uint32_t>(WallNanos() & 0xfff) + 1;
+  sender_ = std::thread([this] { SenderLoop(); });
+  service_ = std::thread([this] { ServiceLoop(); });
+}
+
+Replicator::~Replicator() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  sender_.join();
+  service_.join();
+}
+
+void Replicator::Notify(int64_t step) {
+  std::lock_guard lk(mu_);
+  pending_ = std::max(pending_, step);
+  cv_.notify_all();
+}
+
+Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
+  std::unique_lock lk(mu_);
+  const bool done = cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] {
+    return stats_.newest_replicated >= step || attempted_ >= step || stop_;
+  });
+  if (stats_.newest_replicated >= step) return Status::OK();
+  if (!done)
+    return Status::Unavailable("step " + std::to_string(step) + " not replicated within " +
+                               std::to_string(timeout_s) + " s");
+  return last_error_.ok()
+             ? Status::Unavailable("step " + std::to_string(step) + " was not replicated")
+             : last_error_;
+}
+
+ReplicatorStats Replicator::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void Replicator::SenderLoop() {
+  const int me = comm_->rank();
+  const std::vector<int>& holders = placement_.holders_of(me);
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || pending_ > attempted_; });
+    if (stop_) return;
+    lk.unlock();
+    // A holder that failed recently is retried after a back-off, or at once when it
+    // greeted the job again (restarted). Wait without pinning anything, so training can
+    // keep reusing slots meanwhile.
+    for (int h : holders) {
+      for (;;) {
+        HolderState hs;
+        {
+          std::lock_guard g(mu_);
+          if (stop_) return;
+          hs = holders_[h];
+        }
+        if (!hs.down || comm_->peer_epoch(h) != hs.epoch || NowNanos() >= hs.retry_at) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    lk.lock();
+    const int64_t step = pending_;
+    lk.unlock();
+    bool all_ok = !holders.empty();
+    Status last;
+    auto view = local_->Pin(step);
+    if (!view.ok()) {
+      all_ok = false;
+      last = view.status();
+    } else {
+      for (int h : holders) {
+        const uint64_t epoch = comm_->peer_epoch(h);
+        const int64_t t0 = NowNanos();
+        Status st = Push(h, **view);
+        std::lock_guard g(mu_);
+        HolderState& cur = holders_[h];
+        if (st.ok()) {
+          if (cur.down && log_) log_->Info("replication to rank " + std::to_string(h) + " resumed");
+          cur.down = false;
+          stats_.bytes += (*view)->header().data_bytes;
+          stats_.seconds += NanosToSeconds(NowNanos() - t0);
+          stats_.last_push_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
+        } else {
+          all_ok = false;
+          last = st;
+          ++stats_.failed;
+          if (!cur.down && log_)
+            log_->Warning("replication of step " + std::to_string(step) + " to rank " +
+                          std::to_string(h) +
+                          " failed; the version stays CAPTURED and later "
+                          "versions are retried (further failures are only counted): " +
+                          st.message());
+          cur.down = true;
+          cur.epoch = epoch;  // a reconnect during the push makes the next try immediate
+          cur.retry_at = NowNanos() + kRetryBackoffNs;
+        }
+      }
+      if (all_ok) {
+        Status st = local_->SetState(step, VersionState::kReplicated);
+        if (!st.ok() && log_)
+          log_->Warning("recording step " + std::to_string(step) +
+                        " as REPLICATED: " + st.message());
+      }
+      view->reset();
+    }
+    lk.lock();
+    attempted_ = std::max(attempted_, step);
+    if (all_ok) {
+      ++stats_.replicated;
+      stats_.newest_replicated = std::max(stats_.newest_replicated, step);
+    } else {
+      last_error_ = last;
+    }
+    cv_.notify_all();
+  }
+}
+
+Status Replicator::Push(int holder, const HostTier::View& view) {
+  const int me = comm_->rank();
+  const SlotHeader& h = view.header();
+  const uint32_t offer = next_offer_.fetch_add(1) & 0xffff;
+  const std::string who =
+      "replicating step " + std::to_string(h.step) + " to rank " + std::to_string(holder);
+  const std::string header = EncodeSlotHeader(h);
+  CAIRN_RETURN_IF_ERROR(
+      comm_->Send(holder, MakeTag(MsgKind::kReplOffer, me, offer), header.data(), header.size())
+          .WithContext(who));
+  auto ready = comm_->Recv(holder, MakeTag(MsgKind::kReplReady, holder, offer), timeout_s_);
+  if (!ready.ok()) return ready.status().WithContext(who);
+  if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
+  const uint64_t n = h.data_bytes;
+  const uint32_t chunks = static_cast<uint32_t>((n + kReplChunk - 1) / kReplChunk);
+  std::vector<UcxComm::PendingSend> sends;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
+    sends.push_back(comm_->StartSend(holder, MakeTag(MsgKind::kReplData, me, DataSeq(offer, c)),
+                                     view.data() + b, len));
+  }
+  Status first;
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
+  for (auto& s : sends) {
+    Status st = comm_->FinishSend(s, std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    if (first.ok()) first = st;
+  }
+  CAIRN_RETURN_IF_ERROR(first.WithContext(who));
+  const int64_t t0 = NowNanos();
+  auto ack = comm_->Recv(holder, MakeTag(MsgKind::kReplAck, holder, offer), timeout_s_);
+  if (!ack.ok()) return ack.status().WithContext(who);
+  if (*ack != "ok") return Status::Unavailable(who + ": " + *ack);
+  std::lock_guard g(mu_);
+  stats_.last_ack_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
+  return Status::OK();
+}
+
+void Replicator::ServiceLoop() {
+  for (;;) {
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) return;
+    }
+    comm_->ServiceHellos();
+    auto in = comm_->RecvAny(MsgKind::kReplOffer, 0.05);
+    if (in.ok()) HandleOffer(*in);
+  }
+}
+
+void Replicator::HandleOffer(UcxComm::Incoming& in) {
+  const int src = in.source;
+  const uint32_t offer = in.seq;
+  auto reply = [&](MsgKind kind, const std::string& text) {
+    (void)comm_->Send(src, MakeTag(kind, comm_->rank(), offer), text.data(), text.size());
+  };
+  auto refuse = [&](const std::string& why) {
+    {
+      std::lock_guard g(mu_);
+      ++stats_.refused;
+    }
+    if (log_) log_->Info("refused a replica from rank " + std::to_string(src) + ": " + why);
+    reply(MsgKind::kReplReady, why);
+  };
+  const auto& held = placement_.held_by(comm_->rank());
+  if (std::find(held.begin(), held.end(), src) == held.end())
+    return refuse("this rank does not hold replicas of rank " + std::to_string(src));
+  auto h = DecodeSlotHeader(in.bytes);
+  if (!h.ok()) return refuse(h.status().message());
+  auto tier = store_->TierFor(src);
+  if (!tier.ok()) return refuse(tier.status().message());
+  auto slot = (*tier)->Reserve(h->step, FullPolicy::kSkip);
+  if (!slot.ok()) return refuse(slot.status().message());
+  SlotHeader base = *h;
+  auto mem = (*tier)->Prepare(*slot, h->step, h->data_bytes, base);
+  if (!mem.ok()) {
+    (*tier)->Abort(*slot);
+    return refuse(mem.status().message());
+  }
+  const uint64_t n = h->data_bytes;
+  const uint32_t chunks = static_cast<uint32_t>((n + kReplChunk - 1) / kReplChunk);
+  std::vector<UcxComm::PendingRecv> recvs;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
+    recvs.push_back(
+        comm_->StartRecv(src, MakeTag(MsgKind::kReplData, src, DataSeq(offer, c)), *mem + b, len));
+  }
+  reply(MsgKind::kReplReady, "ok");
+  Status st;
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
+  for (auto& r : recvs) {
+    Status rs = comm_->FinishRecv(r, std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    if (st.ok()) st = rs;
+  }
+  if (st.ok()) {
+    (*tier)->MarkCopied(*slot);
+    st = ReplicaStore::Verify(*h, *mem);
+  }
+  if (st.ok()) st = (*tier)->Commit(*slot, *h);
+  if (!st.ok()) {
+    (*tier)->Abort(*slot);
+    {
+      std::lock_guard g(mu_);
+      ++stats_.refused;
+    }
+    if (log_)
+      log_->Warning("replica of step " + std::to_string(h->step) + " from rank " +
+                    std::to_string(src) + " not kept: " + st.message());
+    reply(MsgKind::kReplAck, "not kept: " + st.message());
+    return;
+  }
+  {
+    std::lock_guard g(mu_);
+    ++stats_.received;
+  }
+  reply(MsgKind::kReplAck, "ok");
+}
+
+}  // namespace cairn

@@ -1,0 +1,95 @@
+// Replicator: pushes every CAPTURED version to the ranks that hold this rank's replicas
+// (Placement), and receives the versions of the ranks whose replicas this rank holds.
+//
+// Protocol per version and holder, on tagged UCX messages (MsgKind::kRepl*):
+//   sender  -> OFFER  the version's slot header (shard table and chunk checksums)
+//   holder  -> READY  after reserving a replica slot, invalidating its old content on disk
+//                     and posting a receive for every chunk directly into the slot
+//                     (or a refusal saying why)
+//   sender  -> DATA   the version's bytes in chunks of 64 MiB, straight from the host slot
+//   holder  -> ACK    after every byte arrived, every chunk matched its checksum, the data
+//                     was persisted and the replica header published; only then does the
+//                     sender record the version as REPLICATED. A local send completion
+//                     alone never counts.
+// The newest CAPTURED version wins: versions that became old while a push was running are
+// not sent. A holder that is dead, slow or restarting never blocks training: the push
+// fails after the timeout (at once on transports that report peer failures), the version
+// stays CAPTURED, the failure is counted and logged once, and pushes to that holder resume
+// when it greets the job again after a restart (or after a short back-off).
+// Thread-safety: Notify/WaitReplicated/stats from any thread; two internal threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/log.h"
+#include "tiers/host_tier.h"
+#include "tiers/replica_store.h"
+#include "transport/placement.h"
+#include "transport/ucx_comm.h"
+
+namespace cairn {
+
+struct ReplicatorStats {
+  uint64_t replicated = 0;  // versions acknowledged by every holder
+  uint64_t failed = 0;      // pushes that failed (holder dead, slow, refused)
+  uint64_t bytes = 0;       // bytes acknowledged
+  double seconds = 0;       // time spent in acknowledged pushes
+  double last_push_ms = 0;  // offer to acknowledgement of the last acknowledged push
+  double last_ack_ms = 0;   // last DATA sent to its acknowledgement
+  int64_t newest_replicated = -1;
+  uint64_t received = 0;  // replicas this rank accepted and published for others
+  uint64_t refused = 0;   // offers or transfers this rank turned down
+};
+
+class Replicator {
+ public:
+  Replicator(UcxComm* comm, Placement placement, HostTier* local, ReplicaStore* store,
+             const Logger* log, double timeout_s);
+  ~Replicator();  // stops both threads (a push in flight ends at its timeout at the latest)
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // `step` reached CAPTURED in the local tier.
+  void Notify(int64_t step);
+  // Waits until a version of `step` or newer is REPLICATED, or every push of it has been
+  // tried; OK when replicated, Unavailable with the last failure otherwise.
+  Status WaitReplicated(int64_t step, double timeout_s);
+  ReplicatorStats stats() const;
+
+ private:
+  void SenderLoop();
+  void ServiceLoop();
+  Status Push(int holder, const HostTier::View& view);
+  void HandleOffer(UcxComm::Incoming& in);
+
+  UcxComm* comm_;
+  Placement placement_;
+  HostTier* local_;
+  ReplicaStore* store_;
+  const Logger* log_;
+  double timeout_s_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int64_t pending_ = -1;    // newest step announced
+  int64_t attempted_ = -1;  // newest step whose pushes have all been tried
+  Status last_error_;
+  ReplicatorStats stats_;
+  struct HolderState {
+    bool down = false;
+    uint64_t epoch = 0;    // comm epoch when it went down
+    int64_t retry_at = 0;  // NowNanos after which to try again anyway
+  };
+  std::map<int, HolderState> holders_;
+  std::atomic<uint32_t> next_offer_{1};
+  std::thread sender_;
+  std::thread service_;
+};
+
+}  // namespace cairn
