@@ -336,6 +336,7 @@ Stats Checkpointer::stats() const {
     s.bytes_replicated = r.bytes;
     s.replicate_gbps = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0;
     s.replicate_ack_ms = r.last_ack_ms;
+    s.replicate_push_ms = r.last_push_ms;
     s.newest_replicated_step = r.newest_replicated;
     s.replicas_received = r.received;
   }

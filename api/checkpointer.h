@@ -68,8 +68,9 @@ struct Stats {
   uint64_t replicated = 0;        // versions acknowledged by every replica holder
   uint64_t replicate_failed = 0;  // pushes that failed (holder dead, slow or refusing)
   uint64_t bytes_replicated = 0;
-  double replicate_gbps = 0;    // bytes_replicated / time in acknowledged pushes
-  double replicate_ack_ms = 0;  // last data sent -> its acknowledgement, last push
+  double replicate_gbps = 0;     // bytes_replicated / time in acknowledged pushes
+  double replicate_ack_ms = 0;   // last data sent -> its acknowledgement, last push
+  double replicate_push_ms = 0;  // offer -> acknowledgement, last acknowledged push
   int64_t newest_replicated_step = -1;
   uint64_t replicas_received = 0;  // versions of other ranks this rank holds
 };

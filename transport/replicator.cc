@@ -2,12 +2,13 @@
 
 #include <algorithm>
 
+#include "core/checksum.h"
 #include "core/clock.h"
 
 namespace cairn {
 namespace {
 
-constexpr uint64_t kReplChunk = 64ull << 20;
+constexpr uint64_t kReplChunk = 8ull << 20;
 constexpr int64_t kRetryBackoffNs = 2'000'000'000;
 
 uint32_t DataSeq(uint32_t offer, uint32_t chunk) {
@@ -224,22 +225,80 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   }
   const uint64_t n = h->data_bytes;
   const uint32_t chunks = static_cast<uint32_t>((n + kReplChunk - 1) / kReplChunk);
-  std::vector<UcxComm::PendingRecv> recvs;
-  for (uint32_t c = 0; c < chunks; ++c) {
+  // At most kWindow chunks are posted at a time: the transports interleave every posted
+  // transfer, so posting them all would make every chunk land at the very end and leave
+  // nothing to verify while the rest arrives.
+  constexpr uint32_t kWindow = 4;
+  std::vector<UcxComm::PendingRecv> recvs(chunks);
+  auto post = [&](uint32_t c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    recvs.push_back(
-        comm_->StartRecv(src, MakeTag(MsgKind::kReplData, src, DataSeq(offer, c)), *mem + b, len));
-  }
+    recvs[c] =
+        comm_->StartRecv(src, MakeTag(MsgKind::kReplData, src, DataSeq(offer, c)), *mem + b, len);
+  };
+  for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
   reply(MsgKind::kReplReady, "ok");
+  // Verify while receiving: a helper thread checks every checksum chunk as soon as the
+  // transfer chunk that completes it has arrived (still warm in cache), so only the tail is
+  // left when the last byte lands.
+  struct Piece {
+    uint64_t begin, end, sum;
+    const std::string* tensor;
+  };
+  std::vector<std::vector<Piece>> due(chunks);  // by the transfer chunk completing them
+  for (const SlotShard& sh : h->shards)
+    for (uint32_t k = 0; k < sh.num_chunks; ++k) {
+      auto [b, e] = h->ChunkRange(sh, k);
+      due[static_cast<size_t>((e - 1) / kReplChunk)].push_back(
+          {b, e, h->chunk_checksums[sh.first_chunk + k], &sh.name});
+    }
+  std::mutex vmu;
+  std::condition_variable vcv;
+  size_t arrived = 0;
+  bool abort = false;
+  Status verified;
+  const std::byte* data = *mem;
+  std::thread verifier([&] {
+    for (size_t i = 0; i < due.size(); ++i) {
+      {
+        std::unique_lock vl(vmu);
+        vcv.wait(vl, [&] { return abort || arrived > i; });
+        if (abort) return;
+      }
+      for (const Piece& p : due[i])
+        if (Checksum(data + p.begin, p.end - p.begin) != p.sum) {
+          verified =
+              Status::Corruption("replica of step " + std::to_string(h->step) + ": tensor '" +
+                                 *p.tensor + "' bytes [" + std::to_string(p.begin) + ", " +
+                                 std::to_string(p.end) + ") do not match their checksum");
+          return;
+        }
+    }
+  });
   Status st;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
-  for (auto& r : recvs) {
-    Status rs = comm_->FinishRecv(r, std::max(0.01, NanosToSeconds(deadline - NowNanos())));
-    if (st.ok()) st = rs;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    if (!st.ok()) {
+      // Cancel what is still posted: no byte may land in the slot once it is given up.
+      if (recvs[c].request) (void)comm_->FinishRecv(recvs[c], 0.001);
+      continue;
+    }
+    st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    if (st.ok() && c + kWindow < chunks) post(c + kWindow);
+    std::lock_guard vl(vmu);
+    if (st.ok())
+      ++arrived;
+    else
+      abort = true;
+    vcv.notify_all();
   }
+  verifier.join();
+  if (st.ok()) st = verified;
   if (st.ok()) {
     (*tier)->MarkCopied(*slot);
-    st = ReplicaStore::Verify(*h, *mem);
+    for (const SlotBlob& b : h->blobs)
+      if (st.ok() && Checksum(data + b.offset, b.nbytes) != b.checksum)
+        st = Status::Corruption("replica of step " + std::to_string(h->step) + ": blob '" + b.name +
+                                "' does not match its checksum");
   }
   if (st.ok()) st = (*tier)->Commit(*slot, *h);
   if (!st.ok()) {

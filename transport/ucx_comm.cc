@@ -46,7 +46,7 @@ std::string AddrPath(const std::string& dir, int rank) {
 }
 
 void Backoff(int& spins) {
-  if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
 
 }  // namespace
@@ -317,7 +317,6 @@ Result<UcxComm::Incoming> UcxComm::RecvAny(MsgKind kind, double timeout_s) {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   const uint64_t mask = uint64_t{0xff} << 56;
   const uint64_t tag = static_cast<uint64_t>(kind) << 56;
-  int spins = 0;
   for (;;) {
     ucp_tag_recv_info_t info{};
     ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
@@ -331,11 +330,12 @@ Result<UcxComm::Incoming> UcxComm::RecvAny(MsgKind kind, double timeout_s) {
       CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, in.source, timeout_s, "receive"));
       return in;
     }
-    if (ucp_worker_progress(worker_) == 0) {
-      lk.unlock();
-      Backoff(spins);
-      lk.lock();
-    }
+    // A service loop waits here most of the time: poll gently, so that it never competes
+    // with a transfer in flight for the worker's lock or for a core.
+    ucp_worker_progress(worker_);
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    lk.lock();
     if (NowNanos() > deadline) return Status::Unavailable("nothing arrived");
   }
 }

@@ -1,0 +1,268 @@
+// bench/replicate: cairn's replication throughput against raw UCX between the same two
+// processes, over tcp and over shared memory.
+//
+// For each transport the driver starts two ranks on two "nodes" (cairn launch style, with
+// UCX_TLS set) of this same program. In each rank pair, for each version size:
+//   raw     rank 0 sends the bytes to rank 1 in 64 MiB tagged messages (all in flight at
+//           once) into pre-faulted memory; rank 1 answers with a one-byte acknowledgement
+//           once all arrived.
+//   cairn   rank 0 saves a version of that size; the time from the OFFER to the holder's
+//           acknowledgement (bytes verified, persisted, replica published) is taken from
+//           cairn's stats.
+// The two alternate (raw, cairn, raw, cairn, ...); two warm-up rounds (they size and
+// pre-fault the replica slots), then the median of 5 rounds of each.
+// ack_latency_ms is the holder's part: from the last byte sent to its acknowledgement.
+//
+//   replicate [--sizes 256M,1G] [--transports tcp,shm]
+//
+// Prints a table and one JSON line per transport; the last line holds them all and
+// `replicate_vs_raw`, the lowest replicate/raw ratio over the transports (largest size).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/checkpointer.h"
+#include "cli/launcher.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+#include "transport/ucx_comm.h"
+
+using namespace cairn;
+
+namespace {
+
+uint64_t ParseSize(const std::string& s) {
+  char* end = nullptr;
+  uint64_t v = std::strtoull(s.c_str(), &end, 10);
+  if (*end == 'G')
+    v <<= 30;
+  else if (*end == 'M')
+    v <<= 20;
+  else if (*end == 'K')
+    v <<= 10;
+  return v;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t p = 0;
+  while (p <= s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    if (q > p) out.push_back(s.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
+std::byte* Prefaulted(size_t n) {
+  void* p =
+      ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(1);
+  }
+  auto* b = static_cast<std::byte*>(p);
+  for (size_t i = 0; i < n; i += 4096) b[i] = std::byte{static_cast<unsigned char>(i >> 12)};
+  return b;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+constexpr uint64_t kChunk = 64ull << 20;
+
+// One rank of the pair. Prints "RESULT size raw_gbps replicate_gbps ack_ms" on rank 0.
+int Child(const std::vector<uint64_t>& sizes) {
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) return 1;
+  Logger log("bench rank " + std::to_string(o->rank), 1);
+  const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  std::byte* buf = Prefaulted(max_size);
+
+  // Raw UCX on its own connection (a separate job id, so nothing is shared with cairn's),
+  // and cairn: rank 0 saves, rank 1 holds its replicas. The two are measured alternately
+  // (raw, cairn, raw, cairn, ...) so that the machine's noise hits both alike.
+  Options ro = *o;
+  ro.job_id = o->job_id + "-raw";
+  auto comm = UcxComm::Connect(ro, &log);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "bench: %s\n", comm.status().ToString().c_str());
+    return 1;
+  }
+  o->copy_engine = CopyEngineKind::kHost;
+  o->full_policy = FullPolicy::kBlock;
+  o->slot_bytes = max_size + (4 << 20);
+  o->replicate_timeout_s = 120;
+  auto ck = Checkpointer::Open(*o);
+  if (!ck.ok()) {
+    std::fprintf(stderr, "bench: %s\n", ck.status().ToString().c_str());
+    return 1;
+  }
+  Checkpointer& c = **ck;
+  uint32_t seq = 0;
+  auto raw_once = [&](uint64_t size) -> double {
+    ++seq;
+    const uint32_t chunks = static_cast<uint32_t>((size + kChunk - 1) / kChunk);
+    if (o->rank == 1) {
+      std::vector<UcxComm::PendingRecv> rs;
+      for (uint32_t k = 0; k < chunks; ++k)
+        rs.push_back((*comm)->StartRecv(0, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+                                        buf + k * kChunk, std::min(kChunk, size - k * kChunk)));
+      if (!(*comm)->Send(0, MakeTag(MsgKind::kReplReady, 1, seq), "r", 1).ok()) return -1;
+      for (auto& r : rs)
+        if (!(*comm)->FinishRecv(r, 120).ok()) return -1;
+      if (!(*comm)->Send(0, MakeTag(MsgKind::kReplAck, 1, seq), "a", 1).ok()) return -1;
+      return 0;
+    }
+    if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplReady, 1, seq), 120).ok()) return -1;
+    const int64_t t0 = NowNanos();
+    std::vector<UcxComm::PendingSend> ss;
+    for (uint32_t k = 0; k < chunks; ++k)
+      ss.push_back((*comm)->StartSend(1, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+                                      buf + k * kChunk, std::min(kChunk, size - k * kChunk)));
+    for (auto& x : ss)
+      if (!(*comm)->FinishSend(x, 120).ok()) return -1;
+    if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplAck, 1, seq), 120).ok()) return -1;
+    return NanosToSeconds(NowNanos() - t0);
+  };
+  int64_t step = 0;
+  std::string report;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const uint64_t size = sizes[i];
+    std::vector<double> raw_s, push_ms, ack_ms;
+    std::vector<ShardSpec> shards = {
+        ShardSpec::Whole({"state", DType::kU8, {static_cast<int64_t>(size)}}, buf)};
+    for (int rep = 0; rep < 7; ++rep) {
+      const double r = raw_once(size);
+      if (r < 0) return 1;
+      if (o->rank == 1) {
+        if (Group* g = c.group(); !g->Barrier().ok()) return 1;  // rank 0's cairn push
+        continue;
+      }
+      if (!c.save(++step, shards).ok() || !c.wait_captured().ok()) return 1;
+      Status w = c.wait_replicated(300);
+      if (!w.ok()) {
+        std::fprintf(stderr, "bench: %s\n", w.ToString().c_str());
+        return 1;
+      }
+      if (Group* g = c.group(); !g->Barrier().ok()) return 1;
+      if (rep >= 2) {  // two warm-ups: they size and pre-fault the replica slots
+        const Stats st = c.stats();
+        raw_s.push_back(r);
+        push_ms.push_back(st.replicate_push_ms);
+        ack_ms.push_back(st.replicate_ack_ms);
+      }
+    }
+    if (o->rank == 0) {
+      char line[256];
+      std::snprintf(line, sizeof line, "RESULT %llu %.4f %.4f %.3f\n",
+                    static_cast<unsigned long long>(size),
+                    static_cast<double>(size) / Median(raw_s) / 1e9,
+                    static_cast<double>(size) / (Median(push_ms) / 1e3) / 1e9, Median(ack_ms));
+      report += line;
+    }
+  }
+  if (Group* g = c.group()) (void)g->Barrier();
+  std::fputs(report.c_str(), stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm";
+  bool child = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--child")
+      child = true;
+    else if (k == "--sizes" && i + 1 < argc)
+      sizes_arg = argv[++i];
+    else if (k == "--transports" && i + 1 < argc)
+      transports_arg = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: replicate [--sizes 256M,1G] [--transports tcp,shm]\n");
+      return k == "--help" ? 0 : 2;
+    }
+  }
+  std::vector<uint64_t> sizes;
+  for (const auto& s : Split(sizes_arg)) sizes.push_back(ParseSize(s));
+  if (child) return Child(sizes);
+
+  char tmpl[] = "/dev/shm/cairn-bench-replicate-XXXXXX";
+  if (!::mkdtemp(tmpl)) return 1;
+  const std::string root = tmpl;
+  std::string json_all = "{\"bench\":\"replicate\"";
+  double lowest = 1e9;
+  std::vector<std::string> lines;
+  for (const std::string& t : Split(transports_arg)) {
+    const std::string tls = t == "shm" ? "sm,self" : t;
+    LaunchSpec spec;
+    spec.nodes = 2;
+    spec.argv = {"/proc/self/exe", "--child", "--sizes", sizes_arg};
+    spec.output_dir = root;
+    spec.env = {{"CAIRN_JOB_ID", "bench-" + t + "-" + std::to_string(::getpid())},
+                {"CAIRN_HOST_ROOT", root + "/host"},
+                {"CAIRN_PFS_ROOT", root + "/pfs"},
+                {"UCX_TLS", tls}};
+    (void)DefaultFileSystem()->RemoveAll(root + "/rank-0.log");
+    (void)DefaultFileSystem()->RemoveAll(root + "/rank-1.log");
+    auto l = LocalLauncher::Start(spec);
+    if (!l.ok() || !(*l)->WaitAll(1200)) {
+      std::ifstream f0(root + "/rank-0.log"), f1(root + "/rank-1.log");
+      std::stringstream a, b;
+      a << f0.rdbuf();
+      b << f1.rdbuf();
+      std::fprintf(stderr, "replicate: %s run failed\nrank 0:\n%s\nrank 1:\n%s\n", t.c_str(),
+                   a.str().c_str(), b.str().c_str());
+      (void)DefaultFileSystem()->RemoveAll(root);
+      return 1;
+    }
+    std::ifstream f(root + "/rank-0.log");
+    std::string line;
+    double raw = 0, rep = 0, ack = 0;
+    std::string per_size;
+    while (std::getline(f, line)) {
+      unsigned long long size = 0;
+      if (std::sscanf(line.c_str(), "RESULT %llu %lf %lf %lf", &size, &raw, &rep, &ack) != 4)
+        continue;
+      std::printf(
+          "%-4s %5llu MiB  raw UCX %6.2f GB/s  cairn replication %6.2f GB/s (%.2f)  "
+          "ack %.1f ms\n",
+          t.c_str(), size >> 20, raw, rep, rep / raw, ack);
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "{\"transport\":\"%s\",\"bytes\":%llu,\"raw_gbps\":%.3f,"
+                    "\"replicate_gbps\":%.3f,\"ack_latency_ms\":%.2f}",
+                    t.c_str(), size, raw, rep, ack);
+      lines.push_back(buf);
+    }
+    // The largest size decides.
+    lowest = std::min(lowest, rep / raw);
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  ",\"%s\":{\"raw_gbps\":%.3f,\"replicate_gbps\":%.3f,"
+                  "\"ack_latency_ms\":%.2f}",
+                  t.c_str(), raw, rep, ack);
+    json_all += buf;
+  }
+  (void)DefaultFileSystem()->RemoveAll(root);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, ",\"replicate_vs_raw\":%.3f}", lowest);
+  json_all += buf;
+  for (const auto& l : lines) std::printf("%s\n", l.c_str());
+  std::printf("%s\n", json_all.c_str());
+  return 0;
+}
