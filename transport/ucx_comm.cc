@@ -340,6 +340,76 @@ Result<UcxComm::Incoming> UcxComm::RecvAny(MsgKind kind, double timeout_s) {
   }
 }
 
+Result<std::unique_ptr<UcxComm::MemRegion>> UcxComm::Register(void* p, size_t n) {
+  Lock lk(mu_);
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = p;
+  mp.length = n;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(context_, &mp, &memh);
+  if (st != UCS_OK)
+    return Status::IOError("ucp_mem_map of " + std::to_string(n) + " bytes: " + UcsError(st));
+  void* packed = nullptr;
+  size_t size = 0;
+  st = ucp_rkey_pack(context_, memh, &packed, &size);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return Status::IOError("ucp_rkey_pack: " + UcsError(st));
+  }
+  std::string rkey(static_cast<const char*>(packed), size);
+  ucp_rkey_buffer_release(packed);
+  return std::unique_ptr<MemRegion>(new MemRegion(this, memh, p, std::move(rkey)));
+}
+
+UcxComm::MemRegion::~MemRegion() {
+  Lock lk(comm_->mu_);
+  ucp_mem_unmap(comm_->context_, memh_);
+}
+
+Result<std::unique_ptr<UcxComm::RemoteKey>> UcxComm::UnpackRemoteKey(int peer,
+                                                                     const std::string& packed) {
+  Lock lk(mu_);
+  if (peer < 0 || peer >= size_ || !peers_[static_cast<size_t>(peer)]->ep)
+    return Status::InvalidArgument("remote key of rank " + std::to_string(peer) + ": no such peer");
+  ucp_rkey_h k = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(peers_[static_cast<size_t>(peer)]->ep, packed.data(), &k);
+  if (st != UCS_OK) return Status::IOError("ucp_ep_rkey_unpack " + Who(peer) + ": " + UcsError(st));
+  return std::unique_ptr<RemoteKey>(new RemoteKey(this, k));
+}
+
+UcxComm::RemoteKey::~RemoteKey() {
+  Lock lk(comm_->mu_);
+  ucp_rkey_destroy(rkey_);
+}
+
+UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint64_t remote_addr,
+                                       const RemoteKey& key) {
+  Lock lk(mu_);
+  PendingSend p;
+  p.peer = peer;
+  if (peer_failed(peer)) {
+    p.status = Status::Unavailable("put " + Who(peer) + ": peer failed");
+    return p;
+  }
+  ucp_request_param_t prm{};
+  void* req =
+      ucp_put_nbx(peers_[static_cast<size_t>(peer)]->ep, src, n, remote_addr, key.rkey_, &prm);
+  if (UCS_PTR_IS_ERR(req)) {
+    p.status = Status::Unavailable("put " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
+    return p;
+  }
+  p.request = req;
+  return p;
+}
+
+Status UcxComm::Flush(int peer, double timeout_s) {
+  Lock lk(mu_);
+  ucp_request_param_t prm{};
+  void* req = ucp_ep_flush_nbx(peers_[static_cast<size_t>(peer)]->ep, &prm);
+  return WaitRequest(lk, req, peer, timeout_s, "flush");
+}
+
 uint64_t UcxComm::peer_epoch(int peer) const {
   return peers_.at(static_cast<size_t>(peer))->epoch.load();
 }

@@ -98,6 +98,43 @@ class UcxComm {
   // fails or nothing arrives within `timeout_s`.
   Result<std::string> Recv(int peer, uint64_t tag, double timeout_s);
 
+  // Memory registered with this rank's UCX context for RMA; unregistered on destruction
+  // (it must not outlive the UcxComm).
+  class MemRegion {
+   public:
+    ~MemRegion();
+    const std::string& packed_rkey() const { return rkey_; }
+    uint64_t address() const { return reinterpret_cast<uint64_t>(base_); }
+
+   private:
+    friend class UcxComm;
+    MemRegion(UcxComm* c, ucp_mem_h h, void* base, std::string rkey)
+        : comm_(c), memh_(h), base_(base), rkey_(std::move(rkey)) {}
+    UcxComm* comm_;
+    ucp_mem_h memh_;
+    void* base_;
+    std::string rkey_;
+  };
+  Result<std::unique_ptr<MemRegion>> Register(void* p, size_t n);
+  // A peer's packed remote key, unpacked for this rank's endpoint to it.
+  class RemoteKey {
+   public:
+    ~RemoteKey();
+
+   private:
+    friend class UcxComm;
+    RemoteKey(UcxComm* c, ucp_rkey_h k) : comm_(c), rkey_(k) {}
+    UcxComm* comm_;
+    ucp_rkey_h rkey_;
+  };
+  Result<std::unique_ptr<RemoteKey>> UnpackRemoteKey(int peer, const std::string& packed);
+  // Writes `n` bytes into `peer`'s registered memory at `remote_addr` (non-blocking; the
+  // bytes are in place only after Flush).
+  PendingSend StartPut(int peer, const void* src, size_t n, uint64_t remote_addr,
+                       const RemoteKey& key);
+  // Completes every put to `peer` at the remote side (ucp_ep_flush).
+  Status Flush(int peer, double timeout_s);
+
   // Whether `peer`'s endpoint reported an error (it died or reset the connection).
   bool peer_failed(int peer) const;
   double op_timeout_s() const { return op_timeout_s_; }
