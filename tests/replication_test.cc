@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/launcher.h"
+#include "core/filesystem.h"
 #include "tests/crash_state.h"
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
@@ -22,6 +23,7 @@ namespace cairn {
 namespace {
 
 constexpr size_t kStateBytes = 6 << 20;
+constexpr size_t kKillStateBytes = 32 << 20;
 
 std::string ReadLog(const std::string& dir, int rank) {
   std::ifstream f(dir + "/rank-" + std::to_string(rank) + ".log");
@@ -58,7 +60,7 @@ std::vector<StepLine> Steps(const std::string& log) {
 // Every complete replica of `source` held on `holder_node` must be bit-exact; returns the
 // steps found.
 std::vector<int64_t> CheckReplicas(const std::string& host_root, const std::string& job,
-                                   int holder_node, int source) {
+                                   int holder_node, int source, size_t state_bytes = kStateBytes) {
   const std::string dir = ReplicaStore::SourceDir(
       host_root + "/" + job + "/node-" + std::to_string(holder_node), source);
   Logger log("test", 0);
@@ -73,7 +75,7 @@ std::vector<int64_t> CheckReplicas(const std::string& host_root, const std::stri
     EXPECT_TRUE(view.ok());
     const SlotHeader& h = (*view)->header();
     EXPECT_TRUE(ReplicaStore::Verify(h, (*view)->data()).ok()) << "step " << v.step;
-    testing::CrashState want(kStateBytes);
+    testing::CrashState want(state_bytes);
     want.Fill(v.step * 64 + source);
     auto shards = want.Shards();
     EXPECT_EQ(h.shards.size(), shards.size());
@@ -151,24 +153,37 @@ TEST_P(ReplicationTest, TwoNodesReplicateTwentyVersionsBitExact) {
 TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestart) {
   testing::TempDir root("replkill");
   const std::string job = testing::UniqueJobId("replkill");
-  // Rank 0 (node 0) saves 250 versions, one every 20 ms; rank 1 (node 1) is killed after
-  // about a second, stays dead for a second, and comes back.
+  // Rank 0 (node 0) saves 600 versions of 32 MiB, one every ~15 ms, so a transfer to rank 1
+  // is in flight nearly all the time; rank 1 (node 1) is killed after about a second (in the
+  // middle of a transfer, most likely), stays dead for a second, and comes back. Over shared
+  // memory the death shows only as the 3 s replication timeout, so rank 0 runs long enough
+  // to see replication resume after that.
   LaunchSpec spec = Spec(root, job, GetParam(), 2, 1, {});
-  spec.rank_args = {{"250", std::to_string(kStateBytes), "20"},
-                    {"60", std::to_string(kStateBytes), "20"}};
+  spec.rank_args = {{"600", std::to_string(kKillStateBytes), "10"},
+                    {"60", std::to_string(kKillStateBytes), "10"}};
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   size_t steps_before_kill = Steps(ReadLog(root.path(), 0)).size();
   ASSERT_TRUE((*l)->Signal(1, SIGKILL).ok());
   EXPECT_EQ((*l)->WaitRank(1), 128 + SIGKILL);
+  // Right after the kill: a replica that was being received reads as CAPTURING (never
+  // restorable), and every replica that reads as complete is bit-exact.
+  const std::string replica_dir =
+      ReplicaStore::SourceDir(root.path() + "/host/" + job + "/node-1", 0);
+  auto left = HostTier::Scan(DefaultFileSystem(), replica_dir, nullptr);
+  ASSERT_TRUE(left.ok());
+  bool torn = false;
+  for (const VersionInfo& v : *left) torn = torn || !IsRestorable(v.state);
+  std::printf("the kill left a half-received replica behind: %s\n", torn ? "yes" : "no");
+  EXPECT_FALSE(CheckReplicas(root.path() + "/host", job, 1, 0, kKillStateBytes).empty());
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   ASSERT_TRUE((*l)->Restart(1).ok());
   const bool ok = (*l)->WaitAll(180);
   const std::string log0 = ReadLog(root.path(), 0), log1 = ReadLog(root.path(), 1);
   EXPECT_TRUE(ok) << "rank 0:\n" << log0 << "\nrank 1:\n" << log1;
   auto steps = Steps(log0);
-  ASSERT_GE(steps.size(), 250u) << log0;
+  ASSERT_GE(steps.size(), 600u) << log0;
   ASSERT_GT(steps_before_kill, 5u);
   // The training loop kept its pace: no iteration of rank 0 waited on the dead partner.
   double worst = 0;
@@ -186,9 +201,16 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
   EXPECT_GT(replicated, at_kill.replicated + 5) << log0;
   EXPECT_NE(log0.find("status OK"), std::string::npos) << log0;
   // Whatever the kill left on node 1, nothing that reads as complete is torn.
-  auto held = CheckReplicas(root.path() + "/host", job, 1, 0);
+  auto held = CheckReplicas(root.path() + "/host", job, 1, 0, kKillStateBytes);
   ASSERT_FALSE(held.empty());
-  EXPECT_EQ(held.front(), 250);
+  // ... and the newest replica is rank 0's newest version (the last saves may have been
+  // skipped while a push held a slot).
+  auto own = HostTier::Scan(DefaultFileSystem(),
+                            HostTier::RankDir(root.path() + "/host", job, 0, 0), nullptr);
+  ASSERT_TRUE(own.ok());
+  ASSERT_FALSE(own->empty());
+  EXPECT_EQ(held.front(), own->front().step) << log0;
+  EXPECT_GT(held.front(), 500) << log0;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReplicationTest, ::testing::Values("tcp", "sm,self"),
