@@ -225,10 +225,10 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   }
   const uint64_t n = h->data_bytes;
   const uint32_t chunks = static_cast<uint32_t>((n + kReplChunk - 1) / kReplChunk);
-  // At most kWindow chunks are posted at a time: the transports interleave every posted
+  // At most kWindow chunks of 8 MiB are posted at a time: the transports interleave every posted
   // transfer, so posting them all would make every chunk land at the very end and leave
   // nothing to verify while the rest arrives.
-  constexpr uint32_t kWindow = 4;
+  constexpr uint32_t kWindow = 2;
   std::vector<UcxComm::PendingRecv> recvs(chunks);
   auto post = [&](uint32_t c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
