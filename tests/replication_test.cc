@@ -159,6 +159,7 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
   // memory the death shows only as the 3 s replication timeout, so rank 0 runs long enough
   // to see replication resume after that.
   LaunchSpec spec = Spec(root, job, GetParam(), 2, 1, {});
+  spec.env.push_back({"CAIRN_SLOT_BYTES", "40M"});  // slots sized and pre-faulted at open
   spec.rank_args = {{"600", std::to_string(kKillStateBytes), "10"},
                     {"60", std::to_string(kKillStateBytes), "10"}};
   auto l = LocalLauncher::Start(spec);
@@ -187,8 +188,14 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
   ASSERT_GT(steps_before_kill, 5u);
   // The training loop kept its pace: no iteration of rank 0 waited on the dead partner.
   double worst = 0;
-  for (const auto& s : steps) worst = std::max(worst, s.stall_ms);
-  EXPECT_LT(worst, 100.0) << "rank 0 stalled while its partner was dead";
+  int64_t worst_step = 0;
+  for (size_t i = steps_before_kill; i < steps.size(); ++i)
+    if (steps[i].stall_ms > worst) {
+      worst = steps[i].stall_ms;
+      worst_step = steps[i].step;
+    }
+  EXPECT_LT(worst, 100.0) << "rank 0 stalled at step " << worst_step
+                          << " while its partner was dead or restarting";
   // Failures were counted, and versions replicated again after the restart.
   const StepLine at_kill = steps[steps_before_kill - 1];
   unsigned long long replicated = 0, failed = 0;
