@@ -43,15 +43,12 @@ struct Args {
 };
 
 uint64_t ParseSize(const std::string& s) {
-  char* end = nullptr;
-  uint64_t v = std::strtoull(s.c_str(), &end, 10);
-  if (*end == 'G')
-    v <<= 30;
-  else if (*end == 'M')
-    v <<= 20;
-  else if (*end == 'K')
-    v <<= 10;
-  return v;
+  auto v = ParseByteCount(s, "--sizes");
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s\n", v.status().message().c_str());
+    std::exit(2);
+  }
+  return *v;
 }
 
 // Memory that is already faulted in (first touch is slow here and must not be timed).

@@ -47,6 +47,12 @@ Status ParseBytes(const char* var, const char* text, uint64_t* out) {
 
 }  // namespace
 
+Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what) {
+  uint64_t v = 0;
+  CAIRN_RETURN_IF_ERROR(ParseBytes(what.c_str(), text.c_str(), &v));
+  return v;
+}
+
 const std::vector<EnvSetting>& EnvSettings() {
   static const std::vector<EnvSetting> kSettings = {
       {"RANK", "0", "global rank of this process (torchrun / Slurm)"},

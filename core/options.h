@@ -60,6 +60,10 @@ struct Options {
   std::string RendezvousDir() const;
 };
 
+// Parses a byte count with an optional K, M or G suffix (KiB, MiB, GiB also accepted);
+// InvalidArgument naming `what` otherwise.
+Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what);
+
 // One documented setting: its variable, default and meaning (for --help and the README).
 struct EnvSetting {
   const char* name;
