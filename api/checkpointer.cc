@@ -348,10 +348,11 @@ Status Checkpointer::wait_replicated(double timeout_s) {
     return Status::FailedPrecondition(Who() +
                                       ": this job does not replicate (one node, or "
                                       "CAIRN_REPLICAS=0)");
-  (void)wait_captured();
   int64_t newest;
   {
-    std::lock_guard lk(mu_);
+    // Let captures in flight settle without taking their errors (fence() reports them).
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
     newest = stats_.newest_captured_step;
   }
   if (newest < 0) return Status::NotFound(Who() + ": nothing captured yet");
