@@ -39,9 +39,8 @@ struct Checkpointer::Request {
   std::vector<std::string> blob_bytes;  // in header.blobs order
 };
 
-Checkpointer::Checkpointer(Options options, FileSystem* fs, std::unique_ptr<CopyEngine> engine)
+Checkpointer::Checkpointer(Options options, std::unique_ptr<CopyEngine> engine)
     : options_(std::move(options)),
-      fs_(fs),
       log_("cairn rank " + std::to_string(options_.rank), options_.log_level),
       engine_(std::move(engine)) {
   stats_.copy_engine = std::string(engine_->name());
@@ -51,7 +50,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
   CAIRN_RETURN_IF_ERROR(options.Validate());
   FileSystem* fs = options.fs ? options.fs : DefaultFileSystem();
   CAIRN_ASSIGN_OR_RETURN(auto engine, MakeCopyEngine(options.copy_engine, options.copy_threads));
-  std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options), fs, std::move(engine)));
+  std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options), std::move(engine)));
   HostTierConfig tc;
   tc.dir = HostTier::RankDir(c->options_.host_root, c->options_.job_id, c->options_.node,
                              c->options_.rank);
@@ -232,9 +231,13 @@ Status Checkpointer::fence() {
   return st;
 }
 
+void Checkpointer::WaitSettled(std::unique_lock<std::mutex>& lk) {
+  cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
+}
+
 Status Checkpointer::wait_captured() {
   std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
+  WaitSettled(lk);
   Status st = capture_error_;
   capture_error_ = Status::OK();
   fence_error_ = Status::OK();
@@ -352,7 +355,7 @@ Status Checkpointer::wait_replicated(double timeout_s) {
   {
     // Let captures in flight settle without taking their errors (fence() reports them).
     std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
+    WaitSettled(lk);
     newest = stats_.newest_captured_step;
   }
   if (newest < 0) return Status::NotFound(Who() + ": nothing captured yet");
@@ -366,7 +369,7 @@ Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
     // Let captures in flight settle (a failed one is simply not among the versions); their
     // errors stay for fence() / wait_captured() to report.
     std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return done_seq_ >= submitted_seq_; });
+    WaitSettled(lk);
   }
   for (const ShardSpec& t : targets) {
     CAIRN_RETURN_IF_ERROR(CheckShard(t).WithContext(Who() + ": restore target"));

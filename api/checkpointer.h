@@ -135,7 +135,9 @@ class Checkpointer {
 
  private:
   struct Request;
-  Checkpointer(Options options, FileSystem* fs, std::unique_ptr<CopyEngine> engine);
+  Checkpointer(Options options, std::unique_ptr<CopyEngine> engine);
+  // Waits (holding mu_ in `lk`) until every queued capture is CAPTURED or failed.
+  void WaitSettled(std::unique_lock<std::mutex>& lk);
   void CaptureLoop();
   void Capture(Request& r);
   Status RestoreFrom(const HostTier::View& view, std::span<const ShardSpec> targets,
@@ -143,7 +145,6 @@ class Checkpointer {
   std::string Who() const;
 
   Options options_;
-  FileSystem* fs_;
   Logger log_;
   std::unique_ptr<CopyEngine> engine_;  // outlives tier_ (the tier unregisters slots)
   std::unique_ptr<HostTier> tier_;

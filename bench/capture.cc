@@ -27,10 +27,14 @@
 #include <vector>
 
 #include "api/checkpointer.h"
+#include "bench/bench_util.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
 
 using namespace cairn;
+using cairn::bench::Buffer;
+using cairn::bench::Mean;
+using cairn::bench::Median;
 
 namespace {
 
@@ -41,41 +45,6 @@ struct Args {
   int threads = 1;
   std::string host_root = "/dev/shm/cairn";
 };
-
-uint64_t ParseSize(const std::string& s) {
-  auto v = ParseByteCount(s, "--sizes");
-  if (!v.ok()) {
-    std::fprintf(stderr, "%s\n", v.status().message().c_str());
-    std::exit(2);
-  }
-  return *v;
-}
-
-// Memory that is already faulted in (first touch is slow here and must not be timed).
-struct Buffer {
-  explicit Buffer(size_t n) : size(n) {
-    p = static_cast<std::byte*>(::mmap(nullptr, n, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-    if (p == MAP_FAILED) {
-      std::perror("mmap");
-      std::exit(1);
-    }
-    for (size_t i = 0; i < n; i += 4096) p[i] = std::byte{static_cast<unsigned char>(i >> 12)};
-  }
-  ~Buffer() { ::munmap(p, size); }
-  std::byte* p;
-  size_t size;
-};
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-double Mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
 
 // memcpy of `n` bytes split over `threads` threads; seconds.
 double TimedMemcpy(std::byte* dst, const std::byte* src, size_t n, int threads) {
@@ -284,15 +253,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (k == "--sizes") {
-      a.sizes.clear();
-      std::string v = val();
-      size_t p = 0;
-      while (p <= v.size()) {
-        size_t q = v.find(',', p);
-        if (q == std::string::npos) q = v.size();
-        a.sizes.push_back(ParseSize(v.substr(p, q - p)));
-        p = q + 1;
-      }
+      a.sizes = cairn::bench::ParseSizes(val());
     } else if (k == "--rounds") {
       a.rounds = std::atoi(val().c_str());
     } else if (k == "--iters") {

@@ -32,52 +32,17 @@
 #include <vector>
 
 #include "api/checkpointer.h"
+#include "bench/bench_util.h"
 #include "cli/launcher.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "transport/ucx_comm.h"
 
 using namespace cairn;
+using cairn::bench::Median;
+using cairn::bench::SplitList;
 
 namespace {
-
-uint64_t ParseSize(const std::string& s) {
-  auto v = ParseByteCount(s, "--sizes");
-  if (!v.ok()) {
-    std::fprintf(stderr, "%s\n", v.status().message().c_str());
-    std::exit(2);
-  }
-  return *v;
-}
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t p = 0;
-  while (p <= s.size()) {
-    size_t q = s.find(',', p);
-    if (q == std::string::npos) q = s.size();
-    if (q > p) out.push_back(s.substr(p, q - p));
-    p = q + 1;
-  }
-  return out;
-}
-
-std::byte* Prefaulted(size_t n) {
-  void* p =
-      ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) {
-    std::perror("mmap");
-    std::exit(1);
-  }
-  auto* b = static_cast<std::byte*>(p);
-  for (size_t i = 0; i < n; i += 4096) b[i] = std::byte{static_cast<unsigned char>(i >> 12)};
-  return b;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 constexpr uint64_t kChunk = 64ull << 20;
 
@@ -87,7 +52,8 @@ int Child(const std::vector<uint64_t>& sizes) {
   if (!o.ok()) return 1;
   Logger log("bench rank " + std::to_string(o->rank), 1);
   const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  std::byte* buf = Prefaulted(max_size);
+  cairn::bench::Buffer memory(max_size);
+  std::byte* buf = memory.p;
 
   // Raw UCX on its own connection (a separate job id, so nothing is shared with cairn's),
   // and cairn: rank 0 saves, rank 1 holds its replicas. The two are measured alternately
@@ -247,8 +213,7 @@ int main(int argc, char** argv) {
       return k == "--help" ? 0 : 2;
     }
   }
-  std::vector<uint64_t> sizes;
-  for (const auto& s : Split(sizes_arg)) sizes.push_back(ParseSize(s));
+  const std::vector<uint64_t> sizes = cairn::bench::ParseSizes(sizes_arg);
   if (child) return Child(sizes);
 
   char tmpl[] = "/dev/shm/cairn-bench-replicate-XXXXXX";
@@ -257,7 +222,7 @@ int main(int argc, char** argv) {
   std::string json_all = "{\"bench\":\"replicate\"";
   double lowest = 1e9, lowest_all = 1e9;
   std::vector<std::string> lines;
-  for (const std::string& t : Split(transports_arg)) {
+  for (const std::string& t : SplitList(transports_arg)) {
     const std::string tls = t == "shm" ? "sm,self" : t;
     LaunchSpec spec;
     spec.nodes = 2;

@@ -41,20 +41,16 @@ class HostCopyEngine final : public CopyEngine {
       }
       checksums[i] = h.Digest();
     };
-    Run(chunks.size(), one);
+    pool_.ParallelFor(chunks.size(), one);
     return Status::OK();
   }
 
   void ChecksumHost(std::span<const HostRange> ranges, uint64_t* out) override {
-    Run(ranges.size(), [&](size_t i) { out[i] = Checksum(ranges[i].data, ranges[i].bytes); });
+    pool_.ParallelFor(ranges.size(),
+                      [&](size_t i) { out[i] = Checksum(ranges[i].data, ranges[i].bytes); });
   }
 
  private:
-  template <typename F>
-  void Run(size_t n, const F& f) {
-    pool_.ParallelFor(n, f);
-  }
-
   WorkerPool pool_;
 };
 

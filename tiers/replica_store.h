@@ -31,7 +31,14 @@ class ReplicaStore {
 
   // OK when every shard chunk and blob in `data` matches the checksums of `h`; Corruption
   // naming the first tensor that does not otherwise.
-  static Status Verify(const SlotHeader& h, const std::byte* data);
+  static Status Verify(const SlotHeader& h, const std::byte* data) {
+    return VerifyArrived(h, data, 0, h.data_bytes);
+  }
+  // The same for the checksum chunks that end in (from, to]: the ones the bytes [from, to)
+  // complete, for verifying a version while the rest of it still arrives. The blobs are
+  // checked with the range that ends at data_bytes.
+  static Status VerifyArrived(const SlotHeader& h, const std::byte* data, uint64_t from,
+                              uint64_t to);
 
  private:
   std::string node_dir_;

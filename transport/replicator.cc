@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/checksum.h"
 #include "core/clock.h"
 
 namespace cairn {
@@ -240,17 +239,6 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   // Verify while receiving: a helper thread checks every checksum chunk as soon as the
   // transfer chunk that completes it has arrived (still warm in cache), so only the tail is
   // left when the last byte lands.
-  struct Piece {
-    uint64_t begin, end, sum;
-    const std::string* tensor;
-  };
-  std::vector<std::vector<Piece>> due(chunks);  // by the transfer chunk completing them
-  for (const SlotShard& sh : h->shards)
-    for (uint32_t k = 0; k < sh.num_chunks; ++k) {
-      auto [b, e] = h->ChunkRange(sh, k);
-      due[static_cast<size_t>((e - 1) / kReplChunk)].push_back(
-          {b, e, h->chunk_checksums[sh.first_chunk + k], &sh.name});
-    }
   std::mutex vmu;
   std::condition_variable vcv;
   size_t arrived = 0;
@@ -258,20 +246,14 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   Status verified;
   const std::byte* data = *mem;
   std::thread verifier([&] {
-    for (size_t i = 0; i < due.size(); ++i) {
+    for (uint32_t i = 0; i < chunks && verified.ok(); ++i) {
       {
         std::unique_lock vl(vmu);
         vcv.wait(vl, [&] { return abort || arrived > i; });
         if (abort) return;
       }
-      for (const Piece& p : due[i])
-        if (Checksum(data + p.begin, p.end - p.begin) != p.sum) {
-          verified =
-              Status::Corruption("replica of step " + std::to_string(h->step) + ": tensor '" +
-                                 *p.tensor + "' bytes [" + std::to_string(p.begin) + ", " +
-                                 std::to_string(p.end) + ") do not match their checksum");
-          return;
-        }
+      verified =
+          ReplicaStore::VerifyArrived(*h, data, i * kReplChunk, std::min(n, (i + 1) * kReplChunk));
     }
   });
   Status st;
@@ -292,14 +274,8 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
     vcv.notify_all();
   }
   verifier.join();
-  if (st.ok()) st = verified;
-  if (st.ok()) {
-    (*tier)->MarkCopied(*slot);
-    for (const SlotBlob& b : h->blobs)
-      if (st.ok() && Checksum(data + b.offset, b.nbytes) != b.checksum)
-        st = Status::Corruption("replica of step " + std::to_string(h->step) + ": blob '" + b.name +
-                                "' does not match its checksum");
-  }
+  if (st.ok()) st = chunks > 0 ? verified : ReplicaStore::Verify(*h, data);
+  if (st.ok()) (*tier)->MarkCopied(*slot);
   if (st.ok()) st = (*tier)->Commit(*slot, *h);
   if (!st.ok()) {
     (*tier)->Abort(*slot);
