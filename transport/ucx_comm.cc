@@ -230,26 +230,32 @@ Status UcxComm::Send(int peer, uint64_t tag, const void* buf, size_t n) {
   return FinishSend(p);
 }
 
-UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
-  Lock lk(mu_);
+Status UcxComm::CheckPeer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep)
+    return Status::InvalidArgument(std::string(what) + " to rank " + std::to_string(peer) +
+                                   ": no such peer");
+  if (peer_failed(peer))
+    return Status::Unavailable(std::string(what) + " " + Who(peer) + ": peer failed");
+  return Status::OK();
+}
+
+UcxComm::PendingSend UcxComm::Started(int peer, void* request, const char* what) const {
   PendingSend p;
   p.peer = peer;
-  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep) {
-    p.status = Status::InvalidArgument("send to rank " + std::to_string(peer) + ": no such peer");
-    return p;
-  }
-  if (peer_failed(peer)) {
-    p.status = Status::Unavailable("send " + Who(peer) + ": peer failed");
-    return p;
-  }
-  ucp_request_param_t prm{};
-  void* req = ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm);
-  if (UCS_PTR_IS_ERR(req)) {
-    p.status = Status::Unavailable("send " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
-    return p;
-  }
-  p.request = req;
+  if (UCS_PTR_IS_ERR(request))
+    p.status = Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
+                                   UcsError(UCS_PTR_STATUS(request)));
+  else
+    p.request = request;
   return p;
+}
+
+UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
+  Lock lk(mu_);
+  if (Status st = CheckPeer(peer, "send"); !st.ok()) return PendingSend{nullptr, peer, st};
+  ucp_request_param_t prm{};
+  return Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm),
+                 "send");
 }
 
 Status UcxComm::FinishSend(PendingSend& send, double timeout_s) {
@@ -282,62 +288,60 @@ Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
   return WaitRequest(lk, req, recv.peer, timeout_s, "receive");
 }
 
-Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
-  Lock lk(mu_);
+Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
+                             bool gentle, uint64_t* sender_tag, std::string* out) {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
   for (;;) {
     ucp_tag_recv_info_t info{};
-    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, ~uint64_t{0}, 1, &info);
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
     if (msg) {
-      std::string buf(info.length, '\0');
+      out->assign(info.length, '\0');
+      if (sender_tag) *sender_tag = info.sender_tag;
+      const int from = peer >= 0 ? peer : static_cast<int>((info.sender_tag >> 32) & 0xffffff);
       ucp_request_param_t prm{};
-      void* req = ucp_tag_msg_recv_nbx(worker_, buf.data(), buf.size(), msg, &prm);
-      CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, peer, timeout_s, "receive"));
-      return buf;
+      void* req = ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm);
+      return WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive");
     }
-    if (ucp_worker_progress(worker_) == 0) {
-      lk.unlock();
-      Backoff(spins);
-      lk.lock();
-    }
+    const bool idle = ucp_worker_progress(worker_) == 0;
     if (peer_failed(peer))
       return Status::Unavailable(
           "receive " + Who(peer) + ": peer failed (" +
           UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
           ")");
     if (NowNanos() > deadline)
-      return Status::Unavailable("receive " + Who(peer) + ": nothing arrived within " +
-                                 std::to_string(timeout_s) + " s");
+      return Status::Unavailable("receive " +
+                                 (peer >= 0 ? Who(peer) : std::string("from any rank")) +
+                                 ": nothing arrived within " + std::to_string(timeout_s) + " s");
+    if (gentle || idle) {
+      lk.unlock();
+      // A service loop waits here most of the time: it polls gently, so that it never
+      // competes with a transfer in flight for the worker's lock or for a core.
+      if (gentle)
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+      else
+        Backoff(spins);
+      lk.lock();
+    }
   }
+}
+
+Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
+  Lock lk(mu_);
+  std::string out;
+  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, tag, ~uint64_t{0}, peer, timeout_s, false, nullptr, &out));
+  return out;
 }
 
 Result<UcxComm::Incoming> UcxComm::RecvAny(MsgKind kind, double timeout_s) {
   Lock lk(mu_);
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
-  const uint64_t mask = uint64_t{0xff} << 56;
-  const uint64_t tag = static_cast<uint64_t>(kind) << 56;
-  for (;;) {
-    ucp_tag_recv_info_t info{};
-    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
-    if (msg) {
-      Incoming in;
-      in.source = static_cast<int>((info.sender_tag >> 32) & 0xffffff);
-      in.seq = static_cast<uint32_t>(info.sender_tag);
-      in.bytes.assign(info.length, '\0');
-      ucp_request_param_t prm{};
-      void* req = ucp_tag_msg_recv_nbx(worker_, in.bytes.data(), in.bytes.size(), msg, &prm);
-      CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, in.source, timeout_s, "receive"));
-      return in;
-    }
-    // A service loop waits here most of the time: poll gently, so that it never competes
-    // with a transfer in flight for the worker's lock or for a core.
-    ucp_worker_progress(worker_);
-    lk.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-    lk.lock();
-    if (NowNanos() > deadline) return Status::Unavailable("nothing arrived");
-  }
+  Incoming in;
+  uint64_t sender_tag = 0;
+  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, static_cast<uint64_t>(kind) << 56, uint64_t{0xff} << 56,
+                                     -1, timeout_s, true, &sender_tag, &in.bytes));
+  in.source = static_cast<int>((sender_tag >> 32) & 0xffffff);
+  in.seq = static_cast<uint32_t>(sender_tag);
+  return in;
 }
 
 Result<std::unique_ptr<UcxComm::MemRegion>> UcxComm::Register(void* p, size_t n) {
@@ -386,21 +390,12 @@ UcxComm::RemoteKey::~RemoteKey() {
 UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint64_t remote_addr,
                                        const RemoteKey& key) {
   Lock lk(mu_);
-  PendingSend p;
-  p.peer = peer;
-  if (peer_failed(peer)) {
-    p.status = Status::Unavailable("put " + Who(peer) + ": peer failed");
-    return p;
-  }
+  if (Status st = CheckPeer(peer, "put"); !st.ok()) return PendingSend{nullptr, peer, st};
   ucp_request_param_t prm{};
-  void* req =
-      ucp_put_nbx(peers_[static_cast<size_t>(peer)]->ep, src, n, remote_addr, key.rkey_, &prm);
-  if (UCS_PTR_IS_ERR(req)) {
-    p.status = Status::Unavailable("put " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
-    return p;
-  }
-  p.request = req;
-  return p;
+  return Started(
+      peer,
+      ucp_put_nbx(peers_[static_cast<size_t>(peer)]->ep, src, n, remote_addr, key.rkey_, &prm),
+      "put");
 }
 
 Status UcxComm::Flush(int peer, double timeout_s) {
@@ -448,6 +443,19 @@ void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) {
   peer.ep = nullptr;
 }
 
+Status UcxComm::Greet(Lock& lk, int p, const std::string& address, const std::string& nonce) {
+  Peer& peer = *peers_[static_cast<size_t>(p)];
+  CloseEndpoint(lk, peer);  // an endpoint to an earlier incarnation, if any
+  peer.error = 0;
+  CAIRN_RETURN_IF_ERROR(Connected(p, address));
+  peer.nonce = nonce;
+  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
+  ucp_request_param_t prm{};
+  void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
+                               MakeTag(MsgKind::kHello, rank_, 0), &prm);
+  return WaitRequest(lk, req, p, 5.0, "hello");
+}
+
 Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
   Peer& peer = *peers_[static_cast<size_t>(p)];
   std::string address, file_nonce;
@@ -462,15 +470,7 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     lk.lock();
   }
-  CloseEndpoint(lk, peer);
-  peer.error = 0;
-  CAIRN_RETURN_IF_ERROR(Connected(p, address));
-  peer.nonce = nonce;
-  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
-  ucp_request_param_t prm{};
-  void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
-                               MakeTag(MsgKind::kHello, rank_, 0), &prm);
-  CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, p, 5.0, "hello"));
+  CAIRN_RETURN_IF_ERROR(Greet(lk, p, address, nonce));
   peer.epoch.fetch_add(1);
   if (log_) log_->Info("rank " + std::to_string(p) + " restarted; reconnected to it");
   return Status::OK();
@@ -479,17 +479,14 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
 std::vector<int> UcxComm::ServiceHellos() {
   std::vector<int> out;
   Lock lk(mu_);
-  ucp_worker_progress(worker_);
   for (;;) {
-    ucp_tag_recv_info_t info{};
-    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, static_cast<uint64_t>(MsgKind::kHello) << 56,
-                                             uint64_t{0xff} << 56, 1, &info);
-    if (!msg) break;
-    const int p = static_cast<int>((info.sender_tag >> 32) & 0xffffff);
-    std::string got(info.length, '\0');
-    ucp_request_param_t prm{};
-    void* req = ucp_tag_msg_recv_nbx(worker_, got.data(), got.size(), msg, &prm);
-    if (!WaitRequest(lk, req, -1, 5.0, "hello").ok()) continue;
+    uint64_t sender_tag = 0;
+    std::string got;
+    Status rs = ProbeReceive(lk, static_cast<uint64_t>(MsgKind::kHello) << 56, uint64_t{0xff} << 56,
+                             -1, 0, false, &sender_tag, &got);
+    if (sender_tag == 0) break;  // no hello waiting
+    if (!rs.ok()) continue;
+    const int p = static_cast<int>((sender_tag >> 32) & 0xffffff);
     if (p < 0 || p >= size_ || p == rank_) continue;
     // "<token>/<rank>/<nonce>"
     if (got.size() < kTokenHexBytes + 2 || got.compare(0, kTokenHexBytes, token_) != 0) {
@@ -534,7 +531,7 @@ Status UcxComm::Connected(int peer, const std::string& address) {
   }
   if (st != UCS_OK) {
     p.ep = nullptr;
-    return Status::Unavailable("ucp_ep_create " + Who(peer) + ": " + UcsError(st));
+    return Status::IOError("ucp_ep_create " + Who(peer) + ": " + UcsError(st));
   }
   return Status::OK();
 }
@@ -560,7 +557,6 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
 
   // Read every peer's address and send it a hello with the token; a peer whose hello
   // fails (a stale address of a dead process) is retried when its file changes.
-  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
   std::vector<std::string> tried(static_cast<size_t>(size_));
   std::vector<bool> connected(static_cast<size_t>(size_), false);
@@ -576,15 +572,8 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
         continue;
       CAIRN_RETURN_IF_ERROR(rs);
       tried[static_cast<size_t>(p)] = nonce;
-      Peer& peer = *peers_[static_cast<size_t>(p)];
-      CloseEndpoint(lk, peer);  // a stale address from before, if any
-      peer.error = 0;
-      CAIRN_RETURN_IF_ERROR(Connected(p, address));
-      peer.nonce = nonce;
-      ucp_request_param_t prm{};
-      void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
-                                   MakeTag(MsgKind::kHello, rank_, 0), &prm);
-      Status st = WaitRequest(lk, req, p, 5.0, "hello");
+      Status st = Greet(lk, p, address, nonce);
+      if (st.code() == StatusCode::kIOError) return st;  // no endpoint at all: retrying won't help
       if (st.ok())
         connected[static_cast<size_t>(p)] = true;
       else if (log_)
@@ -606,28 +595,14 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
   // Every peer must greet us with the job token before we accept anything from it.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    const uint64_t tag = MakeTag(MsgKind::kHello, p, 0);
     std::string got;
-    int spins = 0;
-    for (;;) {
-      ucp_tag_recv_info_t info{};
-      ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, ~uint64_t{0}, 1, &info);
-      if (msg) {
-        got.assign(info.length, '\0');
-        ucp_request_param_t prm{};
-        void* req = ucp_tag_msg_recv_nbx(worker_, got.data(), got.size(), msg, &prm);
-        CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, p, 10.0, "hello"));
-        break;
-      }
-      if (ucp_worker_progress(worker_) == 0) {
-        lk.unlock();
-        Backoff(spins);
-        lk.lock();
-      }
-      if (NowNanos() > deadline)
-        return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
-                                   std::to_string(options_.connect_timeout_s) + " s");
-    }
+    const double left = std::max(0.0, NanosToSeconds(deadline - NowNanos()));
+    Status rs = ProbeReceive(lk, MakeTag(MsgKind::kHello, p, 0), ~uint64_t{0}, p, left, false,
+                             nullptr, &got);
+    if (!rs.ok())
+      return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
+                                 std::to_string(options_.connect_timeout_s) + " s (" +
+                                 rs.message() + ")");
     if (got.size() <= kTokenHexBytes || got.compare(0, kTokenHexBytes, token_) != 0 ||
         got[kTokenHexBytes] != '/')
       return Status::FailedPrecondition("rank " + std::to_string(p) +

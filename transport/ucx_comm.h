@@ -158,6 +158,15 @@ class UcxComm {
   // Reads `peer`'s address file: OK with the address and its nonce, or why not.
   Status ReadAddress(int peer, std::string* address, std::string* nonce);
   void CloseEndpoint(Lock& lk, Peer& p);
+  // Replaces the endpoint to `peer` by one to `address` and sends it our hello.
+  Status Greet(Lock& lk, int peer, const std::string& address, const std::string& nonce);
+  // Probes for a message matching `tag` under `mask` (from `peer`, or any rank if -1) and
+  // receives it into *out, waiting up to `timeout_s` (0: look once). `gentle` polls every
+  // 0.5 ms instead of spinning. *sender_tag is set only when a message was found.
+  Status ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
+                      bool gentle, uint64_t* sender_tag, std::string* out);
+  Status CheckPeer(int peer, const char* what) const;
+  PendingSend Started(int peer, void* request, const char* what) const;
   Status Reconnect(Lock& lk, int peer, const std::string& nonce);
   std::string Who(int peer) const;
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
