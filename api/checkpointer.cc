@@ -111,6 +111,15 @@ Checkpointer::~Checkpointer() {
   comm_.reset();
 }
 
+Status Checkpointer::CheckReachable(const ShardSpec& s, const std::string& who) const {
+  CAIRN_RETURN_IF_ERROR(CheckShard(s).WithContext(who));
+  if (s.memory == MemoryKind::kDevice && engine_->name() != "cuda")
+    return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
+                                   "' is in device memory but the copy engine is '" +
+                                   std::string(engine_->name()) + "'");
+  return Status::OK();
+}
+
 std::string Checkpointer::Who() const {
   return "rank " + std::to_string(options_.rank);
 }
@@ -130,11 +139,7 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
   std::unordered_map<std::string, const TensorMeta*> metas;
   std::unordered_set<std::string> keys;
   for (const ShardSpec& s : shards) {
-    CAIRN_RETURN_IF_ERROR(CheckShard(s).WithContext(who));
-    if (s.memory == MemoryKind::kDevice && engine_->name() != "cuda")
-      return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
-                                     "' is in device memory but the copy engine is '" +
-                                     std::string(engine_->name()) + "'");
+    CAIRN_RETURN_IF_ERROR(CheckReachable(s, who));
     auto [it, fresh] = metas.emplace(s.meta.name, &s.meta);
     if (!fresh && !(*it->second == s.meta))
       return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
@@ -372,11 +377,7 @@ Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
     WaitSettled(lk);
   }
   for (const ShardSpec& t : targets) {
-    CAIRN_RETURN_IF_ERROR(CheckShard(t).WithContext(Who() + ": restore target"));
-    if (t.memory == MemoryKind::kDevice && engine_->name() != "cuda")
-      return Status::InvalidArgument(Who() + ": restore target '" + t.meta.name +
-                                     "' is in device memory but the copy engine is '" +
-                                     std::string(engine_->name()) + "'");
+    CAIRN_RETURN_IF_ERROR(CheckReachable(t, Who() + ": restore target"));
   }
   RestoreReport report;
   std::vector<int64_t> candidates;

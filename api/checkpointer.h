@@ -143,6 +143,8 @@ class Checkpointer {
   Status RestoreFrom(const HostTier::View& view, std::span<const ShardSpec> targets,
                      RestoreReport* report);
   std::string Who() const;
+  // CheckShard, and that the copy engine can reach the shard's memory.
+  Status CheckReachable(const ShardSpec& s, const std::string& who) const;
 
   Options options_;
   Logger log_;
