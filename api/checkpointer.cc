@@ -7,6 +7,7 @@
 
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "persist/manifest.h"
 
 namespace cairn {
 namespace {
@@ -67,6 +68,14 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
     c->log_.Info("host tier " + c->tier_->dir() + " holds " + std::to_string(held.size()) +
                  " restorable version(s), newest step " + std::to_string(held.front().step));
   const Options& o = c->options_;
+  if (o.world_size > 1) {
+    CAIRN_ASSIGN_OR_RETURN(c->comm_, UcxComm::Connect(o, &c->log_));
+    c->group_ = std::make_unique<UcxGroup>(c->comm_.get());
+    c->persist_group_ = std::make_unique<UcxGroup>(c->comm_.get(), MsgKind::kPersistCollective,
+                                                   MsgKind::kPersistBroadcast);
+  } else {
+    c->persist_group_ = std::make_unique<SoloGroup>();
+  }
   if (o.world_size > 1 && o.replicas > 0) {
     if (o.world_size % o.local_world_size != 0)
       return Status::InvalidArgument(c->Who() + ": world size " + std::to_string(o.world_size) +
@@ -85,8 +94,6 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
                                      " does not match RANK / LOCAL_WORLD_SIZE = " +
                                      std::to_string(o.rank / o.local_world_size) +
                                      " (replica placement assumes consecutive ranks per node)");
-    CAIRN_ASSIGN_OR_RETURN(c->comm_, UcxComm::Connect(o, &c->log_));
-    c->group_ = std::make_unique<UcxGroup>(c->comm_.get());
     c->store_ = std::make_unique<ReplicaStore>(
         JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &c->log_);
     if (nodes > 1)
@@ -94,6 +101,22 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
           std::make_unique<Replicator>(c->comm_.get(), std::move(placement), c->tier_.get(),
                                        c->store_.get(), &c->log_, o.replicate_timeout_s);
   }
+  PersistConfig pc;
+  pc.job = o.job_id;
+  pc.job_dir = PfsJobDir(o.pfs_root, o.job_id);
+  pc.every = o.persist_every;
+  pc.keep = o.keep_on_pfs;
+  pc.writer.threads = o.persist_threads;
+  pc.writer.direct = o.persist_direct;
+  pc.writer.chunk_bytes = o.chunk_bytes;
+  pc.rate_bytes_per_s = o.persist_rate;
+  Checkpointer* self = c.get();
+  c->persister_ =
+      std::make_unique<Persister>(std::move(pc), c->tier_.get(), c->persist_group_.get(),
+                                  o.pfs_fs ? o.pfs_fs : fs, &c->log_, [self](uint64_t seq) {
+                                    std::unique_lock lk(self->mu_);
+                                    self->cv_.wait(lk, [&] { return self->done_seq_ >= seq; });
+                                  });
   c->capture_thread_ = std::thread([p = c.get()] { p->CaptureLoop(); });
   return c;
 }
@@ -105,8 +128,10 @@ Checkpointer::~Checkpointer() {
     cv_.notify_all();
   }
   if (capture_thread_.joinable()) capture_thread_.join();
+  persister_.reset();   // runs the persist rounds already due (every rank has the same ones)
   replicator_.reset();  // stops pushing before the tiers and the connections go
   store_.reset();
+  persist_group_.reset();
   group_.reset();
   comm_.reset();
 }
@@ -207,9 +232,12 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
                    " (policy skip; later skips are only counted in stats)");
       warned_skip_ = true;
     }
+    const uint64_t seq = submitted_seq_;
     const double dt = NanosToSeconds(NowNanos() - t0);
     stats_.save_call_total_s += dt;
     stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
+    lk.unlock();
+    persister_->OnSave(seq);
     return SaveOutcome::kSkipped;
   }
   req->slot = *slot;
@@ -217,9 +245,12 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
   queue_.push_back(std::move(req));
   ++stats_.saves;
   cv_.notify_all();
+  const uint64_t seq = submitted_seq_;
   const double dt = NanosToSeconds(NowNanos() - t0);
   stats_.save_call_total_s += dt;
   stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
+  lk.unlock();
+  persister_->OnSave(seq);
   return SaveOutcome::kQueued;
 }
 
@@ -348,7 +379,27 @@ Stats Checkpointer::stats() const {
     s.newest_replicated_step = r.newest_replicated;
     s.replicas_received = r.received;
   }
+  PersistStats p = persister_->stats();
+  s.persisted = p.persisted;
+  s.persist_failed = p.failed;
+  s.bytes_persisted = p.bytes;
+  s.persist_gbps = p.write_seconds > 0 ? static_cast<double>(p.bytes) / p.write_seconds / 1e9 : 0;
+  s.persist_round_ms = p.last_round_ms;
+  s.persist_max_writer_share = p.max_writer_share;
+  s.newest_persisted_step = p.newest_persisted_step;
+  s.last_persist_error = p.last_error;
   return s;
+}
+
+Result<int64_t> Checkpointer::flush() {
+  uint64_t seq;
+  {
+    std::lock_guard lk(mu_);
+    seq = submitted_seq_;
+  }
+  auto r = persister_->Flush(seq);
+  if (!r.ok()) return r.status().WithContext(Who() + ": flush");
+  return r;
 }
 
 Status Checkpointer::wait_replicated(double timeout_s) {

@@ -31,6 +31,7 @@
 #include "core/options.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "persist/persister.h"
 #include "snapshot/copy_engine.h"
 #include "tiers/host_tier.h"
 #include "tiers/replica_store.h"
@@ -73,6 +74,15 @@ struct Stats {
   double replicate_push_ms = 0;  // offer -> acknowledgement, last acknowledged push
   int64_t newest_replicated_step = -1;
   uint64_t replicas_received = 0;  // versions of other ranks this rank holds
+  // Persistence to the PFS (CAIRN_PERSIST_EVERY, flush()).
+  uint64_t persisted = 0;               // steps committed to the PFS (job-wide rounds)
+  uint64_t persist_failed = 0;          // rounds that failed (previous committed step intact)
+  uint64_t bytes_persisted = 0;         // bytes this rank wrote to the PFS
+  double persist_gbps = 0;              // bytes_persisted / time this rank spent writing them
+  double persist_round_ms = 0;          // duration of the last committed round
+  double persist_max_writer_share = 0;  // busiest writer's bytes over the mean, last plan
+  int64_t newest_persisted_step = -1;
+  std::string last_persist_error;  // of the last failed round ("" if none)
 };
 
 struct RestoreOptions {
@@ -118,7 +128,13 @@ class Checkpointer {
   // been tried and failed (Unavailable naming the holder), at most `timeout_s`.
   // FailedPrecondition when this job does not replicate.
   Status wait_replicated(double timeout_s);
-  // The job's collectives (nullptr when the job has one rank or does not replicate).
+  // Collective (every rank must call it): persists the newest version every rank holds to
+  // <CAIRN_PFS_ROOT>/<job> now, and waits until it is committed. Returns the step that
+  // LATEST names afterwards; the round's error otherwise (the previous committed step
+  // stays intact). Captures still in flight are waited for first.
+  Result<int64_t> flush();
+
+  // The job's collectives (nullptr when the job has one rank).
   Group* group() { return group_.get(); }
 
   // Fills `targets` (same tensors and boxes as saved) from a CAPTURED version after
@@ -154,6 +170,8 @@ class Checkpointer {
   std::unique_ptr<UcxGroup> group_;
   std::unique_ptr<ReplicaStore> store_;
   std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<Group> persist_group_;  // the persister's own collectives
+  std::unique_ptr<Persister> persister_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

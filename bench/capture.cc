@@ -147,6 +147,7 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
   Options o;
   o.job_id = "bench-capture-" + std::to_string(::getpid());
   o.host_root = a.host_root;
+  o.persist_every = 0;  // this benchmark measures capture alone
   o.copy_threads = a.threads;
   o.copy_engine = CopyEngineKind::kHost;
   o.slot_bytes = state_bytes + (4 << 20);  // pre-sized and pre-faulted at open

@@ -231,6 +231,7 @@ int main(int argc, char** argv) {
     spec.env = {{"CAIRN_JOB_ID", "bench-" + t + "-" + std::to_string(::getpid())},
                 {"CAIRN_HOST_ROOT", root + "/host"},
                 {"CAIRN_PFS_ROOT", root + "/pfs"},
+                {"CAIRN_PERSIST_EVERY", "0"},
                 {"UCX_TLS", tls}};
     (void)DefaultFileSystem()->RemoveAll(root + "/rank-0.log");
     (void)DefaultFileSystem()->RemoveAll(root + "/rank-1.log");

@@ -205,6 +205,8 @@ Options WorkerOptions(const DemoArgs& a) {
   Options o;
   o.job_id = a.job;
   o.host_root = a.host_root;
+  // The demo's PFS copy lives beside its host tier and is removed with it.
+  o.pfs_root = JoinPath(JoinPath(a.host_root, a.job), "pfs");
   o.log_level = 1;
   return o;
 }

@@ -53,4 +53,13 @@ std::optional<Box> Intersect(const Box& a, const Box& b);
 // InvalidArgument if the range is not within [0, NumElements(shape)].
 Result<std::vector<Box>> FlatRangeToBoxes(const Shape& shape, int64_t begin, int64_t end);
 
+// Copies the elements of `region` (inside both boxes) from `src`, the row-major bytes of
+// `src_box`, to `dst`, the row-major bytes of `dst_box`; `elem` bytes per element. Rows of
+// the last dimension are copied with one memcpy each.
+void CopyBoxRegion(const void* src, const Box& src_box, void* dst, const Box& dst_box,
+                   const Box& region, size_t elem);
+
+// Byte offset of the element at `region`'s origin in the row-major bytes of `box`.
+uint64_t BoxByteOffset(const Box& box, const Box& region, size_t elem);
+
 }  // namespace cairn

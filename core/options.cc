@@ -87,6 +87,13 @@ const std::vector<EnvSetting>& EnvSettings() {
        "a replica holder that does not answer this long counts as down (training never waits)"},
       {"CAIRN_PLACEMENT", "ring",
        "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold each other)"},
+      {"CAIRN_PERSIST_EVERY", "10",
+       "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"},
+      {"CAIRN_KEEP_ON_PFS", "3", "committed steps kept on the PFS; older ones are deleted"},
+      {"CAIRN_PERSIST_THREADS", "2", "writer threads per rank for the PFS"},
+      {"CAIRN_PERSIST_DIRECT", "0", "1: write PFS files with O_DIRECT (falls back if refused)"},
+      {"CAIRN_PERSIST_RATE", "0",
+       "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"},
   };
   return kSettings;
 }
@@ -186,6 +193,24 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
     else
       return Status::InvalidArgument("CAIRN_PLACEMENT='" + s + "': use ring or group");
   }
+  if (const char* t = get("CAIRN_PERSIST_EVERY")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_EVERY", t, 0, 1 << 30, &v));
+    o.persist_every = static_cast<int>(v);
+  }
+  if (const char* t = get("CAIRN_KEEP_ON_PFS")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_KEEP_ON_PFS", t, 1, 1 << 20, &v));
+    o.keep_on_pfs = static_cast<int>(v);
+  }
+  if (const char* t = get("CAIRN_PERSIST_THREADS")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_THREADS", t, 1, 64, &v));
+    o.persist_threads = static_cast<int>(v);
+  }
+  if (const char* t = get("CAIRN_PERSIST_DIRECT")) {
+    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_DIRECT", t, 0, 1, &v));
+    o.persist_direct = v == 1;
+  }
+  if (const char* t = get("CAIRN_PERSIST_RATE"))
+    CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_PERSIST_RATE", t, &o.persist_rate));
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));
     o.log_level = static_cast<int>(v);
@@ -221,6 +246,9 @@ Status Options::Validate() const {
   if (log_level < 0 || log_level > 3) return bad("log level must be 0..3");
   if (pfs_root.empty()) return bad("PFS root is empty");
   if (!(connect_timeout_s > 0) || !(op_timeout_s > 0)) return bad("timeouts must be positive");
+  if (persist_every < 0) return bad("persist_every must not be negative");
+  if (keep_on_pfs < 1) return bad("keep_on_pfs must be at least 1");
+  if (persist_threads < 1 || persist_threads > 64) return bad("persist threads must be 1..64");
   return Status::OK();
 }
 

@@ -46,7 +46,13 @@ struct Options {
   int replicas = 1;                    // copies of each version in other nodes' memory
   double replicate_timeout_s = 30;     // a replica holder silent this long counts as down
   bool group_placement = false;        // Gemini's group placement instead of the ring
+  int persist_every = 10;              // persist every k-th saved version (0: only flush())
+  int keep_on_pfs = 3;                 // committed steps kept on the PFS
+  int persist_threads = 2;             // writer threads per rank
+  bool persist_direct = false;         // O_DIRECT writes
+  uint64_t persist_rate = 0;           // bytes/s cap per rank (0: unlimited)
   FileSystem* fs = nullptr;            // nullptr: the POSIX filesystem
+  FileSystem* pfs_fs = nullptr;        // for the PFS tier; nullptr: `fs`
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value

@@ -101,6 +101,7 @@ LaunchSpec Spec(const testing::TempDir& root, const std::string& job, const std:
               {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
               {"CAIRN_CONNECT_TIMEOUT_S", "60"},
               {"CAIRN_REPLICATE_TIMEOUT_S", "3"},
+              {"CAIRN_PERSIST_EVERY", "0"},
               {"CAIRN_LOG_LEVEL", "2"},
               {"UCX_TLS", tls}};
   return spec;

@@ -51,6 +51,7 @@ Options TestOptions(const TempDir& root, const std::string& tag) {
   Options o;
   o.job_id = UniqueJobId(tag);
   o.host_root = root.path();
+  o.pfs_root = root.path() + "/pfs";
   o.log_level = 0;
   o.copy_engine = CopyEngineKind::kHost;
   return o;

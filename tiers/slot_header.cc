@@ -1,59 +1,18 @@
 #include "tiers/slot_header.h"
 
-#include <bit>
 #include <cstring>
 
+#include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/tensor.h"
 
 namespace cairn {
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "slot headers are written little-endian; add byte swapping for this host");
-
 constexpr char kMagic[8] = {'C', 'A', 'I', 'R', 'N', 'S', 'L', 'T'};
 
-class Writer {
- public:
-  template <typename T>
-  void Put(T v) {
-    out_.append(reinterpret_cast<const char*>(&v), sizeof(T));
-  }
-  void PutBytes(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
-  void PutString(const std::string& s) {
-    Put<uint32_t>(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string& out() { return out_; }
-
- private:
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view b) : b_(b) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (b_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, b_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool GetString(std::string* s, size_t max) {
-    uint32_t n = 0;
-    if (!Get(&n) || n > max || b_.size() - pos_ < n) return false;
-    s->assign(b_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t remaining() const { return b_.size() - pos_; }
-
- private:
-  std::string_view b_;
-  size_t pos_ = 0;
-};
+using Writer = ByteWriter;
+using Reader = ByteReader;
 
 Status Bad(const std::string& what) {
   return Status::Corruption("bad slot header: " + what);

@@ -37,6 +37,8 @@ enum class MsgKind : uint8_t {
   kReplReady = 5,  // holder -> sender: receives posted (or refused, and why)
   kReplData = 6,   // sender -> holder: one chunk of the version's bytes
   kReplAck = 7,    // holder -> sender: bytes verified and replica published (or not)
+  kPersistCollective = 8,  // the persister's own Group (its collectives run on its thread)
+  kPersistBroadcast = 9,
 };
 
 // (kind, source rank < 2^24, sequence) packed into a UCX tag.

@@ -17,13 +17,12 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
   std::vector<UcxComm::PendingSend> sends;
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n;
-    sends.push_back(
-        comm_->StartSend(to, MakeTag(MsgKind::kCollective, me, seq), mine.data(), mine.size()));
+    sends.push_back(comm_->StartSend(to, MakeTag(collective_, me, seq), mine.data(), mine.size()));
   }
   Status first;
   for (int k = 1; k < n && first.ok(); ++k) {
     const int from = (me - k + n) % n;
-    auto got = comm_->Recv(from, MakeTag(MsgKind::kCollective, from, seq), comm_->op_timeout_s());
+    auto got = comm_->Recv(from, MakeTag(collective_, from, seq), comm_->op_timeout_s());
     if (!got.ok())
       first = got.status();
     else
@@ -47,8 +46,7 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
     std::vector<UcxComm::PendingSend> sends;
     for (int k = 1; k < n; ++k) {
       const int to = (me + k) % n;
-      sends.push_back(
-          comm_->StartSend(to, MakeTag(MsgKind::kBroadcast, me, seq), data.data(), data.size()));
+      sends.push_back(comm_->StartSend(to, MakeTag(broadcast_, me, seq), data.data(), data.size()));
     }
     Status first;
     for (auto& s : sends) {
@@ -58,7 +56,7 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
     if (!first.ok()) return first.WithContext("broadcast #" + std::to_string(seq));
     return std::string(data);
   }
-  auto got = comm_->Recv(root, MakeTag(MsgKind::kBroadcast, root, seq), comm_->op_timeout_s());
+  auto got = comm_->Recv(root, MakeTag(broadcast_, root, seq), comm_->op_timeout_s());
   if (!got.ok()) return got.status().WithContext("broadcast #" + std::to_string(seq));
   return std::move(*got);
 }

@@ -17,7 +17,11 @@ namespace cairn {
 
 class UcxGroup final : public Group {
  public:
-  explicit UcxGroup(UcxComm* comm) : comm_(comm) {}
+  // Groups on the same comm must use distinct message kinds (one pair per thread that runs
+  // collectives): the persister's group uses kPersistCollective / kPersistBroadcast.
+  explicit UcxGroup(UcxComm* comm, MsgKind collective = MsgKind::kCollective,
+                    MsgKind broadcast = MsgKind::kBroadcast)
+      : comm_(comm), collective_(collective), broadcast_(broadcast) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   Status Barrier() override;
@@ -26,6 +30,8 @@ class UcxGroup final : public Group {
 
  private:
   UcxComm* comm_;
+  MsgKind collective_;
+  MsgKind broadcast_;
   uint32_t seq_ = 0;
 };
 

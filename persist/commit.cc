@@ -1,0 +1,202 @@
+#include "persist/commit.h"
+
+#include <algorithm>
+
+#include "core/bytes.h"
+
+namespace cairn {
+namespace {
+
+constexpr uint32_t kTableMagic = 0x314c5443;  // "CTL1"
+
+Status Bad(const std::string& what) {
+  return Status::Corruption("bad location table: " + what);
+}
+
+}  // namespace
+
+std::string EncodeLocationTable(const LocationTable& t) {
+  ByteWriter w;
+  w.Put<uint32_t>(kTableMagic);
+  w.Put<uint8_t>(t.status.ok() ? 1 : 0);
+  if (!t.status.ok()) {
+    w.Put<uint32_t>(static_cast<uint32_t>(t.status.code()));
+    w.PutString(t.status.message());
+    return std::move(w.out());
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(t.pieces.size()));
+  for (const auto& p : t.pieces) {
+    w.Put<uint64_t>(p.offset);
+    w.Put<uint32_t>(static_cast<uint32_t>(p.chunk_checksums.size()));
+    w.PutBytes(p.chunk_checksums.data(), p.chunk_checksums.size() * sizeof(uint64_t));
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(t.blobs.size()));
+  for (const auto& b : t.blobs) {
+    w.PutString(b.name);
+    w.Put<uint64_t>(b.offset);
+    w.Put<uint64_t>(b.length);
+    w.Put<uint64_t>(b.checksum);
+  }
+  return std::move(w.out());
+}
+
+Result<LocationTable> DecodeLocationTable(std::string_view bytes) {
+  ByteReader r(bytes);
+  uint32_t magic = 0;
+  uint8_t ok = 0;
+  if (!r.Get(&magic) || magic != kTableMagic || !r.Get(&ok)) return Bad("wrong magic");
+  LocationTable t;
+  if (!ok) {
+    uint32_t code = 0;
+    std::string msg;
+    if (!r.Get(&code) || !r.GetString(&msg, 1 << 20)) return Bad("truncated error");
+    t.status = Status(code == 0 ? StatusCode::kInternal : static_cast<StatusCode>(code), msg);
+    return t;
+  }
+  uint32_t n = 0;
+  if (!r.Get(&n) || n > r.remaining() / 12) return Bad("piece count");
+  t.pieces.resize(n);
+  for (auto& p : t.pieces) {
+    uint32_t c = 0;
+    if (!r.Get(&p.offset) || !r.Get(&c) || c > r.remaining() / 8) return Bad("truncated piece");
+    p.chunk_checksums.resize(c);
+    for (uint64_t& s : p.chunk_checksums) r.Get(&s);
+  }
+  if (!r.Get(&n) || n > r.remaining() / 28) return Bad("blob count");
+  t.blobs.resize(n);
+  for (auto& b : t.blobs)
+    if (!r.GetString(&b.name, 1 << 16) || !r.Get(&b.offset) || !r.Get(&b.length) ||
+        !r.Get(&b.checksum))
+      return Bad("truncated blob");
+  if (r.remaining() != 0) return Bad("trailing bytes");
+  return t;
+}
+
+Result<pb::Manifest> BuildManifest(const SavePlan& plan, const std::vector<LocationTable>& tables,
+                                   const std::string& job, int64_t step, uint64_t chunk_bytes) {
+  const int world = plan.world_size();
+  if (static_cast<int>(tables.size()) != world)
+    return Status::InvalidArgument("manifest: " + std::to_string(tables.size()) +
+                                   " location tables for " + std::to_string(world) + " ranks");
+  pb::Manifest m;
+  m.set_format_version(kManifestFormatVersion);
+  m.set_job(job);
+  m.set_step(step);
+  m.set_world_size(static_cast<uint32_t>(world));
+  m.set_chunk_bytes(chunk_bytes);
+  m.mutable_tensors()->Reserve(static_cast<int>(plan.tensors.size()));
+  for (const TensorMeta& t : plan.tensors) {
+    pb::Tensor* pt = m.add_tensors();
+    pt->set_name(t.name);
+    pt->set_dtype(static_cast<uint32_t>(t.dtype));
+    pt->mutable_shape()->Add(t.global_shape.begin(), t.global_shape.end());
+  }
+  m.mutable_shards()->Reserve(static_cast<int>(plan.shards.size()));
+  for (const PlanShard& s : plan.shards) {
+    pb::Shard* ps = m.add_shards();
+    ps->set_tensor(s.tensor);
+    ps->mutable_offsets()->Add(s.box.offsets.begin(), s.box.offsets.end());
+    ps->mutable_lengths()->Add(s.box.lengths.begin(), s.box.lengths.end());
+  }
+  for (const auto& l : plan.lists) m.add_lists()->mutable_shards()->Add(l.begin(), l.end());
+  m.mutable_rank_list()->Add(plan.rank_list.begin(), plan.rank_list.end());
+  // One file per rank that wrote anything.
+  std::vector<int> file_of(static_cast<size_t>(world), -1);
+  auto file = [&](int r) {
+    if (file_of[static_cast<size_t>(r)] < 0) {
+      file_of[static_cast<size_t>(r)] = m.files_size();
+      m.add_files(DataFileName(r));
+    }
+    return static_cast<uint32_t>(file_of[static_cast<size_t>(r)]);
+  };
+  m.mutable_boxes()->Reserve(static_cast<int>(plan.pieces.size()));
+  std::vector<size_t> used(static_cast<size_t>(world), 0);
+  for (const PlannedPiece& p : plan.pieces) {
+    const LocationTable& t = tables[static_cast<size_t>(p.writer)];
+    size_t& k = used[static_cast<size_t>(p.writer)];
+    if (k >= t.pieces.size())
+      return Status::InvalidArgument("manifest: rank " + std::to_string(p.writer) +
+                                     " reported fewer pieces than it was planned to write");
+    const LocationTable::Piece& loc = t.pieces[k++];
+    pb::SavedBox* b = m.add_boxes();
+    b->set_tensor(plan.shards[p.shard].tensor);
+    b->mutable_offsets()->Add(p.box.offsets.begin(), p.box.offsets.end());
+    b->mutable_lengths()->Add(p.box.lengths.begin(), p.box.lengths.end());
+    b->set_file(file(p.writer));
+    b->set_offset(loc.offset);
+    b->set_length(p.nbytes);
+    b->set_writer(static_cast<uint32_t>(p.writer));
+    b->mutable_chunk_checksums()->Add(loc.chunk_checksums.begin(), loc.chunk_checksums.end());
+  }
+  for (int r = 0; r < world; ++r) {
+    if (used[static_cast<size_t>(r)] != tables[static_cast<size_t>(r)].pieces.size())
+      return Status::InvalidArgument("manifest: rank " + std::to_string(r) +
+                                     " reported more pieces than it was planned to write");
+    for (const auto& bl : tables[static_cast<size_t>(r)].blobs) {
+      pb::Blob* b = m.add_blobs();
+      b->set_rank(static_cast<uint32_t>(r));
+      b->set_name(bl.name);
+      b->set_file(file(r));
+      b->set_offset(bl.offset);
+      b->set_length(bl.length);
+      b->set_checksum(bl.checksum);
+    }
+  }
+  return m;
+}
+
+Status CommitStep(FileSystem* fs, const std::string& job_dir, int64_t step,
+                  const pb::Manifest& manifest) {
+  const std::string dir = JoinPath(job_dir, StepDirName(step));
+  const std::string path = JoinPath(dir, "MANIFEST");
+  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, path, EncodeManifest(manifest)));
+  Status st = WriteFileAtomic(fs, JoinPath(job_dir, "LATEST"), std::to_string(step) + "\n");
+  if (st.ok()) return st;
+  // Not published: take the MANIFEST back so the step stays invisible.
+  Status un = fs->Unlink(path);
+  if (un.ok()) un = fs->SyncDir(dir);
+  if (!un.ok())
+    return st.WithContext("LATEST not replaced, and removing " + path + " failed too (" +
+                          un.ToString() + ")");
+  return st;
+}
+
+void CollectPfsGarbage(FileSystem* fs, const std::string& job_dir, int keep, int64_t in_flight,
+                       const Logger* log) {
+  auto names = fs->ListDir(job_dir);
+  if (!names.ok()) {
+    if (log && names.status().code() != StatusCode::kNotFound)
+      log->Warning("garbage collection: " + names.status().ToString());
+    return;
+  }
+  auto latest = ReadLatest(fs, job_dir);
+  std::vector<int64_t> committed;
+  std::vector<std::string> remove;
+  for (const std::string& n : *names) {
+    if (n.find(".tmp.") != std::string::npos) {
+      remove.push_back(n);
+      continue;
+    }
+    auto step = ParseStepDirName(n);
+    if (!step) continue;
+    const std::string dir = JoinPath(job_dir, n);
+    if (fs->Exists(JoinPath(dir, "MANIFEST"))) {
+      committed.push_back(*step);
+      if (auto inner = fs->ListDir(dir); inner.ok())
+        for (const std::string& f : *inner)
+          if (f.find(".tmp.") != std::string::npos) remove.push_back(JoinPath(n, f));
+    } else if (*step != in_flight) {
+      remove.push_back(n);
+    }
+  }
+  std::sort(committed.rbegin(), committed.rend());
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < committed.size(); ++i)
+    if (!latest.ok() || committed[i] != *latest) remove.push_back(StepDirName(committed[i]));
+  for (const std::string& n : remove) {
+    Status st = fs->RemoveAll(JoinPath(job_dir, n));
+    if (!st.ok() && log) log->Warning("garbage collection: " + st.ToString());
+  }
+  if (!remove.empty()) (void)fs->SyncDir(job_dir);
+}
+
+}  // namespace cairn

@@ -1,0 +1,52 @@
+// The parallel-filesystem format: directory names, the MANIFEST file and LATEST.
+//
+//   <pfs_root>/<job>/step-<000123>/data/<rank>.bin   payloads, each box 4 KiB aligned
+//   <pfs_root>/<job>/step-<000123>/MANIFEST          framed protobuf (persist/manifest.proto)
+//   <pfs_root>/<job>/LATEST                          "<step>\n": the newest committed step
+// persist/FORMAT.md describes the bytes. A step directory without MANIFEST does not exist
+// for readers. Thread-safety: plain functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/filesystem.h"
+#include "core/status.h"
+#include "persist/manifest.pb.h"
+
+namespace cairn {
+
+inline constexpr uint32_t kManifestFormatVersion = 1;
+// Largest MANIFEST cairn will read.
+inline constexpr uint64_t kMaxManifestBytes = 4ull << 30;
+// File offsets of boxes and blobs in data files are multiples of this.
+inline constexpr uint64_t kPfsAlign = 4096;
+
+// "<pfs_root>/<job>"
+std::string PfsJobDir(const std::string& pfs_root, const std::string& job);
+// "step-000123" (at least six digits).
+std::string StepDirName(int64_t step);
+// The step of a directory name made by StepDirName; nullopt for any other name.
+std::optional<int64_t> ParseStepDirName(std::string_view name);
+// "data/<rank>.bin", relative to the step directory.
+std::string DataFileName(int rank);
+
+// MANIFEST bytes: "CAIRNMF1", u64 length of the protobuf, the protobuf, u64 XXH3 of the
+// protobuf (little-endian).
+std::string EncodeManifest(const pb::Manifest& m);
+// Checks the framing, the checksum and everything ValidateManifest checks. Corruption
+// saying what is wrong (the caller adds the file name).
+Result<pb::Manifest> DecodeManifest(std::string_view bytes);
+// Format version, names, dtypes, boxes inside shapes, indices in range, chunk tables
+// consistent with lengths, file names of the form "data/<n>.bin", layout sizes.
+Status ValidateManifest(const pb::Manifest& m);
+
+// Reads and decodes "<step_dir>/MANIFEST"; errors name the file.
+Result<pb::Manifest> ReadManifest(FileSystem* fs, const std::string& step_dir);
+// The step LATEST names; NotFound when there is none, Corruption naming the file when it
+// does not parse.
+Result<int64_t> ReadLatest(FileSystem* fs, const std::string& job_dir);
+
+}  // namespace cairn

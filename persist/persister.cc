@@ -1,0 +1,317 @@
+#include "persist/persister.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "core/bytes.h"
+#include "core/checksum.h"
+#include "core/clock.h"
+#include "persist/commit.h"
+#include "persist/manifest.h"
+
+namespace cairn {
+namespace {
+
+RankLayout LayoutOf(const SlotHeader& h) {
+  RankLayout l;
+  std::unordered_map<std::string, uint32_t> ids;
+  l.shards.reserve(h.shards.size());
+  for (const SlotShard& s : h.shards) {
+    auto [it, fresh] = ids.emplace(s.name, static_cast<uint32_t>(l.tensors.size()));
+    if (fresh) l.tensors.push_back(TensorMeta{s.name, s.dtype, s.global_shape});
+    l.shards.push_back({it->second, s.box});
+  }
+  return l;
+}
+
+// What a rank brings to a round: its newest mark and the versions it holds.
+struct Offer {
+  uint64_t newest_mark = 0;
+  std::map<int64_t, uint64_t> held;  // step -> layout hash
+};
+
+std::string EncodeOffer(const Offer& o) {
+  ByteWriter w;
+  w.Put<uint64_t>(o.newest_mark);
+  w.Put<uint32_t>(static_cast<uint32_t>(o.held.size()));
+  for (auto [step, hash] : o.held) {
+    w.Put<int64_t>(step);
+    w.Put<uint64_t>(hash);
+  }
+  return std::move(w.out());
+}
+
+Result<Offer> DecodeOffer(std::string_view b) {
+  ByteReader r(b);
+  Offer o;
+  uint32_t n = 0;
+  if (!r.Get(&o.newest_mark) || !r.Get(&n) || n > r.remaining() / 16)
+    return Status::Corruption("bad persist offer");
+  for (uint32_t i = 0; i < n; ++i) {
+    int64_t s = 0;
+    uint64_t h = 0;
+    r.Get(&s);
+    r.Get(&h);
+    o.held[s] = h;
+  }
+  return o;
+}
+
+}  // namespace
+
+Persister::Persister(PersistConfig config, HostTier* tier, Group* group, FileSystem* fs,
+                     const Logger* log, std::function<void(uint64_t)> settle)
+    : config_(std::move(config)),
+      tier_(tier),
+      group_(group),
+      fs_(fs),
+      log_(log),
+      settle_(std::move(settle)),
+      limiter_(config_.rate_bytes_per_s) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Persister::~Persister() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+}
+
+void Persister::OnSave(uint64_t seq) {
+  std::lock_guard lk(mu_);
+  ++saves_;
+  if (config_.every > 0 && saves_ % static_cast<uint64_t>(config_.every) == 0) {
+    marks_.push_back({++next_mark_, seq});
+    cv_.notify_all();
+  }
+}
+
+Result<int64_t> Persister::Flush(uint64_t seq) {
+  std::unique_lock lk(mu_);
+  const uint64_t id = ++next_mark_;
+  marks_.push_back({id, seq});
+  cv_.notify_all();
+  cv_.wait(lk, [&] { return consumed_ >= id; });
+  // The round that consumed this mark is the first one whose consumed id reaches it.
+  for (const auto& [consumed, result] : results_)
+    if (consumed >= id) return result;
+  return Status::Internal("flush: the outcome of its round was lost");
+}
+
+PersistStats Persister::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void Persister::Loop() {
+  for (;;) {
+    uint64_t newest = 0, seq = 0;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !marks_.empty(); });
+      if (marks_.empty()) return;  // stopping with nothing queued
+      newest = marks_.back().id;
+      seq = marks_.back().settle_seq;
+    }
+    Outcome out = Round(newest, seq);
+    std::lock_guard lk(mu_);
+    while (!marks_.empty() && marks_.front().id <= out.consumed) marks_.pop_front();
+    consumed_ = std::max(consumed_, out.consumed);
+    results_.emplace_back(out.consumed, out.step);
+    if (results_.size() > 64) results_.erase(results_.begin());
+    cv_.notify_all();
+  }
+}
+
+Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
+  Outcome out;
+  out.consumed = newest;  // if the collective fails, these marks are given up
+  settle_(seq);
+  const int me = group_->rank();
+  if (first_round_ && me == 0) CollectPfsGarbage(fs_, config_.job_dir, config_.keep, -1, log_);
+  first_round_ = false;
+
+  // 1. Agree on the step.
+  std::map<int64_t, std::unique_ptr<HostTier::View>> pinned;
+  Offer mine;
+  mine.newest_mark = newest;
+  for (const VersionInfo& v : tier_->Versions()) {
+    auto view = tier_->Pin(v.step);
+    if (!view.ok()) continue;
+    mine.held[v.step] = LayoutHash(EncodeRankLayout(LayoutOf((*view)->header())));
+    pinned[v.step] = std::move(*view);
+  }
+  auto all = group_->AllGather(EncodeOffer(mine));
+  auto fail = [&](const Status& st) {
+    std::lock_guard lk(mu_);
+    ++stats_.rounds;
+    ++stats_.failed;
+    stats_.last_error = st.ToString();
+    log_->Warning("persist: " + st.ToString() +
+                  " (training goes on with the memory tiers; the next mark tries again)");
+    out.step = st;
+    return out;
+  };
+  if (!all.ok()) return fail(all.status().WithContext("persist round"));
+  std::vector<Offer> offers;
+  for (const std::string& b : *all) {
+    auto o = DecodeOffer(b);
+    if (!o.ok()) return fail(o.status());
+    offers.push_back(std::move(*o));
+  }
+  out.consumed = newest;
+  for (const Offer& o : offers) out.consumed = std::min(out.consumed, o.newest_mark);
+  std::optional<int64_t> step;
+  for (auto it = offers[0].held.rbegin(); it != offers[0].held.rend() && !step; ++it) {
+    bool everywhere = true;
+    for (const Offer& o : offers) everywhere = everywhere && o.held.count(it->first);
+    if (everywhere) step = it->first;
+  }
+  if (!step) {
+    std::string why;
+    for (size_t r = 0; r < offers.size() && why.empty(); ++r)
+      if (offers[r].held.empty()) why = " (rank " + std::to_string(r) + " holds none)";
+    return fail(Status::Unavailable("no captured version is held by every rank" + why));
+  }
+  if (*step <= last_committed_) {
+    std::lock_guard lk(mu_);
+    ++stats_.rounds;
+    out.step = last_committed_;  // nothing newer to persist
+    return out;
+  }
+  for (auto it = pinned.begin(); it != pinned.end();)
+    it = it->first == *step ? std::next(it) : pinned.erase(it);
+  std::vector<uint64_t> hashes;
+  for (const Offer& o : offers) hashes.push_back(o.held.at(*step));
+
+  const int64_t t0 = NowNanos();
+  auto done = PersistStep(*step, *pinned.at(*step), hashes);
+  if (!done.ok())
+    return fail(done.status().WithContext("persisting step " + std::to_string(*step)));
+  last_committed_ = *step;
+  Status st = tier_->SetState(*step, VersionState::kPersisted);
+  if (!st.ok()) log_->Warning("persist: step committed, but its slot header: " + st.ToString());
+  std::lock_guard lk(mu_);
+  ++stats_.rounds;
+  ++stats_.persisted;
+  stats_.newest_persisted_step = *step;
+  stats_.last_round_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
+  out.step = *step;
+  return out;
+}
+
+Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
+                                       const std::vector<uint64_t>& hashes) {
+  const int me = group_->rank();
+  const SlotHeader& h = view.header();
+
+  // 2. Plan, or reuse the plan.
+  if (!plan_ || plan_->layout_hashes != hashes) {
+    plan_.reset();
+    CAIRN_ASSIGN_OR_RETURN(auto layouts, group_->AllGather(EncodeRankLayout(LayoutOf(h))));
+    CAIRN_ASSIGN_OR_RETURN(SavePlan plan, MakeSavePlan(layouts, hashes, config_.planner));
+    plan_ = std::move(plan);
+    std::lock_guard lk(mu_);
+    ++stats_.plans;
+    stats_.max_writer_share = plan_->max_writer_share();
+  }
+  const SavePlan& plan = *plan_;
+
+  // 3. Write this rank's pieces and blobs.
+  const std::string step_dir = JoinPath(config_.job_dir, StepDirName(step));
+  LocationTable table;
+  const std::vector<size_t> mine = plan.PiecesOf(me);
+  table.status = [&]() -> Status {
+    const auto& list = plan.lists[plan.rank_list[static_cast<size_t>(me)]];
+    std::unordered_map<uint32_t, uint32_t> pos;  // plan shard -> index in the slot header
+    for (uint32_t j = 0; j < list.size(); ++j) pos.emplace(list[j], j);
+    std::vector<WriteItem> items;
+    std::set<uint32_t> verify;  // slot chunks under the pieces
+    for (size_t i : mine) {
+      const PlannedPiece& p = plan.pieces[i];
+      const SlotShard& s = h.shards[pos.at(p.shard)];
+      items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
+      for (uint64_t c = p.src_offset / h.chunk_bytes; c * h.chunk_bytes < p.src_offset + p.nbytes;
+           ++c)
+        verify.insert(s.first_chunk + static_cast<uint32_t>(c));
+    }
+    // The slot's bytes must still be what was captured before they become the PFS copy.
+    for (size_t j = 0; j < h.shards.size() && !verify.empty(); ++j) {
+      const SlotShard& s = h.shards[j];
+      for (uint32_t c = 0; c < s.num_chunks; ++c) {
+        if (!verify.count(s.first_chunk + c)) continue;
+        auto [b, e] = h.ChunkRange(s, c);
+        if (Checksum(view.data() + b, e - b) != h.chunk_checksums[s.first_chunk + c])
+          return Status::Corruption("host slot " + view.data_path() + " tensor '" + s.name +
+                                    "' bytes [" + std::to_string(b) + ", " + std::to_string(e) +
+                                    ") no longer match their checksum");
+      }
+    }
+    for (const SlotBlob& b : h.blobs) items.push_back({view.data() + b.offset, b.nbytes, 0});
+    LayOutItems(items, kPfsAlign);
+    CAIRN_RETURN_IF_ERROR(fs_->MakeDirs(JoinPath(step_dir, "data"), 0700));
+    const int64_t t0 = NowNanos();
+    CAIRN_ASSIGN_OR_RETURN(WriteReport rep, WriteDataFile(fs_, JoinPath(step_dir, DataFileName(me)),
+                                                          items, config_.writer, &limiter_, log_));
+    CAIRN_RETURN_IF_ERROR(fs_->SyncDir(JoinPath(step_dir, "data")));
+    {
+      std::lock_guard lk(mu_);
+      stats_.bytes += rep.bytes;
+      stats_.write_seconds += NanosToSeconds(NowNanos() - t0);
+    }
+    for (size_t k = 0; k < mine.size(); ++k)
+      table.pieces.push_back({items[k].file_offset, std::move(rep.chunk_checksums[k])});
+    for (size_t k = 0; k < h.blobs.size(); ++k) {
+      const WriteItem& it = items[mine.size() + k];
+      table.blobs.push_back(
+          {h.blobs[k].name, it.file_offset, it.nbytes, Checksum(it.src, it.nbytes)});
+    }
+    return Status::OK();
+  }();
+  if (!table.status.ok()) table.status = table.status.WithContext("rank " + std::to_string(me));
+
+  // 4. Gather the tables; rank 0 commits.
+  CAIRN_ASSIGN_OR_RETURN(auto encoded, group_->AllGather(EncodeLocationTable(table)));
+  std::string outcome;
+  if (me == 0) {
+    Status st = [&]() -> Status {
+      std::vector<LocationTable> tables;
+      for (const std::string& e : encoded) {
+        CAIRN_ASSIGN_OR_RETURN(LocationTable t, DecodeLocationTable(e));
+        CAIRN_RETURN_IF_ERROR(t.status);
+        tables.push_back(std::move(t));
+      }
+      CAIRN_ASSIGN_OR_RETURN(pb::Manifest m, BuildManifest(plan, tables, config_.job, step,
+                                                           config_.writer.chunk_bytes));
+      m.set_created_wall_ns(WallNanos());
+      CAIRN_RETURN_IF_ERROR(fs_->SyncDir(step_dir));
+      return CommitStep(fs_, config_.job_dir, step, m);
+    }();
+    if (st.ok()) {
+      CollectPfsGarbage(fs_, config_.job_dir, config_.keep, step, log_);
+      outcome = "0";
+    } else {
+      Status rm = fs_->RemoveAll(step_dir);
+      if (!rm.ok())
+        log_->Warning("persist: removing the failed " + step_dir + ": " + rm.ToString());
+      outcome = std::to_string(static_cast<int>(st.code())) + " " + st.message();
+    }
+  }
+  // 5. Everyone learns the outcome.
+  CAIRN_ASSIGN_OR_RETURN(std::string result, group_->Broadcast(0, outcome));
+  if (result == "0") return step;
+  const size_t sp = result.find(' ');
+  const int code = sp == std::string::npos ? 0 : std::atoi(result.substr(0, sp).c_str());
+  return Status(code > 0 && code <= static_cast<int>(StatusCode::kInternal)
+                    ? static_cast<StatusCode>(code)
+                    : StatusCode::kInternal,
+                sp == std::string::npos ? result : result.substr(sp + 1));
+}
+
+}  // namespace cairn

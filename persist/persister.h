@@ -1,0 +1,126 @@
+// Persister: drains captured versions from the host tier to the parallel filesystem.
+//
+// Every `every`-th save() (counted identically on every rank, skipped saves included) and
+// every flush() queue a *mark*. A background thread turns marks into *rounds*; a round is
+// collective over the Group, so every rank runs the same rounds in the same order:
+//   1. settle the captures queued so far, pin every restorable version held, and allgather
+//      (newest mark, held steps with their layout hashes). The round consumes the marks
+//      up to the smallest newest mark (the same on every rank) and persists the newest
+//      step that every rank holds, unless it was already committed;
+//   2. plan (SavePlanner), reusing the cached plan when every layout hash is unchanged
+//      (otherwise one more allgather carries the layouts);
+//   3. each rank writes its planned boxes and its blobs to step-<N>/data/<rank>.bin,
+//      verifying the host slot's checksums first and checksumming what it writes, fsyncs;
+//   4. the location tables are gathered; rank 0 writes MANIFEST (temporary name, fsync,
+//      rename, directory fsync), then LATEST the same way, then collects garbage;
+//   5. rank 0 broadcasts the outcome; every rank records PERSISTED in the slot header, or
+//      the failure in its stats and log. A failed step is removed and never retried: the
+//      next mark tries a newer version. Training never waits for any of this.
+// Thread-safety: OnSave/Flush from the training thread; stats() from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "core/filesystem.h"
+#include "core/group.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "persist/save_planner.h"
+#include "persist/writer.h"
+#include "tiers/host_tier.h"
+
+namespace cairn {
+
+struct PersistConfig {
+  std::string job;
+  std::string job_dir;  // <pfs_root>/<job>
+  int every = 10;       // a mark every `every` saves; 0: only flush()
+  int keep = 3;         // committed steps kept on the PFS (older ones are deleted)
+  WriterOptions writer;
+  uint64_t rate_bytes_per_s = 0;  // 0: unlimited
+  PlannerConfig planner;
+};
+
+struct PersistStats {
+  uint64_t rounds = 0;          // rounds run (each persists one step, or finds nothing new)
+  uint64_t persisted = 0;       // steps committed
+  uint64_t failed = 0;          // rounds that failed (the step is not on the PFS)
+  uint64_t plans = 0;           // plans computed (the others reused the cache)
+  uint64_t bytes = 0;           // bytes this rank wrote
+  double write_seconds = 0;     // time this rank spent writing and fsyncing them
+  double last_round_ms = 0;     // duration of the last committed round
+  double max_writer_share = 0;  // of the last plan
+  int64_t newest_persisted_step = -1;
+  std::string last_error;  // of the last failed round
+};
+
+class Persister {
+ public:
+  // `settle(seq)` blocks until every capture queued up to sequence `seq` is CAPTURED or
+  // has failed. `group` and `tier` must outlive the Persister.
+  Persister(PersistConfig config, HostTier* tier, Group* group, FileSystem* fs, const Logger* log,
+            std::function<void(uint64_t)> settle);
+  // Runs the rounds of marks already queued (every rank has the same ones), then stops.
+  ~Persister();
+  Persister(const Persister&) = delete;
+  Persister& operator=(const Persister&) = delete;
+
+  // After every save() of the training thread; `seq` is the capture sequence queued so far.
+  void OnSave(uint64_t seq);
+  // Collective: queues a mark and waits for the round that consumes it. Returns the step
+  // committed by that round (the newest step every rank holds), or the round's error.
+  Result<int64_t> Flush(uint64_t seq);
+
+  PersistStats stats() const;
+
+ private:
+  struct Mark {
+    uint64_t id = 0;
+    uint64_t settle_seq = 0;
+  };
+  struct Outcome {
+    uint64_t consumed = 0;  // marks up to this id are done
+    Result<int64_t> step = Status::Internal("no round yet");
+  };
+  void Loop();
+  // Runs one round for the marks queued (newest id `newest`, captures up to `seq`).
+  Outcome Round(uint64_t newest, uint64_t seq);
+  // Steps 2-5 of a round for `step`, with `views` pinned.
+  Result<int64_t> PersistStep(int64_t step, const HostTier::View& view,
+                              const std::vector<uint64_t>& layout_hashes);
+  // Rank 0: removes step directories without MANIFEST (but `in_flight`), committed steps
+  // beyond `keep`, and temporary files.
+  void CollectGarbage(int64_t in_flight);
+
+  PersistConfig config_;
+  HostTier* tier_;
+  Group* group_;
+  FileSystem* fs_;
+  const Logger* log_;
+  std::function<void(uint64_t)> settle_;
+  RateLimiter limiter_;
+  std::optional<SavePlan> plan_;  // cached; used only by the drain thread
+  int64_t last_committed_ = -1;   // the same on every rank (from the broadcast outcome)
+  bool first_round_ = true;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Mark> marks_;
+  uint64_t saves_ = 0;
+  uint64_t next_mark_ = 0;
+  uint64_t consumed_ = 0;
+  std::vector<std::pair<uint64_t, Result<int64_t>>> results_;  // recent round outcomes
+  bool stopping_ = false;
+  PersistStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace cairn

@@ -1,0 +1,33 @@
+// Reading a committed step back from the parallel filesystem.
+//
+// ReadShards fills target shards of any layout by box intersection: every saved box that
+// overlaps a target is read once, all its chunk checksums are verified, and the
+// overlapping elements are copied into each target it meets. VerifyStep reads and checks
+// every byte of a step (what `cairn verify` and the crash tests use).
+// Thread-safety: plain functions.
+#pragma once
+
+#include <map>
+#include <span>
+#include <string>
+
+#include "core/filesystem.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "persist/manifest.h"
+
+namespace cairn {
+
+// Corruption naming the data file, tensor and byte range of the first mismatch; IOError
+// naming the file when it cannot be read.
+Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifest& manifest);
+
+// Fills `targets` from the step. Errors: NotFound (tensor not saved), InvalidArgument
+// (dtype or shape differ), Corruption (part of a target was never saved, or a checksum
+// mismatch naming the file). On error some targets may already be written.
+// `blobs` (optional) receives the blobs saved by `blob_rank`.
+Status ReadShards(FileSystem* fs, const std::string& step_dir, const pb::Manifest& manifest,
+                  std::span<const ShardSpec> targets, int blob_rank = -1,
+                  std::map<std::string, std::string>* blobs = nullptr);
+
+}  // namespace cairn

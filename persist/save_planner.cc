@@ -1,0 +1,312 @@
+#include "persist/save_planner.h"
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+#include <unordered_map>
+
+#include "core/bytes.h"
+#include "core/checksum.h"
+
+namespace cairn {
+namespace {
+
+constexpr char kLayoutMagic[4] = {'C', 'L', 'Y', '1'};
+
+Status Bad(const std::string& what) {
+  return Status::Corruption("bad layout: " + what);
+}
+
+// Key of a unique (tensor, box).
+struct ShardKey {
+  uint32_t tensor;
+  const Box* box;
+};
+struct ShardKeyHash {
+  size_t operator()(const ShardKey& k) const {
+    uint64_t h = k.tensor * 0x9E3779B97F4A7C15ull;
+    for (size_t d = 0; d < k.box->ndim(); ++d) {
+      h = (h ^ static_cast<uint64_t>(k.box->offsets[d])) * 0xff51afd7ed558ccdull;
+      h = (h ^ static_cast<uint64_t>(k.box->lengths[d])) * 0xc4ceb9fe1a85ec53ull;
+      h ^= h >> 29;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+struct ShardKeyEq {
+  bool operator()(const ShardKey& a, const ShardKey& b) const {
+    return a.tensor == b.tensor && *a.box == *b.box;
+  }
+};
+
+// The first dimension longer than 1, if every dimension before it has length 1 (slabs
+// along it are contiguous in row-major order); -1 when the box cannot be cut.
+int SplitDim(const Box& b) {
+  for (size_t d = 0; d < b.ndim(); ++d)
+    if (b.lengths[d] > 1) return static_cast<int>(d);
+  return -1;
+}
+
+}  // namespace
+
+std::string EncodeRankLayout(const RankLayout& layout) {
+  ByteWriter w;
+  w.PutBytes(kLayoutMagic, sizeof(kLayoutMagic));
+  w.Put<uint32_t>(static_cast<uint32_t>(layout.tensors.size()));
+  for (const TensorMeta& t : layout.tensors) {
+    w.PutString(t.name);
+    w.Put<uint32_t>(static_cast<uint32_t>(t.dtype));
+    w.Put<uint32_t>(static_cast<uint32_t>(t.global_shape.size()));
+    for (int64_t e : t.global_shape) w.Put<int64_t>(e);
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(layout.shards.size()));
+  for (const RankLayout::Entry& s : layout.shards) {
+    w.Put<uint32_t>(s.tensor);
+    for (size_t d = 0; d < s.box.ndim(); ++d) {
+      w.Put<int64_t>(s.box.offsets[d]);
+      w.Put<int64_t>(s.box.lengths[d]);
+    }
+  }
+  return std::move(w.out());
+}
+
+Result<RankLayout> DecodeRankLayout(std::string_view bytes) {
+  ByteReader r(bytes);
+  char magic[4];
+  for (char& c : magic)
+    if (!r.Get(&c)) return Bad("truncated magic");
+  if (std::string_view(magic, 4) != std::string_view(kLayoutMagic, 4)) return Bad("wrong magic");
+  RankLayout out;
+  uint32_t nt = 0;
+  if (!r.Get(&nt) || nt > r.remaining() / 12) return Bad("tensor count");
+  out.tensors.resize(nt);
+  for (TensorMeta& t : out.tensors) {
+    uint32_t dt = 0, nd = 0;
+    if (!r.GetString(&t.name, kMaxTensorNameBytes) || !r.Get(&dt) || !r.Get(&nd) ||
+        nd > kMaxTensorRank || r.remaining() < nd * sizeof(int64_t))
+      return Bad("truncated tensor entry");
+    CAIRN_RETURN_IF_ERROR(CheckTensorName(t.name));
+    if (dt > 255 || !IsValidDType(static_cast<uint8_t>(dt)))
+      return Bad("tensor '" + t.name + "' has an unknown dtype " + std::to_string(dt));
+    t.dtype = static_cast<DType>(dt);
+    t.global_shape.resize(nd);
+    for (int64_t& e : t.global_shape) r.Get(&e);
+    if (!CheckedNumElements(t.global_shape)) return Bad("tensor '" + t.name + "' has a bad shape");
+  }
+  uint32_t ns = 0;
+  if (!r.Get(&ns) || ns > r.remaining() / 4) return Bad("shard count");
+  out.shards.resize(ns);
+  for (RankLayout::Entry& s : out.shards) {
+    if (!r.Get(&s.tensor) || s.tensor >= nt) return Bad("shard names no tensor");
+    const TensorMeta& t = out.tensors[s.tensor];
+    const size_t nd = t.global_shape.size();
+    if (r.remaining() < nd * 2 * sizeof(int64_t)) return Bad("truncated box");
+    s.box.offsets.resize(nd);
+    s.box.lengths.resize(nd);
+    for (size_t d = 0; d < nd; ++d) {
+      r.Get(&s.box.offsets[d]);
+      r.Get(&s.box.lengths[d]);
+    }
+    Status st = CheckBoxInShape(s.box, t.global_shape);
+    if (!st.ok()) return Bad("tensor '" + t.name + "': " + st.message());
+  }
+  if (r.remaining() != 0) return Bad("trailing bytes");
+  return out;
+}
+
+uint64_t LayoutHash(std::string_view encoded) {
+  return Checksum(encoded.data(), encoded.size());
+}
+
+double SavePlan::max_writer_share() const {
+  if (writer_bytes.empty()) return 1;
+  const uint64_t total = std::accumulate(writer_bytes.begin(), writer_bytes.end(), uint64_t{0});
+  if (total == 0) return 1;
+  const uint64_t mx = *std::max_element(writer_bytes.begin(), writer_bytes.end());
+  return static_cast<double>(mx) * static_cast<double>(writer_bytes.size()) /
+         static_cast<double>(total);
+}
+
+std::vector<size_t> SavePlan::PiecesOf(int rank) const {
+  std::vector<size_t> out;
+  auto lo = std::lower_bound(pieces.begin(), pieces.end(), rank,
+                             [](const PlannedPiece& p, int r) { return p.writer < r; });
+  for (auto it = lo; it != pieces.end() && it->writer == rank; ++it)
+    out.push_back(static_cast<size_t>(it - pieces.begin()));
+  return out;
+}
+
+Result<SavePlan> MakeSavePlan(const std::vector<std::string>& layouts,
+                              const PlannerConfig& config) {
+  std::vector<uint64_t> hashes(layouts.size());
+  for (size_t r = 0; r < layouts.size(); ++r) hashes[r] = LayoutHash(layouts[r]);
+  return MakeSavePlan(layouts, hashes, config);
+}
+
+Result<SavePlan> MakeSavePlan(const std::vector<std::string>& layouts,
+                              const std::vector<uint64_t>& layout_hashes,
+                              const PlannerConfig& config) {
+  const int world = static_cast<int>(layouts.size());
+  if (world == 0 || layout_hashes.size() != layouts.size())
+    return Status::InvalidArgument("save plan: need one layout and one hash per rank");
+  SavePlan plan;
+  plan.layout_hashes = layout_hashes;
+  plan.rank_list.resize(static_cast<size_t>(world));
+
+  // 1. Group identical layouts; decode each distinct one once.
+  std::unordered_map<uint64_t, std::vector<uint32_t>> by_hash;  // hash -> candidate lists
+  std::vector<int> list_rep;                                    // a rank holding each list
+  std::vector<std::vector<int>> list_ranks;
+  for (int r = 0; r < world; ++r) {
+    auto& cands = by_hash[layout_hashes[static_cast<size_t>(r)]];
+    uint32_t id = UINT32_MAX;
+    for (uint32_t c : cands)
+      if (layouts[static_cast<size_t>(list_rep[c])] == layouts[static_cast<size_t>(r)]) id = c;
+    if (id == UINT32_MAX) {
+      id = static_cast<uint32_t>(list_rep.size());
+      cands.push_back(id);
+      list_rep.push_back(r);
+      list_ranks.emplace_back();
+    }
+    list_ranks[id].push_back(r);
+    plan.rank_list[static_cast<size_t>(r)] = id;
+  }
+  const size_t nlists = list_rep.size();
+  std::vector<RankLayout> decoded(nlists);
+  for (size_t l = 0; l < nlists; ++l) {
+    auto d = DecodeRankLayout(layouts[static_cast<size_t>(list_rep[l])]);
+    if (!d.ok())
+      return d.status().WithContext("save plan: layout of rank " + std::to_string(list_rep[l]));
+    decoded[l] = std::move(*d);
+  }
+
+  // 2. Intern tensors, deduplicate (tensor, box).
+  std::unordered_map<std::string, uint32_t> tensor_ids;
+  std::vector<int> tensor_rank;  // the rank whose layout defined each tensor
+  std::unordered_map<ShardKey, uint32_t, ShardKeyHash, ShardKeyEq> shard_ids;
+  std::vector<std::vector<uint32_t>> holders;  // per unique shard: lists holding it
+  plan.lists.resize(nlists);
+  for (size_t l = 0; l < nlists; ++l) {
+    RankLayout& lay = decoded[l];
+    std::vector<uint32_t> global(lay.tensors.size());
+    for (size_t t = 0; t < lay.tensors.size(); ++t) {
+      auto [it, fresh] =
+          tensor_ids.emplace(lay.tensors[t].name, static_cast<uint32_t>(plan.tensors.size()));
+      if (fresh) {
+        plan.tensors.push_back(lay.tensors[t]);
+        tensor_rank.push_back(list_rep[l]);
+      } else if (!(plan.tensors[it->second] == lay.tensors[t])) {
+        const TensorMeta& a = plan.tensors[it->second];
+        const TensorMeta& b = lay.tensors[t];
+        return Status::InvalidArgument(
+            "save plan: tensor '" + a.name + "' is " + std::string(DTypeName(a.dtype)) + " " +
+            ShapeToString(a.global_shape) + " on rank " + std::to_string(tensor_rank[it->second]) +
+            " but " + std::string(DTypeName(b.dtype)) + " " + ShapeToString(b.global_shape) +
+            " on rank " + std::to_string(list_rep[l]));
+      }
+      global[t] = it->second;
+    }
+    plan.lists[l].reserve(lay.shards.size());
+    for (RankLayout::Entry& e : lay.shards) {
+      e.tensor = global[e.tensor];
+      auto [it, fresh] =
+          shard_ids.emplace(ShardKey{e.tensor, &e.box}, static_cast<uint32_t>(plan.shards.size()));
+      if (fresh) {
+        PlanShard s;
+        s.tensor = e.tensor;
+        s.box = e.box;
+        s.nbytes = static_cast<uint64_t>(e.box.numel()) * DTypeSize(plan.tensors[e.tensor].dtype);
+        plan.unique_bytes += s.nbytes;
+        plan.shards.push_back(std::move(s));
+        holders.emplace_back();
+      }
+      auto& h = holders[it->second];
+      if (h.empty() || h.back() != l) h.push_back(static_cast<uint32_t>(l));
+      plan.lists[l].push_back(it->second);
+    }
+  }
+
+  // 3. Cut large boxes into slabs.
+  const uint64_t cut = std::max<uint64_t>(
+      plan.unique_bytes /
+          (static_cast<uint64_t>(world) * std::max<uint64_t>(config.split_factor, 1)),
+      std::max<uint64_t>(config.min_piece_bytes, 1));
+  for (uint32_t id = 0; id < plan.shards.size(); ++id) {
+    const PlanShard& s = plan.shards[id];
+    if (s.nbytes == 0) continue;
+    const int d = s.nbytes > cut ? SplitDim(s.box) : -1;
+    if (d < 0) {
+      plan.pieces.push_back({id, s.box, 0, s.nbytes, -1});
+      continue;
+    }
+    const int64_t rows = s.box.lengths[static_cast<size_t>(d)];
+    const uint64_t row_bytes = s.nbytes / static_cast<uint64_t>(rows);
+    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(cut / row_bytes));
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+      PlannedPiece p;
+      p.shard = id;
+      p.box = s.box;
+      p.box.offsets[static_cast<size_t>(d)] += r0;
+      p.box.lengths[static_cast<size_t>(d)] = std::min(per, rows - r0);
+      p.src_offset = static_cast<uint64_t>(r0) * row_bytes;
+      p.nbytes = static_cast<uint64_t>(p.box.lengths[static_cast<size_t>(d)]) * row_bytes;
+      plan.pieces.push_back(std::move(p));
+    }
+  }
+
+  // 4. Largest first to the least loaded holder. A rank is in exactly one list, so one
+  // min-heap of (load, rank) per list holds every rank's current load.
+  using Load = std::pair<uint64_t, int>;
+  std::vector<std::priority_queue<Load, std::vector<Load>, std::greater<Load>>> heaps(nlists);
+  for (size_t l = 0; l < nlists; ++l)
+    for (int r : list_ranks[l]) heaps[l].push({0, r});
+  std::vector<uint32_t> order(plan.pieces.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const PlannedPiece& x = plan.pieces[a];
+    const PlannedPiece& y = plan.pieces[b];
+    if (x.nbytes != y.nbytes) return x.nbytes > y.nbytes;
+    return a < b;
+  });
+  plan.writer_bytes.assign(static_cast<size_t>(world), 0);
+  for (uint32_t i : order) {
+    PlannedPiece& p = plan.pieces[i];
+    uint32_t best = UINT32_MAX;
+    for (uint32_t l : holders[p.shard])
+      if (best == UINT32_MAX || heaps[l].top() < heaps[best].top()) best = l;
+    Load top = heaps[best].top();
+    heaps[best].pop();
+    p.writer = top.second;
+    top.first += p.nbytes;
+    plan.writer_bytes[static_cast<size_t>(p.writer)] = top.first;
+    heaps[best].push(top);
+  }
+
+  // Group by writer, in the writer's slot order.
+  std::unordered_map<uint64_t, uint32_t> pos;  // (list << 32 | shard) -> position
+  pos.reserve(plan.pieces.size());
+  for (const PlannedPiece& p : plan.pieces) {
+    const uint32_t l = plan.rank_list[static_cast<size_t>(p.writer)];
+    pos.emplace((static_cast<uint64_t>(l) << 32) | p.shard, 0);
+  }
+  for (size_t l = 0; l < nlists; ++l)
+    for (uint32_t j = 0; j < plan.lists[l].size(); ++j) {
+      auto it = pos.find((static_cast<uint64_t>(l) << 32) | plan.lists[l][j]);
+      if (it != pos.end()) it->second = j;
+    }
+  auto key = [&](const PlannedPiece& p) {
+    const uint32_t l = plan.rank_list[static_cast<size_t>(p.writer)];
+    return std::tuple(p.writer, pos[(static_cast<uint64_t>(l) << 32) | p.shard], p.src_offset);
+  };
+  std::vector<std::tuple<int, uint32_t, uint64_t>> keys(plan.pieces.size());
+  for (size_t i = 0; i < plan.pieces.size(); ++i) keys[i] = key(plan.pieces[i]);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+  std::vector<PlannedPiece> sorted;
+  sorted.reserve(plan.pieces.size());
+  for (uint32_t i : order) sorted.push_back(std::move(plan.pieces[i]));
+  plan.pieces = std::move(sorted);
+  return plan;
+}
+
+}  // namespace cairn

@@ -1,0 +1,144 @@
+#include "persist/writer.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/checksum.h"
+#include "core/clock.h"
+#include "persist/manifest.h"
+
+namespace cairn {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// One unit of work: chunk `chunk` of item `item`.
+struct Unit {
+  uint32_t item;
+  uint32_t chunk;
+};
+
+}  // namespace
+
+void RateLimiter::Acquire(uint64_t bytes) {
+  if (rate_ == 0 || bytes == 0) return;
+  int64_t wait_until;
+  {
+    std::lock_guard lk(mu_);
+    const int64_t now = NowNanos();
+    const int64_t start = std::max(now, next_ns_);
+    next_ns_ =
+        start + static_cast<int64_t>(static_cast<double>(bytes) * 1e9 / static_cast<double>(rate_));
+    wait_until = start;
+  }
+  const int64_t now = NowNanos();
+  if (wait_until > now) std::this_thread::sleep_for(std::chrono::nanoseconds(wait_until - now));
+}
+
+uint64_t LayOutItems(std::span<WriteItem> items, uint64_t align) {
+  uint64_t off = 0;
+  for (WriteItem& it : items) {
+    it.file_offset = off;
+    off = (off + it.nbytes + align - 1) / align * align;
+  }
+  return off;
+}
+
+Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
+                                  std::span<const WriteItem> items, const WriterOptions& options,
+                                  RateLimiter* limiter, const Logger* log) {
+  const uint64_t chunk = std::max<uint64_t>(options.chunk_bytes, 1);
+  WriteReport report;
+  report.chunk_checksums.resize(items.size());
+  std::vector<Unit> units;
+  bool aligned = chunk % kPfsAlign == 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const uint64_t n = (items[i].nbytes + chunk - 1) / chunk;
+    report.chunk_checksums[i].assign(n, 0);
+    for (uint64_t c = 0; c < n; ++c)
+      units.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(c)});
+    report.bytes += items[i].nbytes;
+    aligned = aligned && items[i].file_offset % kPfsAlign == 0;
+  }
+  bool direct = options.direct && aligned;
+  if (options.direct && !aligned && log)
+    log->Warning(path + ": chunk size or offsets not 4 KiB aligned; writing without O_DIRECT");
+  Result<int> fd = Status::Internal("not opened");
+  if (direct) {
+    fd = fs->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (!fd.ok() && fd.status().message().find("Invalid argument") != std::string::npos) {
+      if (log) log->Info(path + ": O_DIRECT refused by the filesystem; writing buffered");
+      direct = false;
+    }
+  }
+  if (!direct) fd = fs->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (!fd.ok()) return fd.status();
+  report.direct = direct;
+
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  Status first;
+  auto work = [&] {
+    std::unique_ptr<void, FreeDeleter> bounce;
+    if (direct) {
+      void* p = nullptr;
+      if (posix_memalign(&p, kPfsAlign, chunk) != 0) {
+        std::lock_guard lk(err_mu);
+        if (first.ok()) first = Status::Internal(path + ": cannot allocate a write buffer");
+        failed = true;
+        return;
+      }
+      bounce.reset(p);
+    }
+    for (;;) {
+      const size_t u = next.fetch_add(1);
+      if (u >= units.size() || failed.load()) return;
+      const WriteItem& it = items[units[u].item];
+      const uint64_t b = static_cast<uint64_t>(units[u].chunk) * chunk;
+      const uint64_t n = std::min(chunk, it.nbytes - b);
+      const std::byte* src = it.src + b;
+      uint64_t write_n = n;
+      if (direct) {
+        std::memcpy(bounce.get(), src, n);
+        write_n = (n + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
+        if (write_n > n) std::memset(static_cast<std::byte*>(bounce.get()) + n, 0, write_n - n);
+        src = static_cast<const std::byte*>(bounce.get());
+      }
+      report.chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
+      if (limiter) limiter->Acquire(write_n);
+      Status st = fs->WriteAt(*fd, src, write_n, it.file_offset + b);
+      if (!st.ok()) {
+        std::lock_guard lk(err_mu);
+        if (first.ok()) first = st;
+        failed = true;
+        return;
+      }
+    }
+  };
+  const int nthreads = std::clamp(options.threads, 1, 64);
+  std::vector<std::thread> pool;
+  for (int t = 1; t < nthreads && static_cast<size_t>(t) < units.size(); ++t)
+    pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  Status st = first;
+  if (st.ok()) st = fs->Sync(*fd);
+  Status cl = fs->Close(*fd);
+  if (st.ok()) st = cl;
+  if (!st.ok()) {
+    (void)fs->Unlink(path);
+    return st;
+  }
+  return report;
+}
+
+}  // namespace cairn
