@@ -146,18 +146,31 @@ Result<pb::Manifest> BuildManifest(const SavePlan& plan, const std::vector<Locat
 }
 
 Status CommitStep(FileSystem* fs, const std::string& job_dir, int64_t step,
-                  const pb::Manifest& manifest) {
+                  const pb::Manifest& manifest, bool* left_published) {
+  *left_published = false;
   const std::string dir = JoinPath(job_dir, StepDirName(step));
-  const std::string path = JoinPath(dir, "MANIFEST");
-  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, path, EncodeManifest(manifest)));
-  Status st = WriteFileAtomic(fs, JoinPath(job_dir, "LATEST"), std::to_string(step) + "\n");
+  const std::string latest = JoinPath(job_dir, "LATEST");
+  auto prev = ReadLatest(fs, job_dir);
+  if (!prev.ok() && prev.status().code() != StatusCode::kNotFound) return prev.status();
+  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, JoinPath(dir, "MANIFEST"), EncodeManifest(manifest)));
+  Status st = WriteFileAtomic(fs, latest, std::to_string(step) + "\n");
   if (st.ok()) return st;
-  // Not published: take the MANIFEST back so the step stays invisible.
-  Status un = fs->Unlink(path);
-  if (un.ok()) un = fs->SyncDir(dir);
-  if (!un.ok())
-    return st.WithContext("LATEST not replaced, and removing " + path + " failed too (" +
-                          un.ToString() + ")");
+  auto now = ReadLatest(fs, job_dir);
+  if (!now.ok() || *now == step) {
+    // The rename happened (or LATEST cannot even be read to tell) but a later call failed:
+    // put the previous LATEST back.
+    Status back =
+        prev.ok() ? WriteFileAtomic(fs, latest, std::to_string(*prev) + "\n") : fs->Unlink(latest);
+    if (back.ok() && !prev.ok()) back = fs->SyncDir(job_dir);
+    if (!back.ok()) {
+      *left_published = true;
+      return st.WithContext("LATEST names step " + std::to_string(step) +
+                            " (or cannot be read) although committing it failed, and putting "
+                            "the previous LATEST back failed too (" +
+                            back.ToString() +
+                            "); the step is complete and verified, so it was left");
+    }
+  }
   return st;
 }
 

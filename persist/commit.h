@@ -43,10 +43,12 @@ Result<pb::Manifest> BuildManifest(const SavePlan& plan, const std::vector<Locat
                                    const std::string& job, int64_t step, uint64_t chunk_bytes);
 
 // Publishes <job_dir>/<step dir>/MANIFEST, then <job_dir>/LATEST, each atomically (temporary
-// name, fsync, rename, directory fsync). If LATEST cannot be replaced the MANIFEST is
-// removed again, so a failed commit leaves the previous committed step as it was.
+// name, fsync, rename, directory fsync). A failure fails the step: if LATEST was already
+// renamed when a later call failed, the previous LATEST is put back. Only if that fails
+// too does LATEST keep naming the new step (whose data and MANIFEST are complete and
+// verified); then *left_published is set and the step's files must be kept.
 Status CommitStep(FileSystem* fs, const std::string& job_dir, int64_t step,
-                  const pb::Manifest& manifest);
+                  const pb::Manifest& manifest, bool* left_published);
 
 // Removes, under `job_dir`: step directories without MANIFEST (except `in_flight`, -1 for
 // none), committed steps older than the `keep` newest (never the one LATEST names), and

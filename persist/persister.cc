@@ -60,6 +60,21 @@ Result<Offer> DecodeOffer(std::string_view b) {
   return o;
 }
 
+// Rank 0's verdict on a round: "0", or "[L]<status code> <message>" where L means LATEST
+// was left naming the step.
+Status DecodeOutcome(std::string_view r, bool* left_published) {
+  if (r == "0") return Status::OK();
+  *left_published = !r.empty() && r[0] == 'L';
+  if (*left_published) r.remove_prefix(1);
+  const size_t sp = r.find(' ');
+  int code = 0;
+  for (size_t i = 0; i < std::min(sp, r.size()); ++i)
+    code = r[i] >= '0' && r[i] <= '9' ? code * 10 + (r[i] - '0') : -1000;
+  if (code <= 0 || code > static_cast<int>(StatusCode::kInternal) || sp == std::string_view::npos)
+    return Status::Internal("undecodable persist outcome '" + std::string(r) + "'");
+  return Status(static_cast<StatusCode>(code), std::string(r.substr(sp + 1)));
+}
+
 }  // namespace
 
 Persister::Persister(PersistConfig config, HostTier* tier, Group* group, FileSystem* fs,
@@ -280,6 +295,7 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
   CAIRN_ASSIGN_OR_RETURN(auto encoded, group_->AllGather(EncodeLocationTable(table)));
   std::string outcome;
   if (me == 0) {
+    bool left_published = false;
     Status st = [&]() -> Status {
       std::vector<LocationTable> tables;
       for (const std::string& e : encoded) {
@@ -291,27 +307,29 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
                                                            config_.writer.chunk_bytes));
       m.set_created_wall_ns(WallNanos());
       CAIRN_RETURN_IF_ERROR(fs_->SyncDir(step_dir));
-      return CommitStep(fs_, config_.job_dir, step, m);
+      return CommitStep(fs_, config_.job_dir, step, m, &left_published);
     }();
     if (st.ok()) {
       CollectPfsGarbage(fs_, config_.job_dir, config_.keep, step, log_);
       outcome = "0";
-    } else {
+    } else if (!left_published) {
       Status rm = fs_->RemoveAll(step_dir);
       if (!rm.ok())
         log_->Warning("persist: removing the failed " + step_dir + ": " + rm.ToString());
-      outcome = std::to_string(static_cast<int>(st.code())) + " " + st.message();
     }
+    if (!st.ok())
+      outcome = (left_published ? "L" : "") + std::to_string(static_cast<int>(st.code())) + " " +
+                st.message();
   }
   // 5. Everyone learns the outcome.
-  CAIRN_ASSIGN_OR_RETURN(std::string result, group_->Broadcast(0, outcome));
-  if (result == "0") return step;
-  const size_t sp = result.find(' ');
-  const int code = sp == std::string::npos ? 0 : std::atoi(result.substr(0, sp).c_str());
-  return Status(code > 0 && code <= static_cast<int>(StatusCode::kInternal)
-                    ? static_cast<StatusCode>(code)
-                    : StatusCode::kInternal,
-                sp == std::string::npos ? result : result.substr(sp + 1));
+  auto told = group_->Broadcast(0, outcome);
+  if (!told.ok()) return told.status();
+  bool left_published = false;
+  Status st = DecodeOutcome(*told, &left_published);
+  // A step LATEST names must never be written again, even if its round failed.
+  if (st.ok() || left_published) last_committed_ = step;
+  if (!st.ok()) return st;
+  return step;
 }
 
 }  // namespace cairn
