@@ -12,7 +12,11 @@
 namespace cairn {
 namespace {
 
-constexpr uint64_t kShardAlign = 64;  // slot offsets: cache-line aligned for streaming stores
+// Slot offsets: cache-line aligned for streaming stores; shards of 1 MiB or more start on
+// a 4 KiB page so the PFS writers can hand them to O_DIRECT without a bounce copy.
+constexpr uint64_t kShardAlign = 64;
+constexpr uint64_t kLargeShardAlign = 4096;
+constexpr uint64_t kLargeShard = 1ull << 20;
 constexpr size_t kMaxBlobs = 1 << 16;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) {
@@ -109,7 +113,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
   pc.writer.threads = o.persist_threads;
   pc.writer.direct = o.persist_direct;
   pc.writer.chunk_bytes = o.chunk_bytes;
+  pc.planner.align_bytes = o.chunk_bytes;
   pc.rate_bytes_per_s = o.persist_rate;
+  pc.priority = static_cast<PersistPriority>(o.persist_priority);
   Checkpointer* self = c.get();
   c->persister_ =
       std::make_unique<Persister>(std::move(pc), c->tier_.get(), c->persist_group_.get(),
@@ -193,8 +199,8 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
     r.dtype = s.meta.dtype;
     r.global_shape = s.meta.global_shape;
     r.box = s.box;
-    r.offset = off = AlignUp(off, kShardAlign);
     r.nbytes = s.nbytes();
+    r.offset = off = AlignUp(off, r.nbytes >= kLargeShard ? kLargeShardAlign : kShardAlign);
     r.first_chunk = chunk_index;
     r.num_chunks = static_cast<uint32_t>((r.nbytes + h.chunk_bytes - 1) / h.chunk_bytes);
     for (uint32_t i = 0; i < r.num_chunks; ++i) {

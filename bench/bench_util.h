@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/options.h"
 
 namespace cairn::bench {
@@ -69,6 +70,46 @@ inline double Mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+// The forward/backward stand-in: `reps` passes of multiply-adds over `w` (64 Ki floats,
+// 256 KiB, stays in L2).
+inline float g_compute_sink = 0;
+// noinline: the same machine code wherever it is called from (timings must compare).
+[[gnu::noinline]] inline void Compute(std::vector<float>& w, int64_t reps) {
+  float a = 0.999f, b = 0.001f;
+  for (int64_t r = 0; r < reps; ++r) {
+    for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] * a + b;
+    a = 2.0f - a;  // keep values bounded and the loop un-foldable
+  }
+  g_compute_sink += w[w.size() / 2];
+}
+
+// The `reps` for which Compute(w, reps) takes about `target_s`: a rough estimate, then two
+// passes over the median of five timed runs (single runs vary by +-25% on a shared VM).
+inline int64_t CalibrateCompute(std::vector<float>& w, double target_s) {
+  int64_t reps = 16;
+  for (;;) {
+    const int64_t t0 = NowNanos();
+    Compute(w, reps);
+    const double s = NanosToSeconds(NowNanos() - t0);
+    if (s > 0.05) {
+      reps = static_cast<int64_t>(static_cast<double>(reps) * target_s / s);
+      break;
+    }
+    reps *= 2;
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<double> ct;
+    for (int i = 0; i < 5; ++i) {
+      const int64_t t0 = NowNanos();
+      Compute(w, reps);
+      ct.push_back(NanosToSeconds(NowNanos() - t0));
+    }
+    reps = std::max<int64_t>(
+        1, static_cast<int64_t>(static_cast<double>(reps) * target_s / Median(ct)));
+  }
+  return reps;
 }
 
 }  // namespace cairn::bench

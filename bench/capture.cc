@@ -33,6 +33,8 @@
 
 using namespace cairn;
 using cairn::bench::Buffer;
+using cairn::bench::CalibrateCompute;
+using cairn::bench::Compute;
 using cairn::bench::Mean;
 using cairn::bench::Median;
 
@@ -62,18 +64,6 @@ double TimedMemcpy(std::byte* dst, const std::byte* src, size_t n, int threads) 
     for (auto& t : ts) t.join();
   }
   return NanosToSeconds(NowNanos() - t0);
-}
-
-// The forward/backward stand-in: `reps` passes of multiply-adds over 64 Ki floats
-// (256 KiB, resident in L2).
-float g_sink = 0;
-void Compute(std::vector<float>& w, int64_t reps) {
-  float a = 0.999f, b = 0.001f;
-  for (int64_t r = 0; r < reps; ++r) {
-    for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] * a + b;
-    a = 2.0f - a;  // keep values bounded and the loop un-foldable
-  }
-  g_sink += w[w.size() / 2];
 }
 
 // The optimizer step: writes one float in every 64 KiB of the state.
@@ -119,30 +109,9 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
   const double memcpy_s = Median(mc);
   const double memcpy_gbps = static_cast<double>(state_bytes) / memcpy_s / 1e9;
 
-  // Calibrate the compute to 1.5x the copy time: a rough estimate, then the median of
-  // five timed runs (single runs vary by +-25% on a shared VM).
+  // The compute takes 1.5x the copy time.
   std::vector<float> work(64 << 10, 1.0f);
-  int64_t reps = 16;
-  for (;;) {
-    const int64_t t0 = NowNanos();
-    Compute(work, reps);
-    const double s = NanosToSeconds(NowNanos() - t0);
-    if (s > 0.05) {
-      reps = static_cast<int64_t>(static_cast<double>(reps) * 1.5 * memcpy_s / s);
-      break;
-    }
-    reps *= 2;
-  }
-  for (int pass = 0; pass < 2; ++pass) {
-    std::vector<double> ct;
-    for (int i = 0; i < 5; ++i) {
-      const int64_t t0 = NowNanos();
-      Compute(work, reps);
-      ct.push_back(NanosToSeconds(NowNanos() - t0));
-    }
-    reps = std::max<int64_t>(
-        1, static_cast<int64_t>(static_cast<double>(reps) * 1.5 * memcpy_s / Median(ct)));
-  }
+  const int64_t reps = CalibrateCompute(work, 1.5 * memcpy_s);
 
   Options o;
   o.job_id = "bench-capture-" + std::to_string(::getpid());

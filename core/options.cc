@@ -90,8 +90,12 @@ const std::vector<EnvSetting>& EnvSettings() {
       {"CAIRN_PERSIST_EVERY", "10",
        "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"},
       {"CAIRN_KEEP_ON_PFS", "3", "committed steps kept on the PFS; older ones are deleted"},
-      {"CAIRN_PERSIST_THREADS", "2", "writer threads per rank for the PFS"},
+      {"CAIRN_PERSIST_THREADS", "4",
+       "writer threads per rank for the PFS (each hashes a chunk, then writes it)"},
       {"CAIRN_PERSIST_DIRECT", "0", "1: write PFS files with O_DIRECT (falls back if refused)"},
+      {"CAIRN_PERSIST_PRIORITY", "idle",
+       "CPU priority of the PFS drain: idle (SCHED_IDLE: never takes CPU training wants), "
+       "low (nice 10) or normal"},
       {"CAIRN_PERSIST_RATE", "0",
        "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"},
   };
@@ -209,6 +213,17 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_DIRECT", t, 0, 1, &v));
     o.persist_direct = v == 1;
   }
+  if (const char* t = get("CAIRN_PERSIST_PRIORITY")) {
+    std::string p(t);
+    if (p == "idle")
+      o.persist_priority = 0;
+    else if (p == "low")
+      o.persist_priority = 1;
+    else if (p == "normal")
+      o.persist_priority = 2;
+    else
+      return Status::InvalidArgument("CAIRN_PERSIST_PRIORITY='" + p + "': use idle, low or normal");
+  }
   if (const char* t = get("CAIRN_PERSIST_RATE"))
     CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_PERSIST_RATE", t, &o.persist_rate));
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
@@ -249,6 +264,7 @@ Status Options::Validate() const {
   if (persist_every < 0) return bad("persist_every must not be negative");
   if (keep_on_pfs < 1) return bad("keep_on_pfs must be at least 1");
   if (persist_threads < 1 || persist_threads > 64) return bad("persist threads must be 1..64");
+  if (persist_priority < 0 || persist_priority > 2) return bad("persist priority must be 0..2");
   return Status::OK();
 }
 

@@ -48,11 +48,12 @@ struct Options {
   bool group_placement = false;        // Gemini's group placement instead of the ring
   int persist_every = 10;              // persist every k-th saved version (0: only flush())
   int keep_on_pfs = 3;                 // committed steps kept on the PFS
-  int persist_threads = 2;             // writer threads per rank
+  int persist_threads = 4;             // writer threads per rank
   bool persist_direct = false;         // O_DIRECT writes
   uint64_t persist_rate = 0;           // bytes/s cap per rank (0: unlimited)
-  FileSystem* fs = nullptr;            // nullptr: the POSIX filesystem
-  FileSystem* pfs_fs = nullptr;        // for the PFS tier; nullptr: `fs`
+  int persist_priority = 0;      // drain threads: 0 idle (SCHED_IDLE), 1 low (nice 10), 2 normal
+  FileSystem* fs = nullptr;      // nullptr: the POSIX filesystem
+  FileSystem* pfs_fs = nullptr;  // for the PFS tier; nullptr: `fs`
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value

@@ -1,5 +1,9 @@
 #include "persist/persister.h"
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -125,6 +129,17 @@ PersistStats Persister::stats() const {
 }
 
 void Persister::Loop() {
+  // Draining is background work: it yields the CPU to the training and capture threads
+  // (Linux scheduling policy and nice value are per thread; the writer threads this thread
+  // starts inherit them). flush() is unaffected in practice: the training thread waits.
+  if (config_.priority == PersistPriority::kIdle) {
+    sched_param sp{};
+    if (::sched_setscheduler(0, SCHED_IDLE, &sp) != 0)
+      log_->Info("persist: SCHED_IDLE refused; writers run at normal priority");
+  } else if (config_.priority == PersistPriority::kLow) {
+    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) != 0)
+      log_->Info("persist: setpriority refused; writers run at normal priority");
+  }
   for (;;) {
     uint64_t newest = 0, seq = 0;
     {
@@ -229,7 +244,12 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
   // 2. Plan, or reuse the plan.
   if (!plan_ || plan_->layout_hashes != hashes) {
     plan_.reset();
-    CAIRN_ASSIGN_OR_RETURN(auto layouts, group_->AllGather(EncodeRankLayout(LayoutOf(h))));
+    // Only the lowest rank of each distinct layout sends it; the others are known by hash.
+    bool first_of_hash = true;
+    for (int r = 0; r < me; ++r) first_of_hash = first_of_hash && hashes[r] != hashes[me];
+    CAIRN_ASSIGN_OR_RETURN(
+        auto layouts,
+        group_->AllGather(first_of_hash ? EncodeRankLayout(LayoutOf(h)) : std::string()));
     CAIRN_ASSIGN_OR_RETURN(SavePlan plan, MakeSavePlan(layouts, hashes, config_.planner));
     plan_ = std::move(plan);
     std::lock_guard lk(mu_);
@@ -241,54 +261,7 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
   // 3. Write this rank's pieces and blobs.
   const std::string step_dir = JoinPath(config_.job_dir, StepDirName(step));
   LocationTable table;
-  const std::vector<size_t> mine = plan.PiecesOf(me);
-  table.status = [&]() -> Status {
-    const auto& list = plan.lists[plan.rank_list[static_cast<size_t>(me)]];
-    std::unordered_map<uint32_t, uint32_t> pos;  // plan shard -> index in the slot header
-    for (uint32_t j = 0; j < list.size(); ++j) pos.emplace(list[j], j);
-    std::vector<WriteItem> items;
-    std::set<uint32_t> verify;  // slot chunks under the pieces
-    for (size_t i : mine) {
-      const PlannedPiece& p = plan.pieces[i];
-      const SlotShard& s = h.shards[pos.at(p.shard)];
-      items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
-      for (uint64_t c = p.src_offset / h.chunk_bytes; c * h.chunk_bytes < p.src_offset + p.nbytes;
-           ++c)
-        verify.insert(s.first_chunk + static_cast<uint32_t>(c));
-    }
-    // The slot's bytes must still be what was captured before they become the PFS copy.
-    for (size_t j = 0; j < h.shards.size() && !verify.empty(); ++j) {
-      const SlotShard& s = h.shards[j];
-      for (uint32_t c = 0; c < s.num_chunks; ++c) {
-        if (!verify.count(s.first_chunk + c)) continue;
-        auto [b, e] = h.ChunkRange(s, c);
-        if (Checksum(view.data() + b, e - b) != h.chunk_checksums[s.first_chunk + c])
-          return Status::Corruption("host slot " + view.data_path() + " tensor '" + s.name +
-                                    "' bytes [" + std::to_string(b) + ", " + std::to_string(e) +
-                                    ") no longer match their checksum");
-      }
-    }
-    for (const SlotBlob& b : h.blobs) items.push_back({view.data() + b.offset, b.nbytes, 0});
-    LayOutItems(items, kPfsAlign);
-    CAIRN_RETURN_IF_ERROR(fs_->MakeDirs(JoinPath(step_dir, "data"), 0700));
-    const int64_t t0 = NowNanos();
-    CAIRN_ASSIGN_OR_RETURN(WriteReport rep, WriteDataFile(fs_, JoinPath(step_dir, DataFileName(me)),
-                                                          items, config_.writer, &limiter_, log_));
-    CAIRN_RETURN_IF_ERROR(fs_->SyncDir(JoinPath(step_dir, "data")));
-    {
-      std::lock_guard lk(mu_);
-      stats_.bytes += rep.bytes;
-      stats_.write_seconds += NanosToSeconds(NowNanos() - t0);
-    }
-    for (size_t k = 0; k < mine.size(); ++k)
-      table.pieces.push_back({items[k].file_offset, std::move(rep.chunk_checksums[k])});
-    for (size_t k = 0; k < h.blobs.size(); ++k) {
-      const WriteItem& it = items[mine.size() + k];
-      table.blobs.push_back(
-          {h.blobs[k].name, it.file_offset, it.nbytes, Checksum(it.src, it.nbytes)});
-    }
-    return Status::OK();
-  }();
+  table.status = WriteShare(step_dir, view, plan, &table);
   if (!table.status.ok()) table.status = table.status.WithContext("rank " + std::to_string(me));
 
   // 4. Gather the tables; rank 0 commits.
@@ -330,6 +303,85 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
   if (st.ok() || left_published) last_committed_ = step;
   if (!st.ok()) return st;
   return step;
+}
+
+Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& view,
+                             const SavePlan& plan, LocationTable* table) {
+  const int me = group_->rank();
+  const SlotHeader& h = view.header();
+  const uint64_t chunk = h.chunk_bytes;
+  const std::vector<size_t> mine = plan.PiecesOf(me);
+  const auto& list = plan.lists[plan.rank_list[static_cast<size_t>(me)]];
+  std::unordered_map<uint32_t, uint32_t> pos;  // plan shard -> index in the slot header
+  for (uint32_t j = 0; j < list.size(); ++j) pos.emplace(list[j], j);
+
+  // The slot's bytes must still be the ones captured before they become the PFS copy.
+  // Where a piece's chunks are the slot's chunks (the planner starts slabs on chunk
+  // boundaries), the checksums the writer takes must equal the slot's: no extra pass.
+  // Other chunks under the pieces are hashed here first.
+  struct Expect {
+    size_t item, chunk;
+    uint32_t slot_chunk;
+  };
+  std::vector<Expect> expect;
+  std::set<uint32_t> verify;
+  std::vector<WriteItem> items;
+  std::vector<const SlotShard*> shard_of;
+  const bool same_chunks = chunk == config_.writer.chunk_bytes;
+  for (size_t i : mine) {
+    const PlannedPiece& p = plan.pieces[i];
+    const SlotShard& s = h.shards[pos.at(p.shard)];
+    shard_of.push_back(&s);
+    items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
+    const uint64_t n = (p.nbytes + chunk - 1) / chunk;
+    for (uint64_t k = 0, c = p.src_offset / chunk; c * chunk < p.src_offset + p.nbytes; ++c, ++k) {
+      const uint32_t sc = s.first_chunk + static_cast<uint32_t>(c);
+      const bool aligned =
+          p.src_offset % chunk == 0 && k < n &&
+          std::min((k + 1) * chunk, p.nbytes) == std::min((k + 1) * chunk, s.nbytes - p.src_offset);
+      if (same_chunks && aligned)
+        expect.push_back({items.size() - 1, k, sc});
+      else
+        verify.insert(sc);
+    }
+  }
+  for (size_t j = 0; j < h.shards.size() && !verify.empty(); ++j) {
+    const SlotShard& s = h.shards[j];
+    for (uint32_t c = 0; c < s.num_chunks; ++c) {
+      if (!verify.count(s.first_chunk + c)) continue;
+      auto [b, e] = h.ChunkRange(s, c);
+      if (Checksum(view.data() + b, e - b) != h.chunk_checksums[s.first_chunk + c])
+        return Status::Corruption("host slot " + view.data_path() + " tensor '" + s.name +
+                                  "' bytes [" + std::to_string(b) + ", " + std::to_string(e) +
+                                  ") no longer match their checksum");
+    }
+  }
+  for (const SlotBlob& b : h.blobs) items.push_back({view.data() + b.offset, b.nbytes, 0});
+  LayOutItems(items, kPfsAlign);
+  CAIRN_RETURN_IF_ERROR(fs_->MakeDirs(JoinPath(step_dir, "data"), 0700));
+  const int64_t t0 = NowNanos();
+  CAIRN_ASSIGN_OR_RETURN(WriteReport rep, WriteDataFile(fs_, JoinPath(step_dir, DataFileName(me)),
+                                                        items, config_.writer, &limiter_, log_));
+  for (const Expect& e : expect)
+    if (rep.chunk_checksums[e.item][e.chunk] != h.chunk_checksums[e.slot_chunk])
+      return Status::Corruption("host slot " + view.data_path() + " tensor '" +
+                                shard_of[e.item]->name + "': chunk " +
+                                std::to_string(e.slot_chunk - shard_of[e.item]->first_chunk) +
+                                " no longer matches its checksum");
+  CAIRN_RETURN_IF_ERROR(fs_->SyncDir(JoinPath(step_dir, "data")));
+  {
+    std::lock_guard lk(mu_);
+    stats_.bytes += rep.bytes;
+    stats_.write_seconds += NanosToSeconds(NowNanos() - t0);
+  }
+  for (size_t k = 0; k < mine.size(); ++k)
+    table->pieces.push_back({items[k].file_offset, std::move(rep.chunk_checksums[k])});
+  for (size_t k = 0; k < h.blobs.size(); ++k) {
+    const WriteItem& it = items[mine.size() + k];
+    table->blobs.push_back(
+        {h.blobs[k].name, it.file_offset, it.nbytes, Checksum(it.src, it.nbytes)});
+  }
+  return Status::OK();
 }
 
 }  // namespace cairn

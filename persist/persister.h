@@ -33,11 +33,19 @@
 #include "core/group.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "persist/commit.h"
 #include "persist/save_planner.h"
 #include "persist/writer.h"
 #include "tiers/host_tier.h"
 
 namespace cairn {
+
+// CPU priority of the drain threads.
+enum class PersistPriority {
+  kIdle,    // SCHED_IDLE: only CPU time nothing else wants (the default)
+  kLow,     // nice +10
+  kNormal,  // as the training threads
+};
 
 struct PersistConfig {
   std::string job;
@@ -46,6 +54,7 @@ struct PersistConfig {
   int keep = 3;         // committed steps kept on the PFS (older ones are deleted)
   WriterOptions writer;
   uint64_t rate_bytes_per_s = 0;  // 0: unlimited
+  PersistPriority priority = PersistPriority::kIdle;
   PlannerConfig planner;
 };
 
@@ -96,9 +105,10 @@ class Persister {
   // Steps 2-5 of a round for `step`, with `views` pinned.
   Result<int64_t> PersistStep(int64_t step, const HostTier::View& view,
                               const std::vector<uint64_t>& layout_hashes);
-  // Rank 0: removes step directories without MANIFEST (but `in_flight`), committed steps
-  // beyond `keep`, and temporary files.
-  void CollectGarbage(int64_t in_flight);
+  // Writes this rank's planned pieces and its blobs to its data file in `step_dir`, after
+  // checking the slot's bytes still match their checksums; fills *table.
+  Status WriteShare(const std::string& step_dir, const HostTier::View& view, const SavePlan& plan,
+                    LocationTable* table);
 
   PersistConfig config_;
   HostTier* tier_;

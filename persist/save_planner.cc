@@ -158,11 +158,15 @@ Result<SavePlan> MakeSavePlan(const std::vector<std::string>& layouts,
   std::vector<int> list_rep;                                    // a rank holding each list
   std::vector<std::vector<int>> list_ranks;
   for (int r = 0; r < world; ++r) {
+    const std::string& mine = layouts[static_cast<size_t>(r)];
     auto& cands = by_hash[layout_hashes[static_cast<size_t>(r)]];
     uint32_t id = UINT32_MAX;
     for (uint32_t c : cands)
-      if (layouts[static_cast<size_t>(list_rep[c])] == layouts[static_cast<size_t>(r)]) id = c;
+      if (mine.empty() || layouts[static_cast<size_t>(list_rep[c])] == mine) id = c;
     if (id == UINT32_MAX) {
+      if (mine.empty())
+        return Status::InvalidArgument("save plan: rank " + std::to_string(r) +
+                                       " sent no layout and no lower rank has its hash");
       id = static_cast<uint32_t>(list_rep.size());
       cands.push_back(id);
       list_rep.push_back(r);
@@ -241,7 +245,13 @@ Result<SavePlan> MakeSavePlan(const std::vector<std::string>& layouts,
     }
     const int64_t rows = s.box.lengths[static_cast<size_t>(d)];
     const uint64_t row_bytes = s.nbytes / static_cast<uint64_t>(rows);
-    const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(cut / row_bytes));
+    int64_t per = std::max<int64_t>(1, static_cast<int64_t>(cut / row_bytes));
+    if (config.align_bytes > 0 && config.align_bytes % row_bytes == 0) {
+      // Aligned slabs, unless that would make them much coarser than the balance needs.
+      const int64_t q = static_cast<int64_t>(config.align_bytes / row_bytes);
+      const int64_t aligned = (per + q - 1) / q * q;
+      if (aligned <= 2 * per) per = aligned;
+    }
     for (int64_t r0 = 0; r0 < rows; r0 += per) {
       PlannedPiece p;
       p.shard = id;

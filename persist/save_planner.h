@@ -1,7 +1,8 @@
 // SavePlanner: who writes which bytes of a step to the parallel filesystem.
 //
 // Every rank contributes its layout (the tensors and boxes it holds, in the order of its
-// host slot) as an encoded string; the planner
+// host slot) as an encoded string (only the lowest rank of each distinct layout needs to
+// send the bytes; the others are known by their hash); the planner
 //   1. groups ranks with byte-identical layouts (data-parallel replicas) by hashing them,
 //      and decodes each distinct layout once;
 //   2. interns tensors across layouts (a dtype or shape disagreement is an error) and
@@ -81,6 +82,10 @@ struct PlannerConfig {
   // are cut into slabs of about that size.
   uint64_t split_factor = 16;
   uint64_t min_piece_bytes = 1ull << 20;
+  // Slabs start at multiples of this many bytes of their shard where the row size allows
+  // and the slabs grow by at most 2x (the checksum chunk: a writer can then compare its
+  // checksums with the host slot's instead of hashing the slot again).
+  uint64_t align_bytes = 4ull << 20;
 };
 
 // Plans from every rank's encoded layout (indexed by rank). InvalidArgument naming the
@@ -88,7 +93,9 @@ struct PlannerConfig {
 Result<SavePlan> MakeSavePlan(const std::vector<std::string>& layouts,
                               const PlannerConfig& config = {});
 // Same, when the hashes of the layouts are already known (layout_hashes[r] ==
-// LayoutHash(layouts[r])).
+// LayoutHash(layouts[r])). Then layouts[r] may be empty when a lower rank has the same hash
+// and carries the bytes: the persister gathers each distinct layout once, so no rank
+// receives more than the distinct layouts of the job.
 Result<SavePlan> MakeSavePlan(const std::vector<std::string>& layouts,
                               const std::vector<uint64_t>& layout_hashes,
                               const PlannerConfig& config = {});

@@ -107,7 +107,9 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
       const uint64_t n = std::min(chunk, it.nbytes - b);
       const std::byte* src = it.src + b;
       uint64_t write_n = n;
-      if (direct) {
+      const bool aligned_src =
+          reinterpret_cast<uintptr_t>(src) % kPfsAlign == 0 && n % kPfsAlign == 0;
+      if (direct && !aligned_src) {  // through the aligned buffer
         std::memcpy(bounce.get(), src, n);
         write_n = (n + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
         if (write_n > n) std::memset(static_cast<std::byte*>(bounce.get()) + n, 0, write_n - n);

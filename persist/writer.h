@@ -3,8 +3,10 @@
 // Items (the bytes of planned boxes and blobs) are written at their file offsets in
 // chunk-sized sequential writes by a bounded number of threads, each chunk checksummed
 // (XXH3) from the bytes actually handed to the kernel; then the file is fsynced. With
-// `direct` the file is opened O_DIRECT and chunks go through aligned buffers (a filesystem
-// that refuses O_DIRECT, such as tmpfs, falls back to buffered writes). A RateLimiter caps
+// `direct` the file is opened O_DIRECT; chunks whose memory and length are 4 KiB aligned
+// are written straight from the source, others through an aligned buffer (a filesystem
+// that refuses O_DIRECT, such as tmpfs, falls back to buffered writes). The source must
+// not change while it is written (the persister writes from pinned host slots). A RateLimiter caps
 // the bytes per second so draining does not starve training of bandwidth.
 // Thread-safety: WriteDataFile may run concurrently for different files; one RateLimiter
 // may be shared by all writers of a process.

@@ -95,7 +95,13 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
               {"CAIRN_SLOTS", "3"},
               {"CAIRN_CHUNK_BYTES", "8M"},
               {"CAIRN_FULL_POLICY", "block"},
-              {"CAIRN_SLOT_BYTES", "1G"}};
+              {"CAIRN_SLOT_BYTES", "1G"},
+              {"CAIRN_PERSIST_EVERY", "5"},
+              {"CAIRN_KEEP_ON_PFS", "2"},
+              {"CAIRN_PERSIST_THREADS", "3"},
+              {"CAIRN_PERSIST_DIRECT", "1"},
+              {"CAIRN_PERSIST_PRIORITY", "low"},
+              {"CAIRN_PERSIST_RATE", "200M"}};
   auto o = Options::FromEnvironment(env.fn());
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->rank, 5);
@@ -106,6 +112,12 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
   EXPECT_EQ(o->chunk_bytes, 8u << 20);
   EXPECT_EQ(o->slot_bytes, 1ull << 30);
   EXPECT_EQ(o->full_policy, FullPolicy::kBlock);
+  EXPECT_EQ(o->persist_every, 5);
+  EXPECT_EQ(o->keep_on_pfs, 2);
+  EXPECT_EQ(o->persist_threads, 3);
+  EXPECT_TRUE(o->persist_direct);
+  EXPECT_EQ(o->persist_priority, 1);
+  EXPECT_EQ(o->persist_rate, 200ull << 20);
   env.vars["CAIRN_RANK"] = "6";
   env.vars["CAIRN_NODE"] = "3";
   env.vars["CAIRN_JOB_ID"] = "mine";
@@ -124,6 +136,11 @@ TEST(Options, BadValuesNameTheVariable) {
                                                              {"CAIRN_FULL_POLICY", "wait"},
                                                              {"CAIRN_COPY_ENGINE", "gpu"},
                                                              {"CAIRN_JOB_ID", "../etc"},
+                                                             {"CAIRN_PERSIST_EVERY", "-1"},
+                                                             {"CAIRN_KEEP_ON_PFS", "0"},
+                                                             {"CAIRN_PERSIST_DIRECT", "yes"},
+                                                             {"CAIRN_PERSIST_PRIORITY", "high"},
+                                                             {"CAIRN_PERSIST_RATE", "fast"},
                                                              {"WORLD_SIZE", "0"}};
   for (const auto& [k, v] : bad) {
     FakeEnv env;

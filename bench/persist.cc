@@ -1,0 +1,380 @@
+// bench/persist: cairn's persistence to the PFS against raw sequential writes of the same
+// bytes to the same directory, and the training loop's stall while drains run.
+//
+//   raw      4 MiB write(2)s of --bytes into one file, then fsync; buffered and O_DIRECT
+//            (aligned buffer), alternated, median of --rounds each; the faster mode is the
+//            reference (raw_write_gbps) and the mode cairn is run with
+//   persist  N ranks (processes, UCX over tcp) that all hold the same --bytes of tensors
+//            (data parallel): save, wait until captured, barrier, then flush() (plan, every
+//            rank writes its share, fsync, MANIFEST + LATEST commit) timed on rank 0;
+//            median of --rounds; persist_gbps = bytes / flush time
+//   stall    one rank trains (compute calibrated to 1.5x the state memcpy, fence, save)
+//            with draining off and with CAIRN_PERSIST_EVERY=1 (a drain always running),
+//            alternated; stall = time in fence() + save() per iteration
+//
+//   persist [--bytes 1G] [--ranks 1,2,4] [--rounds 3] [--dir /var/tmp] [--threads 4]
+//           [--stall-iters 24]
+//
+// Last line: one JSON object with raw_write_gbps, persist_gbps and persist_vs_raw (the
+// largest rank count), max_writer_share, stall_ms_during_drain and stall_ms_no_drain.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/checkpointer.h"
+#include "bench/bench_util.h"
+#include "cli/launcher.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+
+using namespace cairn;
+using cairn::bench::Buffer;
+using cairn::bench::Median;
+
+namespace {
+
+constexpr uint64_t kIo = 4ull << 20;
+constexpr int kTensors = 8;
+
+struct Args {
+  uint64_t bytes = 1ull << 30;
+  std::string ranks = "1,2,4";
+  int rounds = 3;
+  std::string dir = "/var/tmp";
+  int threads = 4;
+  int stall_iters = 24;
+  // Child only.
+  bool child = false;
+  bool stall = false;
+};
+
+// Raw reference: sequential 4 MiB writes of `src` into `path`, then fsync.
+double RawWrite(const std::string& path, const std::byte* src, uint64_t bytes, bool direct) {
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+  if (fd < 0) {
+    std::perror(("open " + path).c_str());
+    std::exit(1);
+  }
+  const int64_t t0 = NowNanos();
+  for (uint64_t off = 0; off < bytes; off += kIo) {
+    const size_t n = static_cast<size_t>(std::min(kIo, bytes - off));
+    if (::pwrite(fd, src + off, n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
+      std::perror(("write " + path).c_str());
+      std::exit(1);
+    }
+  }
+  if (::fsync(fd) != 0) std::perror("fsync");
+  const double s = NanosToSeconds(NowNanos() - t0);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return s;
+}
+
+// Tensors of the data-parallel state (every rank holds all of them).
+struct State {
+  explicit State(uint64_t bytes) {
+    for (int i = 0; i < kTensors; ++i) {
+      bufs.push_back(std::make_unique<Buffer>(bytes / kTensors));
+      TensorMeta m{"layers." + std::to_string(i) + ".weight",
+                   DType::kF32,
+                   {static_cast<int64_t>(bytes / kTensors / 4 / 1024), 1024}};
+      shards.push_back(ShardSpec::Whole(m, bufs.back()->p));
+    }
+  }
+  void Touch(int64_t step) {
+    for (auto& b : bufs)
+      for (size_t off = static_cast<size_t>(step % 16) * 4; off < b->size; off += 64 << 10)
+        reinterpret_cast<float*>(b->p + off)[0] += 1.0f;
+  }
+  std::vector<std::unique_ptr<Buffer>> bufs;
+  std::vector<ShardSpec> shards;
+};
+
+void Die(const char* what, const Status& st) {
+  std::fprintf(stderr, "persist: %s: %s\n", what, st.ToString().c_str());
+  std::exit(1);
+}
+
+// A rank of the persist measurement. Rank 0 prints "FLUSH <seconds> <share>" per round.
+int PersistChild(const Args& a) {
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) Die("options", o.status());
+  o->copy_engine = CopyEngineKind::kHost;
+  o->slot_bytes = a.bytes + (4 << 20);
+  State s(a.bytes);
+  auto ck = Checkpointer::Open(*o);
+  if (!ck.ok()) Die("open", ck.status());
+  Checkpointer& c = **ck;
+  for (int r = 0; r < a.rounds + 1; ++r) {  // the first round warms up (plan, directories)
+    s.Touch(r);
+    auto out = c.save(r + 1, s.shards);
+    if (!out.ok() || *out != SaveOutcome::kQueued)
+      Die("save", out.ok() ? Status::Internal("skipped") : out.status());
+    Status st = c.wait_captured();
+    if (!st.ok()) Die("capture", st);
+    if (c.group()) {
+      st = c.group()->Barrier();
+      if (!st.ok()) Die("barrier", st);
+    }
+    const int64_t t0 = NowNanos();
+    auto f = c.flush();
+    const double sec = NanosToSeconds(NowNanos() - t0);
+    if (!f.ok()) Die("flush", f.status());
+    if (o->rank == 0 && r > 0)
+      std::printf("FLUSH %.6f %.4f %llu\n", sec, c.stats().persist_max_writer_share,
+                  static_cast<unsigned long long>(c.stats().bytes_persisted));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+// One rank trains with and without drains. Prints "STALL <no_drain_ms> <drain_ms>
+// <iter_no_drain_ms> <iter_drain_ms> <drains> <skipped>".
+int StallChild(const Args& a) {
+  auto base = Options::FromEnvironment();
+  if (!base.ok()) Die("options", base.status());
+  base->copy_engine = CopyEngineKind::kHost;
+  base->slot_bytes = a.bytes + (4 << 20);
+  base->slots = 3;
+  State s(a.bytes);
+  Buffer ref(a.bytes);
+  std::vector<double> mc;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t t0 = NowNanos();
+    for (int k = 0; k < kTensors; ++k)
+      std::memcpy(ref.p + k * (a.bytes / kTensors), s.bufs[static_cast<size_t>(k)]->p,
+                  a.bytes / kTensors);
+    mc.push_back(NanosToSeconds(NowNanos() - t0));
+  }
+  std::vector<float> work(64 << 10, 1.0f);
+  const int64_t reps = cairn::bench::CalibrateCompute(work, 1.5 * Median(mc));
+  {
+    const int64_t t0 = NowNanos();
+    cairn::bench::Compute(work, reps);
+    std::fprintf(stderr, "stall: memcpy of the state %.1f ms, compute %.1f ms\n", Median(mc) * 1e3,
+                 NanosToSeconds(NowNanos() - t0) * 1e3);
+  }
+  std::map<bool, std::vector<double>> stall, iter;
+  uint64_t drains = 0, skipped = 0;
+  int64_t step = 0;
+  for (int phase = 0; phase < 4; ++phase) {
+    const bool drain = phase % 2 == 1;
+    Options o = *base;
+    o.persist_every = drain ? 1 : 0;
+    auto ck = Checkpointer::Open(o);
+    if (!ck.ok()) Die("open", ck.status());
+    Checkpointer& c = **ck;
+    for (int i = 0; i < a.stall_iters / 2 + 2; ++i) {
+      const int64_t t0 = NowNanos();
+      cairn::bench::Compute(work, reps);
+      const int64_t f0 = NowNanos();
+      Status st = c.fence();
+      const int64_t f1 = NowNanos();
+      if (!st.ok()) Die("fence", st);
+      s.Touch(++step);
+      auto out = c.save(step, s.shards);
+      const int64_t s1 = NowNanos();
+      if (!out.ok()) Die("save", out.status());
+      if (i >= 2) {  // the first iterations of a phase warm up
+        stall[drain].push_back(NanosToSeconds((f1 - f0) + (s1 - f1)));
+        iter[drain].push_back(NanosToSeconds(s1 - t0));
+      }
+    }
+    Stats st = c.stats();
+    if (drain) {
+      drains += st.persisted;
+      skipped += st.skipped;
+    }
+  }
+  std::printf("STALL %.4f %.4f %.3f %.3f %llu %llu\n", cairn::bench::Mean(stall[false]) * 1e3,
+              cairn::bench::Mean(stall[true]) * 1e3, Median(iter[false]) * 1e3,
+              Median(iter[true]) * 1e3, static_cast<unsigned long long>(drains),
+              static_cast<unsigned long long>(skipped));
+  return 0;
+}
+
+std::vector<std::string> RunJob(const std::string& root, int n,
+                                const std::vector<std::string>& argv,
+                                const std::vector<std::pair<std::string, std::string>>& env) {
+  LaunchSpec spec;
+  spec.nodes = n;
+  spec.argv = argv;
+  spec.output_dir = root;
+  spec.env = env;
+  for (int r = 0; r < n; ++r)
+    (void)DefaultFileSystem()->RemoveAll(root + "/rank-" + std::to_string(r) + ".log");
+  auto l = LocalLauncher::Start(spec);
+  const bool ok = l.ok() && (*l)->WaitAll(1800);
+  std::ifstream f(root + "/rank-0.log");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (!ok) {
+    std::fprintf(stderr, "persist: a %d-rank run failed; rank 0 said:\n%s\n", n, ss.str().c_str());
+    std::exit(1);
+  }
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(ss, line)) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (k == "--bytes") {
+      auto v = ParseByteCount(val(), "--bytes");
+      if (!v.ok() || *v < (64ull << 20)) {
+        std::fprintf(stderr, "persist: --bytes must be at least 64M\n");
+        return 2;
+      }
+      a.bytes = *v;
+    } else if (k == "--ranks")
+      a.ranks = val();
+    else if (k == "--rounds")
+      a.rounds = std::max(1, std::atoi(val().c_str()));
+    else if (k == "--dir")
+      a.dir = val();
+    else if (k == "--threads")
+      a.threads = std::max(1, std::atoi(val().c_str()));
+    else if (k == "--stall-iters")
+      a.stall_iters = std::max(4, std::atoi(val().c_str()));
+    else if (k == "--child")
+      a.child = true;
+    else if (k == "--stall")
+      a.stall = true;
+    else {
+      std::printf(
+          "usage: persist [--bytes 1G] [--ranks 1,2,4] [--rounds 3] [--dir /var/tmp]\n"
+          "               [--threads 4] [--stall-iters 24]\n"
+          "Raw sequential writes (buffered+fsync and O_DIRECT) against cairn persisting the\n"
+          "same bytes from N data-parallel ranks into --dir, and the training stall while\n"
+          "drains run. Prints one JSON line last.\n");
+      return k == "--help" || k == "-h" ? 0 : 2;
+    }
+  }
+  a.bytes = a.bytes / (kTensors * 4096) * (kTensors * 4096);
+  if (a.child) return a.stall ? StallChild(a) : PersistChild(a);
+
+  std::string tmpl = a.dir + "/cairn-bench-persist-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) {
+    std::perror(("mkdtemp " + tmpl).c_str());
+    return 1;
+  }
+  const std::string pfs = tmpl;
+  char htmpl[] = "/dev/shm/cairn-bench-persist-host-XXXXXX";
+  if (!::mkdtemp(htmpl)) return 1;
+  const std::string host = htmpl;
+
+  // Raw reference, both modes alternated.
+  std::map<bool, std::vector<double>> raw;
+  {
+    Buffer src(a.bytes);
+    for (int r = 0; r < a.rounds; ++r)
+      for (bool direct : {false, true})
+        raw[direct].push_back(static_cast<double>(a.bytes) /
+                              RawWrite(pfs + "/raw.bin", src.p, a.bytes, direct) / 1e9);
+  }
+  const double raw_buffered = Median(raw[false]), raw_direct = Median(raw[true]);
+  const bool direct = raw_direct > raw_buffered;
+  const double raw_gbps = std::max(raw_buffered, raw_direct);
+  std::printf("raw sequential write of %.0f MiB: buffered+fsync %.2f GB/s, O_DIRECT %.2f GB/s\n",
+              static_cast<double>(a.bytes) / (1 << 20), raw_buffered, raw_direct);
+
+  const std::string self = "/proc/self/exe";
+  std::vector<std::string> common = {
+      self, "--child", "--bytes", std::to_string(a.bytes), "--rounds", std::to_string(a.rounds)};
+  std::string per_ranks;
+  double persist_gbps = 0, share = 0;
+  int last_n = 0;
+  for (const std::string& item : cairn::bench::SplitList(a.ranks)) {
+    const int n = std::max(1, std::atoi(item.c_str()));
+    const std::string job = "bench-persist-" + std::to_string(n) + "-" + std::to_string(::getpid());
+    auto lines = RunJob(pfs, n, common,
+                        {{"CAIRN_JOB_ID", job},
+                         {"CAIRN_HOST_ROOT", host},
+                         {"CAIRN_PFS_ROOT", pfs},
+                         {"CAIRN_PERSIST_EVERY", "0"},
+                         {"CAIRN_PERSIST_DIRECT", direct ? "1" : "0"},
+                         {"CAIRN_PERSIST_THREADS", std::to_string(a.threads)},
+                         {"CAIRN_REPLICAS", "0"},
+                         {"UCX_TLS", "tcp"}});
+    std::vector<double> secs;
+    double sh = 0;
+    for (const auto& l : lines) {
+      double sec = 0, x = 0;
+      unsigned long long b = 0;
+      if (std::sscanf(l.c_str(), "FLUSH %lf %lf %llu", &sec, &x, &b) == 3) {
+        secs.push_back(sec);
+        sh = x;
+      }
+    }
+    if (secs.empty()) {
+      std::fprintf(stderr, "persist: no result from the %d-rank run\n", n);
+      return 1;
+    }
+    const double gbps = static_cast<double>(a.bytes) / Median(secs) / 1e9;
+    std::printf("cairn persist, %d rank(s): %.2f GB/s (%.2f of raw), busiest writer %.3f x mean\n",
+                n, gbps, gbps / raw_gbps, sh);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s\"%d\":{\"persist_gbps\":%.3f,\"max_writer_share\":%.4f}",
+                  per_ranks.empty() ? "" : ",", n, gbps, sh);
+    per_ranks += buf;
+    persist_gbps = gbps;
+    share = sh;
+    last_n = n;
+    (void)DefaultFileSystem()->RemoveAll(JoinPath(pfs, job));
+    (void)DefaultFileSystem()->RemoveAll(JoinPath(host, job));
+  }
+
+  // Training stall with and without drains (one rank).
+  std::vector<std::string> stall_argv = common;
+  stall_argv.push_back("--stall");
+  stall_argv.push_back("--stall-iters");
+  stall_argv.push_back(std::to_string(a.stall_iters));
+  const std::string sjob = "bench-persist-stall-" + std::to_string(::getpid());
+  auto lines = RunJob(pfs, 1, stall_argv,
+                      {{"CAIRN_JOB_ID", sjob},
+                       {"CAIRN_HOST_ROOT", host},
+                       {"CAIRN_PFS_ROOT", pfs},
+                       {"CAIRN_PERSIST_DIRECT", direct ? "1" : "0"},
+                       {"CAIRN_PERSIST_THREADS", std::to_string(a.threads)},
+                       {"CAIRN_KEEP_ON_PFS", "1"}});
+  double st_none = -1, st_drain = -1, it_none = 0, it_drain = 0;
+  unsigned long long drains = 0, skipped = 0;
+  for (const auto& l : lines)
+    std::sscanf(l.c_str(), "STALL %lf %lf %lf %lf %llu %llu", &st_none, &st_drain, &it_none,
+                &it_drain, &drains, &skipped);
+  std::printf(
+      "training, 1 rank: stall %.3f ms/iter without drains, %.3f ms/iter while draining "
+      "(%llu drains, %llu versions skipped); iteration %.1f vs %.1f ms\n",
+      st_none, st_drain, drains, skipped, it_none, it_drain);
+  (void)DefaultFileSystem()->RemoveAll(pfs);
+  (void)DefaultFileSystem()->RemoveAll(host);
+
+  std::printf(
+      "{\"bench\":\"persist\",\"bytes\":%llu,\"ranks\":%d,\"persist_direct\":%s,\"threads\":%d,"
+      "\"raw_buffered_gbps\":%.3f,\"raw_direct_gbps\":%.3f,\"raw_write_gbps\":%.3f,"
+      "\"persist_gbps\":%.3f,\"persist_vs_raw\":%.3f,\"max_writer_share\":%.4f,"
+      "\"by_ranks\":{%s},\"stall_ms_no_drain\":%.4f,\"stall_ms_during_drain\":%.4f,"
+      "\"iter_ms_no_drain\":%.2f,\"iter_ms_during_drain\":%.2f,\"drains\":%llu,"
+      "\"skipped_during_drain\":%llu}\n",
+      static_cast<unsigned long long>(a.bytes), last_n, direct ? "true" : "false", a.threads,
+      raw_buffered, raw_direct, raw_gbps, persist_gbps, persist_gbps / raw_gbps, share,
+      per_ranks.c_str(), st_none, st_drain, it_none, it_drain, drains, skipped);
+  return 0;
+}
