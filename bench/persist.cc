@@ -13,7 +13,7 @@
 //            alternated; stall = time in fence() + save() per iteration
 //
 //   persist [--bytes 1G] [--ranks 1,2,4] [--rounds 3] [--dir /var/tmp] [--threads 4]
-//           [--stall-iters 24]
+//           [--stall-iters 48]
 //
 // Last line: one JSON object with raw_write_gbps, persist_gbps and persist_vs_raw (the
 // largest rank count), max_writer_share, stall_ms_during_drain and stall_ms_no_drain.
@@ -52,7 +52,7 @@ struct Args {
   int rounds = 3;
   std::string dir = "/var/tmp";
   int threads = 4;
-  int stall_iters = 24;
+  int stall_iters = 48;
   // Child only.
   bool child = false;
   bool stall = false;
@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
     else {
       std::printf(
           "usage: persist [--bytes 1G] [--ranks 1,2,4] [--rounds 3] [--dir /var/tmp]\n"
-          "               [--threads 4] [--stall-iters 24]\n"
+          "               [--threads 4] [--stall-iters 48]\n"
           "Raw sequential writes (buffered+fsync and O_DIRECT) against cairn persisting the\n"
           "same bytes from N data-parallel ranks into --dir, and the training stall while\n"
           "drains run. Prints one JSON line last.\n");

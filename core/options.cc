@@ -93,9 +93,9 @@ const std::vector<EnvSetting>& EnvSettings() {
       {"CAIRN_PERSIST_THREADS", "4",
        "writer threads per rank for the PFS (each hashes a chunk, then writes it)"},
       {"CAIRN_PERSIST_DIRECT", "0", "1: write PFS files with O_DIRECT (falls back if refused)"},
-      {"CAIRN_PERSIST_PRIORITY", "idle",
-       "CPU priority of the PFS drain: idle (SCHED_IDLE: never takes CPU training wants), "
-       "low (nice 10) or normal"},
+      {"CAIRN_PERSIST_PRIORITY", "low",
+       "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
+       "nothing else wants; drains may crawl on a busy host) or normal"},
       {"CAIRN_PERSIST_RATE", "0",
        "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"},
   };

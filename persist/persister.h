@@ -42,8 +42,8 @@ namespace cairn {
 
 // CPU priority of the drain threads.
 enum class PersistPriority {
-  kIdle,    // SCHED_IDLE: only CPU time nothing else wants (the default)
-  kLow,     // nice +10
+  kIdle,    // SCHED_IDLE: only CPU time nothing else wants (can starve on a busy host)
+  kLow,     // nice +10 (the default)
   kNormal,  // as the training threads
 };
 
@@ -54,7 +54,7 @@ struct PersistConfig {
   int keep = 3;         // committed steps kept on the PFS (older ones are deleted)
   WriterOptions writer;
   uint64_t rate_bytes_per_s = 0;  // 0: unlimited
-  PersistPriority priority = PersistPriority::kIdle;
+  PersistPriority priority = PersistPriority::kLow;
   PlannerConfig planner;
 };
 

@@ -82,6 +82,19 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   if (!direct) fd = fs->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (!fd.ok()) return fd.status();
   report.direct = direct;
+  if (direct) {
+    // Size the file first: direct writes inside the file's size may run in parallel
+    // (ext4 serialises writes that extend a file).
+    uint64_t end = 0;
+    for (const WriteItem& it : items)
+      end = std::max(end, it.file_offset + (it.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign);
+    Status st = fs->Truncate(*fd, end);
+    if (!st.ok()) {
+      (void)fs->Close(*fd);
+      (void)fs->Unlink(path);
+      return st;
+    }
+  }
 
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
