@@ -114,9 +114,16 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
   pc.writer.direct = o.persist_direct;
   pc.writer.chunk_bytes = o.chunk_bytes;
   pc.planner.align_bytes = o.chunk_bytes;
+  Checkpointer* self = c.get();
+  // Drains hold back while a capture is copying (they would slow the copy a fence may be
+  // waiting for), but never more than 50 ms per chunk, so they always progress.
+  pc.writer.yield = [self] {
+    std::unique_lock lk(self->mu_);
+    self->cv_.wait_for(lk, std::chrono::milliseconds(50),
+                       [&] { return self->copied_seq_ >= self->submitted_seq_; });
+  };
   pc.rate_bytes_per_s = o.persist_rate;
   pc.priority = static_cast<PersistPriority>(o.persist_priority);
-  Checkpointer* self = c.get();
   c->persister_ =
       std::make_unique<Persister>(std::move(pc), c->tier_.get(), c->persist_group_.get(),
                                   o.pfs_fs ? o.pfs_fs : fs, &c->log_, [self](uint64_t seq) {

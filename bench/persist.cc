@@ -182,12 +182,13 @@ int StallChild(const Args& a) {
       Status st = c.fence();
       const int64_t f1 = NowNanos();
       if (!st.ok()) Die("fence", st);
-      s.Touch(++step);
+      s.Touch(++step);  // the optimizer step
+      const int64_t s0 = NowNanos();
       auto out = c.save(step, s.shards);
       const int64_t s1 = NowNanos();
       if (!out.ok()) Die("save", out.status());
       if (i >= 2) {  // the first iterations of a phase warm up
-        stall[drain].push_back(NanosToSeconds((f1 - f0) + (s1 - f1)));
+        stall[drain].push_back(NanosToSeconds((f1 - f0) + (s1 - s0)));
         iter[drain].push_back(NanosToSeconds(s1 - t0));
       }
     }
@@ -196,6 +197,13 @@ int StallChild(const Args& a) {
       drains += st.persisted;
       skipped += st.skipped;
     }
+  }
+  for (bool d : {false, true}) {
+    std::vector<double> v = stall[d];
+    std::sort(v.begin(), v.end());
+    std::fprintf(stderr, "stall %s drains: median %.3f ms, p90 %.3f ms, max %.3f ms over %zu\n",
+                 d ? "with" : "without", v[v.size() / 2] * 1e3, v[v.size() * 9 / 10] * 1e3,
+                 v.back() * 1e3, v.size());
   }
   std::printf("STALL %.4f %.4f %.3f %.3f %llu %llu\n", cairn::bench::Mean(stall[false]) * 1e3,
               cairn::bench::Mean(stall[true]) * 1e3, Median(iter[false]) * 1e3,

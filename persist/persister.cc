@@ -232,6 +232,8 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   ++stats_.persisted;
   stats_.newest_persisted_step = *step;
   stats_.last_round_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
+  log_->Info("persisted step " + std::to_string(*step) + " to " + config_.job_dir + " in " +
+             std::to_string(static_cast<int64_t>(stats_.last_round_ms)) + " ms");
   out.step = *step;
   return out;
 }

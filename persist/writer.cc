@@ -129,6 +129,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
         src = static_cast<const std::byte*>(bounce.get());
       }
       report.chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
+      if (options.yield) options.yield();
       if (limiter) limiter->Acquire(write_n);
       Status st = fs->WriteAt(*fd, src, write_n, it.file_offset + b);
       if (!st.ok()) {

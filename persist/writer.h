@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -49,6 +50,9 @@ struct WriterOptions {
   int threads = 1;
   bool direct = false;
   uint64_t chunk_bytes = 4ull << 20;  // write and checksum unit
+  // Called before each chunk; may block for a while to let more urgent work run (the
+  // Checkpointer holds drains back while a capture is copying). Optional.
+  std::function<void()> yield;
 };
 
 struct WriteReport {
