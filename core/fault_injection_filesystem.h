@@ -31,9 +31,9 @@ enum FsOp : uint32_t {
   kFsAll = 0x7ff,
 };
 
-class FaultInjectionFileSystem final : public FileSystem {
+class FaultInjectionFileSystem final : public ForwardingFileSystem {
  public:
-  explicit FaultInjectionFileSystem(FileSystem* base) : base_(base) {}
+  explicit FaultInjectionFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
 
   // Arms the fault: the `nth` (>= 1) call whose kind is in `ops` fails with `err`.
   // Resets the call counter.
@@ -45,26 +45,21 @@ class FaultInjectionFileSystem final : public FileSystem {
   uint64_t failures() const { return failures_.load(); }
 
   Result<int> Open(const std::string& path, int flags, mode_t mode) override;
-  Status Close(int fd) override { return base_->Close(fd); }
   Status WriteAt(int fd, const void* buf, size_t n, uint64_t offset) override;
   Status ReadAt(int fd, void* buf, size_t n, uint64_t offset) override;
   Status Sync(int fd) override;
   Status Truncate(int fd, uint64_t size) override;
   Status Allocate(int fd, uint64_t size) override;
-  Result<uint64_t> FileSize(int fd) override { return base_->FileSize(fd); }
   Status Rename(const std::string& from, const std::string& to) override;
   Status Unlink(const std::string& path) override;
   Status MakeDirs(const std::string& path, mode_t mode) override;
   Status SyncDir(const std::string& path) override;
   Result<std::vector<std::string>> ListDir(const std::string& path) override;
-  bool Exists(const std::string& path) override { return base_->Exists(path); }
-  Status RemoveAll(const std::string& path) override { return base_->RemoveAll(path); }
 
  private:
   // Non-OK when this call of kind `op` is to fail.
   Status Check(FsOp op, const std::string& what);
 
-  FileSystem* base_;
   std::atomic<uint64_t> nth_{0};
   std::atomic<int> err_{0};
   std::atomic<bool> persistent_{false};

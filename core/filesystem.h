@@ -48,6 +48,41 @@ class FileSystem {
   virtual Status RemoveAll(const std::string& path) = 0;
 };
 
+// A FileSystem that passes every call to `base`: wrappers (fault injection, test gates)
+// derive from it and override only the calls they change.
+class ForwardingFileSystem : public FileSystem {
+ public:
+  explicit ForwardingFileSystem(FileSystem* base) : base_(base) {}
+  Result<int> Open(const std::string& p, int flags, mode_t mode) override {
+    return base_->Open(p, flags, mode);
+  }
+  Status Close(int fd) override { return base_->Close(fd); }
+  Status WriteAt(int fd, const void* buf, size_t n, uint64_t off) override {
+    return base_->WriteAt(fd, buf, n, off);
+  }
+  Status ReadAt(int fd, void* buf, size_t n, uint64_t off) override {
+    return base_->ReadAt(fd, buf, n, off);
+  }
+  Status Sync(int fd) override { return base_->Sync(fd); }
+  Status Truncate(int fd, uint64_t size) override { return base_->Truncate(fd, size); }
+  Status Allocate(int fd, uint64_t size) override { return base_->Allocate(fd, size); }
+  Result<uint64_t> FileSize(int fd) override { return base_->FileSize(fd); }
+  Status Rename(const std::string& from, const std::string& to) override {
+    return base_->Rename(from, to);
+  }
+  Status Unlink(const std::string& p) override { return base_->Unlink(p); }
+  Status MakeDirs(const std::string& p, mode_t mode) override { return base_->MakeDirs(p, mode); }
+  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  Result<std::vector<std::string>> ListDir(const std::string& p) override {
+    return base_->ListDir(p);
+  }
+  bool Exists(const std::string& p) override { return base_->Exists(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+
+ protected:
+  FileSystem* base_;
+};
+
 // The POSIX filesystem. Stateless; the returned object lives for the whole process.
 FileSystem* DefaultFileSystem();
 

@@ -237,9 +237,9 @@ TEST_F(CheckpointerTest, RestoreWithNothingSavedIsNotFound) {
 }
 
 // A FileSystem whose renames wait at a gate: holds a capture inside Prepare.
-class GateFileSystem final : public FileSystem {
+class GateFileSystem final : public ForwardingFileSystem {
  public:
-  explicit GateFileSystem(FileSystem* base) : base_(base) {}
+  explicit GateFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
   void Close_() {
     std::lock_guard lk(mu_);
     open_ = false;
@@ -249,34 +249,13 @@ class GateFileSystem final : public FileSystem {
     open_ = true;
     cv_.notify_all();
   }
-  Result<int> Open(const std::string& p, int f, mode_t m) override { return base_->Open(p, f, m); }
-  Status Close(int fd) override { return base_->Close(fd); }
-  Status WriteAt(int fd, const void* b, size_t n, uint64_t o) override {
-    return base_->WriteAt(fd, b, n, o);
-  }
-  Status ReadAt(int fd, void* b, size_t n, uint64_t o) override {
-    return base_->ReadAt(fd, b, n, o);
-  }
-  Status Sync(int fd) override { return base_->Sync(fd); }
-  Status Truncate(int fd, uint64_t s) override { return base_->Truncate(fd, s); }
-  Status Allocate(int fd, uint64_t s) override { return base_->Allocate(fd, s); }
-  Result<uint64_t> FileSize(int fd) override { return base_->FileSize(fd); }
   Status Rename(const std::string& a, const std::string& b) override {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return open_; });
     return base_->Rename(a, b);
   }
-  Status Unlink(const std::string& p) override { return base_->Unlink(p); }
-  Status MakeDirs(const std::string& p, mode_t m) override { return base_->MakeDirs(p, m); }
-  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::vector<std::string>> ListDir(const std::string& p) override {
-    return base_->ListDir(p);
-  }
-  bool Exists(const std::string& p) override { return base_->Exists(p); }
-  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
 
  private:
-  FileSystem* base_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
