@@ -167,16 +167,37 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   if (first_round_ && me == 0) CollectPfsGarbage(fs_, config_.job_dir, config_.keep, -1, log_);
   first_round_ = false;
 
-  // 1. Agree on the step.
-  std::map<int64_t, std::unique_ptr<HostTier::View>> pinned;
+  // 1. Agree on the step. Only the newest version held is pinned while the ranks gather
+  // (pinning all would keep this rank from capturing while it waits for a slow rank);
+  // the newest common step is usually it. Layouts are computed once per version held.
   Offer mine;
   mine.newest_mark = newest;
-  for (const VersionInfo& v : tier_->Versions()) {
-    auto view = tier_->Pin(v.step);
-    if (!view.ok()) continue;
-    mine.held[v.step] = LayoutHash(EncodeRankLayout(LayoutOf((*view)->header())));
-    pinned[v.step] = std::move(*view);
+  std::map<int64_t, HeldLayout> held;
+  std::unique_ptr<HostTier::View> newest_view;
+  int64_t newest_step = -1;
+  const std::vector<VersionInfo> versions = tier_->Versions();
+  if (!versions.empty()) {
+    if (auto v = tier_->Pin(versions.front().step); v.ok()) {
+      newest_view = std::move(*v);
+      newest_step = versions.front().step;
+    }
   }
+  for (const VersionInfo& v : versions) {
+    auto it = layouts_.find(v.step);
+    if (it != layouts_.end() && it->second.created_wall_ns == v.created_wall_ns) {
+      held[v.step] = std::move(it->second);
+    } else {
+      auto view = tier_->Pin(v.step);
+      if (!view.ok()) continue;
+      HeldLayout l;
+      l.created_wall_ns = (*view)->header().created_wall_ns;
+      l.encoded = EncodeRankLayout(LayoutOf((*view)->header()));
+      l.hash = LayoutHash(l.encoded);
+      held[v.step] = std::move(l);
+    }
+    mine.held[v.step] = held[v.step].hash;
+  }
+  layouts_ = std::move(held);
   auto all = group_->AllGather(EncodeOffer(mine));
   auto fail = [&](const Status& st) {
     std::lock_guard lk(mu_);
@@ -203,6 +224,15 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
     for (const Offer& o : offers) everywhere = everywhere && o.held.count(it->first);
     if (everywhere) step = it->first;
   }
+  if (log_->enabled(LogLevel::kDebug)) {
+    std::string held;
+    for (size_t r = 0; r < offers.size(); ++r) {
+      held +=
+          " rank " + std::to_string(r) + " (mark " + std::to_string(offers[r].newest_mark) + "):";
+      for (const auto& [st, h] : offers[r].held) held += " " + std::to_string(st);
+    }
+    log_->Debug("persist round, marks up to " + std::to_string(out.consumed) + "; held:" + held);
+  }
   if (!step) {
     std::string why;
     for (size_t r = 0; r < offers.size() && why.empty(); ++r)
@@ -215,13 +245,22 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
     out.step = last_committed_;  // nothing newer to persist
     return out;
   }
-  for (auto it = pinned.begin(); it != pinned.end();)
-    it = it->first == *step ? std::next(it) : pinned.erase(it);
   std::vector<uint64_t> hashes;
   for (const Offer& o : offers) hashes.push_back(o.held.at(*step));
+  // Held against reuse from here until written; unless it is the pinned newest, a capture
+  // may have taken its slot since the offer (then this rank reports it, the round fails).
+  const HeldLayout& layout = layouts_.at(*step);
+  std::unique_ptr<HostTier::View> view;
+  if (*step == newest_step) {
+    view = std::move(newest_view);
+  } else if (auto v = tier_->Pin(*step); v.ok()) {
+    view = std::move(*v);
+  }
+  newest_view.reset();
+  if (view && view->header().created_wall_ns != layout.created_wall_ns) view.reset();
 
   const int64_t t0 = NowNanos();
-  auto done = PersistStep(*step, *pinned.at(*step), hashes);
+  auto done = PersistStep(*step, view.get(), hashes, layout.encoded);
   if (!done.ok())
     return fail(done.status().WithContext("persisting step " + std::to_string(*step)));
   last_committed_ = *step;
@@ -238,10 +277,10 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   return out;
 }
 
-Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
-                                       const std::vector<uint64_t>& hashes) {
+Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
+                                       const std::vector<uint64_t>& hashes,
+                                       const std::string& my_layout) {
   const int me = group_->rank();
-  const SlotHeader& h = view.header();
 
   // 2. Plan, or reuse the plan.
   if (!plan_ || plan_->layout_hashes != hashes) {
@@ -249,9 +288,8 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
     // Only the lowest rank of each distinct layout sends it; the others are known by hash.
     bool first_of_hash = true;
     for (int r = 0; r < me; ++r) first_of_hash = first_of_hash && hashes[r] != hashes[me];
-    CAIRN_ASSIGN_OR_RETURN(
-        auto layouts,
-        group_->AllGather(first_of_hash ? EncodeRankLayout(LayoutOf(h)) : std::string()));
+    CAIRN_ASSIGN_OR_RETURN(auto layouts,
+                           group_->AllGather(first_of_hash ? my_layout : std::string()));
     CAIRN_ASSIGN_OR_RETURN(SavePlan plan, MakeSavePlan(layouts, hashes, config_.planner));
     plan_ = std::move(plan);
     std::lock_guard lk(mu_);
@@ -263,7 +301,10 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View& view,
   // 3. Write this rank's pieces and blobs.
   const std::string step_dir = JoinPath(config_.job_dir, StepDirName(step));
   LocationTable table;
-  table.status = WriteShare(step_dir, view, plan, &table);
+  table.status = view ? WriteShare(step_dir, *view, plan, &table)
+                      : Status::Unavailable("step " + std::to_string(step) +
+                                            " was replaced in the host tier by a newer capture "
+                                            "before it could be written");
   if (!table.status.ok()) table.status = table.status.WithContext("rank " + std::to_string(me));
 
   // 4. Gather the tables; rank 0 commits.

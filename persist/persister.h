@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -102,9 +103,11 @@ class Persister {
   void Loop();
   // Runs one round for the marks queued (newest id `newest`, captures up to `seq`).
   Outcome Round(uint64_t newest, uint64_t seq);
-  // Steps 2-5 of a round for `step`, with `views` pinned.
-  Result<int64_t> PersistStep(int64_t step, const HostTier::View& view,
-                              const std::vector<uint64_t>& layout_hashes);
+  // Steps 2-5 of a round for `step`: `view` pins this rank's copy (nullptr if it was lost
+  // since the offer: the round then fails on every rank), `my_layout` is its layout.
+  Result<int64_t> PersistStep(int64_t step, const HostTier::View* view,
+                              const std::vector<uint64_t>& layout_hashes,
+                              const std::string& my_layout);
   // Writes this rank's planned pieces and its blobs to its data file in `step_dir`, after
   // checking the slot's bytes still match their checksums; fills *table.
   Status WriteShare(const std::string& step_dir, const HostTier::View& view, const SavePlan& plan,
@@ -117,8 +120,14 @@ class Persister {
   const Logger* log_;
   std::function<void(uint64_t)> settle_;
   RateLimiter limiter_;
-  std::optional<SavePlan> plan_;  // cached; used only by the drain thread
-  int64_t last_committed_ = -1;   // the same on every rank (from the broadcast outcome)
+  struct HeldLayout {
+    int64_t created_wall_ns = 0;  // tells a version from a later one of the same step
+    uint64_t hash = 0;
+    std::string encoded;
+  };
+  std::map<int64_t, HeldLayout> layouts_;  // of the versions held at the last offer
+  std::optional<SavePlan> plan_;           // cached; used only by the drain thread
+  int64_t last_committed_ = -1;            // the same on every rank (from the broadcast outcome)
   bool first_round_ = true;
 
   mutable std::mutex mu_;

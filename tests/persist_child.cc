@@ -2,6 +2,10 @@
 //
 //   persist_child once ROWS STEP   saves STEP, flushes, prints "committed <step> share <s>
 //                                  bytes <b>", exits 0 when the flush committed STEP
+//   persist_child many ROWS START  saves START..START+19 with a barrier per step (as a
+//                                  gradient allreduce would), background drains as
+//                                  configured, then flushes; exits 0 when the flush
+//                                  committed START+19 and a background drain committed too
 //   persist_child loop ROWS START  saves START, START+1, ... forever (a fence between
 //                                  saves), printing "saved <step>"; the parent kills it
 #include <cstdio>
@@ -52,6 +56,26 @@ int main(int argc, char** argv) {
     std::printf("committed %lld share %.4f bytes %llu\n", static_cast<long long>(*r),
                 st.persist_max_writer_share, static_cast<unsigned long long>(st.bytes_persisted));
     return *r == first ? 0 : 1;
+  }
+  if (mode == "many") {
+    for (int64_t t = first; t < first + 20; ++t) {
+      save(t);
+      if (c.group()) {
+        Status b = c.group()->Barrier();
+        if (!b.ok()) std::fprintf(stderr, "persist_child: %s\n", b.ToString().c_str());
+      }
+    }
+    auto r = c.flush();
+    if (!r.ok()) {
+      std::fprintf(stderr, "persist_child: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    Stats st = c.stats();
+    std::printf("committed %lld persisted %llu failed %llu replicated %llu\n",
+                static_cast<long long>(*r), static_cast<unsigned long long>(st.persisted),
+                static_cast<unsigned long long>(st.persist_failed),
+                static_cast<unsigned long long>(st.replicated));
+    return *r == first + 19 && st.persisted >= 2 ? 0 : 1;
   }
   if (mode == "loop") {
     for (int64_t t = first;; ++t) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/launcher.h"
+#include "core/filesystem.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
 #include "tests/persist_state.h"
@@ -19,6 +20,18 @@ namespace {
 
 using testing::PersistState;
 using testing::TempDir;
+
+// The ranks' logs, for failure messages (the directory goes with the test).
+std::string Logs(const TempDir& root, int ranks) {
+  std::string out;
+  for (int r = 0; r < ranks; ++r) {
+    auto text = ReadWholeFile(DefaultFileSystem(),
+                              root.path() + "/rank-" + std::to_string(r) + ".log", 1 << 20);
+    out += "--- rank " + std::to_string(r) + ":\n" +
+           (text.ok() ? *text : text.status().ToString()) + "\n";
+  }
+  return out;
+}
 
 LaunchSpec Spec(const TempDir& root, const std::string& job, int ranks,
                 std::vector<std::string> args,
@@ -49,7 +62,7 @@ TEST(PersistProcesses, FourDataParallelRanksWriteEachBoxOnceAndEvenly) {
   auto l = LocalLauncher::Start(
       Spec(root, job, 4, {"once", "4096", "7"}, {{"CAIRN_PERSIST_EVERY", "0"}}));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_TRUE((*l)->WaitAll(240)) << "a rank failed; logs in " << root.path();
+  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(root, 4);
   FileSystem* fs = DefaultFileSystem();
   const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
   ASSERT_EQ(*ReadLatest(fs, job_dir), 7);
@@ -88,6 +101,31 @@ TEST(PersistProcesses, FourDataParallelRanksWriteEachBoxOnceAndEvenly) {
     EXPECT_GT(writer[static_cast<size_t>(r)], 0u) << "rank " << r;
   }
   for (int r = 0; r < 4; ++r) EXPECT_EQ(s.Check(fs, step_dir, 7, r), "") << "rank " << r;
+}
+
+TEST(PersistProcesses, BackgroundDrainsRunBesideReplication) {
+  // 2 nodes x 2 ranks replicating to each other while every 3rd version drains to the PFS,
+  // then a flush: every rank counts the same marks, so the rounds line up. With the block
+  // policy no version is skipped, so the flush must commit the last step.
+  TempDir root("pfsrepl");
+  const std::string job = testing::UniqueJobId("repl");
+  LaunchSpec spec =
+      Spec(root, job, 2, {"many", "64", "1"},
+           {{"CAIRN_PERSIST_EVERY", "3"}, {"CAIRN_SLOTS", "4"}, {"CAIRN_FULL_POLICY", "block"}});
+  spec.ranks_per_node = 2;
+  for (auto& [k, v] : spec.env) {
+    if (k == "CAIRN_REPLICAS") v = "1";
+    if (k == "CAIRN_LOG_LEVEL") v = "2";
+  }
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(root, 4);
+  FileSystem* fs = DefaultFileSystem();
+  const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
+  ASSERT_EQ(*ReadLatest(fs, job_dir), 20);
+  PersistState s(64);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(s.Check(fs, JoinPath(job_dir, StepDirName(20)), 20, r), "") << "rank " << r;
 }
 
 // Kills a persisting job at a random moment, `trials` times, and checks after each kill
