@@ -3,19 +3,22 @@
 // Every `every`-th save() (counted identically on every rank, skipped saves included) and
 // every flush() queue a *mark*. A background thread turns marks into *rounds*; a round is
 // collective over the Group, so every rank runs the same rounds in the same order:
-//   1. settle the captures queued so far, pin every restorable version held, and allgather
+//   1. settle the captures queued so far, pin the newest version held, and allgather
 //      (newest mark, held steps with their layout hashes). The round consumes the marks
 //      up to the smallest newest mark (the same on every rank) and persists the newest
-//      step that every rank holds, unless it was already committed;
+//      step that every rank holds, unless it was already committed (a rank whose copy of
+//      it was reused meanwhile makes the round fail; the next mark tries again);
 //   2. plan (SavePlanner), reusing the cached plan when every layout hash is unchanged
 //      (otherwise one more allgather carries the layouts);
 //   3. each rank writes its planned boxes and its blobs to step-<N>/data/<rank>.bin,
-//      verifying the host slot's checksums first and checksumming what it writes, fsyncs;
+//      checking the host slot's bytes against their checksums, fsyncs; writers hold
+//      back while a capture is copying (WriterOptions::yield);
 //   4. the location tables are gathered; rank 0 writes MANIFEST (temporary name, fsync,
 //      rename, directory fsync), then LATEST the same way, then collects garbage;
 //   5. rank 0 broadcasts the outcome; every rank records PERSISTED in the slot header, or
 //      the failure in its stats and log. A failed step is removed and never retried: the
-//      next mark tries a newer version. Training never waits for any of this.
+//      next mark tries a newer version. Training never waits for any of this, but the
+//      destructor and flush() do: with a dead rank, a round waits CAIRN_OP_TIMEOUT_S.
 // Thread-safety: OnSave/Flush from the training thread; stats() from any thread.
 #pragma once
 
