@@ -250,7 +250,7 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
     stats_.save_call_total_s += dt;
     stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
     lk.unlock();
-    persister_->OnSave(seq);
+    persister_->OnSave(seq, step);
     return SaveOutcome::kSkipped;
   }
   req->slot = *slot;
@@ -263,7 +263,7 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
   stats_.save_call_total_s += dt;
   stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
   lk.unlock();
-  persister_->OnSave(seq);
+  persister_->OnSave(seq, step);
   return SaveOutcome::kQueued;
 }
 
@@ -410,7 +410,7 @@ Result<int64_t> Checkpointer::flush() {
     std::lock_guard lk(mu_);
     seq = submitted_seq_;
   }
-  auto r = persister_->Flush(seq);
+  auto r = persister_->Flush(seq, last_step_.value_or(-1));
   if (!r.ok()) return r.status().WithContext(Who() + ": flush");
   return r;
 }

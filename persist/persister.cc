@@ -102,19 +102,19 @@ Persister::~Persister() {
   thread_.join();
 }
 
-void Persister::OnSave(uint64_t seq) {
+void Persister::OnSave(uint64_t seq, int64_t step) {
   std::lock_guard lk(mu_);
   ++saves_;
   if (config_.every > 0 && saves_ % static_cast<uint64_t>(config_.every) == 0) {
-    marks_.push_back({++next_mark_, seq});
+    marks_.push_back({++next_mark_, seq, step});
     cv_.notify_all();
   }
 }
 
-Result<int64_t> Persister::Flush(uint64_t seq) {
+Result<int64_t> Persister::Flush(uint64_t seq, int64_t step) {
   std::unique_lock lk(mu_);
   const uint64_t id = ++next_mark_;
-  marks_.push_back({id, seq});
+  marks_.push_back({id, seq, step});
   cv_.notify_all();
   cv_.wait(lk, [&] { return consumed_ >= id; });
   // The round that consumed this mark is the first one whose consumed id reaches it.
@@ -218,12 +218,21 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   }
   out.consumed = newest;
   for (const Offer& o : offers) out.consumed = std::min(out.consumed, o.newest_mark);
+  auto everywhere = [&](int64_t st) {
+    for (const Offer& o : offers)
+      if (!o.held.count(st)) return false;
+    return true;
+  };
+  // The consumed mark's own version if every rank still holds it (the cadence asked for
+  // it), else the newest version every rank holds.
   std::optional<int64_t> step;
-  for (auto it = offers[0].held.rbegin(); it != offers[0].held.rend() && !step; ++it) {
-    bool everywhere = true;
-    for (const Offer& o : offers) everywhere = everywhere && o.held.count(it->first);
-    if (everywhere) step = it->first;
+  {
+    std::lock_guard lk(mu_);
+    for (const Mark& m : marks_)
+      if (m.id == out.consumed && m.step >= 0 && everywhere(m.step)) step = m.step;
   }
+  for (auto it = offers[0].held.rbegin(); it != offers[0].held.rend() && !step; ++it)
+    if (everywhere(it->first)) step = it->first;
   if (log_->enabled(LogLevel::kDebug)) {
     std::string held;
     for (size_t r = 0; r < offers.size(); ++r) {

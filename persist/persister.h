@@ -5,9 +5,10 @@
 // collective over the Group, so every rank runs the same rounds in the same order:
 //   1. settle the captures queued so far, pin the newest version held, and allgather
 //      (newest mark, held steps with their layout hashes). The round consumes the marks
-//      up to the smallest newest mark (the same on every rank) and persists the newest
-//      step that every rank holds, unless it was already committed (a rank whose copy of
-//      it was reused meanwhile makes the round fail; the next mark tries again);
+//      up to the smallest newest mark (the same on every rank) and persists that mark's
+//      step if every rank holds it, else the newest step every rank holds, unless it was
+//      already committed (a rank whose copy of it was reused meanwhile makes the round
+//      fail; the next mark tries again);
 //   2. plan (SavePlanner), reusing the cached plan when every layout hash is unchanged
 //      (otherwise one more allgather carries the layouts);
 //   3. each rank writes its planned boxes and its blobs to step-<N>/data/<rank>.bin,
@@ -86,11 +87,12 @@ class Persister {
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
 
-  // After every save() of the training thread; `seq` is the capture sequence queued so far.
-  void OnSave(uint64_t seq);
-  // Collective: queues a mark and waits for the round that consumes it. Returns the step
-  // committed by that round (the newest step every rank holds), or the round's error.
-  Result<int64_t> Flush(uint64_t seq);
+  // After every save() of `step` by the training thread (queued or skipped); `seq` is the
+  // capture sequence queued so far.
+  void OnSave(uint64_t seq, int64_t step);
+  // Collective: queues a mark for `step` (the last one saved) and waits for the round that
+  // consumes it. Returns the step committed by that round, or the round's error.
+  Result<int64_t> Flush(uint64_t seq, int64_t step);
 
   PersistStats stats() const;
 
@@ -98,6 +100,7 @@ class Persister {
   struct Mark {
     uint64_t id = 0;
     uint64_t settle_seq = 0;
+    int64_t step = -1;  // the version this mark asks for (the same on every rank)
   };
   struct Outcome {
     uint64_t consumed = 0;  // marks up to this id are done

@@ -26,9 +26,20 @@ std::string Logs(const TempDir& root, int ranks) {
   std::string out;
   for (int r = 0; r < ranks; ++r) {
     auto text = ReadWholeFile(DefaultFileSystem(),
-                              root.path() + "/rank-" + std::to_string(r) + ".log", 1 << 20);
-    out += "--- rank " + std::to_string(r) + ":\n" +
-           (text.ok() ? *text : text.status().ToString()) + "\n";
+                              root.path() + "/rank-" + std::to_string(r) + ".log", 256 << 20);
+    out += "--- rank " + std::to_string(r) + ":\n";
+    if (!text.ok()) {
+      out += text.status().ToString() + "\n";
+      continue;
+    }
+    // Without the per-step progress lines of the loop mode.
+    size_t at = 0;
+    while (at < text->size()) {
+      size_t e = text->find('\n', at);
+      if (e == std::string::npos) e = text->size();
+      if (text->compare(at, 6, "saved ") != 0) out += text->substr(at, e - at) + "\n";
+      at = e + 1;
+    }
   }
   return out;
 }
@@ -146,9 +157,18 @@ void KillWhilePersisting(int ranks, int trials, uint64_t seed) {
                                        {"loop", "64", std::to_string((trial + 1) * 100000)},
                                        {{"CAIRN_PERSIST_EVERY", "1"}, {"CAIRN_KEEP_ON_PFS", "2"}}));
     ASSERT_TRUE(l.ok()) << l.status().ToString();
-    const int delay_ms =
-        ranks > 1 ? 800 + static_cast<int>(rng() % 1500) : 30 + static_cast<int>(rng() % 400);
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    // Once the job trains (rank 0 has saved twice in this life, however long start-up
+    // took on a loaded machine), kill at a random moment of the drains that follow.
+    const std::string log0 = root.path() + "/rank-0.log";
+    const std::string mark = "saved " + std::to_string((trial + 1) * 100000 + 1) + "\n";
+    bool found = false;
+    for (int i = 0; i < 6000 && !found; ++i) {
+      auto text = ReadWholeFile(DefaultFileSystem(), log0, 256 << 20);
+      found = text.ok() && text->find(mark) != std::string::npos;
+      if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(found) << "rank 0 never trained in trial " << trial << "\n" << Logs(root, ranks);
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
     const int victim = static_cast<int>(rng() % static_cast<uint64_t>(ranks));
     ASSERT_TRUE((*l)->Signal(victim, SIGKILL).ok());
     (*l)->WaitRank(victim);

@@ -407,13 +407,13 @@ TEST(Persist, FlushCommitsAStepThatReadsBackBitExactInAnyLayout) {
   EXPECT_NE(v.message().find("data/0.bin"), std::string::npos) << v.message();
 }
 
-TEST(Persist, EveryKthSaveIsPersistedAndOnlyTheNewestKeepStay) {
+TEST(Persist, EveryKthSaveIsDrainedAndTheDestructorFinishesTheDueOnes) {
   TempDir root("persist");
   Options o = PersistOptions(root, "cadence");
   o.persist_every = 3;
-  o.keep_on_pfs = 2;
   o.full_policy = FullPolicy::kBlock;
   PersistState s(16);
+  std::optional<Stats> ck_stats;
   {
     auto ck = Checkpointer::Open(o);
     ASSERT_TRUE(ck.ok());
@@ -422,15 +422,49 @@ TEST(Persist, EveryKthSaveIsPersistedAndOnlyTheNewestKeepStay) {
       ASSERT_TRUE((*ck)->save(t, s.Shards(), {{"who", PersistState::Blob(0, t)}}).ok());
       ASSERT_TRUE((*ck)->fence().ok());
     }
-    // The destructor runs the rounds already due: the newest (12) is committed.
+    // Rounds for the marks at saves 3, 6, 9, 12 may coalesce while a drain runs; the
+    // destructor runs the ones still due, so the newest (12) is committed.
+    ASSERT_TRUE((*ck)->wait_captured().ok());
+    ck_stats = (*ck)->stats();
   }
   FileSystem* fs = DefaultFileSystem();
   EXPECT_EQ(*ReadLatest(fs, JobDir(o)), 12);
   const auto dirs = StepDirs(JobDir(o));
-  ASSERT_EQ(dirs.size(), 2u);
+  ASSERT_FALSE(dirs.empty());
   EXPECT_EQ(dirs.back(), 12);
+  // A marked version that a fast loop pushed out of the ring before its drain started is
+  // replaced by the newest one held, so the steps need not be multiples of 3.
   for (int64_t d : dirs) EXPECT_EQ(s.Check(fs, JoinPath(JobDir(o), StepDirName(d)), d, 0), "");
+  EXPECT_EQ(ck_stats->persist_failed, 0u);
   EXPECT_TRUE(TempFiles(JobDir(o)).empty());
+}
+
+TEST(Persist, OnlyTheNewestKeepStepsStayAndLeftoversAreCollected) {
+  TempDir root("persist");
+  Options o = PersistOptions(root, "keep");
+  o.keep_on_pfs = 2;
+  PersistState s(16);
+  FileSystem* fs = DefaultFileSystem();
+  auto ck = Checkpointer::Open(o);
+  ASSERT_TRUE(ck.ok());
+  for (int64_t t = 1; t <= 4; ++t) {
+    if (t == 4) {
+      // What a killed drain leaves: a step directory without MANIFEST, temporary files.
+      ASSERT_TRUE(fs->MakeDirs(JoinPath(JobDir(o), StepDirName(10) + "/data"), 0700).ok());
+      ASSERT_TRUE(
+          WriteFileAtomic(fs, JoinPath(JobDir(o), StepDirName(10) + "/data/0.bin"), "x").ok());
+      ASSERT_TRUE(WriteFileAtomic(fs, JoinPath(JobDir(o), "LATEST.tmp.999"), "7").ok());
+    }
+    s.Fill(t);
+    ASSERT_TRUE((*ck)->save(t, s.Shards(), {{"who", PersistState::Blob(0, t)}}).ok());
+    auto r = (*ck)->flush();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, t);
+  }
+  EXPECT_EQ(StepDirs(JobDir(o)), (std::vector<int64_t>{3, 4}));
+  EXPECT_TRUE(TempFiles(JobDir(o)).empty());
+  EXPECT_EQ(*ReadLatest(fs, JobDir(o)), 4);
+  EXPECT_EQ((*ck)->stats().persisted, 4u);
 }
 
 TEST(Persist, FailedFilesystemCallsNeverLoseTheCommittedStep) {

@@ -560,6 +560,7 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
   std::vector<std::string> tried(static_cast<size_t>(size_));
   std::vector<bool> connected(static_cast<size_t>(size_), false);
+  std::vector<std::string> last_error(static_cast<size_t>(size_));
   connected[static_cast<size_t>(rank_)] = true;
   for (;;) {
     bool all = true;
@@ -572,20 +573,32 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
         continue;
       CAIRN_RETURN_IF_ERROR(rs);
       tried[static_cast<size_t>(p)] = nonce;
+      // Even an endpoint that cannot be created is retried: the file may be a dead
+      // process's (a job restarted under the same rendezvous directory), and the live
+      // peer rewrites it soon. The timeout error below repeats the last failure.
       Status st = Greet(lk, p, address, nonce);
-      if (st.code() == StatusCode::kIOError) return st;  // no endpoint at all: retrying won't help
-      if (st.ok())
+      if (st.ok()) {
         connected[static_cast<size_t>(p)] = true;
-      else if (log_)
-        log_->Info("hello to rank " + std::to_string(p) + " failed, will retry: " + st.message());
+      } else {
+        last_error[static_cast<size_t>(p)] = st.message();
+        if (log_)
+          log_->Info("hello to rank " + std::to_string(p) +
+                     " failed, will retry when its address "
+                     "file changes: " +
+                     st.message());
+      }
     }
     if (all) break;
     if (NowNanos() > deadline) {
-      std::string missing;
-      for (int p = 0; p < size_; ++p)
-        if (!connected[static_cast<size_t>(p)]) missing += " " + std::to_string(p);
+      std::string missing, why;
+      for (int p = 0; p < size_; ++p) {
+        if (connected[static_cast<size_t>(p)]) continue;
+        missing += " " + std::to_string(p);
+        if (why.empty() && !last_error[static_cast<size_t>(p)].empty())
+          why = " (last failure: " + last_error[static_cast<size_t>(p)] + ")";
+      }
       return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ + " within " +
-                                 std::to_string(options_.connect_timeout_s) + " s");
+                                 std::to_string(options_.connect_timeout_s) + " s" + why);
     }
     ucp_worker_progress(worker_);
     lk.unlock();
@@ -608,6 +621,14 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
       return Status::FailedPrecondition("rank " + std::to_string(p) +
                                         " presented a wrong job token; refused (a process of "
                                         "another job or user?)");
+    // If we greeted an address left by a previous incarnation of p (read before p rewrote
+    // its file, and a small send to it completed locally), p never heard from us: greet
+    // the process that greeted us instead.
+    const std::string nonce = got.substr(got.rfind('/') + 1);
+    if (nonce != peers_[static_cast<size_t>(p)]->nonce) {
+      Status st = Reconnect(lk, p, nonce);
+      if (!st.ok()) return st;
+    }
   }
   if (log_) log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + rdv_dir_);
   return Status::OK();
