@@ -6,8 +6,9 @@
 //                                  gradient allreduce would), background drains as
 //                                  configured, then flushes; exits 0 when the flush
 //                                  committed START+19
-//   persist_child loop ROWS START  saves START, START+1, ... forever (a fence between
-//                                  saves), printing "saved <step>"; the parent kills it
+//   persist_child loop ROWS START  saves START, START+1, ... forever (a fence and, with
+//                                  several ranks, a barrier between saves), printing
+//                                  "saved <step>"; the parent kills it
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   if (mode == "loop") {
     for (int64_t t = first;; ++t) {
       save(t);
+      if (c.group()) (void)c.group()->Barrier();  // ranks advance together, as in training
       std::printf("saved %lld\n", static_cast<long long>(t));
       std::fflush(stdout);
     }

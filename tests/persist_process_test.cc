@@ -158,17 +158,23 @@ void KillWhilePersisting(int ranks, int trials, uint64_t seed) {
                                        {{"CAIRN_PERSIST_EVERY", "1"}, {"CAIRN_KEEP_ON_PFS", "2"}}));
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     // Once the job trains (rank 0 has saved twice in this life, however long start-up
-    // took on a loaded machine), kill at a random moment of the drains that follow.
+    // took on a loaded machine) and, in every other trial, has committed a step in this
+    // life (so the kill lands in the drains that follow one), kill at a random moment.
+    const auto before = ReadLatest(fs, job_dir);
     const std::string log0 = root.path() + "/rank-0.log";
     const std::string mark = "saved " + std::to_string((trial + 1) * 100000 + 1) + "\n";
-    bool found = false;
-    for (int i = 0; i < 6000 && !found; ++i) {
-      auto text = ReadWholeFile(DefaultFileSystem(), log0, 256 << 20);
-      found = text.ok() && text->find(mark) != std::string::npos;
-      if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    bool ready = false;
+    for (int i = 0; i < 6000 && !ready; ++i) {
+      auto text = ReadWholeFile(fs, log0, 256 << 20);
+      ready = text.ok() && text->find(mark) != std::string::npos;
+      if (ready && trial % 2 == 0) {
+        auto now = ReadLatest(fs, job_dir);
+        ready = now.ok() && (!before.ok() || *now != *before);
+      }
+      if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ASSERT_TRUE(found) << "rank 0 never trained in trial " << trial << "\n" << Logs(root, ranks);
-    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
+    ASSERT_TRUE(ready) << "trial " << trial << " never trained or committed\n" << Logs(root, ranks);
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
     const int victim = static_cast<int>(rng() % static_cast<uint64_t>(ranks));
     ASSERT_TRUE((*l)->Signal(victim, SIGKILL).ok());
     (*l)->WaitRank(victim);
