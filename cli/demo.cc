@@ -207,6 +207,7 @@ Options WorkerOptions(const DemoArgs& a) {
   o.host_root = a.host_root;
   // The demo's PFS copy lives beside its host tier and is removed with it.
   o.pfs_root = JoinPath(JoinPath(a.host_root, a.job), "pfs");
+  o.slots = 3;  // every 10th version drains to the PFS from a pinned slot meanwhile
   o.log_level = 1;
   return o;
 }
