@@ -7,10 +7,11 @@
 namespace cairn {
 
 enum class VersionState : uint32_t {
-  kCapturing = 1,   // slot being filled; never restorable
-  kCaptured = 2,    // all bytes in the host slot, checksums recorded
-  kReplicated = 3,  // also held in a partner node's memory
-  kPersisted = 4,   // also committed on the parallel filesystem
+  kCapturing = 1,            // slot being filled; never restorable
+  kCaptured = 2,             // all bytes in the host slot, checksums recorded
+  kReplicated = 3,           // also held in a partner node's memory
+  kPersisted = 4,            // also committed on the parallel filesystem
+  kReplicatedPersisted = 5,  // both of the above
 };
 
 inline const char* VersionStateName(VersionState s) {
@@ -23,6 +24,8 @@ inline const char* VersionStateName(VersionState s) {
       return "REPLICATED";
     case VersionState::kPersisted:
       return "PERSISTED";
+    case VersionState::kReplicatedPersisted:
+      return "REPLICATED+PERSISTED";
   }
   return "INVALID";
 }
@@ -30,7 +33,25 @@ inline const char* VersionStateName(VersionState s) {
 // True for the states from which a version can be restored.
 inline bool IsRestorable(VersionState s) {
   return s == VersionState::kCaptured || s == VersionState::kReplicated ||
-         s == VersionState::kPersisted;
+         s == VersionState::kPersisted || s == VersionState::kReplicatedPersisted;
+}
+
+inline bool IsReplicated(VersionState s) {
+  return s == VersionState::kReplicated || s == VersionState::kReplicatedPersisted;
+}
+inline bool IsPersisted(VersionState s) {
+  return s == VersionState::kPersisted || s == VersionState::kReplicatedPersisted;
+}
+
+// The state of a restorable version after a stage adds `reached` (REPLICATED or
+// PERSISTED) to `now`: the stages succeed independently and neither hides the other.
+inline VersionState WithStage(VersionState now, VersionState reached) {
+  const bool rep = IsReplicated(now) || IsReplicated(reached);
+  const bool per = IsPersisted(now) || IsPersisted(reached);
+  if (rep && per) return VersionState::kReplicatedPersisted;
+  if (rep) return VersionState::kReplicated;
+  if (per) return VersionState::kPersisted;
+  return now;
 }
 
 }  // namespace cairn

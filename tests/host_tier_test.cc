@@ -92,6 +92,29 @@ TEST_F(HostTierTest, ReopenListsOnlyCapturedVersions) {
   EXPECT_TRUE(problems.empty());
 }
 
+TEST_F(HostTierTest, ReplicatedAndPersistedAreRecordedTogether) {
+  {
+    auto t = OpenTier();
+    ASSERT_TRUE(Capture(*t, 1, 'a').ok());
+    // The replicator and the persister record their stages from two threads at once.
+    for (int round = 0; round < 20; ++round) {
+      ASSERT_TRUE(Capture(*t, 2 + round, 'b').ok());
+      const int64_t step = 2 + round;
+      std::thread a([&] { EXPECT_TRUE(t->SetState(step, VersionState::kReplicated).ok()); });
+      std::thread b([&] { EXPECT_TRUE(t->SetState(step, VersionState::kPersisted).ok()); });
+      a.join();
+      b.join();
+      EXPECT_EQ(t->Versions().front().state, VersionState::kReplicatedPersisted) << step;
+    }
+    ASSERT_TRUE(t->SetState(20, VersionState::kReplicated).ok());  // already both: stays
+    EXPECT_EQ(t->Versions()[1].state, VersionState::kReplicatedPersisted);
+  }
+  auto t = OpenTier();
+  EXPECT_EQ(t->Versions().front().state, VersionState::kReplicatedPersisted);
+  EXPECT_TRUE(IsRestorable(VersionState::kReplicatedPersisted));
+  EXPECT_STREQ(VersionStateName(VersionState::kReplicatedPersisted), "REPLICATED+PERSISTED");
+}
+
 TEST_F(HostTierTest, NewestVersionIsNeverReserved) {
   auto t = OpenTier();
   for (int64_t step = 1; step <= 6; ++step) {

@@ -290,6 +290,9 @@ void HostTier::Abort(int slot) {
 }
 
 Status HostTier::SetState(int64_t step, VersionState state) {
+  // One header rewrite at a time: the replicator and the persister may both record a
+  // stage of the same version, and neither may lose the other's.
+  std::lock_guard serial(state_mu_);
   std::unique_lock lk(mu_);
   Slot* slot = nullptr;
   for (Slot& s : slots_)
@@ -297,7 +300,7 @@ Status HostTier::SetState(int64_t step, VersionState state) {
   if (!slot)
     return Status::NotFound("step " + std::to_string(step) + " is no longer in " + config_.dir);
   SlotHeader h = *slot->header;
-  h.state = state;
+  h.state = WithStage(h.state, state);
   ++slot->pins;  // keep the slot while the header is rewritten without the lock
   lk.unlock();
   Status st = WriteFileAtomic(fs_, slot->header_path, EncodeSlotHeader(h));

@@ -96,8 +96,9 @@ class HostTier {
   // Gives the slot up after a failed Prepare, copy or Commit.
   void Abort(int slot);
 
-  // Records a new state (REPLICATED, PERSISTED) of the restorable version of `step` by
-  // republishing its header atomically. NotFound if the tier no longer holds it.
+  // Records that the restorable version of `step` reached a stage (REPLICATED or
+  // PERSISTED; both together read REPLICATED+PERSISTED) by republishing its header
+  // atomically. NotFound if the tier no longer holds it.
   Status SetState(int64_t step, VersionState state);
 
   // Restorable versions, newest step first.
@@ -156,6 +157,7 @@ class HostTier {
   const Logger* log_;
   int lock_fd_;
   mutable std::mutex mu_;
+  std::mutex state_mu_;  // serialises SetState's header rewrites
   std::condition_variable cv_;
   std::vector<Slot> slots_;
 };

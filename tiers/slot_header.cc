@@ -85,7 +85,7 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
       !r.Get(&n_shards) || !r.Get(&n_blobs) || !r.Get(&n_chunks))
     return Bad("truncated fixed fields");
   if (state < static_cast<uint32_t>(VersionState::kCapturing) ||
-      state > static_cast<uint32_t>(VersionState::kPersisted))
+      state > static_cast<uint32_t>(VersionState::kReplicatedPersisted))
     return Bad("unknown state " + std::to_string(state));
   h.state = static_cast<VersionState>(state);
   if (h.chunk_bytes == 0) return Bad("chunk size 0");
