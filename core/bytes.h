@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/status.h"
+
 namespace cairn {
 
 static_assert(std::endian::native == std::endian::little,
@@ -26,6 +28,11 @@ class ByteWriter {
   void PutString(std::string_view s) {
     Put<uint32_t>(static_cast<uint32_t>(s.size()));
     out_.append(s);
+  }
+  // u32 status code, then the message (PutString).
+  void PutStatus(const Status& st) {
+    Put<uint32_t>(static_cast<uint32_t>(st.code()));
+    PutString(st.message());
   }
   std::string& out() { return out_; }
 
@@ -49,6 +56,19 @@ class ByteReader {
     if (!Get(&n) || n > max || b_.size() - pos_ < n) return false;
     s->assign(b_.data() + pos_, n);
     pos_ += n;
+    return true;
+  }
+  // Reads what PutStatus wrote; a code this build does not know reads as kInternal.
+  bool GetStatus(Status* st, size_t max_message) {
+    uint32_t code = 0;
+    std::string msg;
+    if (!Get(&code) || !GetString(&msg, max_message)) return false;
+    if (code == 0) {
+      *st = Status::OK();
+    } else {
+      const bool known = code <= static_cast<uint32_t>(StatusCode::kInternal);
+      *st = Status(known ? static_cast<StatusCode>(code) : StatusCode::kInternal, std::move(msg));
+    }
     return true;
   }
   size_t remaining() const { return b_.size() - pos_; }

@@ -18,12 +18,8 @@ Status Bad(const std::string& what) {
 std::string EncodeLocationTable(const LocationTable& t) {
   ByteWriter w;
   w.Put<uint32_t>(kTableMagic);
-  w.Put<uint8_t>(t.status.ok() ? 1 : 0);
-  if (!t.status.ok()) {
-    w.Put<uint32_t>(static_cast<uint32_t>(t.status.code()));
-    w.PutString(t.status.message());
-    return std::move(w.out());
-  }
+  w.PutStatus(t.status);
+  if (!t.status.ok()) return std::move(w.out());
   w.Put<uint32_t>(static_cast<uint32_t>(t.pieces.size()));
   for (const auto& p : t.pieces) {
     w.Put<uint64_t>(p.offset);
@@ -43,16 +39,10 @@ std::string EncodeLocationTable(const LocationTable& t) {
 Result<LocationTable> DecodeLocationTable(std::string_view bytes) {
   ByteReader r(bytes);
   uint32_t magic = 0;
-  uint8_t ok = 0;
-  if (!r.Get(&magic) || magic != kTableMagic || !r.Get(&ok)) return Bad("wrong magic");
+  if (!r.Get(&magic) || magic != kTableMagic) return Bad("wrong magic");
   LocationTable t;
-  if (!ok) {
-    uint32_t code = 0;
-    std::string msg;
-    if (!r.Get(&code) || !r.GetString(&msg, 1 << 20)) return Bad("truncated error");
-    t.status = Status(code == 0 ? StatusCode::kInternal : static_cast<StatusCode>(code), msg);
-    return t;
-  }
+  if (!r.GetStatus(&t.status, 1 << 20)) return Bad("truncated status");
+  if (!t.status.ok()) return t;
   uint32_t n = 0;
   if (!r.Get(&n) || n > r.remaining() / 12) return Bad("piece count");
   t.pieces.resize(n);

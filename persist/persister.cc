@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -64,19 +63,23 @@ Result<Offer> DecodeOffer(std::string_view b) {
   return o;
 }
 
-// Rank 0's verdict on a round: "0", or "[L]<status code> <message>" where L means LATEST
-// was left naming the step.
-Status DecodeOutcome(std::string_view r, bool* left_published) {
-  if (r == "0") return Status::OK();
-  *left_published = !r.empty() && r[0] == 'L';
-  if (*left_published) r.remove_prefix(1);
-  const size_t sp = r.find(' ');
-  int code = 0;
-  for (size_t i = 0; i < std::min(sp, r.size()); ++i)
-    code = r[i] >= '0' && r[i] <= '9' ? code * 10 + (r[i] - '0') : -1000;
-  if (code <= 0 || code > static_cast<int>(StatusCode::kInternal) || sp == std::string_view::npos)
-    return Status::Internal("undecodable persist outcome '" + std::string(r) + "'");
-  return Status(static_cast<StatusCode>(code), std::string(r.substr(sp + 1)));
+// Rank 0's verdict on a round: u8 1 when LATEST was left naming the step although the
+// round failed, then the round's status.
+std::string EncodeOutcome(const Status& st, bool left_published) {
+  ByteWriter w;
+  w.Put<uint8_t>(left_published ? 1 : 0);
+  w.PutStatus(st);
+  return std::move(w.out());
+}
+
+Status DecodeOutcome(std::string_view bytes, bool* left_published) {
+  ByteReader r(bytes);
+  uint8_t left = 0;
+  Status st;
+  if (!r.Get(&left) || !r.GetStatus(&st, 1 << 20))
+    return Status::Internal("undecodable persist outcome from rank 0");
+  *left_published = left == 1;
+  return st;
 }
 
 }  // namespace
@@ -336,15 +339,12 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
     }();
     if (st.ok()) {
       CollectPfsGarbage(fs_, config_.job_dir, config_.keep, step, log_);
-      outcome = "0";
     } else if (!left_published) {
       Status rm = fs_->RemoveAll(step_dir);
       if (!rm.ok())
         log_->Warning("persist: removing the failed " + step_dir + ": " + rm.ToString());
     }
-    if (!st.ok())
-      outcome = (left_published ? "L" : "") + std::to_string(static_cast<int>(st.code())) + " " +
-                st.message();
+    outcome = EncodeOutcome(st, left_published);
   }
   // 5. Everyone learns the outcome.
   auto told = group_->Broadcast(0, outcome);
