@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <unordered_map>
 
 #include "core/bytes.h"
@@ -376,7 +375,7 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
     uint32_t slot_chunk;
   };
   std::vector<Expect> expect;
-  std::set<uint32_t> verify;
+  std::map<uint32_t, const SlotShard*> verify;  // slot chunk -> its shard
   std::vector<WriteItem> items;
   std::vector<const SlotShard*> shard_of;
   const bool same_chunks = chunk == config_.writer.chunk_bytes;
@@ -385,28 +384,23 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
     const SlotShard& s = h.shards[pos.at(p.shard)];
     shard_of.push_back(&s);
     items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
-    const uint64_t n = (p.nbytes + chunk - 1) / chunk;
     for (uint64_t k = 0, c = p.src_offset / chunk; c * chunk < p.src_offset + p.nbytes; ++c, ++k) {
       const uint32_t sc = s.first_chunk + static_cast<uint32_t>(c);
       const bool aligned =
-          p.src_offset % chunk == 0 && k < n &&
+          p.src_offset % chunk == 0 &&
           std::min((k + 1) * chunk, p.nbytes) == std::min((k + 1) * chunk, s.nbytes - p.src_offset);
       if (same_chunks && aligned)
         expect.push_back({items.size() - 1, k, sc});
       else
-        verify.insert(sc);
+        verify.emplace(sc, &s);
     }
   }
-  for (size_t j = 0; j < h.shards.size() && !verify.empty(); ++j) {
-    const SlotShard& s = h.shards[j];
-    for (uint32_t c = 0; c < s.num_chunks; ++c) {
-      if (!verify.count(s.first_chunk + c)) continue;
-      auto [b, e] = h.ChunkRange(s, c);
-      if (Checksum(view.data() + b, e - b) != h.chunk_checksums[s.first_chunk + c])
-        return Status::Corruption("host slot " + view.data_path() + " tensor '" + s.name +
-                                  "' bytes [" + std::to_string(b) + ", " + std::to_string(e) +
-                                  ") no longer match their checksum");
-    }
+  for (const auto& [sc, s] : verify) {
+    auto [b, e] = h.ChunkRange(*s, sc - s->first_chunk);
+    if (Checksum(view.data() + b, e - b) != h.chunk_checksums[sc])
+      return Status::Corruption("host slot " + view.data_path() + " tensor '" + s->name +
+                                "' bytes [" + std::to_string(b) + ", " + std::to_string(e) +
+                                ") no longer match their checksum");
   }
   for (const SlotBlob& b : h.blobs) items.push_back({view.data() + b.offset, b.nbytes, 0});
   LayOutItems(items, kPfsAlign);
@@ -428,10 +422,16 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
   }
   for (size_t k = 0; k < mine.size(); ++k)
     table->pieces.push_back({items[k].file_offset, std::move(rep.chunk_checksums[k])});
+  // Blobs keep the checksum taken at capture; a blob of one chunk is verified by the
+  // writer's checksum, a longer one is hashed once more.
   for (size_t k = 0; k < h.blobs.size(); ++k) {
     const WriteItem& it = items[mine.size() + k];
-    table->blobs.push_back(
-        {h.blobs[k].name, it.file_offset, it.nbytes, Checksum(it.src, it.nbytes)});
+    const auto& sums = rep.chunk_checksums[mine.size() + k];
+    const uint64_t now = sums.size() == 1 ? sums[0] : Checksum(it.src, it.nbytes);
+    if (now != h.blobs[k].checksum)
+      return Status::Corruption("host slot " + view.data_path() + " blob '" + h.blobs[k].name +
+                                "' no longer matches its checksum");
+    table->blobs.push_back({h.blobs[k].name, it.file_offset, it.nbytes, h.blobs[k].checksum});
   }
   return Status::OK();
 }
