@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
+#include <utility>
 
 namespace cairn {
 namespace {
@@ -43,6 +45,25 @@ Status ParseBytes(const char* var, const char* text, uint64_t* out) {
     return Status::InvalidArgument(std::string(var) + "='" + text + "' is too large");
   *out = v * mult;
   return Status::OK();
+}
+
+// One of a fixed set of words: `*out` gets the value paired with `text`; InvalidArgument
+// naming the variable and listing the words otherwise.
+template <typename T>
+Status ParseChoice(const char* var, const char* text,
+                   std::initializer_list<std::pair<const char*, T>> choices, T* out) {
+  std::string words;  // "a, b or c"
+  size_t i = 0;
+  for (const auto& [word, value] : choices) {
+    if (std::string_view(text) == word) {
+      *out = value;
+      return Status::OK();
+    }
+    if (i > 0) words += i + 1 == choices.size() ? " or " : ", ";
+    words += word;
+    ++i;
+  }
+  return Status::InvalidArgument(std::string(var) + "='" + text + "': use " + words);
 }
 
 }  // namespace
@@ -150,26 +171,16 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_COPY_THREADS", t, 1, 256, &v));
     o.copy_threads = static_cast<int>(v);
   }
-  if (const char* t = get("CAIRN_COPY_ENGINE")) {
-    std::string s(t);
-    if (s == "auto")
-      o.copy_engine = CopyEngineKind::kAuto;
-    else if (s == "host")
-      o.copy_engine = CopyEngineKind::kHost;
-    else if (s == "cuda")
-      o.copy_engine = CopyEngineKind::kCuda;
-    else
-      return Status::InvalidArgument("CAIRN_COPY_ENGINE='" + s + "': use auto, host or cuda");
-  }
-  if (const char* t = get("CAIRN_FULL_POLICY")) {
-    std::string s(t);
-    if (s == "skip")
-      o.full_policy = FullPolicy::kSkip;
-    else if (s == "block")
-      o.full_policy = FullPolicy::kBlock;
-    else
-      return Status::InvalidArgument("CAIRN_FULL_POLICY='" + s + "': use skip or block");
-  }
+  if (const char* t = get("CAIRN_COPY_ENGINE"))
+    CAIRN_RETURN_IF_ERROR(ParseChoice("CAIRN_COPY_ENGINE", t,
+                                      {std::pair{"auto", CopyEngineKind::kAuto},
+                                       {"host", CopyEngineKind::kHost},
+                                       {"cuda", CopyEngineKind::kCuda}},
+                                      &o.copy_engine));
+  if (const char* t = get("CAIRN_FULL_POLICY"))
+    CAIRN_RETURN_IF_ERROR(ParseChoice(
+        "CAIRN_FULL_POLICY", t,
+        {std::pair{"skip", FullPolicy::kSkip}, {"block", FullPolicy::kBlock}}, &o.full_policy));
   if (const char* t = get("CAIRN_PFS_ROOT")) o.pfs_root = t;
   if (const char* t = get("CAIRN_RENDEZVOUS_DIR")) o.rendezvous_dir = t;
   for (auto [name, dst] : {std::pair{"CAIRN_CONNECT_TIMEOUT_S", &o.connect_timeout_s},
@@ -188,15 +199,9 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_REPLICAS", t, 0, 16, &v));
     o.replicas = static_cast<int>(v);
   }
-  if (const char* t = get("CAIRN_PLACEMENT")) {
-    std::string s(t);
-    if (s == "ring")
-      o.group_placement = false;
-    else if (s == "group")
-      o.group_placement = true;
-    else
-      return Status::InvalidArgument("CAIRN_PLACEMENT='" + s + "': use ring or group");
-  }
+  if (const char* t = get("CAIRN_PLACEMENT"))
+    CAIRN_RETURN_IF_ERROR(ParseChoice(
+        "CAIRN_PLACEMENT", t, {std::pair{"ring", false}, {"group", true}}, &o.group_placement));
   if (const char* t = get("CAIRN_PERSIST_EVERY")) {
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_EVERY", t, 0, 1 << 30, &v));
     o.persist_every = static_cast<int>(v);
@@ -213,17 +218,10 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_DIRECT", t, 0, 1, &v));
     o.persist_direct = v == 1;
   }
-  if (const char* t = get("CAIRN_PERSIST_PRIORITY")) {
-    std::string p(t);
-    if (p == "idle")
-      o.persist_priority = 0;
-    else if (p == "low")
-      o.persist_priority = 1;
-    else if (p == "normal")
-      o.persist_priority = 2;
-    else
-      return Status::InvalidArgument("CAIRN_PERSIST_PRIORITY='" + p + "': use idle, low or normal");
-  }
+  if (const char* t = get("CAIRN_PERSIST_PRIORITY"))
+    CAIRN_RETURN_IF_ERROR(ParseChoice("CAIRN_PERSIST_PRIORITY", t,
+                                      {std::pair{"idle", 0}, {"low", 1}, {"normal", 2}},
+                                      &o.persist_priority));
   if (const char* t = get("CAIRN_PERSIST_RATE"))
     CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_PERSIST_RATE", t, &o.persist_rate));
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
