@@ -14,6 +14,7 @@
 #include <string>
 
 #include "api/checkpointer.h"
+#include "tests/child_util.h"
 #include "tests/persist_state.h"
 
 using namespace cairn;
@@ -23,22 +24,13 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   const int64_t rows = std::atoll(argv[2]);
   const int64_t first = std::atoll(argv[3]);
-  auto o = Options::FromEnvironment();
-  if (!o.ok()) {
-    std::fprintf(stderr, "persist_child: %s\n", o.status().ToString().c_str());
-    return 1;
-  }
-  o->copy_engine = CopyEngineKind::kHost;
-  auto ck = Checkpointer::Open(*o);
-  if (!ck.ok()) {
-    std::fprintf(stderr, "persist_child: %s\n", ck.status().ToString().c_str());
-    return 1;
-  }
-  Checkpointer& c = **ck;
+  Options opts;
+  auto ck = testing::OpenFromEnvironmentOrExit("persist_child", &opts);
+  Checkpointer& c = *ck;
   testing::PersistState s(rows);
   auto save = [&](int64_t step) {
     s.Fill(step);
-    auto out = c.save(step, s.Shards(), {{"who", testing::PersistState::Blob(o->rank, step)}});
+    auto out = c.save(step, s.Shards(), {{"who", testing::PersistState::Blob(opts.rank, step)}});
     if (!out.ok()) {
       std::fprintf(stderr, "persist_child: %s\n", out.status().ToString().c_str());
       std::exit(1);

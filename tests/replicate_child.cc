@@ -13,6 +13,7 @@
 
 #include "api/checkpointer.h"
 #include "core/clock.h"
+#include "tests/child_util.h"
 #include "tests/crash_state.h"
 
 using namespace cairn;
@@ -22,18 +23,9 @@ int main(int argc, char** argv) {
   const int64_t steps = std::atoll(argv[1]);
   const size_t bytes = std::strtoull(argv[2], nullptr, 10);
   const int sleep_ms = std::atoi(argv[3]);
-  auto o = Options::FromEnvironment();
-  if (!o.ok()) {
-    std::fprintf(stderr, "replicate_child: %s\n", o.status().ToString().c_str());
-    return 1;
-  }
-  o->copy_engine = CopyEngineKind::kHost;
-  auto ck = Checkpointer::Open(*o);
-  if (!ck.ok()) {
-    std::fprintf(stderr, "replicate_child: %s\n", ck.status().ToString().c_str());
-    return 1;
-  }
-  Checkpointer& c = **ck;
+  Options opts;
+  auto ck = testing::OpenFromEnvironmentOrExit("replicate_child", &opts);
+  Checkpointer& c = *ck;
   testing::CrashState s(bytes);
   auto v = c.versions();
   const int64_t start = v.empty() ? 1 : v.front().step + 1;
@@ -42,7 +34,7 @@ int main(int argc, char** argv) {
     Status fs = c.fence();
     const int64_t f1 = NowNanos();
     if (!fs.ok()) std::fprintf(stderr, "replicate_child: %s\n", fs.ToString().c_str());
-    s.Fill(t * 64 + o->rank);
+    s.Fill(t * 64 + opts.rank);
     const int64_t s0 = NowNanos();
     auto out = c.save(t, s.Shards());
     const int64_t s1 = NowNanos();

@@ -1,0 +1,30 @@
+// What the test children (ranks started by LocalLauncher) share.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "api/checkpointer.h"
+
+namespace cairn::testing {
+
+// Opens this rank's Checkpointer from the CAIRN_* environment with the host copy engine
+// (the options used land in *used); prints the error prefixed with `who` and exits 1.
+inline std::unique_ptr<Checkpointer> OpenFromEnvironmentOrExit(const char* who, Options* used) {
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who, o.status().ToString().c_str());
+    std::exit(1);
+  }
+  o->copy_engine = CopyEngineKind::kHost;
+  *used = *o;
+  auto ck = Checkpointer::Open(*o);
+  if (!ck.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who, ck.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*ck);
+}
+
+}  // namespace cairn::testing
