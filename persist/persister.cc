@@ -62,6 +62,20 @@ Result<Offer> DecodeOffer(std::string_view b) {
   return o;
 }
 
+// The step a round persists: `marked` (the consumed mark's version, -1 if none) if every
+// rank holds it, else the newest version every rank holds; nullopt if there is none.
+std::optional<int64_t> ChooseStep(const std::vector<Offer>& offers, int64_t marked) {
+  auto everywhere = [&](int64_t st) {
+    for (const Offer& o : offers)
+      if (!o.held.count(st)) return false;
+    return true;
+  };
+  if (marked >= 0 && everywhere(marked)) return marked;
+  for (auto it = offers[0].held.rbegin(); it != offers[0].held.rend(); ++it)
+    if (everywhere(it->first)) return it->first;
+  return std::nullopt;
+}
+
 // Rank 0's verdict on a round: u8 1 when LATEST was left naming the step although the
 // round failed, then the round's status.
 std::string EncodeOutcome(const Status& st, bool left_published) {
@@ -189,11 +203,17 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
     if (it != layouts_.end() && it->second.created_wall_ns == v.created_wall_ns) {
       held[v.step] = std::move(it->second);
     } else {
-      auto view = tier_->Pin(v.step);
-      if (!view.ok()) continue;
+      std::unique_ptr<HostTier::View> other;
+      const HostTier::View* view = v.step == newest_step ? newest_view.get() : nullptr;
+      if (!view) {
+        auto pinned = tier_->Pin(v.step);
+        if (!pinned.ok()) continue;
+        other = std::move(*pinned);
+        view = other.get();
+      }
       HeldLayout l;
-      l.created_wall_ns = (*view)->header().created_wall_ns;
-      l.encoded = EncodeRankLayout(LayoutOf((*view)->header()));
+      l.created_wall_ns = view->header().created_wall_ns;
+      l.encoded = EncodeRankLayout(LayoutOf(view->header()));
       l.hash = LayoutHash(l.encoded);
       held[v.step] = std::move(l);
     }
@@ -220,21 +240,13 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   }
   out.consumed = newest;
   for (const Offer& o : offers) out.consumed = std::min(out.consumed, o.newest_mark);
-  auto everywhere = [&](int64_t st) {
-    for (const Offer& o : offers)
-      if (!o.held.count(st)) return false;
-    return true;
-  };
-  // The consumed mark's own version if every rank still holds it (the cadence asked for
-  // it), else the newest version every rank holds.
-  std::optional<int64_t> step;
+  int64_t marked = -1;
   {
     std::lock_guard lk(mu_);
     for (const Mark& m : marks_)
-      if (m.id == out.consumed && m.step >= 0 && everywhere(m.step)) step = m.step;
+      if (m.id == out.consumed) marked = m.step;
   }
-  for (auto it = offers[0].held.rbegin(); it != offers[0].held.rend() && !step; ++it)
-    if (everywhere(it->first)) step = it->first;
+  const std::optional<int64_t> step = ChooseStep(offers, marked);
   if (log_->enabled(LogLevel::kDebug)) {
     std::string held;
     for (size_t r = 0; r < offers.size(); ++r) {
