@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/clock.h"
@@ -70,6 +72,24 @@ inline double Mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+// memcpy of `n` bytes split over `threads` threads; seconds.
+inline double TimedMemcpy(std::byte* dst, const std::byte* src, size_t n, int threads) {
+  const int64_t t0 = NowNanos();
+  if (threads <= 1) {
+    std::memcpy(dst, src, n);
+  } else {
+    std::vector<std::thread> ts;
+    const size_t part = (n / static_cast<size_t>(threads) + 4095) & ~size_t{4095};
+    for (int i = 0; i < threads; ++i) {
+      const size_t b = std::min(n, part * static_cast<size_t>(i));
+      const size_t e = std::min(n, b + part);
+      ts.emplace_back([=] { std::memcpy(dst + b, src + b, e - b); });
+    }
+    for (auto& t : ts) t.join();
+  }
+  return NanosToSeconds(NowNanos() - t0);
 }
 
 // The forward/backward stand-in: `reps` passes of multiply-adds over `w` (64 Ki floats,

@@ -37,6 +37,7 @@ using cairn::bench::CalibrateCompute;
 using cairn::bench::Compute;
 using cairn::bench::Mean;
 using cairn::bench::Median;
+using cairn::bench::TimedMemcpy;
 
 namespace {
 
@@ -47,24 +48,6 @@ struct Args {
   int threads = 1;
   std::string host_root = "/dev/shm/cairn";
 };
-
-// memcpy of `n` bytes split over `threads` threads; seconds.
-double TimedMemcpy(std::byte* dst, const std::byte* src, size_t n, int threads) {
-  const int64_t t0 = NowNanos();
-  if (threads <= 1) {
-    std::memcpy(dst, src, n);
-  } else {
-    std::vector<std::thread> ts;
-    const size_t part = (n / static_cast<size_t>(threads) + 4095) & ~size_t{4095};
-    for (int i = 0; i < threads; ++i) {
-      const size_t b = std::min(n, part * static_cast<size_t>(i));
-      const size_t e = std::min(n, b + part);
-      ts.emplace_back([=] { std::memcpy(dst + b, src + b, e - b); });
-    }
-    for (auto& t : ts) t.join();
-  }
-  return NanosToSeconds(NowNanos() - t0);
-}
 
 // The optimizer step: writes one float in every 64 KiB of the state.
 void OptimizerStep(std::vector<Buffer*>& tensors, int64_t step) {

@@ -170,11 +170,11 @@ int StallChild(const Args& a) {
   Buffer ref(a.bytes);
   std::vector<double> mc;
   for (int i = 0; i < 3; ++i) {
-    const int64_t t0 = NowNanos();
+    double sec = 0;
     for (int k = 0; k < kTensors; ++k)
-      std::memcpy(ref.p + k * (a.bytes / kTensors), s.bufs[static_cast<size_t>(k)]->p,
-                  a.bytes / kTensors);
-    mc.push_back(NanosToSeconds(NowNanos() - t0));
+      sec += cairn::bench::TimedMemcpy(ref.p + k * (a.bytes / kTensors),
+                                       s.bufs[static_cast<size_t>(k)]->p, a.bytes / kTensors, 1);
+    mc.push_back(sec);
   }
   std::vector<float> work(64 << 10, 1.0f);
   const int64_t reps = cairn::bench::CalibrateCompute(work, 1.5 * Median(mc));
