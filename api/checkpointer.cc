@@ -8,6 +8,7 @@
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "persist/manifest.h"
+#include "recovery/ucx_transport.h"
 
 namespace cairn {
 namespace {
@@ -98,6 +99,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
                                      " does not match RANK / LOCAL_WORLD_SIZE = " +
                                      std::to_string(o.rank / o.local_world_size) +
                                      " (replica placement assumes consecutive ranks per node)");
+    c->replica_sources_ = placement.held_by(o.rank);
     c->store_ = std::make_unique<ReplicaStore>(
         JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &c->log_);
     if (nodes > 1)
@@ -431,9 +433,61 @@ Status Checkpointer::wait_replicated(double timeout_s) {
   return replicator_->WaitReplicated(newest, timeout_s);
 }
 
+namespace {
+
+class PinnedView final : public PinnedVersion {
+ public:
+  explicit PinnedView(std::unique_ptr<HostTier::View> v) : v_(std::move(v)) {}
+  const SlotHeader& header() const override { return v_->header(); }
+  const std::byte* data() const override { return v_->data(); }
+  const std::string& path() const override { return v_->data_path(); }
+
+ private:
+  std::unique_ptr<HostTier::View> v_;
+};
+
+// This rank's own host tier and the replica tiers it keeps for other ranks.
+class TierMemory final : public MemorySource {
+ public:
+  TierMemory(HostTier* own, ReplicaStore* store, std::vector<int> sources, const Logger* log)
+      : own_(own), store_(store), sources_(std::move(sources)), log_(log) {}
+  std::vector<HeldVersion> List() override {
+    std::vector<HeldVersion> out;
+    for (const VersionInfo& v : own_->Versions())
+      out.push_back({static_cast<int>(v.rank), v.step, v.world_size});
+    for (int s : sources_) {
+      auto t = store_->TierFor(s);
+      if (!t.ok()) {
+        log_->Warning("replicas of rank " + std::to_string(s) +
+                      " are not readable: " + t.status().ToString());
+        continue;
+      }
+      for (const VersionInfo& v : (*t)->Versions())
+        if (static_cast<int>(v.rank) == s) out.push_back({s, v.step, v.world_size});
+    }
+    return out;
+  }
+  Result<std::unique_ptr<PinnedVersion>> Pin(const HeldVersion& v) override {
+    HostTier* tier = own_;
+    if (std::find(sources_.begin(), sources_.end(), v.source) != sources_.end()) {
+      CAIRN_ASSIGN_OR_RETURN(tier, store_->TierFor(v.source));
+    }
+    CAIRN_ASSIGN_OR_RETURN(auto view, tier->Pin(v.step));
+    return std::unique_ptr<PinnedVersion>(new PinnedView(std::move(view)));
+  }
+  std::string Describe() const override { return "host tier " + own_->dir(); }
+
+ private:
+  HostTier* own_;
+  ReplicaStore* store_;
+  std::vector<int> sources_;
+  const Logger* log_;
+};
+
+}  // namespace
+
 Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
                                             const RestoreOptions& options) {
-  const int64_t t0 = NowNanos();
   {
     // Let captures in flight settle (a failed one is simply not among the versions); their
     // errors stay for fence() / wait_captured() to report.
@@ -443,120 +497,30 @@ Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
   for (const ShardSpec& t : targets) {
     CAIRN_RETURN_IF_ERROR(CheckReachable(t, Who() + ": restore target"));
   }
-  RestoreReport report;
-  std::vector<int64_t> candidates;
-  if (options.step) {
-    candidates.push_back(*options.step);
-  } else {
-    for (const VersionInfo& v : tier_->Versions()) candidates.push_back(v.step);
-    if (candidates.empty())
-      return Status::NotFound(Who() + ": no restorable version in host tier " + tier_->dir());
-  }
-  for (int64_t step : candidates) {
-    auto view = tier_->Pin(step);
-    if (!view.ok()) return view.status().WithContext(Who());
-    Status st = RestoreFrom(**view, targets, &report);
-    if (st.ok()) {
-      report.step = step;
-      report.tier = "host";
-      report.seconds = NanosToSeconds(NowNanos() - t0);
-      return report;
-    }
-    if (st.code() != StatusCode::kCorruption || options.step) return st;
-    log_.Warning("skipping step " + std::to_string(step) + ": " + st.message() +
-                 "; trying the next older version");
-    report.skipped.push_back(st.message());
-  }
-  std::string why;
-  for (const auto& s : report.skipped) why += "\n  " + s;
-  return Status::Corruption(Who() + ": every version in host tier " + tier_->dir() +
-                            " failed verification:" + why);
-}
-
-Status Checkpointer::RestoreFrom(const HostTier::View& view, std::span<const ShardSpec> targets,
-                                 RestoreReport* report) {
-  const SlotHeader& h = view.header();
-  const std::string who = Who() + ", step " + std::to_string(h.step);
-  std::unordered_map<std::string, const SlotShard*> saved;
-  std::unordered_map<std::string, std::vector<const SlotShard*>> by_name;
-  for (const SlotShard& s : h.shards) {
-    saved.emplace(ShardKey(s.name, s.box), &s);
-    by_name[s.name].push_back(&s);
-  }
-  // Match every target to a saved shard before touching any target memory.
-  std::vector<const SlotShard*> match(targets.size());
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const ShardSpec& t = targets[i];
-    auto n = by_name.find(t.meta.name);
-    if (n == by_name.end())
-      return Status::NotFound(who + ": tensor '" + t.meta.name + "' was not saved");
-    const SlotShard& first = *n->second.front();
-    if (first.dtype != t.meta.dtype)
-      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved as " +
-                                     std::string(DTypeName(first.dtype)) + " but the target is " +
-                                     std::string(DTypeName(t.meta.dtype)));
-    if (first.global_shape != t.meta.global_shape)
-      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' was saved with shape " +
-                                     ShapeToString(first.global_shape) + " but the target has " +
-                                     ShapeToString(t.meta.global_shape));
-    auto it = saved.find(ShardKey(t.meta.name, t.box));
-    if (it == saved.end()) {
-      std::string boxes;
-      for (const SlotShard* s : n->second) boxes += " " + s->box.ToString();
-      return Status::InvalidArgument(who + ": tensor '" + t.meta.name + "' box " +
-                                     t.box.ToString() + " was not saved by this rank (saved:" +
-                                     boxes + "); restore into the layout that was saved");
-    }
-    const SlotShard& s = *it->second;
-    match[i] = &s;
-  }
-  // Verify every chunk the targets need, and every blob.
-  std::vector<HostRange> ranges;
-  std::vector<std::pair<const SlotShard*, uint32_t>> owners;
-  for (const SlotShard* s : match) {
-    for (uint32_t c = 0; c < s->num_chunks; ++c) {
-      auto [b, e] = h.ChunkRange(*s, c);
-      ranges.push_back({view.data() + b, static_cast<size_t>(e - b)});
-      owners.emplace_back(s, c);
-    }
-  }
-  for (const SlotBlob& b : h.blobs) ranges.push_back({view.data() + b.offset, b.nbytes});
-  std::vector<uint64_t> sums(ranges.size());
-  engine_->ChecksumHost(ranges, sums.data());
-  for (size_t i = 0; i < owners.size(); ++i) {
-    const auto [s, c] = owners[i];
-    if (sums[i] != h.chunk_checksums[s->first_chunk + c]) {
-      auto [b, e] = h.ChunkRange(*s, c);
-      return Status::Corruption(who + ": checksum mismatch in tensor '" + s->name + "' box " +
-                                s->box.ToString() + ", bytes [" + std::to_string(b) + ", " +
-                                std::to_string(e) + ") of " + view.data_path());
-    }
-  }
-  for (size_t j = 0; j < h.blobs.size(); ++j) {
-    const SlotBlob& b = h.blobs[j];
-    if (sums[owners.size() + j] != b.checksum)
-      return Status::Corruption(who + ": checksum mismatch in blob '" + b.name + "' of " +
-                                view.data_path());
-  }
-  // All verified: fill the targets.
-  std::vector<CopyChunk> chunks;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const SlotShard* s = match[i];
-    for (uint32_t c = 0; c < s->num_chunks; ++c) {
-      auto [b, e] = h.ChunkRange(*s, c);
-      chunks.push_back({view.data() + b, static_cast<std::byte*>(targets[i].data) + (b - s->offset),
-                        static_cast<size_t>(e - b)});
-    }
-    bytes += s->nbytes;
-  }
-  CAIRN_RETURN_IF_ERROR(engine_->Copy(chunks, nullptr).WithContext(who + ": restore copy"));
-  report->blobs.clear();
-  for (const SlotBlob& b : h.blobs)
-    report->blobs.emplace(
-        b.name, std::string(reinterpret_cast<const char*>(view.data() + b.offset), b.nbytes));
-  report->bytes = bytes;
-  return Status::OK();
+  std::unordered_set<std::string> seen;
+  for (const ShardSpec& t : targets)
+    if (!seen.insert(ShardKey(t.meta.name, t.box)).second)
+      return Status::InvalidArgument(Who() + ": restore target '" + t.meta.name + "' box " +
+                                     t.box.ToString() + " given twice");
+  TierMemory memory(tier_.get(), store_.get(), replica_sources_, &log_);
+  SoloGroup solo;
+  std::unique_ptr<RestoreTransport> transport;
+  if (comm_) transport = MakeUcxRestoreTransport(comm_.get());
+  RestoreEnv env;
+  env.rank = options_.rank;
+  env.group = group_ ? static_cast<Group*>(group_.get()) : &solo;
+  env.transport = transport.get();
+  env.memory = &memory;
+  env.pfs_fs =
+      options_.pfs_fs ? options_.pfs_fs : (options_.fs ? options_.fs : DefaultFileSystem());
+  if (!options_.pfs_root.empty()) env.pfs_job_dir = PfsJobDir(options_.pfs_root, options_.job_id);
+  env.engine = engine_.get();
+  env.log = &log_;
+  env.who = Who();
+  env.timeout_s = options_.op_timeout_s;
+  env.read_threads = options_.persist_threads;
+  for (const ShardSpec& t : targets) env.host_targets &= t.memory == MemoryKind::kHost;
+  return Restore(env, targets, options);
 }
 
 }  // namespace cairn

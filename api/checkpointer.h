@@ -32,6 +32,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "persist/persister.h"
+#include "recovery/restore.h"
 #include "snapshot/copy_engine.h"
 #include "tiers/host_tier.h"
 #include "tiers/replica_store.h"
@@ -40,10 +41,6 @@
 #include "transport/ucx_group.h"
 
 namespace cairn {
-
-// Named opaque byte strings saved with a version (RNG state, data-loader position, ...).
-// save() copies them before it returns.
-using Blobs = std::map<std::string, std::string>;
 
 enum class SaveOutcome {
   kQueued,   // the version will be captured (check fence() / wait_captured() for errors)
@@ -85,21 +82,6 @@ struct Stats {
   std::string last_persist_error;  // of the last failed round ("" if none)
 };
 
-struct RestoreOptions {
-  // The step to restore; unset: the newest restorable version (falling back to older ones
-  // when a version fails verification).
-  std::optional<int64_t> step;
-};
-
-struct RestoreReport {
-  int64_t step = -1;
-  std::string tier;  // where the bytes came from: "host"
-  uint64_t bytes = 0;
-  double seconds = 0;
-  Blobs blobs;
-  std::vector<std::string> skipped;  // newer versions passed over, and why
-};
-
 class Checkpointer {
  public:
   // Opens this rank's host tier (creating it, or finding the versions a previous process
@@ -137,9 +119,14 @@ class Checkpointer {
   // The job's collectives (nullptr when the job has one rank).
   Group* group() { return group_.get(); }
 
-  // Fills `targets` (same tensors and boxes as saved) from a CAPTURED version after
-  // verifying the checksums of every byte it needs; targets are written only once all of
-  // them verify. Errors name the rank, step, tensor and file.
+  // Collective when the job has more than one rank (every rank calls it, with its own
+  // targets): fills `targets` from the newest version every rank can restore (or
+  // options.step), taken from the nearest tier that has it: this rank's host tier, the
+  // memory of the ranks holding replicas (over UCX), or the PFS (each byte read once by
+  // the job and passed on over UCX). The targets may have another layout or world size
+  // than the saved version (resharding by box overlap). Every chunk read is verified; a
+  // version that fails is skipped with a warning (listed in RestoreReport::skipped) for
+  // the next older one. Errors name the rank, step, tensor and file.
   Result<RestoreReport> restore(std::span<const ShardSpec> targets,
                                 const RestoreOptions& options = {});
 
@@ -156,8 +143,6 @@ class Checkpointer {
   void WaitSettled(std::unique_lock<std::mutex>& lk);
   void CaptureLoop();
   void Capture(Request& r);
-  Status RestoreFrom(const HostTier::View& view, std::span<const ShardSpec> targets,
-                     RestoreReport* report);
   std::string Who() const;
   // CheckShard, and that the copy engine can reach the shard's memory.
   Status CheckReachable(const ShardSpec& s, const std::string& who) const;
@@ -172,6 +157,7 @@ class Checkpointer {
   std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<Group> persist_group_;  // the persister's own collectives
   std::unique_ptr<Persister> persister_;
+  std::vector<int> replica_sources_;  // ranks whose replicas this rank holds
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -30,4 +30,8 @@ Status ReadShards(FileSystem* fs, const std::string& step_dir, const pb::Manifes
                   std::span<const ShardSpec> targets, int blob_rank = -1,
                   std::map<std::string, std::string>* blobs = nullptr);
 
+// The blobs `rank` saved with the step, verified.
+Status ReadRankBlobs(FileSystem* fs, const std::string& step_dir, const pb::Manifest& manifest,
+                     int rank, std::map<std::string, std::string>* out);
+
 }  // namespace cairn

@@ -37,6 +37,8 @@ VersionInfo InfoOf(const SlotHeader& h, int slot) {
   v.created_wall_ns = h.created_wall_ns;
   v.shards = h.shards.size();
   v.blobs = h.blobs.size();
+  v.rank = h.rank;
+  v.world_size = h.world_size;
   return v;
 }
 

@@ -56,6 +56,8 @@ struct VersionInfo {
   int64_t created_wall_ns = 0;
   size_t shards = 0;
   size_t blobs = 0;
+  uint32_t rank = 0;        // the rank that saved it
+  uint32_t world_size = 1;  // of the job that saved it
 };
 
 class HostTier {

@@ -39,6 +39,7 @@ enum class MsgKind : uint8_t {
   kReplAck = 7,    // holder -> sender: bytes verified and replica published (or not)
   kPersistCollective = 8,  // the persister's own Group (its collectives run on its thread)
   kPersistBroadcast = 9,
+  kRestoreData = 10,  // recovery: bytes of a saved piece, holder or PFS reader -> target rank
 };
 
 // (kind, source rank < 2^24, sequence) packed into a UCX tag.

@@ -1,0 +1,900 @@
+#include "recovery/restore.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "core/bytes.h"
+#include "core/checksum.h"
+#include "core/clock.h"
+#include "persist/manifest.h"
+#include "persist/pfs_reader.h"
+#include "persist/save_planner.h"
+#include "recovery/load_planner.h"
+
+namespace cairn {
+namespace {
+
+constexpr uint64_t kMsgBytes = 64ull << 20;  // largest single transfer message
+constexpr uint32_t kBlobSeq = 0xffffffffu;
+constexpr size_t kMaxText = 1 << 20;
+
+// ---- discovery and agreement ------------------------------------------------------------
+
+struct Inventory {
+  std::vector<HeldVersion> held;
+  std::vector<int64_t> pfs_steps;  // rank 0 only
+};
+
+std::string EncodeInventory(const Inventory& inv) {
+  ByteWriter w;
+  w.Put<uint32_t>(static_cast<uint32_t>(inv.held.size()));
+  for (const HeldVersion& v : inv.held) {
+    w.Put<int32_t>(v.source);
+    w.Put<int64_t>(v.step);
+    w.Put<uint32_t>(v.world_size);
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(inv.pfs_steps.size()));
+  for (int64_t s : inv.pfs_steps) w.Put<int64_t>(s);
+  return std::move(w.out());
+}
+
+Result<Inventory> DecodeInventory(std::string_view b) {
+  ByteReader r(b);
+  Inventory inv;
+  uint32_t n = 0;
+  if (!r.Get(&n) || n > r.remaining() / 16) return Status::Corruption("bad inventory");
+  inv.held.resize(n);
+  for (HeldVersion& v : inv.held)
+    if (!r.Get(&v.source) || !r.Get(&v.step) || !r.Get(&v.world_size))
+      return Status::Corruption("bad inventory");
+  if (!r.Get(&n) || n > r.remaining() / 8) return Status::Corruption("bad inventory");
+  inv.pfs_steps.resize(n);
+  for (int64_t& s : inv.pfs_steps)
+    if (!r.Get(&s)) return Status::Corruption("bad inventory");
+  return inv;
+}
+
+struct Choice {
+  int64_t step = -1;
+  bool from_pfs = false;
+};
+
+// Whether every rank that saved `step` is held in some rank's memory.
+bool MemoryComplete(const std::vector<Inventory>& inv, int64_t step) {
+  uint32_t world = 0;
+  std::set<int> sources;
+  for (const Inventory& i : inv)
+    for (const HeldVersion& v : i.held) {
+      if (v.step != step) continue;
+      if (world != 0 && v.world_size != world) return false;  // two different jobs' steps
+      world = v.world_size;
+      sources.insert(v.source);
+    }
+  if (world == 0) return false;
+  for (uint32_t s = 0; s < world; ++s)
+    if (!sources.count(static_cast<int>(s))) return false;
+  return true;
+}
+
+std::optional<Choice> Choose(const std::vector<Inventory>& inv, std::optional<int64_t> want,
+                             const std::set<std::pair<int64_t, bool>>& excluded) {
+  std::set<int64_t, std::greater<>> steps;
+  std::set<int64_t> on_pfs;
+  for (const Inventory& i : inv) {
+    for (const HeldVersion& v : i.held) steps.insert(v.step);
+    for (int64_t s : i.pfs_steps) {
+      steps.insert(s);
+      on_pfs.insert(s);
+    }
+  }
+  for (int64_t s : steps) {
+    if (want && s != *want) continue;
+    if (!excluded.count({s, false}) && MemoryComplete(inv, s)) return Choice{s, false};
+    if (!excluded.count({s, true}) && on_pfs.count(s)) return Choice{s, true};
+  }
+  return std::nullopt;
+}
+
+std::string DescribeInventory(const std::vector<Inventory>& inv) {
+  std::map<int64_t, std::set<int>> mem;
+  uint32_t world = 0;
+  for (const Inventory& i : inv)
+    for (const HeldVersion& v : i.held) {
+      mem[v.step].insert(v.source);
+      world = std::max(world, v.world_size);
+    }
+  std::string s = "in memory:";
+  if (mem.empty()) s += " nothing";
+  for (auto it = mem.rbegin(); it != mem.rend(); ++it)
+    s += " step " + std::to_string(it->first) + " (" + std::to_string(it->second.size()) + " of " +
+         std::to_string(world) + " ranks)";
+  s += "; on the PFS:";
+  bool any = false;
+  for (const Inventory& i : inv)
+    for (int64_t p : i.pfs_steps) {
+      s += " " + std::to_string(p);
+      any = true;
+    }
+  if (!any) s += " nothing";
+  return s;
+}
+
+// Allgather of (status, payload): the payloads when every rank is OK, the first failing
+// rank's status otherwise (the same on every rank).
+Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
+                                               std::string_view payload) {
+  ByteWriter w;
+  w.PutStatus(mine);
+  w.PutBytes(payload.data(), payload.size());
+  CAIRN_ASSIGN_OR_RETURN(auto all, g->AllGather(w.out()));
+  std::vector<std::string> out(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    ByteReader rd(all[r]);
+    Status st;
+    if (!rd.GetStatus(&st, kMaxText))
+      return Status::Corruption("garbled message from rank " + std::to_string(r));
+    if (!st.ok()) return st;
+    out[r] = all[r].substr(all[r].size() - rd.remaining());
+  }
+  return out;
+}
+
+// ---- shard tables of memory versions ------------------------------------------------------
+
+void PutBox(ByteWriter& w, const Box& b) {
+  w.Put<uint32_t>(static_cast<uint32_t>(b.ndim()));
+  for (size_t d = 0; d < b.ndim(); ++d) {
+    w.Put<int64_t>(b.offsets[d]);
+    w.Put<int64_t>(b.lengths[d]);
+  }
+}
+
+bool GetBox(ByteReader& r, Box* b) {
+  uint32_t nd = 0;
+  if (!r.Get(&nd) || nd > 64) return false;
+  b->offsets.resize(nd);
+  b->lengths.resize(nd);
+  for (uint32_t d = 0; d < nd; ++d)
+    if (!r.Get(&b->offsets[d]) || !r.Get(&b->lengths[d])) return false;
+  return true;
+}
+
+std::string EncodeBlobs(const SlotHeader& h, const std::byte* data) {
+  ByteWriter w;
+  w.Put<uint32_t>(static_cast<uint32_t>(h.blobs.size()));
+  for (const SlotBlob& b : h.blobs) {
+    w.PutString(b.name);
+    w.PutString(std::string_view(reinterpret_cast<const char*>(data + b.offset), b.nbytes));
+  }
+  return std::move(w.out());
+}
+
+// The tables of the versions of the chosen step this rank holds.
+std::string EncodeTables(const std::vector<std::unique_ptr<PinnedVersion>>& pinned) {
+  ByteWriter w;
+  w.Put<uint32_t>(static_cast<uint32_t>(pinned.size()));
+  for (const auto& p : pinned) {
+    const SlotHeader& h = p->header();
+    w.Put<int32_t>(static_cast<int32_t>(h.rank));
+    w.Put<uint64_t>(h.chunk_bytes);
+    w.Put<uint64_t>(EncodeBlobs(h, p->data()).size());
+    w.Put<uint32_t>(static_cast<uint32_t>(h.shards.size()));
+    for (const SlotShard& s : h.shards) {
+      w.PutString(s.name);
+      w.Put<uint8_t>(static_cast<uint8_t>(s.dtype));
+      w.Put<uint32_t>(static_cast<uint32_t>(s.global_shape.size()));
+      for (int64_t x : s.global_shape) w.Put<int64_t>(x);
+      PutBox(w, s.box);
+      w.Put<uint64_t>(s.nbytes);
+    }
+  }
+  return std::move(w.out());
+}
+
+struct MemoryCatalog {
+  LoadCatalog cat;
+  std::vector<std::vector<std::pair<int, uint64_t>>> blob_providers;  // per source: (rank, size)
+};
+
+Status AddTables(int holder, std::string_view bytes, MemoryCatalog* mc,
+                 std::unordered_map<std::string, uint32_t>* tensor_ids,
+                 std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t>* piece_ids) {
+  const auto bad = [&] {
+    return Status::Corruption("garbled shard table from rank " + std::to_string(holder));
+  };
+  ByteReader r(bytes);
+  uint32_t n = 0;
+  if (!r.Get(&n)) return bad();
+  LoadCatalog& cat = mc->cat;
+  for (uint32_t t = 0; t < n; ++t) {
+    int32_t source = 0;
+    uint64_t chunk = 0, blob_bytes = 0;
+    uint32_t nshards = 0;
+    if (!r.Get(&source) || !r.Get(&chunk) || !r.Get(&blob_bytes) || !r.Get(&nshards) ||
+        source < 0 || source >= (1 << 24))
+      return bad();
+    if (cat.chunk_bytes == 0) cat.chunk_bytes = chunk;
+    if (chunk != cat.chunk_bytes)
+      return Status::InvalidArgument("ranks saved step " + std::to_string(cat.step) +
+                                     " with different chunk sizes (" + std::to_string(chunk) +
+                                     " and " + std::to_string(cat.chunk_bytes) + ")");
+    if (mc->blob_providers.size() <= static_cast<size_t>(source))
+      mc->blob_providers.resize(static_cast<size_t>(source) + 1);
+    mc->blob_providers[static_cast<size_t>(source)].push_back({holder, blob_bytes});
+    for (uint32_t i = 0; i < nshards; ++i) {
+      TensorMeta meta;
+      uint8_t dt = 0;
+      uint32_t nd = 0;
+      if (!r.GetString(&meta.name, kMaxText) || !r.Get(&dt) || !r.Get(&nd) || nd > 64) return bad();
+      meta.dtype = static_cast<DType>(dt);
+      meta.global_shape.resize(nd);
+      for (int64_t& x : meta.global_shape)
+        if (!r.Get(&x)) return bad();
+      Box box;
+      uint64_t nbytes = 0;
+      if (!GetBox(r, &box) || !r.Get(&nbytes)) return bad();
+      auto [it, fresh] = tensor_ids->emplace(meta.name, static_cast<uint32_t>(cat.tensors.size()));
+      if (fresh) {
+        cat.tensors.push_back(meta);
+      } else if (!(cat.tensors[it->second] == meta)) {
+        return Status::InvalidArgument(
+            "step " + std::to_string(cat.step) + ": tensor '" + meta.name +
+            "' was saved with different dtypes or shapes by different ranks (" +
+            ShapeToString(meta.global_shape) + " vs " +
+            ShapeToString(cat.tensors[it->second].global_shape) + ")");
+      }
+      std::vector<int64_t> key = box.offsets;
+      key.insert(key.end(), box.lengths.begin(), box.lengths.end());
+      auto [pit, pfresh] = piece_ids->emplace(std::make_pair(it->second, std::move(key)),
+                                              static_cast<uint32_t>(cat.pieces.size()));
+      if (pfresh) {
+        LoadPiece p;
+        p.tensor = it->second;
+        p.box = std::move(box);
+        p.nbytes = nbytes;
+        cat.pieces.push_back(std::move(p));
+      }
+      auto& holders = cat.pieces[pit->second].holders;
+      if (holders.empty() || holders.back() != holder) holders.push_back(holder);
+    }
+  }
+  return Status::OK();
+}
+
+RankLayout LayoutOf(std::span<const ShardSpec> targets) {
+  RankLayout l;
+  std::unordered_map<std::string, uint32_t> ids;
+  for (const ShardSpec& t : targets) {
+    auto [it, fresh] = ids.emplace(t.meta.name, static_cast<uint32_t>(l.tensors.size()));
+    if (fresh) l.tensors.push_back(t.meta);
+    l.shards.push_back({it->second, t.box});
+  }
+  return l;
+}
+
+// ---- one attempt ---------------------------------------------------------------------------
+
+struct Attempt {
+  Attempt(const RestoreEnv& e, std::span<const ShardSpec> t, const LoadCatalog& c,
+          const LoadPlan& p)
+      : env(e), targets(t), cat(c), plan(p) {}
+  const RestoreEnv& env;
+  std::span<const ShardSpec> targets;
+  const LoadCatalog& cat;
+  const LoadPlan& plan;
+  const pb::Manifest* manifest = nullptr;  // PFS versions
+  std::string step_dir;
+  // Memory versions: where this rank holds each piece (pinned data + the shard).
+  std::unordered_map<uint32_t, std::pair<const PinnedVersion*, const SlotShard*>> local;
+  RestoreReport* report = nullptr;
+  std::string who;
+
+  RankLoad load;
+  uint32_t cls = 0;
+  std::vector<std::vector<uint32_t>> fills_of_span;  // this rank's fills, by span
+  std::vector<std::byte*> at;                        // span bytes [lo, hi) live here
+  std::vector<bool> direct;                          // the span was placed in its target
+  std::vector<std::unique_ptr<std::byte[]>> owned;
+  std::map<uint32_t, std::vector<uint8_t>> verified;  // memory pieces: chunks checked
+  Status corrupt;                                     // first checksum failure
+
+  std::byte* Staging(uint64_t n) {
+    owned.emplace_back(new std::byte[std::max<uint64_t>(n, 1)]);
+    return owned.back().get();
+  }
+  size_t Elem(const LoadPlan::Fill& f) const { return DTypeSize(targets[f.target].meta.dtype); }
+  // The target address the whole span can go to directly, or null.
+  std::byte* DirectTarget(uint32_t s) {
+    if (!env.host_targets) return nullptr;
+    const LoadPlan::Span& sp = plan.spans[s];
+    const LoadPiece& p = cat.pieces[sp.piece];
+    if (fills_of_span[s].size() != 1 || sp.lo != 0 || sp.hi != p.nbytes) return nullptr;
+    const LoadPlan::Fill& f = plan.fills[cls][fills_of_span[s][0]];
+    if (!(f.region == p.box)) return nullptr;
+    std::vector<CopyChunk> c;
+    const ShardSpec& t = targets[f.target];
+    AppendRegionCopies(nullptr, 0, p.box, static_cast<std::byte*>(t.data), t.box, f.region, Elem(f),
+                       &c);
+    if (c.size() != 1 || c[0].bytes != p.nbytes) return nullptr;
+    return static_cast<std::byte*>(c[0].dst);
+  }
+  void NoteCorrupt(const Status& st) {
+    if (corrupt.ok()) corrupt = st;
+  }
+
+  // Memory: checks the chunks of piece `p` that [lo, hi) covers (each once).
+  void VerifyLocal(uint32_t p, uint64_t lo, uint64_t hi) {
+    auto [pv, shard] = local.at(p);
+    const SlotHeader& h = pv->header();
+    auto& done = verified[p];
+    done.resize(shard->num_chunks, 0);
+    std::vector<HostRange> ranges;
+    std::vector<uint32_t> which;
+    for (uint64_t c = lo / cat.chunk_bytes; c < shard->num_chunks && c * cat.chunk_bytes < hi;
+         ++c) {
+      if (done[c]) continue;
+      auto [b, e] = h.ChunkRange(*shard, static_cast<uint32_t>(c));
+      ranges.push_back({pv->data() + b, static_cast<size_t>(e - b)});
+      which.push_back(static_cast<uint32_t>(c));
+    }
+    std::vector<uint64_t> sums(ranges.size());
+    env.engine->ChecksumHost(ranges, sums.data());
+    for (size_t i = 0; i < which.size(); ++i) {
+      done[which[i]] = 1;
+      if (sums[i] != h.chunk_checksums[shard->first_chunk + which[i]]) {
+        auto [b, e] = h.ChunkRange(*shard, which[i]);
+        NoteCorrupt(Status::Corruption(who + ": checksum mismatch in tensor '" + shard->name +
+                                       "' box " + shard->box.ToString() + ", bytes [" +
+                                       std::to_string(b) + ", " + std::to_string(e) + ") of " +
+                                       pv->path()));
+      }
+    }
+  }
+
+  // Copies the fills of span `s` from its bytes.
+  Status FillFrom(uint32_t s) {
+    std::vector<CopyChunk> chunks;
+    const LoadPlan::Span& sp = plan.spans[s];
+    const LoadPiece& p = cat.pieces[sp.piece];
+    for (uint32_t fi : fills_of_span[s]) {
+      const LoadPlan::Fill& f = plan.fills[cls][fi];
+      const ShardSpec& t = targets[f.target];
+      AppendRegionCopies(at[s], sp.lo, p.box, static_cast<std::byte*>(t.data), t.box, f.region,
+                         Elem(f), &chunks);
+    }
+    if (chunks.empty()) return Status::OK();
+    return env.engine->Copy(chunks, nullptr).WithContext(who + ": restore copy");
+  }
+
+  Status ReadRuns();
+  Status Run();
+};
+
+Status Attempt::ReadRuns() {
+  // Open the files once; read every run in chunk-sized preads on a few threads, each chunk
+  // verified right after its read, while it is still in cache.
+  std::map<uint32_t, int> fds;
+  Status st;
+  struct Item {
+    uint32_t run;
+    uint64_t off;  // from the run's lo
+    uint64_t n;
+  };
+  std::vector<Item> items;
+  std::vector<std::byte*> bufs(load.my_runs.size());
+  for (size_t k = 0; k < load.my_runs.size(); ++k) {
+    const LoadPlan::Run& r = plan.runs[load.my_runs[k]];
+    const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
+    if (st.ok() && !fds.count(b.file())) {
+      auto fd = env.pfs_fs->Open(JoinPath(step_dir, manifest->files(static_cast<int>(b.file()))),
+                                 O_RDONLY | O_CLOEXEC, 0);
+      if (fd.ok())
+        fds[b.file()] = *fd;
+      else
+        st = fd.status().WithContext(who);
+    }
+    // A run that is exactly one span of this rank, placed whole in its target, is read
+    // straight into the target.
+    std::byte* dst = nullptr;
+    const uint32_t p = r.piece;
+    uint32_t only = UINT32_MAX, count = 0;
+    for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
+      if (plan.spans[s].run == static_cast<int32_t>(load.my_runs[k])) {
+        only = s;
+        ++count;
+      }
+    if (count == 1 && plan.spans[only].cls == cls && plan.spans[only].lo == r.lo &&
+        plan.spans[only].hi == r.hi)
+      dst = DirectTarget(only);
+    if (dst) direct[only] = true;
+    bufs[k] = dst ? dst : Staging(r.hi - r.lo);
+    for (uint64_t o = 0; o < r.hi - r.lo; o += cat.chunk_bytes)
+      items.push_back({static_cast<uint32_t>(k), o, std::min(cat.chunk_bytes, r.hi - r.lo - o)});
+    report->pfs_bytes_read += r.hi - r.lo;
+  }
+  if (!st.ok()) items.clear();  // the buffers still go out, so no peer waits for them
+  {
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < items.size();) {
+        const Item& it = items[i];
+        const LoadPlan::Run& r = plan.runs[load.my_runs[it.run]];
+        const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
+        const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
+        std::byte* dst = bufs[it.run] + it.off;
+        Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off);
+        const uint64_t c = (r.lo + it.off) / cat.chunk_bytes;
+        if (s.ok() && Checksum(dst, it.n) != b.chunk_checksums(static_cast<int>(c)))
+          s = Status::Corruption(
+              "checksum mismatch in tensor '" + cat.tensors[cat.pieces[r.piece].tensor].name +
+              "' box " + cat.pieces[r.piece].box.ToString() + ", bytes [" +
+              std::to_string(b.offset() + r.lo + it.off) + ", " +
+              std::to_string(b.offset() + r.lo + it.off + it.n) + ") of " + path);
+        if (!s.ok()) {
+          std::lock_guard lk(mu);
+          if (s.code() == StatusCode::kCorruption)
+            NoteCorrupt(s.WithContext(who));
+          else if (st.ok())
+            st = s.WithContext(who + ": reading " + path);
+        }
+      }
+    };
+    const int n = std::max(1, std::min<int>(env.read_threads, static_cast<int>(items.size())));
+    std::vector<std::thread> threads;
+    for (int t = 1; t < n; ++t) threads.emplace_back(work);
+    work();
+    for (auto& t : threads) t.join();
+  }
+  for (auto [f, fd] : fds) (void)env.pfs_fs->Close(fd);
+  for (size_t k = 0; k < load.my_runs.size(); ++k) {
+    const uint32_t run = load.my_runs[k];
+    const uint32_t p = plan.runs[run].piece;
+    for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
+      if (plan.spans[s].run == static_cast<int32_t>(run))
+        at[s] = bufs[k] + (plan.spans[s].lo - plan.runs[run].lo);
+  }
+  return st;
+}
+
+Status Attempt::Run() {
+  load = ForRank(plan, cat, env.rank);
+  fills_of_span.assign(plan.spans.size(), {});
+  at.assign(plan.spans.size(), nullptr);
+  direct.assign(plan.spans.size(), false);
+  for (uint32_t fi = 0; fi < plan.fills[cls].size(); ++fi)
+    fills_of_span[plan.fills[cls][fi].span].push_back(fi);
+  const auto seq = [](uint32_t piece, uint64_t k) {
+    return (piece << 8) | static_cast<uint32_t>(k);
+  };
+  if (cat.pieces.size() >= (1u << 24))
+    return Status::InvalidArgument(who + ": more than 2^24 saved pieces");
+  Status st;
+  // 1. Receives, straight into the target where the span is one whole target region.
+  for (const RankLoad::Get& g : load.gets) {
+    if (g.how != RankLoad::How::kRecv) continue;
+    const LoadPlan::Span& sp = plan.spans[g.span];
+    std::byte* dst = DirectTarget(g.span);
+    direct[g.span] = dst != nullptr;
+    at[g.span] = dst ? dst : Staging(sp.hi - sp.lo);
+    const uint64_t n = sp.hi - sp.lo;
+    if ((n + kMsgBytes - 1) / kMsgBytes > 255)
+      return Status::InvalidArgument(who + ": a saved piece over 16 GiB");
+    for (uint64_t k = 0; k * kMsgBytes < n; ++k)
+      CAIRN_RETURN_IF_ERROR(env.transport->PostRecv(g.from, seq(sp.piece, k),
+                                                    at[g.span] + k * kMsgBytes,
+                                                    std::min(kMsgBytes, n - k * kMsgBytes)));
+    report->bytes_received += n;
+  }
+  // 2. What this rank holds: where its pieces' bytes are.
+  if (!cat.from_pfs)
+    for (const auto& [p, loc] : local)
+      for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
+        at[s] = const_cast<std::byte*>(loc.first->data()) + loc.second->offset + plan.spans[s].lo;
+  // 3. PFS: read this rank's runs once.
+  if (cat.from_pfs) st = ReadRuns();
+  // 4. Sends (memory: each chunk verified before it leaves).
+  for (const RankLoad::Put& put : load.puts) {
+    const LoadPlan::Span& sp = plan.spans[put.span];
+    const uint64_t n = sp.hi - sp.lo;
+    for (uint64_t k = 0; k * kMsgBytes < n; ++k) {
+      const uint64_t m = std::min(kMsgBytes, n - k * kMsgBytes);
+      if (!cat.from_pfs) VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
+      Status s = env.transport->Send(put.to, seq(sp.piece, k), at[put.span] + k * kMsgBytes, m);
+      if (!s.ok() && st.ok()) st = s;
+    }
+  }
+  // 5. Local copies.
+  for (const RankLoad::Get& g : load.gets) {
+    if (g.how == RankLoad::How::kRecv || direct[g.span]) continue;
+    const LoadPlan::Span& sp = plan.spans[g.span];
+    if (g.how == RankLoad::How::kLocal) {
+      report->bytes_local += sp.hi - sp.lo;
+      std::byte* dst = DirectTarget(g.span);
+      auto [pv, shard] = local.at(sp.piece);
+      if (dst && env.engine->checksums_while_copying() && !verified.count(sp.piece)) {
+        // The same layout: one copy that checksums while it copies.
+        const SlotHeader& h = pv->header();
+        std::vector<CopyChunk> chunks;
+        for (uint32_t c = 0; c < shard->num_chunks; ++c) {
+          auto [b, e] = h.ChunkRange(*shard, c);
+          chunks.push_back({pv->data() + b, dst + (b - shard->offset), static_cast<size_t>(e - b)});
+        }
+        std::vector<uint64_t> sums(chunks.size());
+        CAIRN_RETURN_IF_ERROR(
+            env.engine->Copy(chunks, sums.data()).WithContext(who + ": restore copy"));
+        for (uint32_t c = 0; c < shard->num_chunks; ++c)
+          if (sums[c] != h.chunk_checksums[shard->first_chunk + c]) {
+            auto [b, e] = h.ChunkRange(*shard, c);
+            NoteCorrupt(Status::Corruption(who + ": checksum mismatch in tensor '" + shard->name +
+                                           "' box " + shard->box.ToString() + ", bytes [" +
+                                           std::to_string(b) + ", " + std::to_string(e) + ") of " +
+                                           pv->path()));
+          }
+        continue;
+      }
+      VerifyLocal(sp.piece, sp.lo, sp.hi);
+    }
+    if (!at[g.span]) continue;  // the PFS read failed
+    Status s = FillFrom(g.span);
+    if (!s.ok() && st.ok()) st = s;
+  }
+  // 6. Everything in flight; then what arrived.
+  Status fin = env.transport ? env.transport->Finish(env.timeout_s) : Status::OK();
+  if (!fin.ok() && st.ok()) st = fin.WithContext(who + ": restore transfer");
+  if (!st.ok()) return st;
+  for (const RankLoad::Get& g : load.gets)
+    if (g.how == RankLoad::How::kRecv && !direct[g.span]) CAIRN_RETURN_IF_ERROR(FillFrom(g.span));
+  return Status::OK();
+}
+
+// ---- the memory source's pinned versions of one step ----------------------------------------
+
+struct Pinned {
+  std::vector<std::unique_ptr<PinnedVersion>> versions;  // own first, then replicas
+};
+
+}  // namespace
+
+void AppendRegionCopies(const std::byte* src, uint64_t src_lo, const Box& src_box, std::byte* dst,
+                        const Box& dst_box, const Box& region, size_t elem,
+                        std::vector<CopyChunk>* out) {
+  const size_t nd = region.ndim();
+  if (region.empty()) return;
+  const uint64_t s0 = BoxByteOffset(src_box, region, elem) - src_lo;
+  const uint64_t d0 = BoxByteOffset(dst_box, region, elem);
+  if (nd == 0) {
+    out->push_back({src + s0, dst + d0, elem});
+    return;
+  }
+  // Dimensions k+1.. are whole in the region and both boxes: one block per index of 0..k-1.
+  size_t k = nd - 1;
+  while (k > 0 && region.lengths[k] == src_box.lengths[k] &&
+         region.lengths[k] == dst_box.lengths[k])
+    --k;
+  uint64_t block = elem;
+  for (size_t d = k; d < nd; ++d) block *= static_cast<uint64_t>(region.lengths[d]);
+  std::vector<uint64_t> ss(nd), ds(nd);
+  ss[nd - 1] = ds[nd - 1] = elem;
+  for (size_t d = nd - 1; d-- > 0;) {
+    ss[d] = ss[d + 1] * static_cast<uint64_t>(src_box.lengths[d + 1]);
+    ds[d] = ds[d + 1] * static_cast<uint64_t>(dst_box.lengths[d + 1]);
+  }
+  std::vector<int64_t> idx(k, 0);
+  for (;;) {
+    uint64_t so = s0, dof = d0;
+    for (size_t d = 0; d < k; ++d) {
+      so += static_cast<uint64_t>(idx[d]) * ss[d];
+      dof += static_cast<uint64_t>(idx[d]) * ds[d];
+    }
+    out->push_back({src + so, dst + dof, static_cast<size_t>(block)});
+    size_t d = k;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < region.lengths[d]) break;
+      idx[d] = 0;
+      if (d == 0) return;
+    }
+    if (k == 0) return;
+  }
+}
+
+Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> targets,
+                              const RestoreOptions& options) {
+  const int64_t t0 = NowNanos();
+  Group* g = env.group;
+  const std::string who = env.who;
+  RestoreReport report;
+  std::set<std::pair<int64_t, bool>> excluded;
+  const std::string layout = EncodeRankLayout(LayoutOf(targets));
+  const bool have_pfs = env.pfs_fs && !env.pfs_job_dir.empty();
+  for (;;) {
+    // 1. Discovery.
+    Inventory mine;
+    mine.held = env.memory ? env.memory->List() : std::vector<HeldVersion>{};
+    Status local_st;
+    if (env.rank == 0 && have_pfs && env.pfs_fs->Exists(env.pfs_job_dir)) {
+      auto names = env.pfs_fs->ListDir(env.pfs_job_dir);
+      if (!names.ok()) {
+        env.log->Warning("cannot list " + env.pfs_job_dir + ": " + names.status().ToString());
+      } else {
+        for (const std::string& n : *names) {
+          auto s = ParseStepDirName(n);
+          if (s && env.pfs_fs->Exists(JoinPath(JoinPath(env.pfs_job_dir, n), "MANIFEST")))
+            mine.pfs_steps.push_back(*s);
+        }
+      }
+    }
+    CAIRN_ASSIGN_OR_RETURN(auto gathered, GatherChecked(g, local_st, EncodeInventory(mine)));
+    std::vector<Inventory> inv;
+    for (const std::string& b : gathered) {
+      CAIRN_ASSIGN_OR_RETURN(Inventory i, DecodeInventory(b));
+      inv.push_back(std::move(i));
+    }
+    // 2. Agreement.
+    auto choice = Choose(inv, options.step, excluded);
+    if (!choice) {
+      std::string why;
+      for (const auto& s : report.skipped) why += "\n  skipped: " + s;
+      const std::string what =
+          options.step ? "step " + std::to_string(*options.step) + " is" : "no version is";
+      if (!report.skipped.empty())
+        return Status::Corruption(who + ": " + what + " restorable by every rank any more (" +
+                                  DescribeInventory(inv) +
+                                  "); the targets may be partly written:" + why);
+      return Status::NotFound(
+          who + ": " + what + " restorable by every rank (" + DescribeInventory(inv) +
+          "; this rank: " + (env.memory ? env.memory->Describe() : "no memory tier") +
+          (have_pfs ? ", PFS " + env.pfs_job_dir : ", no PFS") + ")");
+    }
+    const int64_t step = choice->step;
+    // 3. Planning.
+    MemoryCatalog mc;
+    mc.cat.step = step;
+    mc.cat.from_pfs = choice->from_pfs;
+    Pinned pinned;
+    pb::Manifest manifest;
+    std::string step_dir;
+    std::vector<std::string> layouts;
+    Status pin_st;
+    if (!choice->from_pfs) {
+      mc.cat.where = "host memory";
+      for (const HeldVersion& v : mine.held) {
+        if (v.step != step) continue;
+        auto p = env.memory->Pin(v);
+        if (!p.ok()) {
+          pin_st = p.status().WithContext(who);
+          break;
+        }
+        // This rank's own version first: it is the one read locally.
+        if (v.source == env.rank)
+          pinned.versions.insert(pinned.versions.begin(), std::move(*p));
+        else
+          pinned.versions.push_back(std::move(*p));
+      }
+    }
+    ByteWriter w2;
+    w2.PutString(layout);
+    const std::string tables = choice->from_pfs ? std::string() : EncodeTables(pinned.versions);
+    w2.PutBytes(tables.data(), tables.size());
+    CAIRN_ASSIGN_OR_RETURN(auto all2, GatherChecked(g, pin_st, w2.out()));
+    std::unordered_map<std::string, uint32_t> tensor_ids;
+    std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;
+    for (size_t r = 0; r < all2.size(); ++r) {
+      ByteReader rd(all2[r]);
+      std::string l;
+      if (!rd.GetString(&l, all2[r].size()))
+        return Status::Corruption(who + ": garbled layout from rank " + std::to_string(r));
+      layouts.push_back(std::move(l));
+      if (!choice->from_pfs)
+        CAIRN_RETURN_IF_ERROR(
+            AddTables(static_cast<int>(r),
+                      std::string_view(all2[r]).substr(all2[r].size() - rd.remaining()), &mc,
+                      &tensor_ids, &piece_ids)
+                .WithContext(who));
+    }
+    if (choice->from_pfs) {
+      step_dir = JoinPath(env.pfs_job_dir, StepDirName(step));
+      std::string encoded;
+      Status read_st;
+      if (env.rank == 0) {
+        auto m = ReadManifest(env.pfs_fs, step_dir);
+        if (m.ok())
+          encoded = EncodeManifest(*m);
+        else
+          read_st = m.status();
+      }
+      ByteWriter bw;
+      bw.PutStatus(read_st);
+      bw.PutBytes(encoded.data(), encoded.size());
+      CAIRN_ASSIGN_OR_RETURN(std::string got, g->Broadcast(0, bw.out()));
+      ByteReader br(got);
+      Status st0;
+      if (!br.GetStatus(&st0, kMaxText)) return Status::Corruption(who + ": garbled manifest");
+      if (!st0.ok()) {
+        // An unreadable MANIFEST: skip the step like a corrupt one.
+        env.log->Warning("skipping step " + std::to_string(step) +
+                         " on the PFS: " + st0.ToString());
+        report.skipped.push_back(st0.message());
+        excluded.insert({step, true});
+        continue;
+      }
+      CAIRN_ASSIGN_OR_RETURN(manifest, DecodeManifest(got.substr(got.size() - br.remaining())));
+      mc.cat.where = step_dir;
+      mc.cat.chunk_bytes = manifest.chunk_bytes();
+      for (const pb::Tensor& t : manifest.tensors())
+        mc.cat.tensors.push_back(
+            {t.name(), static_cast<DType>(t.dtype()), Shape(t.shape().begin(), t.shape().end())});
+      for (int i = 0; i < manifest.boxes_size(); ++i) {
+        const pb::SavedBox& b = manifest.boxes(i);
+        LoadPiece p;
+        p.tensor = b.tensor();
+        p.box.offsets.assign(b.offsets().begin(), b.offsets().end());
+        p.box.lengths.assign(b.lengths().begin(), b.lengths().end());
+        p.nbytes = b.length();
+        p.pfs_box = i;
+        mc.cat.pieces.push_back(std::move(p));
+      }
+    }
+    for (auto& p : mc.cat.pieces) std::sort(p.holders.begin(), p.holders.end());
+    CAIRN_ASSIGN_OR_RETURN(LoadTargets lt, GroupTargets(layouts));
+    auto plan = MakeLoadPlan(mc.cat, lt);
+    if (!plan.ok()) return plan.status();
+    if (!plan->unrestored.empty() && !options.partial) {
+      std::string names;
+      for (size_t i = 0; i < plan->unrestored.size() && i < 5; ++i)
+        names += (i ? ", '" : "'") + plan->unrestored[i] + "'";
+      if (plan->unrestored.size() > 5)
+        names += " and " + std::to_string(plan->unrestored.size() - 5) + " more";
+      return Status::InvalidArgument(who + ", step " + std::to_string(step) + " (" + mc.cat.where +
+                                     "): saved tensor(s) " + names +
+                                     " are in no rank's targets (RestoreOptions::partial "
+                                     "allows that)");
+    }
+    // 4. Transfer.
+    RestoreReport attempt_report;
+    Attempt a(env, targets, mc.cat, *plan);
+    a.manifest = choice->from_pfs ? &manifest : nullptr;
+    a.step_dir = step_dir;
+    a.report = &attempt_report;
+    a.who = who + ", step " + std::to_string(step);
+    a.cls = lt.class_of_rank[static_cast<size_t>(env.rank)];
+    for (const auto& pv : pinned.versions) {
+      for (const SlotShard& s : pv->header().shards) {
+        auto tid = tensor_ids.find(s.name);
+        if (tid == tensor_ids.end()) continue;
+        std::vector<int64_t> key = s.box.offsets;
+        key.insert(key.end(), s.box.lengths.begin(), s.box.lengths.end());
+        auto pid = piece_ids.find({tid->second, key});
+        if (pid != piece_ids.end()) a.local.emplace(pid->second, std::make_pair(pv.get(), &s));
+      }
+    }
+    // Blobs of the same rank number: received from a holder, or read from the PFS.
+    std::string blob_bytes;
+    Status st;
+    if (!choice->from_pfs) {
+      // Senders: every rank whose blobs this rank provides.
+      for (size_t t = 0; t < mc.blob_providers.size() && t < lt.class_of_rank.size(); ++t) {
+        const auto& prov = mc.blob_providers[t];
+        if (prov.empty() || static_cast<int>(t) == env.rank) continue;
+        bool t_has = false;
+        for (auto [h, n] : prov) t_has |= h == static_cast<int>(t);
+        if (!t_has && prov.front().first == env.rank) {
+          for (const auto& pv : pinned.versions)
+            if (pv->header().rank == t) {
+              std::string enc = EncodeBlobs(pv->header(), pv->data());
+              auto* buf = a.Staging(enc.size());
+              std::memcpy(buf, enc.data(), enc.size());
+              Status s = env.transport->Send(static_cast<int>(t), kBlobSeq, buf, enc.size());
+              if (!s.ok() && st.ok()) st = s;
+              break;
+            }
+        }
+      }
+      if (static_cast<size_t>(env.rank) < mc.blob_providers.size()) {
+        const auto& prov = mc.blob_providers[static_cast<size_t>(env.rank)];
+        bool mine_held = false;
+        for (auto [h, n] : prov) mine_held |= h == env.rank;
+        if (mine_held) {
+          blob_bytes =
+              EncodeBlobs(pinned.versions.front()->header(), pinned.versions.front()->data());
+        } else if (!prov.empty()) {
+          blob_bytes.resize(prov.front().second);
+          Status s = env.transport->PostRecv(prov.front().first, kBlobSeq, blob_bytes.data(),
+                                             blob_bytes.size());
+          if (!s.ok() && st.ok()) st = s;
+        }
+      }
+    }
+    if (st.ok()) st = a.Run();
+    if (st.ok() && choice->from_pfs && env.rank < static_cast<int>(manifest.world_size())) {
+      Blobs b;
+      st = ReadRankBlobs(env.pfs_fs, step_dir, manifest, env.rank, &b);
+      if (st.ok()) attempt_report.blobs = std::move(b);
+    } else if (st.ok() && !blob_bytes.empty()) {
+      ByteReader br(blob_bytes);
+      uint32_t n = 0;
+      bool ok = br.Get(&n);
+      for (uint32_t i = 0; ok && i < n; ++i) {
+        std::string k, v;
+        ok = br.GetString(&k, kMaxText) && br.GetString(&v, blob_bytes.size());
+        if (ok) attempt_report.blobs.emplace(std::move(k), std::move(v));
+      }
+      if (!ok) st = Status::Corruption(who + ": garbled blobs of step " + std::to_string(step));
+    }
+    const bool corrupt = st.ok() && !a.corrupt.ok();
+    if (corrupt) st = a.corrupt;
+    // 5. Outcome: every rank learns every rank's.
+    ByteWriter w3;
+    w3.PutStatus(st);
+    w3.Put<uint64_t>(attempt_report.pfs_bytes_read);
+    CAIRN_ASSIGN_OR_RETURN(auto outcomes, g->AllGather(w3.out()));
+    Status first_bad, first_corrupt;
+    uint64_t job_pfs = 0;
+    for (size_t r = 0; r < outcomes.size(); ++r) {
+      ByteReader rd(outcomes[r]);
+      Status s;
+      uint64_t n = 0;
+      if (!rd.GetStatus(&s, kMaxText) || !rd.Get(&n))
+        s = Status::Corruption("garbled outcome from rank " + std::to_string(r));
+      job_pfs += n;
+      if (s.code() == StatusCode::kCorruption) {
+        if (first_corrupt.ok()) first_corrupt = s;
+      } else if (!s.ok() && first_bad.ok()) {
+        first_bad = s;
+      }
+    }
+    if (!first_bad.ok()) return first_bad;
+    if (!first_corrupt.ok()) {
+      const std::string tier = choice->from_pfs ? "the PFS" : "memory";
+      env.log->Warning("skipping step " + std::to_string(step) + " in " + tier + ": " +
+                       first_corrupt.message() + "; trying the next older version");
+      report.skipped.push_back(first_corrupt.message());
+      excluded.insert({step, choice->from_pfs});
+      continue;
+    }
+    // Done.
+    attempt_report.step = step;
+    attempt_report.skipped = std::move(report.skipped);
+    attempt_report.tier = choice->from_pfs                    ? "pfs"
+                          : attempt_report.bytes_received > 0 ? "peer"
+                                                              : "host";
+    for (const ShardSpec& t : targets) attempt_report.bytes += t.nbytes();
+    const uint32_t c = lt.class_of_rank[static_cast<size_t>(env.rank)];
+    for (const LoadPlan::Fill& f : plan->fills[c]) {
+      const LoadPiece& p = mc.cat.pieces[plan->spans[f.span].piece];
+      if (!(f.region == targets[f.target].box) || !(f.region == p.box))
+        attempt_report.resharded = true;
+    }
+    if (choice->from_pfs) {
+      // PFS pieces are slabs of the saved shards: compare with the shards ranks held.
+      std::set<std::pair<uint32_t, std::vector<int64_t>>> saved;
+      for (const pb::Shard& s : manifest.shards()) {
+        std::vector<int64_t> key(s.offsets().begin(), s.offsets().end());
+        key.insert(key.end(), s.lengths().begin(), s.lengths().end());
+        saved.insert({s.tensor(), std::move(key)});
+      }
+      attempt_report.resharded = false;
+      std::unordered_map<std::string, uint32_t> ids;
+      for (int i = 0; i < manifest.tensors_size(); ++i) ids[manifest.tensors(i).name()] = i;
+      for (const ShardSpec& t : targets) {
+        std::vector<int64_t> key = t.box.offsets;
+        key.insert(key.end(), t.box.lengths.begin(), t.box.lengths.end());
+        if (!saved.count({ids[t.meta.name], key})) attempt_report.resharded = true;
+      }
+    }
+    attempt_report.job_pfs_bytes_read = job_pfs;
+    attempt_report.job_unique_bytes_needed = plan->unique_bytes_needed;
+    attempt_report.seconds = NanosToSeconds(NowNanos() - t0);
+    return attempt_report;
+  }
+}
+
+}  // namespace cairn

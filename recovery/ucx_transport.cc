@@ -1,0 +1,49 @@
+#include "recovery/ucx_transport.h"
+
+#include <vector>
+
+namespace cairn {
+namespace {
+
+class UcxRestoreTransport final : public RestoreTransport {
+ public:
+  explicit UcxRestoreTransport(UcxComm* comm) : comm_(comm) {}
+  ~UcxRestoreTransport() override { (void)Finish(1.0); }
+
+  Status Send(int peer, uint32_t seq, const void* buf, size_t n) override {
+    sends_.push_back(
+        comm_->StartSend(peer, MakeTag(MsgKind::kRestoreData, comm_->rank(), seq), buf, n));
+    return sends_.back().status;
+  }
+  Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) override {
+    recvs_.push_back(comm_->StartRecv(peer, MakeTag(MsgKind::kRestoreData, peer, seq), buf, n));
+    return recvs_.back().status;
+  }
+  Status Finish(double timeout_s) override {
+    Status first;
+    for (auto& r : recvs_) {
+      Status s = comm_->FinishRecv(r, timeout_s);
+      if (!s.ok() && first.ok()) first = s;
+    }
+    for (auto& s : sends_) {
+      Status st = comm_->FinishSend(s, timeout_s);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    recvs_.clear();
+    sends_.clear();
+    return first;
+  }
+
+ private:
+  UcxComm* comm_;
+  std::vector<UcxComm::PendingSend> sends_;
+  std::vector<UcxComm::PendingRecv> recvs_;
+};
+
+}  // namespace
+
+std::unique_ptr<RestoreTransport> MakeUcxRestoreTransport(UcxComm* comm) {
+  return std::make_unique<UcxRestoreTransport>(comm);
+}
+
+}  // namespace cairn

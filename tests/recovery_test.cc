@@ -1,0 +1,539 @@
+// Recovery: the load planner, and restore across layouts, world sizes and replicas.
+//
+// The property test runs every rank of a job as a thread of this process: the collectives
+// go through an in-process Group and the bytes between ranks through an in-process
+// transport (the UCX path of the same code is tested by recovery_process_test). Memory
+// versions are real slot headers with real chunk checksums over the saved bytes.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/checksum.h"
+#include "core/log.h"
+#include "recovery/load_planner.h"
+#include "recovery/restore.h"
+#include "snapshot/copy_engine.h"
+
+namespace cairn {
+namespace {
+
+// ---- an in-process job --------------------------------------------------------------------
+
+class Job {
+ public:
+  explicit Job(int n) : n_(n), slots_(static_cast<size_t>(n)) {}
+  int size() const { return n_; }
+  Result<std::vector<std::string>> AllGather(int rank, std::string_view mine) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return !draining_; });
+    slots_[static_cast<size_t>(rank)] = std::string(mine);
+    if (++arrived_ == n_) {
+      result_ = slots_;
+      draining_ = true;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lk, [&] { return draining_; });
+    }
+    std::vector<std::string> out = result_;
+    if (--arrived_ == 0) {
+      draining_ = false;
+      cv_.notify_all();
+    }
+    return out;
+  }
+  // Messages: (from, to, seq) -> bytes.
+  void Post(int from, int to, uint32_t seq, const void* p, size_t n) {
+    std::lock_guard lk(mail_mu_);
+    mail_[{from, to, seq}].assign(static_cast<const char*>(p), n);
+    mail_cv_.notify_all();
+  }
+  bool Take(int from, int to, uint32_t seq, void* p, size_t n) {
+    std::unique_lock lk(mail_mu_);
+    const auto key = std::make_tuple(from, to, seq);
+    if (!mail_cv_.wait_for(lk, std::chrono::seconds(30), [&] { return mail_.count(key) > 0; }))
+      return false;
+    const std::string& m = mail_[key];
+    const bool ok = m.size() == n;
+    std::memcpy(p, m.data(), std::min(n, m.size()));
+    mail_.erase(key);
+    return ok;
+  }
+
+ private:
+  int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> slots_, result_;
+  int arrived_ = 0;
+  bool draining_ = false;
+  std::mutex mail_mu_;
+  std::condition_variable mail_cv_;
+  std::map<std::tuple<int, int, uint32_t>, std::string> mail_;
+};
+
+class ThreadGroup final : public Group {
+ public:
+  ThreadGroup(Job* job, int rank) : job_(job), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return job_->size(); }
+  Status Barrier() override { return job_->AllGather(rank_, "").status(); }
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override {
+    return job_->AllGather(rank_, mine);
+  }
+  Result<std::string> Broadcast(int root, std::string_view data) override {
+    CAIRN_ASSIGN_OR_RETURN(auto all, job_->AllGather(rank_, data));
+    return all[static_cast<size_t>(root)];
+  }
+
+ private:
+  Job* job_;
+  int rank_;
+};
+
+class MailTransport final : public RestoreTransport {
+ public:
+  MailTransport(Job* job, int rank) : job_(job), rank_(rank) {}
+  Status Send(int peer, uint32_t seq, const void* buf, size_t n) override {
+    job_->Post(rank_, peer, seq, buf, n);
+    return Status::OK();
+  }
+  Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) override {
+    recvs_.push_back({peer, seq, buf, n});
+    return Status::OK();
+  }
+  Status Finish(double) override {
+    Status st;
+    for (const Recv& r : recvs_)
+      if (!job_->Take(r.peer, rank_, r.seq, r.buf, r.n) && st.ok())
+        st = Status::Unavailable("no message " + std::to_string(r.seq) + " from rank " +
+                                 std::to_string(r.peer));
+    recvs_.clear();
+    return st;
+  }
+
+ private:
+  struct Recv {
+    int peer;
+    uint32_t seq;
+    void* buf;
+    size_t n;
+  };
+  Job* job_;
+  int rank_;
+  std::vector<Recv> recvs_;
+};
+
+// A version one rank saved: a real slot header and its bytes.
+struct SavedVersion {
+  SlotHeader header;
+  std::vector<std::byte> data;
+  std::string path;
+};
+
+class Pinned final : public PinnedVersion {
+ public:
+  explicit Pinned(const SavedVersion* v) : v_(v) {}
+  const SlotHeader& header() const override { return v_->header; }
+  const std::byte* data() const override { return v_->data.data(); }
+  const std::string& path() const override { return v_->path; }
+
+ private:
+  const SavedVersion* v_;
+};
+
+class VecMemory final : public MemorySource {
+ public:
+  std::vector<const SavedVersion*> held;
+  std::vector<HeldVersion> List() override {
+    std::vector<HeldVersion> out;
+    for (const SavedVersion* v : held)
+      out.push_back({static_cast<int>(v->header.rank), v->header.step, v->header.world_size});
+    return out;
+  }
+  Result<std::unique_ptr<PinnedVersion>> Pin(const HeldVersion& h) override {
+    for (const SavedVersion* v : held)
+      if (static_cast<int>(v->header.rank) == h.source && v->header.step == h.step)
+        return std::unique_ptr<PinnedVersion>(new Pinned(v));
+    return Status::NotFound("not held");
+  }
+  std::string Describe() const override { return "test memory"; }
+};
+
+// ---- random tensors and layouts -------------------------------------------------------------
+
+struct Tensor {
+  TensorMeta meta;
+  std::vector<std::byte> bytes;  // the global tensor, row-major
+};
+
+// The boxes each of `world` ranks holds of tensor `t` under a random layout.
+std::vector<std::vector<Box>> RandomLayout(std::mt19937_64& rng, const Shape& shape, int world) {
+  std::vector<std::vector<Box>> out(static_cast<size_t>(world));
+  const int64_t n = NumElements(shape);
+  switch (rng() % 4) {
+    case 0:  // replicated on every rank
+      for (auto& l : out) l.push_back(Box::Whole(shape));
+      break;
+    case 1: {  // split along one dim into k parts; ranks r and r+k hold the same part
+      if (shape.empty()) {
+        for (auto& l : out) l.push_back(Box::Whole(shape));
+        break;
+      }
+      const size_t d = rng() % shape.size();
+      const int64_t k = std::min<int64_t>(shape[d], 1 + static_cast<int64_t>(rng() % world));
+      for (int r = 0; r < world; ++r) {
+        const int64_t part = r % k;
+        Box b = Box::Whole(shape);
+        b.offsets[d] = shape[d] * part / k;
+        b.lengths[d] = shape[d] * (part + 1) / k - b.offsets[d];
+        out[static_cast<size_t>(r)].push_back(b);
+      }
+      break;
+    }
+    case 2: {  // two-dimensional grid, a part per rank modulo the grid size
+      if (shape.size() < 2) {
+        for (auto& l : out) l.push_back(Box::Whole(shape));
+        break;
+      }
+      int64_t a = std::min<int64_t>(shape[0], 1 + static_cast<int64_t>(rng() % 3));
+      int64_t b = std::min<int64_t>(shape[1], 1 + static_cast<int64_t>(rng() % 3));
+      if (a * b > world) a = b = 1;  // every part held by some rank
+      for (int r = 0; r < world; ++r) {
+        const int64_t i = (r % (a * b)) / b, j = r % b;
+        Box box = Box::Whole(shape);
+        box.offsets[0] = shape[0] * i / a;
+        box.lengths[0] = shape[0] * (i + 1) / a - box.offsets[0];
+        box.offsets[1] = shape[1] * j / b;
+        box.lengths[1] = shape[1] * (j + 1) / b - box.offsets[1];
+        out[static_cast<size_t>(r)].push_back(box);
+      }
+      break;
+    }
+    default: {  // ZeRO-style flat ranges, split at random points
+      std::vector<int64_t> cuts = {0, n};
+      for (int r = 1; r < world; ++r) cuts.push_back(static_cast<int64_t>(rng() % (n + 1)));
+      std::sort(cuts.begin(), cuts.end());
+      for (int r = 0; r < world; ++r) {
+        auto boxes =
+            FlatRangeToBoxes(shape, cuts[static_cast<size_t>(r)], cuts[static_cast<size_t>(r) + 1]);
+        if (boxes.ok())
+          for (Box& b : *boxes)
+            if (!b.empty()) out[static_cast<size_t>(r)].push_back(b);
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+std::vector<std::byte> Extract(const Tensor& t, const Box& box) {
+  const size_t elem = DTypeSize(t.meta.dtype);
+  std::vector<std::byte> out(static_cast<size_t>(box.numel()) * elem);
+  CopyBoxRegion(t.bytes.data(), Box::Whole(t.meta.global_shape), out.data(), box, box, elem);
+  return out;
+}
+
+SavedVersion MakeVersion(const std::vector<Tensor>& tensors,
+                         const std::vector<std::pair<size_t, Box>>& shards, int rank, int world,
+                         int64_t step, uint64_t chunk) {
+  SavedVersion v;
+  SlotHeader& h = v.header;
+  h.state = VersionState::kCaptured;
+  h.step = step;
+  h.rank = static_cast<uint32_t>(rank);
+  h.world_size = static_cast<uint32_t>(world);
+  h.chunk_bytes = chunk;
+  for (const auto& [ti, box] : shards) {
+    const Tensor& t = tensors[ti];
+    auto bytes = Extract(t, box);
+    SlotShard s;
+    s.name = t.meta.name;
+    s.dtype = t.meta.dtype;
+    s.global_shape = t.meta.global_shape;
+    s.box = box;
+    s.offset = (v.data.size() + 63) / 64 * 64;
+    s.nbytes = bytes.size();
+    s.first_chunk = static_cast<uint32_t>(h.chunk_checksums.size());
+    s.num_chunks = static_cast<uint32_t>((s.nbytes + chunk - 1) / chunk);
+    v.data.resize(s.offset);
+    v.data.insert(v.data.end(), bytes.begin(), bytes.end());
+    for (uint32_t c = 0; c < s.num_chunks; ++c) {
+      const uint64_t lo = c * chunk, hi = std::min(s.nbytes, lo + chunk);
+      h.chunk_checksums.push_back(Checksum(bytes.data() + lo, hi - lo));
+    }
+    h.shards.push_back(std::move(s));
+  }
+  const std::string blob = "rank " + std::to_string(rank) + " step " + std::to_string(step);
+  SlotBlob b{"who", v.data.size(), blob.size(), Checksum(blob.data(), blob.size())};
+  v.data.insert(v.data.end(), reinterpret_cast<const std::byte*>(blob.data()),
+                reinterpret_cast<const std::byte*>(blob.data() + blob.size()));
+  h.blobs.push_back(b);
+  h.data_bytes = v.data.size();
+  v.path = "memory of rank " + std::to_string(rank) + " step " + std::to_string(step);
+  return v;
+}
+
+struct RankResult {
+  Result<RestoreReport> report = Status::Internal("not run");
+  std::vector<std::vector<std::byte>> targets;
+};
+
+// Restores on `world` threads; ranks[r] holds memory[r]; targets[r] are (tensor, box).
+std::vector<RankResult> RunRestore(int world, const std::vector<Tensor>& tensors,
+                                   std::vector<VecMemory>& memory,
+                                   const std::vector<std::vector<std::pair<size_t, Box>>>& targets,
+                                   const RestoreOptions& options) {
+  Job job(world);
+  std::vector<RankResult> out(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      ThreadGroup g(&job, r);
+      MailTransport tr(&job, r);
+      auto engine = MakeHostCopyEngine(1);
+      Logger log("rank " + std::to_string(r), static_cast<int>(LogLevel::kError));
+      RankResult& res = out[static_cast<size_t>(r)];
+      std::vector<ShardSpec> specs;
+      for (const auto& [ti, box] : targets[static_cast<size_t>(r)]) {
+        const Tensor& t = tensors[ti];
+        res.targets.emplace_back(static_cast<size_t>(box.numel()) * DTypeSize(t.meta.dtype),
+                                 std::byte{0xcd});
+      }
+      for (size_t i = 0; i < res.targets.size(); ++i) {
+        ShardSpec s;
+        s.meta = tensors[targets[static_cast<size_t>(r)][i].first].meta;
+        s.box = targets[static_cast<size_t>(r)][i].second;
+        s.data = res.targets[i].data();
+        specs.push_back(s);
+      }
+      RestoreEnv env;
+      env.rank = r;
+      env.group = &g;
+      env.transport = &tr;
+      env.memory = &memory[static_cast<size_t>(r)];
+      env.engine = engine.get();
+      env.log = &log;
+      env.who = "rank " + std::to_string(r);
+      env.timeout_s = 30;
+      res.report = Restore(env, specs, options);
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryAndReplicas) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const DType dtypes[] = {DType::kF64, DType::kF32, DType::kBF16,  DType::kI64,
+                          DType::kI16, DType::kU8,  DType::kF8E4M3};
+  int resharded = 0, with_peers = 0, fallbacks = 0;
+  constexpr int kCases = 220;
+  for (int c = 0; c < kCases; ++c) {
+    SCOPED_TRACE("case " + std::to_string(c));
+    // Tensors.
+    std::vector<Tensor> tensors(1 + rng() % 4);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      Tensor& t = tensors[i];
+      t.meta.name = "t" + std::to_string(i);
+      t.meta.dtype = dtypes[rng() % std::size(dtypes)];
+      const size_t nd = 1 + rng() % 4;
+      for (size_t d = 0; d < nd; ++d) t.meta.global_shape.push_back(1 + rng() % (nd > 2 ? 6 : 24));
+      t.bytes.resize(static_cast<size_t>(NumElements(t.meta.global_shape)) *
+                     DTypeSize(t.meta.dtype));
+      for (auto& b : t.bytes) b = static_cast<std::byte>(rng());
+    }
+    // Saved under one layout, two steps; restored under another on another world size.
+    const int saved_world = 1 + static_cast<int>(rng() % 8);
+    const int world = 1 + static_cast<int>(rng() % 8);
+    const uint64_t chunk = uint64_t{8} << (rng() % 8);
+    std::vector<std::vector<std::pair<size_t, Box>>> saved(static_cast<size_t>(saved_world)),
+        wanted(static_cast<size_t>(world));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto s = RandomLayout(rng, tensors[i].meta.global_shape, saved_world);
+      for (int r = 0; r < saved_world; ++r)
+        for (Box& b : s[static_cast<size_t>(r)]) saved[static_cast<size_t>(r)].push_back({i, b});
+      auto w = RandomLayout(rng, tensors[i].meta.global_shape, world);
+      for (int r = 0; r < world; ++r)
+        for (Box& b : w[static_cast<size_t>(r)]) wanted[static_cast<size_t>(r)].push_back({i, b});
+    }
+    // Step 1 of the same tensors with every byte flipped: what a fallback restores.
+    std::vector<Tensor> older = tensors;
+    for (auto& t : older)
+      for (auto& b : t.bytes) b = ~b;
+    std::vector<SavedVersion> v1, v2;
+    for (int r = 0; r < saved_world; ++r) {
+      v1.push_back(MakeVersion(older, saved[static_cast<size_t>(r)], r, saved_world, 1, chunk));
+      v2.push_back(MakeVersion(tensors, saved[static_cast<size_t>(r)], r, saved_world, 2, chunk));
+    }
+    // Who holds what: every saved rank's versions on 1-3 random restoring ranks (its own
+    // host tier when it restores too, plus replicas).
+    std::vector<VecMemory> memory(static_cast<size_t>(world));
+    for (int s = 0; s < saved_world; ++s) {
+      std::vector<int> holders;
+      if (s < world) holders.push_back(s);
+      const int extra = static_cast<int>(rng() % 3) + (holders.empty() ? 1 : 0);
+      for (int k = 0; k < extra; ++k) holders.push_back(static_cast<int>(rng() % world));
+      std::sort(holders.begin(), holders.end());
+      holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+      for (int h : holders) {
+        memory[static_cast<size_t>(h)].held.push_back(&v1[static_cast<size_t>(s)]);
+        memory[static_cast<size_t>(h)].held.push_back(&v2[static_cast<size_t>(s)]);
+      }
+    }
+    // Sometimes step 2 of one rank is damaged (in the copy every holder reads). If a target
+    // needs the damaged chunk, every rank falls back to step 1; if none does, step 2 is
+    // restored and must still be exact.
+    bool damaged = false;
+    if (rng() % 8 == 0) {
+      const size_t s = rng() % static_cast<size_t>(saved_world);
+      SavedVersion& v = v2[s];
+      if (!v.header.shards.empty() && v.header.shards[0].nbytes > 0) {
+        v.data[v.header.shards[0].offset + rng() % v.header.shards[0].nbytes] ^= std::byte{1};
+        damaged = true;
+      }
+    }
+    RestoreOptions opts;
+    opts.partial = true;  // a random layout may leave a tensor to no rank of the target
+    auto results = RunRestore(world, tensors, memory, wanted, opts);
+    const int64_t expect_step = results[0].report.ok() && results[0].report->step == 1 ? 1 : 2;
+    const std::vector<Tensor>* expect = expect_step == 1 ? &older : &tensors;
+    for (int r = 0; r < world; ++r) {
+      const RankResult& res = results[static_cast<size_t>(r)];
+      ASSERT_TRUE(res.report.ok()) << "rank " << r << ": " << res.report.status().ToString();
+      ASSERT_EQ(res.report->step, expect_step);
+      if (expect_step == 1) {
+        ASSERT_TRUE(damaged);
+        ASSERT_EQ(res.report->skipped.size(), 1u);
+        EXPECT_NE(res.report->skipped[0].find("checksum mismatch"), std::string::npos);
+        fallbacks += r == 0;
+      }
+      for (size_t i = 0; i < res.targets.size(); ++i) {
+        const auto& [ti, box] = wanted[static_cast<size_t>(r)][i];
+        ASSERT_EQ(res.targets[i], Extract((*expect)[ti], box))
+            << "rank " << r << " tensor " << tensors[ti].meta.name << " box " << box.ToString();
+      }
+      if (r < saved_world) {
+        ASSERT_EQ(res.report->blobs.at("who"),
+                  "rank " + std::to_string(r) + " step " + std::to_string(expect_step));
+      } else {
+        ASSERT_TRUE(res.report->blobs.empty());
+      }
+      resharded += res.report->resharded;
+      with_peers += res.report->bytes_received > 0;
+    }
+  }
+  std::printf("%d cases: %d rank restores resharded, %d received from peers, %d fell back\n",
+              kCases, resharded, with_peers, fallbacks);
+  // The cases really exercised what they claim to.
+  EXPECT_GT(resharded, kCases / 2);
+  EXPECT_GT(with_peers, kCases / 2);
+  EXPECT_GT(fallbacks, 0);
+}
+
+TEST(Recovery, ErrorsNameTheTensorStepAndRankBeforeWritingAnyTarget) {
+  std::vector<Tensor> tensors(1);
+  tensors[0].meta = {"layers.0.w", DType::kF32, {8, 4}};
+  tensors[0].bytes.assign(8 * 4 * 4, std::byte{7});
+  SavedVersion v = MakeVersion(tensors, {{0, Box{{0, 0}, {4, 4}}}}, 0, 1, 3, 64);
+  std::vector<VecMemory> memory(1);
+  memory[0].held.push_back(&v);
+  // Asks for rows 4..8, which nobody saved.
+  auto res = RunRestore(1, tensors, memory, {{{0, Box{{4, 0}, {4, 4}}}}}, {});
+  ASSERT_FALSE(res[0].report.ok());
+  const std::string m = res[0].report.status().message();
+  EXPECT_NE(m.find("layers.0.w"), std::string::npos) << m;
+  EXPECT_NE(m.find("step 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("[0:4, 0:4]"), std::string::npos) << m;
+  for (std::byte b : res[0].targets[0]) ASSERT_EQ(b, std::byte{0xcd});
+  // A dtype mismatch.
+  std::vector<Tensor> other = tensors;
+  other[0].meta.dtype = DType::kI32;
+  res = RunRestore(1, other, memory, {{{0, Box{{0, 0}, {4, 4}}}}}, {});
+  ASSERT_FALSE(res[0].report.ok());
+  EXPECT_NE(res[0].report.status().message().find("int32"), std::string::npos)
+      << res[0].report.status().message();
+  // A saved tensor nobody asks for, without RestoreOptions::partial.
+  tensors.push_back(tensors[0]);
+  tensors[1].meta.name = "layers.0.extra";
+  SavedVersion v2 =
+      MakeVersion(tensors, {{0, Box{{0, 0}, {8, 4}}}, {1, Box{{0, 0}, {8, 4}}}}, 0, 1, 4, 64);
+  memory[0].held = {&v2};
+  res = RunRestore(1, tensors, memory, {{{0, Box{{0, 0}, {8, 4}}}}}, {});
+  ASSERT_FALSE(res[0].report.ok());
+  EXPECT_NE(res[0].report.status().message().find("layers.0.extra"), std::string::npos);
+  RestoreOptions partial;
+  partial.partial = true;
+  res = RunRestore(1, tensors, memory, {{{0, Box{{0, 0}, {8, 4}}}}}, partial);
+  ASSERT_TRUE(res[0].report.ok()) << res[0].report.status().ToString();
+}
+
+// ---- the planner alone ------------------------------------------------------------------------
+
+TEST(LoadPlanner, DataParallelReplicasReadEveryPfsByteOnceAndSpreadTheReads) {
+  // 8 ranks, 2-way split of a [1024, 256] f32 tensor, 4 data-parallel replicas each; saved
+  // on the PFS in 16 slabs of 64 rows.
+  LoadCatalog cat;
+  cat.step = 7;
+  cat.chunk_bytes = 64 << 10;
+  cat.from_pfs = true;
+  cat.where = "test";
+  cat.tensors.push_back({"w", DType::kF32, {1024, 256}});
+  for (int i = 0; i < 16; ++i)
+    cat.pieces.push_back({0, Box{{64 * i, 0}, {64, 256}}, 64 * 256 * 4, {}, i});
+  LoadTargets t;
+  for (int part = 0; part < 2; ++part) {
+    RankLayout l;
+    l.tensors.push_back(cat.tensors[0]);
+    l.shards.push_back({0, Box{{512 * part, 0}, {512, 256}}});
+    t.classes.push_back(l);
+  }
+  for (int r = 0; r < 8; ++r) t.class_of_rank.push_back(static_cast<uint32_t>(r % 2));
+  auto plan = MakeLoadPlan(cat, t);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->pfs_bytes_to_read, plan->unique_bytes_needed);
+  EXPECT_EQ(plan->unique_bytes_needed, 1024u * 256 * 4);
+  std::map<int, uint64_t> read_by;
+  uint64_t received = 0;
+  for (int r = 0; r < 8; ++r) {
+    RankLoad l = ForRank(*plan, cat, r);
+    for (uint32_t run : l.my_runs) read_by[r] += plan->runs[run].hi - plan->runs[run].lo;
+    for (const auto& g : l.gets)
+      if (g.how == RankLoad::How::kRecv)
+        received += plan->spans[g.span].hi - plan->spans[g.span].lo;
+  }
+  EXPECT_EQ(read_by.size(), 8u);  // all ranks share the reading: 2 slabs each
+  for (auto [r, n] : read_by) EXPECT_EQ(n, 2u * 64 * 256 * 4) << "rank " << r;
+  EXPECT_EQ(received, 3u * 1024 * 256 * 4);  // each half to its 3 other replicas
+}
+
+TEST(LoadPlanner, ReadsOnlyTheChunksATargetOverlaps) {
+  LoadCatalog cat;
+  cat.step = 1;
+  cat.chunk_bytes = 4096;
+  cat.from_pfs = true;
+  cat.where = "test";
+  cat.tensors.push_back({"w", DType::kU8, {1 << 20}});
+  cat.pieces.push_back({0, Box{{0}, {1 << 20}}, 1 << 20, {}, 0});
+  LoadTargets t;
+  RankLayout l;
+  l.tensors.push_back(cat.tensors[0]);
+  l.shards.push_back({0, Box{{5000}, {3000}}});  // bytes 5000..8000: chunks 1 (4096..8192)
+  t.classes.push_back(l);
+  t.class_of_rank = {0};
+  auto plan = MakeLoadPlan(cat, t);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->runs.size(), 1u);
+  EXPECT_EQ(plan->runs[0].lo, 4096u);
+  EXPECT_EQ(plan->runs[0].hi, 8192u);
+  EXPECT_EQ(plan->unique_bytes_needed, 3000u);
+}
+
+}  // namespace
+}  // namespace cairn
