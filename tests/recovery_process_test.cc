@@ -1,0 +1,212 @@
+// Recovery with real processes over UCX: a lost node comes back from its partners'
+// replicas without touching the PFS; a job whose host tiers are all gone comes back from
+// the PFS on another world size and layout; a job that changes layout reshards from memory.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cli/launcher.h"
+#include "core/filesystem.h"
+#include "persist/manifest.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+using testing::TempDir;
+
+constexpr const char* kRows = "2048";  // about 4.6 MiB of state
+
+// Every line of a rank's log, minus the per-step progress lines.
+std::string Logs(const std::string& dir, int ranks) {
+  std::string out;
+  for (int r = 0; r < ranks; ++r) {
+    auto text =
+        ReadWholeFile(DefaultFileSystem(), dir + "/rank-" + std::to_string(r) + ".log", 64 << 20);
+    out += "--- rank " + std::to_string(r) + ":\n";
+    if (!text.ok()) continue;
+    std::istringstream in(*text);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("saved ", 0) != 0) out += line + "\n";
+  }
+  return out;
+}
+
+// The last line of rank `r`'s log that starts with `prefix` ("" when none).
+std::string LastLine(const std::string& dir, int r, const std::string& prefix) {
+  auto text =
+      ReadWholeFile(DefaultFileSystem(), dir + "/rank-" + std::to_string(r) + ".log", 64 << 20);
+  std::string last;
+  if (!text.ok()) return last;
+  std::istringstream in(*text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) last = line;
+  return last;
+}
+
+// "restored <step> tier <t> received <n> pfs <n> needed <n> resharded <0|1> skipped <n>"
+struct Restored {
+  int64_t step = -1;
+  std::string tier;
+  uint64_t received = 0, pfs = 0, needed = 0;
+  int resharded = -1;
+  size_t skipped = 0;
+};
+Restored ParseRestored(const std::string& line) {
+  Restored r;
+  std::istringstream in(line);
+  std::string w;
+  in >> w >> r.step >> w >> r.tier >> w >> r.received >> w >> r.pfs >> w >> r.needed >> w >>
+      r.resharded >> w >> r.skipped;
+  return r;
+}
+
+LaunchSpec Spec(const TempDir& root, const std::string& job, int nodes, int per_node,
+                std::vector<std::string> args, const std::string& out_dir,
+                std::vector<std::pair<std::string, std::string>> env = {}) {
+  LaunchSpec spec;
+  spec.nodes = nodes;
+  spec.ranks_per_node = per_node;
+  spec.argv = {CAIRN_RECOVERY_CHILD};
+  for (auto& a : args) spec.argv.push_back(a);
+  spec.output_dir = out_dir;
+  spec.env = {{"CAIRN_JOB_ID", job},
+              {"CAIRN_HOST_ROOT", root.path() + "/host"},
+              {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
+              {"CAIRN_REPLICAS", "1"},
+              {"CAIRN_SLOTS", "5"},
+              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+              {"CAIRN_OP_TIMEOUT_S", "60"},
+              {"CAIRN_REPLICATE_TIMEOUT_S", "10"},
+              {"CAIRN_CHUNK_BYTES", "64K"},
+              {"CAIRN_LOG_LEVEL", "1"},
+              {"UCX_TLS", "tcp"}};
+  for (auto& e : env) {
+    bool replaced = false;
+    for (auto& [k, v] : spec.env)
+      if (k == e.first) v = e.second, replaced = true;
+    if (!replaced) spec.env.push_back(e);
+  }
+  return spec;
+}
+
+// Runs `restore LAYOUT` on nodes x per_node ranks; every rank's report.
+std::vector<Restored> RunRestore(const TempDir& root, const std::string& job, int nodes,
+                                 int per_node, const std::string& layout, int64_t min_step,
+                                 const std::string& tag) {
+  const std::string out = root.path() + "/" + tag;
+  EXPECT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  auto l = LocalLauncher::Start(
+      Spec(root, job, nodes, per_node, {"restore", layout, kRows, std::to_string(min_step)}, out));
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  if (!l.ok()) return {};
+  const int world = nodes * per_node;
+  EXPECT_TRUE((*l)->WaitAll(240)) << tag << ":\n" << Logs(out, world);
+  std::vector<Restored> got;
+  for (int r = 0; r < world; ++r) {
+    const std::string line = LastLine(out, r, "restored ");
+    std::printf("%s rank %d: %s\n", tag.c_str(), r, line.c_str());
+    got.push_back(ParseRestored(line));
+  }
+  return got;
+}
+
+TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
+  TempDir root("rnode");
+  const std::string job = testing::UniqueJobId("nodeloss");
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  // 2 nodes x 2 ranks, 2-way tensor parallel x 2 data parallel, a version every iteration,
+  // every 4th drained to the PFS too.
+  auto l = LocalLauncher::Start(
+      Spec(root, job, 2, 2, {"train", "tp2", kRows, "1"}, train, {{"CAIRN_PERSIST_EVERY", "4"}}));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  // Train until every rank has seen a few of its versions replicated.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  int64_t min_replicated = -1;
+  for (;;) {
+    min_replicated = INT64_MAX;
+    for (int r = 0; r < 4; ++r) {
+      std::istringstream in(LastLine(train, r, "saved "));
+      std::string w;
+      int64_t saved = -1, repl = -1;
+      in >> w >> saved >> w >> repl;
+      min_replicated = std::min(min_replicated, repl);
+    }
+    if (min_replicated >= 10) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << Logs(train, 4);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::random_device{}() % 300));
+  // Node 1 dies (SIGKILL) and its host memory is gone; the job restarts.
+  for (int r : {2, 3}) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
+  for (int r : {2, 3}) EXPECT_EQ((*l)->WaitRank(r), 128 + SIGKILL);
+  for (int r : {0, 1}) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
+  for (int r : {0, 1}) (*l)->WaitRank(r);
+  l->reset();
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
+  // The PFS does hold steps, so "nothing read from it" means something.
+  auto latest = ReadLatest(DefaultFileSystem(), PfsJobDir(root.path() + "/pfs", job));
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+
+  auto got = RunRestore(root, job, 2, 2, "tp2", min_replicated, "restart");
+  ASSERT_EQ(got.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    const Restored& x = got[static_cast<size_t>(r)];
+    EXPECT_EQ(x.step, got[0].step) << "rank " << r;
+    EXPECT_GE(x.step, min_replicated);
+    EXPECT_EQ(x.pfs, 0u) << "rank " << r << " job read the PFS";
+    EXPECT_EQ(x.tier, r >= 2 ? "peer" : "host") << "rank " << r;
+    EXPECT_EQ(x.resharded, 0);
+    if (r >= 2) {
+      EXPECT_GT(x.received, 0u);
+    }
+  }
+}
+
+TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
+  TempDir root("rjob");
+  const std::string job = testing::UniqueJobId("wholejob");
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  // 4 ranks save steps 1..6 in a tp2 x dp2 layout; step 6 is flushed to the PFS.
+  auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "tp2", kRows, "1", "6"}, train,
+                                     {{"CAIRN_PERSIST_EVERY", "0"}}));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
+  l->reset();
+
+  // Same world, ZeRO-style flat layout: resharded from the host tiers and replicas.
+  auto got = RunRestore(root, job, 2, 2, "flat", 6, "flat4");
+  ASSERT_EQ(got.size(), 4u);
+  for (const Restored& x : got) {
+    EXPECT_EQ(x.step, 6);
+    EXPECT_EQ(x.pfs, 0u);
+    EXPECT_EQ(x.resharded, 1);
+  }
+
+  // Every host tier is lost: from the PFS onto 3 ranks with the last dimension split in 2
+  // (ranks 0 and 2 need the same bytes), 3 ranks with flat ranges, and 2 data-parallel
+  // ranks that each need everything.
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host").ok());
+  for (auto [world, layout] : {std::pair{3, "col2"}, std::pair{3, "flat"}, std::pair{2, "dp"}}) {
+    got = RunRestore(root, job, world, 1, layout, 6, std::string(layout) + std::to_string(world));
+    ASSERT_EQ(got.size(), static_cast<size_t>(world));
+    for (const Restored& x : got) {
+      EXPECT_EQ(x.step, 6) << layout;
+      EXPECT_EQ(x.tier, "pfs") << layout;
+      EXPECT_EQ(x.resharded, 1) << layout;
+      // Each needed byte read once by the job (reads are whole 64 KiB checksum chunks).
+      EXPECT_GE(x.pfs, x.needed) << layout;
+      EXPECT_LE(static_cast<double>(x.pfs), 1.05 * static_cast<double>(x.needed)) << layout;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cairn
