@@ -12,6 +12,10 @@
 //   cached_plan_s  a later round with the layout unchanged: encode and hash this rank's
 //                  layout, compare all ranks' hashes with the cached plan's
 //   manifest_s     rank 0: BuildManifest from every rank's location table + EncodeManifest
+//   load_plan_s    restoring that step onto --load-tp x --load-pp x --load-dp ranks (default
+//                  4 x 20 x 100 = 8,000) of another layout: decode the distinct target
+//                  layouts, MakeLoadPlan over the PFS pieces (box intersection through the
+//                  per-tensor index, runs, readers) and rank 0's part of it (ForRank)
 // Last line: one JSON object.
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +28,7 @@
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/save_planner.h"
+#include "recovery/load_planner.h"
 
 using namespace cairn;
 
@@ -34,15 +39,19 @@ struct Args {
   int layers_per_stage = 20;
   int64_t hidden = 8192;
   int repeats = 3;
+  int load_tp = 4, load_pp = 20, load_dp = 100;
 };
 
-// The layout of rank (tp, pp).
-RankLayout StageLayout(const Args& a, int tp, int pp) {
+constexpr int kBuffersPerStage = 40;
+
+// The layout of rank (tp, pp) of a tp_size-way tensor-parallel job with `layers` layers
+// per stage; it also holds the buffers of saved stage `buffers_of` (none if < 0).
+RankLayout StageLayout(const Args& a, int tp_size, int layers, int tp, int pp, int buffers_of) {
   RankLayout l;
   auto add = [&](const std::string& name, DType dt, Shape shape, int split_dim) {
     Box b = Box::Whole(shape);
     if (split_dim >= 0) {
-      const int64_t part = shape[static_cast<size_t>(split_dim)] / a.tp;
+      const int64_t part = shape[static_cast<size_t>(split_dim)] / tp_size;
       b.offsets[static_cast<size_t>(split_dim)] = part * tp;
       b.lengths[static_cast<size_t>(split_dim)] = part;
     }
@@ -67,8 +76,8 @@ RankLayout StageLayout(const Args& a, int tp, int pp) {
                                  {"ln1.bias", {h}, -1},
                                  {"ln2.weight", {h}, -1},
                                  {"ln2.bias", {h}, -1}};
-  for (int i = 0; i < a.layers_per_stage; ++i) {
-    const std::string layer = "layers." + std::to_string(pp * a.layers_per_stage + i) + ".";
+  for (int i = 0; i < layers; ++i) {
+    const std::string layer = "layers." + std::to_string(pp * layers + i) + ".";
     for (const P& p : params) {
       add("model." + layer + p.name, DType::kBF16, p.shape, p.split);
       add("optim.master." + layer + p.name, DType::kF32, p.shape, p.split);
@@ -76,8 +85,9 @@ RankLayout StageLayout(const Args& a, int tp, int pp) {
       add("optim.exp_avg_sq." + layer + p.name, DType::kF32, p.shape, p.split);
     }
   }
-  for (int i = 0; l.shards.size() < 1000; ++i)
-    add("buffers.stage" + std::to_string(pp) + "." + std::to_string(i), DType::kF32, {1024}, -1);
+  for (int i = 0; buffers_of >= 0 && i < kBuffersPerStage; ++i)
+    add("buffers.stage" + std::to_string(buffers_of) + "." + std::to_string(i), DType::kF32,
+        {1024}, -1);
   return l;
 }
 
@@ -98,16 +108,27 @@ int main(int argc, char** argv) {
       a.layers_per_stage = next();
     else if (k == "--repeats")
       a.repeats = next();
+    else if (k == "--load-tp")
+      a.load_tp = next();
+    else if (k == "--load-pp")
+      a.load_pp = next();
+    else if (k == "--load-dp")
+      a.load_dp = next();
     else {
       std::printf(
           "usage: plan [--tp 8] [--pp 10] [--dp 125] [--layers-per-stage 20] [--repeats 3]\n"
+          "            [--load-tp 4] [--load-pp 20] [--load-dp 100]\n"
           "Times the save planner and MANIFEST building for a simulated TP x PP x DP job\n"
-          "(each rank: 48 tensors per layer + buffers = 1000 shards). Prints one JSON line.\n");
+          "(each rank: 48 tensors per layer + 40 buffers = 1000 shards), and the load\n"
+          "planner restoring it onto a LOAD-TP x LOAD-PP x LOAD-DP job (LOAD-PP must divide\n"
+          "the PP x layers-per-stage layers; its even stages take the buffers). Prints one\n"
+          "JSON line.\n");
       return k == "--help" || k == "-h" ? 0 : 2;
     }
   }
   if (a.tp < 1 || a.pp < 1 || a.dp < 1 || a.layers_per_stage < 1 || a.layers_per_stage > 20 ||
-      a.repeats < 1) {
+      a.repeats < 1 || a.load_tp < 1 || a.load_pp < 1 || a.load_dp < 1 ||
+      (a.pp * a.layers_per_stage) % a.load_pp != 0 || a.load_pp % a.pp != 0) {
     std::fprintf(stderr, "plan: bad arguments\n");
     return 2;
   }
@@ -118,7 +139,7 @@ int main(int argc, char** argv) {
   size_t shards = 0;
   for (int pp = 0; pp < a.pp; ++pp)
     for (int tp = 0; tp < a.tp; ++tp) {
-      RankLayout l = StageLayout(a, tp, pp);
+      RankLayout l = StageLayout(a, a.tp, a.layers_per_stage, tp, pp, pp);
       shards = l.shards.size();
       const size_t k = static_cast<size_t>(pp * a.tp + tp);
       distinct[k] = EncodeRankLayout(l);
@@ -149,7 +170,7 @@ int main(int argc, char** argv) {
 
     // A later round: this rank re-derives its hash and compares everyone's.
     t0 = NowNanos();
-    RankLayout mine = StageLayout(a, 0, 0);
+    RankLayout mine = StageLayout(a, a.tp, a.layers_per_stage, 0, 0, 0);
     const uint64_t h = LayoutHash(EncodeRankLayout(mine));
     const bool same = h == hashes[0] && plan.layout_hashes == hashes;
     cached_t.push_back(NanosToSeconds(NowNanos() - t0));
@@ -181,6 +202,64 @@ int main(int argc, char** argv) {
     manifest_bytes = EncodeManifest(*m).size();
     manifest_t.push_back(NanosToSeconds(NowNanos() - t0));
   }
+
+  // Restoring that step onto another layout: the catalog of its PFS pieces, and the
+  // distinct target layouts as the restore gathers them (one per (tp, pp) of the new job).
+  LoadCatalog cat;
+  cat.step = 1000;
+  cat.chunk_bytes = 4ull << 20;
+  cat.from_pfs = true;
+  cat.where = "simulated";
+  cat.tensors = plan.tensors;
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const PlannedPiece& pc = plan.pieces[i];
+    cat.pieces.push_back(
+        {plan.shards[pc.shard].tensor, pc.box, pc.nbytes, {}, static_cast<int32_t>(i)});
+  }
+  const int load_world = a.load_tp * a.load_pp * a.load_dp;
+  const int layers = a.pp * a.layers_per_stage / a.load_pp;
+  const int stages_per_saved = a.load_pp / a.pp;
+  std::vector<std::string> load_layouts;
+  for (int pp = 0; pp < a.load_pp; ++pp)
+    for (int tp = 0; tp < a.load_tp; ++tp)
+      load_layouts.push_back(EncodeRankLayout(StageLayout(
+          a, a.load_tp, layers, tp, pp, pp % stages_per_saved == 0 ? pp / stages_per_saved : -1)));
+  std::vector<double> load_t;
+  LoadPlan lp;
+  RankLoad mine;
+  size_t targets = 0;
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    const int64_t t0 = NowNanos();
+    LoadTargets lt;
+    for (const std::string& enc : load_layouts) {
+      auto l = DecodeRankLayout(enc);
+      if (!l.ok()) {
+        std::fprintf(stderr, "plan: %s\n", l.status().ToString().c_str());
+        return 1;
+      }
+      lt.classes.push_back(std::move(*l));
+    }
+    // rank = (dp * pp_size + pp) * tp_size + tp
+    for (int r = 0; r < load_world; ++r)
+      lt.class_of_rank.push_back(static_cast<uint32_t>(r % (a.load_tp * a.load_pp)));
+    auto p = MakeLoadPlan(cat, lt);
+    if (!p.ok()) {
+      std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    lp = std::move(*p);
+    mine = ForRank(lp, cat, 0);
+    load_t.push_back(NanosToSeconds(NowNanos() - t0));
+    targets = 0;
+    for (const auto& c : lt.classes) targets += c.shards.size();
+  }
+  std::sort(load_t.begin(), load_t.end());
+  if (lp.pfs_bytes_to_read < lp.unique_bytes_needed || !lp.unrestored.empty()) {
+    std::fprintf(stderr, "plan: load plan reads %llu of %llu needed bytes, %zu tensors left\n",
+                 static_cast<unsigned long long>(lp.pfs_bytes_to_read),
+                 static_cast<unsigned long long>(lp.unique_bytes_needed), lp.unrestored.size());
+    return 1;
+  }
   std::sort(plan_t.begin(), plan_t.end());
   std::sort(cached_t.begin(), cached_t.end());
   std::sort(manifest_t.begin(), manifest_t.end());
@@ -188,13 +267,21 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "plan: %d ranks x %zu shards, %zu distinct layouts, %zu unique boxes, %zu pieces\n",
                world, shards, plan.lists.size(), plan.shards.size(), plan.pieces.size());
+  std::fprintf(stderr,
+               "load: onto %d ranks, %zu distinct targets, %zu spans, %zu runs; rank 0 reads %zu "
+               "runs, receives %zu spans, sends %zu\n",
+               load_world, targets, lp.spans.size(), lp.runs.size(), mine.my_runs.size(),
+               mine.gets.size() - mine.my_runs.size(), mine.puts.size());
   std::printf(
       "{\"bench\":\"plan\",\"ranks\":%d,\"shards\":%zu,\"entries\":%zu,\"distinct_layouts\":%zu,"
       "\"unique_boxes\":%zu,\"pieces\":%zu,\"unique_tb\":%.3f,\"plan_s\":%.4f,"
       "\"cached_plan_s\":%.6f,\"manifest_s\":%.4f,\"manifest_bytes\":%llu,"
-      "\"max_writer_share\":%.4f}\n",
+      "\"max_writer_share\":%.4f,\"load_ranks\":%d,\"load_distinct_targets\":%zu,"
+      "\"load_runs\":%zu,\"load_plan_s\":%.4f,\"load_read_over_needed\":%.4f}\n",
       world, shards, static_cast<size_t>(world) * shards, plan.lists.size(), plan.shards.size(),
       plan.pieces.size(), static_cast<double>(plan.unique_bytes) / 1e12, med(plan_t), med(cached_t),
-      med(manifest_t), static_cast<unsigned long long>(manifest_bytes), plan.max_writer_share());
+      med(manifest_t), static_cast<unsigned long long>(manifest_bytes), plan.max_writer_share(),
+      load_world, targets, lp.runs.size(), med(load_t),
+      static_cast<double>(lp.pfs_bytes_to_read) / static_cast<double>(lp.unique_bytes_needed));
   return 0;
 }

@@ -271,12 +271,16 @@ RankLoad ForRank(const LoadPlan& plan, const LoadCatalog& cat, int rank) {
   return out;
 }
 
-Result<LoadTargets> GroupTargets(const std::vector<std::string>& encoded) {
+Result<LoadTargets> GroupTargets(const std::vector<std::string>& encoded,
+                                 const std::vector<uint64_t>& hashes) {
   LoadTargets out;
-  std::unordered_map<std::string_view, uint32_t> ids;
-  for (size_t r = 0; r < encoded.size(); ++r) {
-    auto [it, fresh] = ids.emplace(encoded[r], static_cast<uint32_t>(out.classes.size()));
+  std::unordered_map<uint64_t, uint32_t> ids;
+  for (size_t r = 0; r < hashes.size(); ++r) {
+    auto [it, fresh] = ids.emplace(hashes[r], static_cast<uint32_t>(out.classes.size()));
     if (fresh) {
+      if (r >= encoded.size() || LayoutHash(encoded[r]) != hashes[r])
+        return Status::Corruption("target layout of rank " + std::to_string(r) +
+                                  " does not match its hash");
       auto l = DecodeRankLayout(encoded[r]);
       if (!l.ok()) return l.status().WithContext("target layout of rank " + std::to_string(r));
       out.classes.push_back(std::move(*l));

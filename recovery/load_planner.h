@@ -112,7 +112,9 @@ struct RankLoad {
 };
 RankLoad ForRank(const LoadPlan& plan, const LoadCatalog& catalog, int rank);
 
-// Groups ranks by their encoded layouts (byte-identical layouts share a class).
-Result<LoadTargets> GroupTargets(const std::vector<std::string>& encoded_layouts);
+// Groups ranks by the hashes of their encoded layouts (LayoutHash): ranks with the same
+// hash share a class, decoded from the lowest such rank's bytes (the others may send none).
+Result<LoadTargets> GroupTargets(const std::vector<std::string>& encoded_layouts,
+                                 const std::vector<uint64_t>& hashes);
 
 }  // namespace cairn

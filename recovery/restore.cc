@@ -28,12 +28,14 @@ constexpr size_t kMaxText = 1 << 20;
 // ---- discovery and agreement ------------------------------------------------------------
 
 struct Inventory {
+  uint64_t layout_hash = 0;  // of this rank's target layout
   std::vector<HeldVersion> held;
   std::vector<int64_t> pfs_steps;  // rank 0 only
 };
 
 std::string EncodeInventory(const Inventory& inv) {
   ByteWriter w;
+  w.Put<uint64_t>(inv.layout_hash);
   w.Put<uint32_t>(static_cast<uint32_t>(inv.held.size()));
   for (const HeldVersion& v : inv.held) {
     w.Put<int32_t>(v.source);
@@ -49,7 +51,8 @@ Result<Inventory> DecodeInventory(std::string_view b) {
   ByteReader r(b);
   Inventory inv;
   uint32_t n = 0;
-  if (!r.Get(&n) || n > r.remaining() / 16) return Status::Corruption("bad inventory");
+  if (!r.Get(&inv.layout_hash) || !r.Get(&n) || n > r.remaining() / 16)
+    return Status::Corruption("bad inventory");
   inv.held.resize(n);
   for (HeldVersion& v : inv.held)
     if (!r.Get(&v.source) || !r.Get(&v.step) || !r.Get(&v.world_size))
@@ -614,10 +617,12 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
   RestoreReport report;
   std::set<std::pair<int64_t, bool>> excluded;
   const std::string layout = EncodeRankLayout(LayoutOf(targets));
+  const uint64_t layout_hash = LayoutHash(layout);
   const bool have_pfs = env.pfs_fs && !env.pfs_job_dir.empty();
   for (;;) {
     // 1. Discovery.
     Inventory mine;
+    mine.layout_hash = layout_hash;
     mine.held = env.memory ? env.memory->List() : std::vector<HeldVersion>{};
     Status local_st;
     if (env.rank == 0 && have_pfs && env.pfs_fs->Exists(env.pfs_job_dir)) {
@@ -680,8 +685,16 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
           pinned.versions.push_back(std::move(*p));
       }
     }
+    // Each distinct target layout travels once: from the lowest rank that has it.
+    std::vector<uint64_t> hashes;
+    bool send_layout = true;
+    for (size_t r = 0; r < inv.size(); ++r) {
+      hashes.push_back(inv[r].layout_hash);
+      if (r < static_cast<size_t>(env.rank) && inv[r].layout_hash == layout_hash)
+        send_layout = false;
+    }
     ByteWriter w2;
-    w2.PutString(layout);
+    w2.PutString(send_layout ? std::string_view(layout) : std::string_view());
     const std::string tables = choice->from_pfs ? std::string() : EncodeTables(pinned.versions);
     w2.PutBytes(tables.data(), tables.size());
     CAIRN_ASSIGN_OR_RETURN(auto all2, GatherChecked(g, pin_st, w2.out()));
@@ -744,7 +757,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
       }
     }
     for (auto& p : mc.cat.pieces) std::sort(p.holders.begin(), p.holders.end());
-    CAIRN_ASSIGN_OR_RETURN(LoadTargets lt, GroupTargets(layouts));
+    CAIRN_ASSIGN_OR_RETURN(LoadTargets lt, GroupTargets(layouts, hashes));
     auto plan = MakeLoadPlan(mc.cat, lt);
     if (!plan.ok()) return plan.status();
     if (!plan->unrestored.empty() && !options.partial) {
