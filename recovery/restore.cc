@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -24,6 +25,11 @@ namespace {
 constexpr uint64_t kMsgBytes = 64ull << 20;  // largest single transfer message
 constexpr uint32_t kBlobSeq = 0xffffffffu;
 constexpr size_t kMaxText = 1 << 20;
+
+// Tag sequence of message `k` of a piece's span (pieces < 2^24, messages < 256).
+uint32_t Seq(uint32_t piece, uint64_t k) {
+  return (piece << 8) | static_cast<uint32_t>(k);
+}
 
 // ---- discovery and agreement ------------------------------------------------------------
 
@@ -351,13 +357,8 @@ struct Attempt {
     env.engine->ChecksumHost(ranges, sums.data());
     for (size_t i = 0; i < which.size(); ++i) {
       done[which[i]] = 1;
-      if (sums[i] != h.chunk_checksums[shard->first_chunk + which[i]]) {
-        auto [b, e] = h.ChunkRange(*shard, which[i]);
-        NoteCorrupt(Status::Corruption(who + ": checksum mismatch in tensor '" + shard->name +
-                                       "' box " + shard->box.ToString() + ", bytes [" +
-                                       std::to_string(b) + ", " + std::to_string(e) + ") of " +
-                                       pv->path()));
-      }
+      if (sums[i] != h.chunk_checksums[shard->first_chunk + which[i]])
+        ReportMismatch(*pv, *shard, which[i]);
     }
   }
 
@@ -376,24 +377,55 @@ struct Attempt {
     return env.engine->Copy(chunks, nullptr).WithContext(who + ": restore copy");
   }
 
+  // Memory: copies the whole of piece `p` to `dst` with the engine checksumming while it
+  // copies, then compares with the recorded checksums.
+  Status CopyVerified(uint32_t p, std::byte* dst) {
+    auto [pv, shard] = local.at(p);
+    const SlotHeader& h = pv->header();
+    std::vector<CopyChunk> chunks;
+    for (uint32_t c = 0; c < shard->num_chunks; ++c) {
+      auto [b, e] = h.ChunkRange(*shard, c);
+      chunks.push_back({pv->data() + b, dst + (b - shard->offset), static_cast<size_t>(e - b)});
+    }
+    std::vector<uint64_t> sums(chunks.size());
+    CAIRN_RETURN_IF_ERROR(
+        env.engine->Copy(chunks, sums.data()).WithContext(who + ": restore copy"));
+    for (uint32_t c = 0; c < shard->num_chunks; ++c)
+      if (sums[c] != h.chunk_checksums[shard->first_chunk + c]) ReportMismatch(*pv, *shard, c);
+    return Status::OK();
+  }
+  void ReportMismatch(const PinnedVersion& pv, const SlotShard& shard, uint32_t c) {
+    auto [b, e] = pv.header().ChunkRange(shard, c);
+    NoteCorrupt(Status::Corruption(who + ": checksum mismatch in tensor '" + shard.name + "' box " +
+                                   shard.box.ToString() + ", bytes [" + std::to_string(b) + ", " +
+                                   std::to_string(e) + ") of " + pv.path()));
+  }
+
   Status ReadRuns();
   Status Run();
 };
 
 Status Attempt::ReadRuns() {
-  // Open the files once; read every run in chunk-sized preads on a few threads, each chunk
-  // verified right after its read, while it is still in cache.
+  // Read every run of this rank in chunk-sized preads on a few threads, each chunk
+  // verified right after its read, while it is still in cache. As each run completes (in
+  // order), this thread sends it on to the ranks that need it and fills this rank's
+  // targets from it, while the readers go on with the next runs.
   std::map<uint32_t, int> fds;
   Status st;
   struct Item {
-    uint32_t run;
+    uint32_t run;  // index into load.my_runs
     uint64_t off;  // from the run's lo
     uint64_t n;
   };
   std::vector<Item> items;
-  std::vector<std::byte*> bufs(load.my_runs.size());
-  for (size_t k = 0; k < load.my_runs.size(); ++k) {
-    const LoadPlan::Run& r = plan.runs[load.my_runs[k]];
+  const size_t nruns = load.my_runs.size();
+  std::vector<std::byte*> bufs(nruns);
+  std::vector<std::vector<uint32_t>> spans_of_run(nruns);
+  std::unordered_map<uint32_t, size_t> run_index;
+  for (size_t k = 0; k < nruns; ++k) run_index[load.my_runs[k]] = k;
+  for (size_t k = 0; k < nruns; ++k) {
+    const uint32_t run = load.my_runs[k];
+    const LoadPlan::Run& r = plan.runs[run];
     const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
     if (st.ok() && !fds.count(b.file())) {
       auto fd = env.pfs_fs->Open(JoinPath(step_dir, manifest->files(static_cast<int>(b.file()))),
@@ -403,68 +435,79 @@ Status Attempt::ReadRuns() {
       else
         st = fd.status().WithContext(who);
     }
+    for (uint32_t s = plan.piece_first_span[r.piece]; s < plan.piece_first_span[r.piece + 1]; ++s)
+      if (plan.spans[s].run == static_cast<int32_t>(run)) spans_of_run[k].push_back(s);
     // A run that is exactly one span of this rank, placed whole in its target, is read
     // straight into the target.
     std::byte* dst = nullptr;
-    const uint32_t p = r.piece;
-    uint32_t only = UINT32_MAX, count = 0;
-    for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
-      if (plan.spans[s].run == static_cast<int32_t>(load.my_runs[k])) {
-        only = s;
-        ++count;
-      }
-    if (count == 1 && plan.spans[only].cls == cls && plan.spans[only].lo == r.lo &&
-        plan.spans[only].hi == r.hi)
-      dst = DirectTarget(only);
+    const uint32_t only = spans_of_run[k].front();
+    if (spans_of_run[k].size() == 1 && plan.spans[only].cls == cls) dst = DirectTarget(only);
     if (dst) direct[only] = true;
     bufs[k] = dst ? dst : Staging(r.hi - r.lo);
+    for (uint32_t s : spans_of_run[k]) at[s] = bufs[k] + (plan.spans[s].lo - r.lo);
     for (uint64_t o = 0; o < r.hi - r.lo; o += cat.chunk_bytes)
       items.push_back({static_cast<uint32_t>(k), o, std::min(cat.chunk_bytes, r.hi - r.lo - o)});
     report->pfs_bytes_read += r.hi - r.lo;
   }
   if (!st.ok()) items.clear();  // the buffers still go out, so no peer waits for them
-  {
-    std::atomic<size_t> next{0};
-    std::mutex mu;
-    auto work = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < items.size();) {
-        const Item& it = items[i];
-        const LoadPlan::Run& r = plan.runs[load.my_runs[it.run]];
-        const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
-        const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
-        std::byte* dst = bufs[it.run] + it.off;
-        Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off);
-        const uint64_t c = (r.lo + it.off) / cat.chunk_bytes;
-        if (s.ok() && Checksum(dst, it.n) != b.chunk_checksums(static_cast<int>(c)))
-          s = Status::Corruption(
-              "checksum mismatch in tensor '" + cat.tensors[cat.pieces[r.piece].tensor].name +
-              "' box " + cat.pieces[r.piece].box.ToString() + ", bytes [" +
-              std::to_string(b.offset() + r.lo + it.off) + ", " +
-              std::to_string(b.offset() + r.lo + it.off + it.n) + ") of " + path);
-        if (!s.ok()) {
-          std::lock_guard lk(mu);
-          if (s.code() == StatusCode::kCorruption)
-            NoteCorrupt(s.WithContext(who));
-          else if (st.ok())
-            st = s.WithContext(who + ": reading " + path);
-        }
+  std::vector<std::vector<const RankLoad::Put*>> puts_of_run(nruns);
+  for (const RankLoad::Put& put : load.puts)
+    puts_of_run[run_index.at(static_cast<uint32_t>(plan.spans[put.span].run))].push_back(&put);
+  std::vector<uint64_t> left(nruns, 0);
+  for (const Item& it : items) ++left[it.run];
+  std::mutex mu;
+  std::condition_variable done_cv;
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < items.size();) {
+      const Item& it = items[i];
+      const LoadPlan::Run& r = plan.runs[load.my_runs[it.run]];
+      const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
+      std::byte* dst = bufs[it.run] + it.off;
+      Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off);
+      const uint64_t c = (r.lo + it.off) / cat.chunk_bytes;
+      const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
+      if (s.ok() && Checksum(dst, it.n) != b.chunk_checksums(static_cast<int>(c)))
+        s = Status::Corruption("checksum mismatch in tensor '" +
+                               cat.tensors[cat.pieces[r.piece].tensor].name + "' box " +
+                               cat.pieces[r.piece].box.ToString() + ", bytes [" +
+                               std::to_string(b.offset() + r.lo + it.off) + ", " +
+                               std::to_string(b.offset() + r.lo + it.off + it.n) + ") of " + path);
+      std::lock_guard lk(mu);
+      if (s.code() == StatusCode::kCorruption)
+        NoteCorrupt(s.WithContext(who));
+      else if (!s.ok() && st.ok())
+        st = s.WithContext(who + ": reading " + path);
+      if (--left[it.run] == 0) done_cv.notify_all();
+    }
+  };
+  const int n = std::max(1, std::min<int>(env.read_threads, static_cast<int>(items.size())));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n && !items.empty(); ++t) threads.emplace_back(work);
+  Status out;
+  for (size_t k = 0; k < nruns; ++k) {
+    {
+      std::unique_lock lk(mu);
+      done_cv.wait(lk, [&] { return left[k] == 0; });
+    }
+    for (const RankLoad::Put* put : puts_of_run[k]) {
+      const LoadPlan::Span& sp = plan.spans[put->span];
+      const uint64_t len = sp.hi - sp.lo;
+      for (uint64_t m = 0; m * kMsgBytes < len; ++m) {
+        Status s = env.transport->Send(put->to, Seq(sp.piece, m), at[put->span] + m * kMsgBytes,
+                                       std::min(kMsgBytes, len - m * kMsgBytes));
+        if (!s.ok() && out.ok()) out = s;
       }
-    };
-    const int n = std::max(1, std::min<int>(env.read_threads, static_cast<int>(items.size())));
-    std::vector<std::thread> threads;
-    for (int t = 1; t < n; ++t) threads.emplace_back(work);
-    work();
-    for (auto& t : threads) t.join();
+    }
+    for (uint32_t s : spans_of_run[k])
+      if (plan.spans[s].cls == cls && !direct[s]) {
+        Status f = FillFrom(s);
+        if (!f.ok() && out.ok()) out = f;
+      }
   }
+  for (auto& t : threads) t.join();
   for (auto [f, fd] : fds) (void)env.pfs_fs->Close(fd);
-  for (size_t k = 0; k < load.my_runs.size(); ++k) {
-    const uint32_t run = load.my_runs[k];
-    const uint32_t p = plan.runs[run].piece;
-    for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
-      if (plan.spans[s].run == static_cast<int32_t>(run))
-        at[s] = bufs[k] + (plan.spans[s].lo - plan.runs[run].lo);
-  }
-  return st;
+  return st.ok() ? out : st;
 }
 
 Status Attempt::Run() {
@@ -474,9 +517,6 @@ Status Attempt::Run() {
   direct.assign(plan.spans.size(), false);
   for (uint32_t fi = 0; fi < plan.fills[cls].size(); ++fi)
     fills_of_span[plan.fills[cls][fi].span].push_back(fi);
-  const auto seq = [](uint32_t piece, uint64_t k) {
-    return (piece << 8) | static_cast<uint32_t>(k);
-  };
   if (cat.pieces.size() >= (1u << 24))
     return Status::InvalidArgument(who + ": more than 2^24 saved pieces");
   Status st;
@@ -491,7 +531,7 @@ Status Attempt::Run() {
     if ((n + kMsgBytes - 1) / kMsgBytes > 255)
       return Status::InvalidArgument(who + ": a saved piece over 16 GiB");
     for (uint64_t k = 0; k * kMsgBytes < n; ++k)
-      CAIRN_RETURN_IF_ERROR(env.transport->PostRecv(g.from, seq(sp.piece, k),
+      CAIRN_RETURN_IF_ERROR(env.transport->PostRecv(g.from, Seq(sp.piece, k),
                                                     at[g.span] + k * kMsgBytes,
                                                     std::min(kMsgBytes, n - k * kMsgBytes)));
     report->bytes_received += n;
@@ -501,51 +541,33 @@ Status Attempt::Run() {
     for (const auto& [p, loc] : local)
       for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
         at[s] = const_cast<std::byte*>(loc.first->data()) + loc.second->offset + plan.spans[s].lo;
-  // 3. PFS: read this rank's runs once.
+  // 3. PFS: read this rank's runs once, passing each on as it completes.
   if (cat.from_pfs) st = ReadRuns();
-  // 4. Sends (memory: each chunk verified before it leaves).
-  for (const RankLoad::Put& put : load.puts) {
+  // 4. Memory: sends, each chunk verified before it leaves.
+  for (const RankLoad::Put& put : cat.from_pfs ? std::span<const RankLoad::Put>()
+                                               : std::span<const RankLoad::Put>(load.puts)) {
     const LoadPlan::Span& sp = plan.spans[put.span];
     const uint64_t n = sp.hi - sp.lo;
     for (uint64_t k = 0; k * kMsgBytes < n; ++k) {
       const uint64_t m = std::min(kMsgBytes, n - k * kMsgBytes);
-      if (!cat.from_pfs) VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
-      Status s = env.transport->Send(put.to, seq(sp.piece, k), at[put.span] + k * kMsgBytes, m);
+      VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
+      Status s = env.transport->Send(put.to, Seq(sp.piece, k), at[put.span] + k * kMsgBytes, m);
       if (!s.ok() && st.ok()) st = s;
     }
   }
-  // 5. Local copies.
+  // 5. Local copies from this rank's memory.
   for (const RankLoad::Get& g : load.gets) {
-    if (g.how == RankLoad::How::kRecv || direct[g.span]) continue;
+    if (g.how != RankLoad::How::kLocal || direct[g.span]) continue;
     const LoadPlan::Span& sp = plan.spans[g.span];
-    if (g.how == RankLoad::How::kLocal) {
-      report->bytes_local += sp.hi - sp.lo;
-      std::byte* dst = DirectTarget(g.span);
-      auto [pv, shard] = local.at(sp.piece);
-      if (dst && env.engine->checksums_while_copying() && !verified.count(sp.piece)) {
-        // The same layout: one copy that checksums while it copies.
-        const SlotHeader& h = pv->header();
-        std::vector<CopyChunk> chunks;
-        for (uint32_t c = 0; c < shard->num_chunks; ++c) {
-          auto [b, e] = h.ChunkRange(*shard, c);
-          chunks.push_back({pv->data() + b, dst + (b - shard->offset), static_cast<size_t>(e - b)});
-        }
-        std::vector<uint64_t> sums(chunks.size());
-        CAIRN_RETURN_IF_ERROR(
-            env.engine->Copy(chunks, sums.data()).WithContext(who + ": restore copy"));
-        for (uint32_t c = 0; c < shard->num_chunks; ++c)
-          if (sums[c] != h.chunk_checksums[shard->first_chunk + c]) {
-            auto [b, e] = h.ChunkRange(*shard, c);
-            NoteCorrupt(Status::Corruption(who + ": checksum mismatch in tensor '" + shard->name +
-                                           "' box " + shard->box.ToString() + ", bytes [" +
-                                           std::to_string(b) + ", " + std::to_string(e) + ") of " +
-                                           pv->path()));
-          }
-        continue;
-      }
-      VerifyLocal(sp.piece, sp.lo, sp.hi);
+    report->bytes_local += sp.hi - sp.lo;
+    std::byte* dst = DirectTarget(g.span);
+    if (dst && env.engine->checksums_while_copying() && !verified.count(sp.piece)) {
+      // The same layout: checksums taken while copying.
+      Status s = CopyVerified(sp.piece, dst);
+      if (!s.ok() && st.ok()) st = s;
+      continue;
     }
-    if (!at[g.span]) continue;  // the PFS read failed
+    VerifyLocal(sp.piece, sp.lo, sp.hi);
     Status s = FillFrom(g.span);
     if (!s.ok() && st.ok()) st = s;
   }
