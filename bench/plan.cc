@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < plan.pieces.size(); ++i) {
     const PlannedPiece& pc = plan.pieces[i];
     cat.pieces.push_back(
-        {plan.shards[pc.shard].tensor, pc.box, pc.nbytes, {}, static_cast<int32_t>(i)});
+        {plan.shards[pc.shard].tensor, pc.box, pc.nbytes, {}, static_cast<int32_t>(i), pc.writer});
   }
   const int load_world = a.load_tp * a.load_pp * a.load_dp;
   const int layers = a.pp * a.layers_per_stage / a.load_pp;

@@ -198,18 +198,42 @@ Result<LoadPlan> MakeLoadPlan(const LoadCatalog& cat, const LoadTargets& targets
       sp.run = static_cast<int32_t>(plan.runs.size() - 1);
     }
   }
-  // Readers: largest run first, to the least loaded rank of a class that needs it.
-  using Load = std::pair<uint64_t, int>;
-  std::vector<std::priority_queue<Load, std::vector<Load>, std::greater<>>> heaps(nclass);
-  for (uint32_t c = 0; c < nclass; ++c)
-    for (int r : plan.members[c]) heaps[c].push({0, r});
+  // Readers. First the writer of each piece, when its class needs the run, up to a fair
+  // share of the job's reads (so it streams through its own file front to back); the
+  // rest largest first to the least loaded rank of a class that needs it.
   std::vector<std::vector<uint32_t>> classes_of_run(plan.runs.size());
   for (const LoadPlan::Span& s : plan.spans) {
     auto& v = classes_of_run[static_cast<size_t>(s.run)];
     if (v.empty() || v.back() != s.cls) v.push_back(s.cls);
   }
-  std::vector<uint32_t> by_size(plan.runs.size());
-  for (uint32_t i = 0; i < by_size.size(); ++i) by_size[i] = i;
+  std::vector<uint64_t> load(targets.class_of_rank.size(), 0);
+  uint64_t total = 0, biggest = 0, readers = 0;
+  for (const LoadPlan::Run& r : plan.runs) {
+    total += r.hi - r.lo;
+    biggest = std::max(biggest, r.hi - r.lo);
+  }
+  for (uint32_t c = 0; c < nclass; ++c)
+    if (!plan.spans_of_class[c].empty()) readers += plan.members[c].size();
+  const uint64_t cap = std::max(biggest, total / std::max<uint64_t>(readers, 1) / 10 * 11);
+  for (LoadPlan::Run& r : plan.runs) {
+    const int w = cat.pieces[r.piece].writer;
+    if (w < 0 || static_cast<size_t>(w) >= load.size() ||
+        load[static_cast<size_t>(w)] + (r.hi - r.lo) > cap)
+      continue;
+    const auto& cls = classes_of_run[&r - plan.runs.data()];
+    if (std::find(cls.begin(), cls.end(), targets.class_of_rank[static_cast<size_t>(w)]) ==
+        cls.end())
+      continue;
+    r.reader = w;
+    load[static_cast<size_t>(w)] += r.hi - r.lo;
+  }
+  using Load = std::pair<uint64_t, int>;
+  std::vector<std::priority_queue<Load, std::vector<Load>, std::greater<>>> heaps(nclass);
+  for (uint32_t c = 0; c < nclass; ++c)
+    for (int m : plan.members[c]) heaps[c].push({load[static_cast<size_t>(m)], m});
+  std::vector<uint32_t> by_size;
+  for (uint32_t i = 0; i < plan.runs.size(); ++i)
+    if (plan.runs[i].reader < 0) by_size.push_back(i);
   std::stable_sort(by_size.begin(), by_size.end(), [&](uint32_t a, uint32_t b) {
     return plan.runs[a].hi - plan.runs[a].lo > plan.runs[b].hi - plan.runs[b].lo;
   });
@@ -222,8 +246,8 @@ Result<LoadPlan> MakeLoadPlan(const LoadCatalog& cat, const LoadTargets& targets
     plan.runs[r].reader = l.second;
     l.first += plan.runs[r].hi - plan.runs[r].lo;
     heaps[best].push(l);
-    plan.pfs_bytes_to_read += plan.runs[r].hi - plan.runs[r].lo;
   }
+  plan.pfs_bytes_to_read = total;
   return plan;
 }
 

@@ -12,7 +12,9 @@
 //   3. for a PFS version, merges the spans of a piece into runs (neighbouring and
 //      overlapping ranges become one large read) and gives each run to one reader, largest
 //      first to the least loaded rank that needs it, so every byte is read once per job
-//      and the readers pass the bytes to the other ranks that need them;
+//      and the readers pass the bytes to the other ranks that need them; the rank that
+//      wrote the piece reads it when it needs it and is within one run of the least
+//      loaded, so readers stream through whole files instead of interleaving in them;
 //   4. for a memory version, a rank that holds a piece reads it locally; any other rank
 //      receives its span from one of the holders (spread over them).
 // Every rank computes the same plan from the same gathered inputs.
@@ -36,6 +38,7 @@ struct LoadPiece {
   uint64_t nbytes = 0;
   std::vector<int> holders;  // sorted ranks holding the bytes in memory (memory versions)
   int32_t pfs_box = -1;      // index into the manifest's boxes (PFS versions)
+  int writer = -1;           // PFS: the rank whose data file holds it
 };
 
 struct LoadCatalog {

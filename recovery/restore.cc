@@ -1,11 +1,15 @@
 #include "recovery/restore.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -290,6 +294,31 @@ RankLayout LayoutOf(std::span<const ShardSpec> targets) {
 
 // ---- one attempt ---------------------------------------------------------------------------
 
+class StagingBuffer {
+ public:
+  StagingBuffer(uint64_t n, bool populate) : n_(std::max<uint64_t>(n, 1)) {
+    void* p = ::mmap(nullptr, n_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
+    if (p == MAP_FAILED) {
+      fallback_ = std::make_unique<std::byte[]>(n_);
+      p_ = fallback_.get();
+    } else {
+      p_ = static_cast<std::byte*>(p);
+    }
+  }
+  ~StagingBuffer() {
+    if (!fallback_) ::munmap(p_, n_);
+  }
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  std::byte* data() { return p_; }
+
+ private:
+  uint64_t n_;
+  std::byte* p_ = nullptr;
+  std::unique_ptr<std::byte[]> fallback_;
+};
+
 struct Attempt {
   Attempt(const RestoreEnv& e, std::span<const ShardSpec> t, const LoadCatalog& c,
           const LoadPlan& p)
@@ -310,13 +339,15 @@ struct Attempt {
   std::vector<std::vector<uint32_t>> fills_of_span;  // this rank's fills, by span
   std::vector<std::byte*> at;                        // span bytes [lo, hi) live here
   std::vector<bool> direct;                          // the span was placed in its target
-  std::vector<std::unique_ptr<std::byte[]>> owned;
+  std::vector<std::unique_ptr<StagingBuffer>> owned;
   std::map<uint32_t, std::vector<uint8_t>> verified;  // memory pieces: chunks checked
   Status corrupt;                                     // first checksum failure
 
-  std::byte* Staging(uint64_t n) {
-    owned.emplace_back(new std::byte[std::max<uint64_t>(n, 1)]);
-    return owned.back().get();
+  // Memory for bytes in transit; `populate`: faulted in up front (a receive into fresh
+  // pages over UCX's tcp transport runs several times slower).
+  std::byte* Staging(uint64_t n, bool populate = false) {
+    owned.push_back(std::make_unique<StagingBuffer>(n, populate));
+    return owned.back()->data();
   }
   size_t Elem(const LoadPlan::Fill& f) const { return DTypeSize(targets[f.target].meta.dtype); }
   // The target address the whole span can go to directly, or null.
@@ -362,8 +393,64 @@ struct Attempt {
     }
   }
 
+  // Packing: a receiving class that needs less than a whole span (a strided part of it)
+  // gets only its regions, one after the other, each in row-major order.
+  std::vector<std::vector<uint32_t>> fills_any;  // by span: fills of the span's class
+  std::vector<uint64_t> packed_bytes;            // by span: bytes of those regions
+  void PlanPacking() {
+    fills_any.assign(plan.spans.size(), {});
+    packed_bytes.assign(plan.spans.size(), 0);
+    for (const auto& fills : plan.fills)
+      for (uint32_t i = 0; i < fills.size(); ++i) {
+        const LoadPlan::Fill& f = fills[i];
+        fills_any[f.span].push_back(i);
+        const LoadPiece& p = cat.pieces[plan.spans[f.span].piece];
+        packed_bytes[f.span] +=
+            static_cast<uint64_t>(f.region.numel()) * DTypeSize(cat.tensors[p.tensor].dtype);
+      }
+  }
+  bool Packed(uint32_t s) const { return packed_bytes[s] < plan.spans[s].hi - plan.spans[s].lo; }
+  // The regions of span `s`'s class, packed into `dst` from the span's bytes.
+  Status Pack(uint32_t s, std::byte* dst, bool here = false) {
+    const LoadPlan::Span& sp = plan.spans[s];
+    const LoadPiece& p = cat.pieces[sp.piece];
+    const size_t elem = DTypeSize(cat.tensors[p.tensor].dtype);
+    std::vector<CopyChunk> chunks;
+    uint64_t off = 0;
+    for (uint32_t fi : fills_any[s]) {
+      const Box& region = plan.fills[sp.cls][fi].region;
+      AppendRegionCopies(at[s], sp.lo, p.box, dst + off, region, region, elem, &chunks);
+      off += static_cast<uint64_t>(region.numel()) * elem;
+    }
+    return CopyChunks(chunks, here);
+  }
+  // Where a packed span can be received straight into this rank's target, or null.
+  std::byte* PackedTarget(uint32_t s) {
+    if (!env.host_targets || fills_of_span[s].size() != 1) return nullptr;
+    const LoadPlan::Fill& f = plan.fills[cls][fills_of_span[s][0]];
+    const ShardSpec& t = targets[f.target];
+    std::vector<CopyChunk> c;
+    AppendRegionCopies(nullptr, 0, f.region, static_cast<std::byte*>(t.data), t.box, f.region,
+                       Elem(f), &c);
+    return c.size() == 1 ? static_cast<std::byte*>(c[0].dst) : nullptr;
+  }
+  // Fills this rank's targets from a packed span.
+  Status Unpack(uint32_t s) {
+    std::vector<CopyChunk> chunks;
+    uint64_t off = 0;
+    for (uint32_t fi : fills_of_span[s]) {
+      const LoadPlan::Fill& f = plan.fills[cls][fi];
+      const ShardSpec& t = targets[f.target];
+      AppendRegionCopies(at[s] + off, 0, f.region, static_cast<std::byte*>(t.data), t.box, f.region,
+                         Elem(f), &chunks);
+      off += static_cast<uint64_t>(f.region.numel()) * Elem(f);
+    }
+    if (chunks.empty()) return Status::OK();
+    return env.engine->Copy(chunks, nullptr).WithContext(who + ": restore copy");
+  }
+
   // Copies the fills of span `s` from its bytes.
-  Status FillFrom(uint32_t s) {
+  Status FillFrom(uint32_t s, bool here = false) {
     std::vector<CopyChunk> chunks;
     const LoadPlan::Span& sp = plan.spans[s];
     const LoadPiece& p = cat.pieces[sp.piece];
@@ -373,8 +460,14 @@ struct Attempt {
       AppendRegionCopies(at[s], sp.lo, p.box, static_cast<std::byte*>(t.data), t.box, f.region,
                          Elem(f), &chunks);
     }
+    return CopyChunks(chunks, here);
+  }
+  // With the engine, or (`here`: host memory only) with memcpy on the calling thread.
+  Status CopyChunks(std::span<const CopyChunk> chunks, bool here) {
     if (chunks.empty()) return Status::OK();
-    return env.engine->Copy(chunks, nullptr).WithContext(who + ": restore copy");
+    if (!here) return env.engine->Copy(chunks, nullptr).WithContext(who + ": restore copy");
+    for (const CopyChunk& c : chunks) std::memcpy(c.dst, c.src, c.bytes);
+    return Status::OK();
   }
 
   // Memory: copies the whole of piece `p` to `dst` with the engine checksumming while it
@@ -406,25 +499,29 @@ struct Attempt {
 };
 
 Status Attempt::ReadRuns() {
-  // Read every run of this rank in chunk-sized preads on a few threads, each chunk
-  // verified right after its read, while it is still in cache. As each run completes (in
-  // order), this thread sends it on to the ranks that need it and fills this rank's
-  // targets from it, while the readers go on with the next runs.
+  // Reads every run of this rank once, in file order, in chunk-sized preads on a few
+  // threads, each chunk verified right after its read while it is still in cache. Runs
+  // land in their target when they are exactly this rank's target region, else in a small
+  // pool of buffers that is reused (fresh memory costs more than the copy here). As each
+  // run completes, this thread sends it on to the ranks that need it (packed down to their
+  // regions when that is smaller) and fills this rank's targets from it; its buffer goes
+  // back to the pool once those sends completed.
   std::map<uint32_t, int> fds;
   Status st;
-  struct Item {
-    uint32_t run;  // index into load.my_runs
-    uint64_t off;  // from the run's lo
-    uint64_t n;
-  };
-  std::vector<Item> items;
+  std::sort(load.my_runs.begin(), load.my_runs.end(), [&](uint32_t x, uint32_t y) {
+    const pb::SavedBox& a = manifest->boxes(cat.pieces[plan.runs[x].piece].pfs_box);
+    const pb::SavedBox& b = manifest->boxes(cat.pieces[plan.runs[y].piece].pfs_box);
+    return std::make_pair(a.file(), a.offset() + plan.runs[x].lo) <
+           std::make_pair(b.file(), b.offset() + plan.runs[y].lo);
+  });
   const size_t nruns = load.my_runs.size();
-  std::vector<std::byte*> bufs(nruns);
   std::vector<std::vector<uint32_t>> spans_of_run(nruns);
   std::unordered_map<uint32_t, size_t> run_index;
-  for (size_t k = 0; k < nruns; ++k) run_index[load.my_runs[k]] = k;
+  std::vector<std::byte*> target_of(nruns, nullptr);  // runs read straight into a target
+  uint64_t biggest = 0;
   for (size_t k = 0; k < nruns; ++k) {
     const uint32_t run = load.my_runs[k];
+    run_index[run] = k;
     const LoadPlan::Run& r = plan.runs[run];
     const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
     if (st.ok() && !fds.count(b.file())) {
@@ -437,76 +534,202 @@ Status Attempt::ReadRuns() {
     }
     for (uint32_t s = plan.piece_first_span[r.piece]; s < plan.piece_first_span[r.piece + 1]; ++s)
       if (plan.spans[s].run == static_cast<int32_t>(run)) spans_of_run[k].push_back(s);
-    // A run that is exactly one span of this rank, placed whole in its target, is read
-    // straight into the target.
-    std::byte* dst = nullptr;
     const uint32_t only = spans_of_run[k].front();
-    if (spans_of_run[k].size() == 1 && plan.spans[only].cls == cls) dst = DirectTarget(only);
-    if (dst) direct[only] = true;
-    bufs[k] = dst ? dst : Staging(r.hi - r.lo);
-    for (uint32_t s : spans_of_run[k]) at[s] = bufs[k] + (plan.spans[s].lo - r.lo);
-    for (uint64_t o = 0; o < r.hi - r.lo; o += cat.chunk_bytes)
-      items.push_back({static_cast<uint32_t>(k), o, std::min(cat.chunk_bytes, r.hi - r.lo - o)});
+    if (spans_of_run[k].size() == 1 && plan.spans[only].cls == cls)
+      target_of[k] = DirectTarget(only);
+    if (target_of[k]) direct[only] = true;
+    if (!target_of[k]) biggest = std::max(biggest, r.hi - r.lo);
     report->pfs_bytes_read += r.hi - r.lo;
   }
-  if (!st.ok()) items.clear();  // the buffers still go out, so no peer waits for them
   std::vector<std::vector<const RankLoad::Put*>> puts_of_run(nruns);
   for (const RankLoad::Put& put : load.puts)
     puts_of_run[run_index.at(static_cast<uint32_t>(plan.spans[put.span].run))].push_back(&put);
-  std::vector<uint64_t> left(nruns, 0);
-  for (const Item& it : items) ++left[it.run];
+
+  // The pool: a slot holds a run's bytes and the packed copies sent from it.
+  struct Slot {
+    std::unique_ptr<StagingBuffer> run;
+    std::vector<std::unique_ptr<StagingBuffer>> packs;
+  };
+  const size_t pool_size = 3;  // a run being read, one being sent, one spare
+  std::vector<std::unique_ptr<Slot>> slots;
+  std::vector<Slot*> free_slots;
+  std::vector<Slot*> slot_of(nruns, nullptr);
+  std::vector<std::vector<uint64_t>> tickets(nruns);
+  std::deque<size_t> sent;  // runs whose sends are in flight, oldest first
+
+  struct Item {
+    size_t k;
+    uint64_t off;  // from the run's lo
+    uint64_t n;
+  };
   std::mutex mu;
-  std::condition_variable done_cv;
-  std::atomic<size_t> next{0};
+  std::condition_variable cv;
+  std::deque<Item> queue;
+  bool stop = false;
+  std::vector<uint64_t> left(nruns, 0);
+  std::vector<std::byte*> bufs(nruns, nullptr);
+  std::vector<bool> ready(nruns, false);              // read, and (host targets) packed and filled
+  std::vector<bool> copied(nruns, false);             // the packs and fills were done by a reader
+  std::unordered_map<uint32_t, std::byte*> pack_buf;  // span -> its packed bytes
+  Status copy_st;
+  // Packs and fills of run k with memcpy, on the reader that completed it (so they run in
+  // parallel with the next reads and this thread's sends).
+  const auto copy_run = [&](size_t k) {
+    Status x;
+    for (const RankLoad::Put* put : puts_of_run[k])
+      if (Packed(put->span) && x.ok()) x = Pack(put->span, pack_buf.at(put->span), true);
+    for (uint32_t sp : spans_of_run[k])
+      if (plan.spans[sp].cls == cls && !direct[sp] && x.ok()) x = FillFrom(sp, true);
+    return x;
+  };
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < items.size();) {
-      const Item& it = items[i];
-      const LoadPlan::Run& r = plan.runs[load.my_runs[it.run]];
+    for (;;) {
+      Item it;
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        it = queue.front();
+        queue.pop_front();
+      }
+      const LoadPlan::Run& r = plan.runs[load.my_runs[it.k]];
       const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
-      std::byte* dst = bufs[it.run] + it.off;
+      std::byte* dst = bufs[it.k] + it.off;
+      const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
       Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off);
       const uint64_t c = (r.lo + it.off) / cat.chunk_bytes;
-      const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
       if (s.ok() && Checksum(dst, it.n) != b.chunk_checksums(static_cast<int>(c)))
         s = Status::Corruption("checksum mismatch in tensor '" +
                                cat.tensors[cat.pieces[r.piece].tensor].name + "' box " +
                                cat.pieces[r.piece].box.ToString() + ", bytes [" +
                                std::to_string(b.offset() + r.lo + it.off) + ", " +
                                std::to_string(b.offset() + r.lo + it.off + it.n) + ") of " + path);
-      std::lock_guard lk(mu);
+      std::unique_lock lk(mu);
       if (s.code() == StatusCode::kCorruption)
         NoteCorrupt(s.WithContext(who));
       else if (!s.ok() && st.ok())
         st = s.WithContext(who + ": reading " + path);
-      if (--left[it.run] == 0) done_cv.notify_all();
+      if (--left[it.k] == 0) {
+        if (env.host_targets && st.ok()) {
+          lk.unlock();
+          Status x = copy_run(it.k);
+          lk.lock();
+          if (!x.ok() && copy_st.ok()) copy_st = x;
+          copied[it.k] = true;
+        }
+        ready[it.k] = true;
+        cv.notify_all();
+      }
     }
   };
-  const int n = std::max(1, std::min<int>(env.read_threads, static_cast<int>(items.size())));
+  const int nthreads =
+      static_cast<int>(std::max<size_t>(1, std::min<size_t>(env.read_threads, nruns)));
   std::vector<std::thread> threads;
-  for (int t = 0; t < n && !items.empty(); ++t) threads.emplace_back(work);
+  for (int t = 0; t < nthreads && nruns > 0; ++t) threads.emplace_back(work);
+
   Status out;
+  const auto note = [&](const Status& x) {
+    if (!x.ok() && out.ok()) out = x;
+  };
+  // Gives the slot of the oldest run whose sends are in flight back, once they completed.
+  const auto release_oldest = [&] {
+    const size_t k = sent.front();
+    sent.pop_front();
+    for (uint64_t t : tickets[k]) note(env.transport->WaitSend(t, env.timeout_s));
+    tickets[k].clear();
+    free_slots.push_back(slot_of[k]);
+    slot_of[k] = nullptr;
+  };
+  size_t started = 0;
+  const auto start_more = [&] {
+    while (started < nruns) {
+      const size_t k = started;
+      const LoadPlan::Run& r = plan.runs[load.my_runs[k]];
+      if (target_of[k]) {
+        bufs[k] = target_of[k];
+      } else {
+        if (free_slots.empty() && slots.size() < pool_size) {
+          slots.push_back(std::make_unique<Slot>());
+          slots.back()->run = std::make_unique<StagingBuffer>(biggest, false);
+          free_slots.push_back(slots.back().get());
+        }
+        if (free_slots.empty()) {
+          if (sent.empty()) return;  // every slot holds a run still being read or filled
+          release_oldest();
+        }
+        slot_of[k] = free_slots.back();
+        free_slots.pop_back();
+        bufs[k] = slot_of[k]->run->data();
+      }
+      for (uint32_t s : spans_of_run[k]) at[s] = bufs[k] + (plan.spans[s].lo - r.lo);
+      size_t packs_used = 0;
+      for (const RankLoad::Put* put : puts_of_run[k]) {
+        const uint32_t s = put->span;
+        if (!Packed(s) || pack_buf.count(s)) continue;
+        Slot* slot = slot_of[k];
+        if (slot) {
+          if (slot->packs.size() <= packs_used)
+            slot->packs.push_back(std::make_unique<StagingBuffer>(biggest, false));
+          pack_buf[s] = slot->packs[packs_used++]->data();
+        } else {
+          pack_buf[s] = Staging(packed_bytes[s]);
+        }
+      }
+      std::lock_guard lk(mu);
+      if (st.ok())  // after an error the bytes still go out, so no peer waits for them
+        for (uint64_t o = 0; o < r.hi - r.lo; o += cat.chunk_bytes) {
+          queue.push_back({k, o, std::min(cat.chunk_bytes, r.hi - r.lo - o)});
+          ++left[k];
+        }
+      if (left[k] == 0) ready[k] = true;
+      cv.notify_all();
+      ++started;
+    }
+  };
   for (size_t k = 0; k < nruns; ++k) {
+    start_more();
     {
+      // Keep the sends of earlier runs moving while waiting for this one.
       std::unique_lock lk(mu);
-      done_cv.wait(lk, [&] { return left[k] == 0; });
+      while (!cv.wait_for(lk, std::chrono::microseconds(500),
+                          [&] { return k < started && ready[k]; })) {
+        lk.unlock();
+        if (env.transport) env.transport->Progress();
+        if (k >= started) start_more();
+        lk.lock();
+      }
     }
+    // Packs and fills, unless the reader that completed the run did them.
+    if (!copied[k]) {
+      for (const RankLoad::Put* put : puts_of_run[k])
+        if (Packed(put->span)) note(Pack(put->span, pack_buf.at(put->span)));
+      for (uint32_t s : spans_of_run[k])
+        if (plan.spans[s].cls == cls && !direct[s]) note(FillFrom(s));
+    }
+    // Sends: each span (packed if its class needs only part of it) to every member of the
+    // span's class that gets it from this rank.
     for (const RankLoad::Put* put : puts_of_run[k]) {
-      const LoadPlan::Span& sp = plan.spans[put->span];
-      const uint64_t len = sp.hi - sp.lo;
+      const uint32_t s = put->span;
+      const std::byte* src = Packed(s) ? pack_buf.at(s) : at[s];
+      const uint64_t len = Packed(s) ? packed_bytes[s] : plan.spans[s].hi - plan.spans[s].lo;
       for (uint64_t m = 0; m * kMsgBytes < len; ++m) {
-        Status s = env.transport->Send(put->to, Seq(sp.piece, m), at[put->span] + m * kMsgBytes,
-                                       std::min(kMsgBytes, len - m * kMsgBytes));
-        if (!s.ok() && out.ok()) out = s;
+        uint64_t t = 0;
+        note(env.transport->Send(put->to, Seq(plan.spans[s].piece, m), src + m * kMsgBytes,
+                                 std::min(kMsgBytes, len - m * kMsgBytes), &t));
+        tickets[k].push_back(t);
       }
     }
-    for (uint32_t s : spans_of_run[k])
-      if (plan.spans[s].cls == cls && !direct[s]) {
-        Status f = FillFrom(s);
-        if (!f.ok() && out.ok()) out = f;
-      }
+    if (slot_of[k]) sent.push_back(k);
+  }
+  {
+    std::lock_guard lk(mu);
+    stop = true;
+    cv.notify_all();
   }
   for (auto& t : threads) t.join();
+  while (!sent.empty()) release_oldest();
   for (auto [f, fd] : fds) (void)env.pfs_fs->Close(fd);
+  note(copy_st);
   return st.ok() ? out : st;
 }
 
@@ -520,14 +743,15 @@ Status Attempt::Run() {
   if (cat.pieces.size() >= (1u << 24))
     return Status::InvalidArgument(who + ": more than 2^24 saved pieces");
   Status st;
-  // 1. Receives, straight into the target where the span is one whole target region.
+  // 1. Receives, straight into the target where the bytes are one whole target region.
+  PlanPacking();
   for (const RankLoad::Get& g : load.gets) {
     if (g.how != RankLoad::How::kRecv) continue;
     const LoadPlan::Span& sp = plan.spans[g.span];
-    std::byte* dst = DirectTarget(g.span);
+    const uint64_t n = Packed(g.span) ? packed_bytes[g.span] : sp.hi - sp.lo;
+    std::byte* dst = Packed(g.span) ? PackedTarget(g.span) : DirectTarget(g.span);
     direct[g.span] = dst != nullptr;
-    at[g.span] = dst ? dst : Staging(sp.hi - sp.lo);
-    const uint64_t n = sp.hi - sp.lo;
+    at[g.span] = dst ? dst : Staging(n, true);
     if ((n + kMsgBytes - 1) / kMsgBytes > 255)
       return Status::InvalidArgument(who + ": a saved piece over 16 GiB");
     for (uint64_t k = 0; k * kMsgBytes < n; ++k)
@@ -543,15 +767,26 @@ Status Attempt::Run() {
         at[s] = const_cast<std::byte*>(loc.first->data()) + loc.second->offset + plan.spans[s].lo;
   // 3. PFS: read this rank's runs once, passing each on as it completes.
   if (cat.from_pfs) st = ReadRuns();
-  // 4. Memory: sends, each chunk verified before it leaves.
+  // 4. Memory: sends, each chunk verified before it leaves (packed when the receiving
+  // class needs only part of the span).
+  std::map<uint32_t, const std::byte*> payload;
   for (const RankLoad::Put& put : cat.from_pfs ? std::span<const RankLoad::Put>()
                                                : std::span<const RankLoad::Put>(load.puts)) {
     const LoadPlan::Span& sp = plan.spans[put.span];
-    const uint64_t n = sp.hi - sp.lo;
+    auto [it, fresh] = payload.emplace(put.span, at[put.span]);
+    if (fresh && Packed(put.span)) {
+      VerifyLocal(sp.piece, sp.lo, sp.hi);
+      std::byte* buf = Staging(packed_bytes[put.span]);
+      Status s = Pack(put.span, buf);
+      if (!s.ok() && st.ok()) st = s;
+      it->second = buf;
+    }
+    const uint64_t n = Packed(put.span) ? packed_bytes[put.span] : sp.hi - sp.lo;
     for (uint64_t k = 0; k * kMsgBytes < n; ++k) {
       const uint64_t m = std::min(kMsgBytes, n - k * kMsgBytes);
-      VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
-      Status s = env.transport->Send(put.to, Seq(sp.piece, k), at[put.span] + k * kMsgBytes, m);
+      if (!Packed(put.span))
+        VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
+      Status s = env.transport->Send(put.to, Seq(sp.piece, k), it->second + k * kMsgBytes, m);
       if (!s.ok() && st.ok()) st = s;
     }
   }
@@ -576,7 +811,8 @@ Status Attempt::Run() {
   if (!fin.ok() && st.ok()) st = fin.WithContext(who + ": restore transfer");
   if (!st.ok()) return st;
   for (const RankLoad::Get& g : load.gets)
-    if (g.how == RankLoad::How::kRecv && !direct[g.span]) CAIRN_RETURN_IF_ERROR(FillFrom(g.span));
+    if (g.how == RankLoad::How::kRecv && !direct[g.span])
+      CAIRN_RETURN_IF_ERROR(Packed(g.span) ? Unpack(g.span) : FillFrom(g.span));
   return Status::OK();
 }
 
@@ -775,6 +1011,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
         p.box.lengths.assign(b.lengths().begin(), b.lengths().end());
         p.nbytes = b.length();
         p.pfs_box = i;
+        p.writer = static_cast<int>(b.writer());
         mc.cat.pieces.push_back(std::move(p));
       }
     }

@@ -97,10 +97,16 @@ class MemorySource {
 class RestoreTransport {
  public:
   virtual ~RestoreTransport() = default;
-  // Starts sending; `buf` must stay valid until Finish.
-  virtual Status Send(int peer, uint32_t seq, const void* buf, size_t n) = 0;
+  // Starts sending; `buf` must stay valid until WaitSend(*ticket) or Finish. `ticket`
+  // (optional) receives a handle for WaitSend.
+  virtual Status Send(int peer, uint32_t seq, const void* buf, size_t n,
+                      uint64_t* ticket = nullptr) = 0;
+  // Waits until the send `ticket` completed (its buffer may be reused).
+  virtual Status WaitSend(uint64_t ticket, double timeout_s) = 0;
   // Posts a receive of exactly the message `peer` sends with `seq`.
   virtual Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) = 0;
+  // Lets started transfers advance while the caller waits for something else.
+  virtual void Progress() {}
   // Completes every send and receive started; the first error.
   virtual Status Finish(double timeout_s) = 0;
 };

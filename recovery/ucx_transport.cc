@@ -1,5 +1,6 @@
 #include "recovery/ucx_transport.h"
 
+#include <map>
 #include <vector>
 
 namespace cairn {
@@ -10,22 +11,32 @@ class UcxRestoreTransport final : public RestoreTransport {
   explicit UcxRestoreTransport(UcxComm* comm) : comm_(comm) {}
   ~UcxRestoreTransport() override { (void)Finish(1.0); }
 
-  Status Send(int peer, uint32_t seq, const void* buf, size_t n) override {
-    sends_.push_back(
-        comm_->StartSend(peer, MakeTag(MsgKind::kRestoreData, comm_->rank(), seq), buf, n));
-    return sends_.back().status;
+  Status Send(int peer, uint32_t seq, const void* buf, size_t n, uint64_t* ticket) override {
+    const uint64_t id = next_++;
+    if (ticket) *ticket = id;
+    auto& s = sends_[id] =
+        comm_->StartSend(peer, MakeTag(MsgKind::kRestoreData, comm_->rank(), seq), buf, n);
+    return s.status;
+  }
+  Status WaitSend(uint64_t ticket, double timeout_s) override {
+    auto it = sends_.find(ticket);
+    if (it == sends_.end()) return Status::OK();
+    Status st = comm_->FinishSend(it->second, timeout_s);
+    sends_.erase(it);
+    return st;
   }
   Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) override {
     recvs_.push_back(comm_->StartRecv(peer, MakeTag(MsgKind::kRestoreData, peer, seq), buf, n));
     return recvs_.back().status;
   }
+  void Progress() override { comm_->Progress(); }
   Status Finish(double timeout_s) override {
     Status first;
     for (auto& r : recvs_) {
       Status s = comm_->FinishRecv(r, timeout_s);
       if (!s.ok() && first.ok()) first = s;
     }
-    for (auto& s : sends_) {
+    for (auto& [id, s] : sends_) {
       Status st = comm_->FinishSend(s, timeout_s);
       if (!st.ok() && first.ok()) first = st;
     }
@@ -36,7 +47,8 @@ class UcxRestoreTransport final : public RestoreTransport {
 
  private:
   UcxComm* comm_;
-  std::vector<UcxComm::PendingSend> sends_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, UcxComm::PendingSend> sends_;
   std::vector<UcxComm::PendingRecv> recvs_;
 };
 

@@ -20,7 +20,7 @@ namespace {
 
 using testing::TempDir;
 
-constexpr const char* kRows = "2048";  // about 4.6 MiB of state
+constexpr const char* kRows = "8192";  // about 28 MiB of state: dozens of 1 MiB PFS pieces
 
 // Every line of a rank's log, minus the per-step progress lines.
 std::string Logs(const std::string& dir, int ranks) {

@@ -138,6 +138,10 @@ class UcxComm {
   // Completes every put to `peer` at the remote side (ucp_ep_flush).
   Status Flush(int peer, double timeout_s);
 
+  // Drives the worker until it has nothing left to do right now (transfers started with
+  // StartSend/StartRecv advance only while some call drives it).
+  void Progress();
+
   // Whether `peer`'s endpoint reported an error (it died or reset the connection).
   bool peer_failed(int peer) const;
   double op_timeout_s() const { return op_timeout_s_; }

@@ -1,0 +1,472 @@
+// bench/restore: restore time from each tier beside its physical reference, in one run.
+//
+// Two ranks (processes, one per "node", UCX between them) each hold --bytes of state: 8
+// fp32 tensors [2R, 1024] split by rows (rank r holds rows [rR, (r+1)R)). They save one
+// version, replicate it to each other and flush it to the PFS (--dir, a real disk). Then,
+// each measured --rounds times, alternated with its reference (ref, cairn, ref, cairn...):
+//   local    both ranks restore from their own host tier      vs  memcpy of the same bytes
+//                                                                 (one thread, as cairn's
+//                                                                 default CAIRN_COPY_THREADS)
+//   peer     node 1's host tier deleted: rank 1 restores from  vs  rank 0 sending the same
+//            rank 0's replica over UCX (rank 0 only serves)       bytes with UCX tagged
+//                                                                 sends (64 MiB, all in
+//                                                                 flight) into rank 1's
+//                                                                 memory
+//   pfs      every host tier deleted: both ranks restore from  vs  both ranks reading the
+//            the PFS, same layout                                 step's data files with
+//                                                                 4 MiB sequential preads
+//   reshard  the same from the PFS into another layout (columns split instead of rows:
+//            every rank needs half of every saved piece), beside the same-layout restore
+// The PFS rounds each run in fresh processes (a job restores once, at start).
+// Before every PFS read (cairn's and raw) the step's files are evicted from the page cache
+// (posix_fadvise DONTNEED), so both read the disk. Times are medians; for two ranks the
+// slower rank's time counts.
+//
+//   restore [--bytes 1G] [--rounds 3] [--dir /var/tmp] [--tls <UCX_TLS>]
+//
+// Last line: one JSON object with local_vs_memcpy, peer_vs_raw, pfs_vs_raw_read (reference
+// time over cairn's), reshard_over_same_layout (cairn resharded over cairn same layout) and
+// pfs_bytes_read_over_needed (bytes the job read from the PFS for the resharded restore
+// over the saved bytes its targets overlap).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/checkpointer.h"
+#include "bench/bench_util.h"
+#include "cli/launcher.h"
+#include "core/bytes.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+#include "persist/manifest.h"
+
+using namespace cairn;
+using cairn::bench::Buffer;
+using cairn::bench::Median;
+
+namespace {
+
+constexpr int kTensors = 8;
+constexpr int64_t kCols = 1024;
+constexpr uint64_t kMsg = 64ull << 20;
+
+struct Args {
+  uint64_t bytes = 1ull << 30;
+  int rounds = 3;
+  std::string dir = "/var/tmp";
+  std::string tls;
+  std::string mode;  // child only
+};
+
+void Die(const char* what, const Status& st) {
+  std::fprintf(stderr, "restore: %s: %s\n", what, st.ToString().c_str());
+  std::exit(1);
+}
+
+uint32_t Value(int t, int64_t row, int64_t col) {
+  uint64_t x = (static_cast<uint64_t>(t) << 48) ^ (static_cast<uint64_t>(row) << 16) ^
+               static_cast<uint64_t>(col);
+  x = (x ^ (x >> 31)) * 0x7fb5d329728ea185ull;
+  return static_cast<uint32_t>(x ^ (x >> 27));
+}
+
+// A layout's buffers: "rows" (rank r: rows [rR, (r+1)R), all columns) or "cols" (all rows,
+// columns [r*512, (r+1)*512)).
+struct State {
+  State(uint64_t bytes, const std::string& layout, int rank) {
+    rows = static_cast<int64_t>(bytes / kTensors / (kCols * 4));
+    for (int t = 0; t < kTensors; ++t) {
+      ShardSpec s;
+      s.meta = {"layers." + std::to_string(t) + ".w", DType::kF32, {2 * rows, kCols}};
+      s.box = layout == "rows" ? Box{{rank * rows, 0}, {rows, kCols}}
+                               : Box{{0, rank * kCols / 2}, {2 * rows, kCols / 2}};
+      bufs.push_back(std::make_unique<Buffer>(s.nbytes()));
+      s.data = bufs.back()->p;
+      shards.push_back(s);
+    }
+  }
+  // Writes (or checks) every element's value.
+  bool Visit(bool check) {
+    for (int t = 0; t < kTensors; ++t) {
+      const Box& b = shards[static_cast<size_t>(t)].box;
+      auto* p = static_cast<uint32_t*>(shards[static_cast<size_t>(t)].data);
+      for (int64_t r = 0; r < b.lengths[0]; ++r)
+        for (int64_t c = 0; c < b.lengths[1]; ++c) {
+          const uint32_t v = Value(t, b.offsets[0] + r, b.offsets[1] + c);
+          uint32_t& e = p[r * b.lengths[1] + c];
+          if (!check)
+            e = v;
+          else if (e != v)
+            return false;
+        }
+    }
+    return true;
+  }
+  uint64_t Bytes() const {
+    uint64_t n = 0;
+    for (const auto& s : shards) n += s.nbytes();
+    return n;
+  }
+  int64_t rows = 0;
+  std::vector<std::unique_ptr<Buffer>> bufs;
+  std::vector<ShardSpec> shards;
+};
+
+// Evicts the committed step's data files from the page cache.
+void Evict(const std::string& step_dir) {
+  auto m = ReadManifest(DefaultFileSystem(), step_dir);
+  if (!m.ok()) Die("manifest", m.status());
+  for (const std::string& f : m->files()) {
+    const int fd = ::open(JoinPath(step_dir, f).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// Reads this rank's data file of the step with 4 MiB preads; seconds.
+double RawRead(const std::string& path, Buffer& into) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die("raw read", Status::FromErrno(errno, path));
+  const int64_t t0 = NowNanos();
+  uint64_t off = 0;
+  for (;;) {
+    const ssize_t n =
+        ::pread(fd, into.p + (off % into.size),
+                std::min<uint64_t>(4 << 20, into.size - off % into.size), static_cast<off_t>(off));
+    if (n <= 0) break;
+    off += static_cast<uint64_t>(n);
+  }
+  const double s = NanosToSeconds(NowNanos() - t0);
+  ::close(fd);
+  return s;
+}
+
+int Child(const Args& a) {
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) Die("options", o.status());
+  o->copy_engine = CopyEngineKind::kHost;
+  auto ck = Checkpointer::Open(*o);
+  if (!ck.ok()) Die("open", ck.status());
+  Checkpointer& c = **ck;
+  Group* g = c.group();
+  auto barrier = [&] {
+    Status b = g->Barrier();
+    if (!b.ok()) Die("barrier", b);
+  };
+  // The slower rank's time of a step both ranks run.
+  auto slowest = [&](double mine) {
+    ByteWriter w;
+    w.Put<double>(mine);
+    auto all = g->AllGather(w.out());
+    if (!all.ok()) Die("allgather", all.status());
+    double worst = 0;
+    for (const std::string& s : *all) {
+      double x = 0;
+      ByteReader r(s);
+      r.Get(&x);
+      worst = std::max(worst, x);
+    }
+    return worst;
+  };
+  const std::string step_dir = JoinPath(PfsJobDir(o->pfs_root, o->job_id), StepDirName(1));
+  auto restore = [&](std::span<const ShardSpec> shards, bool partial, RestoreReport* out) {
+    RestoreOptions ro;
+    ro.partial = partial;
+    auto r = c.restore(shards, ro);
+    if (!r.ok()) Die("restore", r.status());
+    if (out) *out = *r;
+  };
+
+  if (a.mode == "save") {
+    State s(a.bytes, "rows", o->rank);
+    s.Visit(false);
+    auto out = c.save(1, s.shards);
+    if (!out.ok() || *out != SaveOutcome::kQueued) Die("save", out.status());
+    Status st = c.wait_captured();
+    if (!st.ok()) Die("capture", st);
+    st = c.wait_replicated(300);
+    if (!st.ok()) Die("replicate", st);
+    auto f = c.flush();
+    if (!f.ok()) Die("flush", f.status());
+    return 0;
+  }
+  if (a.mode == "local") {
+    State s(a.bytes, "rows", o->rank);
+    Buffer src(s.Bytes());
+    for (int r = 0; r < a.rounds; ++r) {
+      barrier();
+      double mc = 0;
+      uint64_t off = 0;
+      for (auto& b : s.bufs) {
+        mc += cairn::bench::TimedMemcpy(b->p, src.p + off, b->size, 1);
+        off += b->size;
+      }
+      mc = slowest(mc);
+      barrier();
+      RestoreReport rep;
+      const int64_t t0 = NowNanos();
+      restore(s.shards, false, &rep);
+      const double sec = slowest(NanosToSeconds(NowNanos() - t0));
+      if (r == 0 && (!s.Visit(true) || rep.tier != "host"))
+        Die("local", Status::Corruption("bytes differ"));
+      if (o->rank == 0) std::printf("LOCAL %.6f %.6f\n", mc, sec);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (a.mode == "peer") {
+    // Raw UCX on its own connection (a separate job id).
+    Options ro = *o;
+    ro.job_id = o->job_id + "-raw";
+    Logger log("bench rank " + std::to_string(o->rank), 1);
+    auto comm = UcxComm::Connect(ro, &log);
+    if (!comm.ok()) Die("raw connect", comm.status());
+    State s(a.bytes, "rows", o->rank);
+    Buffer src(o->rank == 0 ? a.bytes : 4096);
+    for (int r = 0; r < a.rounds; ++r) {
+      // Raw: rank 0 -> rank 1, into the memory rank 1 restores into.
+      barrier();
+      double raw = 0;
+      const uint32_t seq = static_cast<uint32_t>(r + 1);
+      if (o->rank == 1) {
+        std::vector<UcxComm::PendingRecv> rs;
+        std::vector<std::pair<std::byte*, uint64_t>> dst;
+        for (auto& b : s.bufs)
+          for (uint64_t x = 0; x < b->size; x += kMsg)
+            dst.push_back({b->p + x, std::min(kMsg, b->size - x)});
+        for (uint32_t k = 0; k < dst.size(); ++k)
+          rs.push_back((*comm)->StartRecv(0, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+                                          dst[k].first, dst[k].second));
+        const int64_t t0 = NowNanos();
+        if (!(*comm)->Send(0, MakeTag(MsgKind::kReplReady, 1, seq), "r", 1).ok())
+          Die("raw", Status::Internal("ready"));
+        for (auto& x : rs)
+          if (!(*comm)->FinishRecv(x, 300).ok()) Die("raw", Status::Internal("recv"));
+        raw = NanosToSeconds(NowNanos() - t0);
+      } else {
+        if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplReady, 1, seq), 300).ok())
+          Die("raw", Status::Internal("ready"));
+        std::vector<UcxComm::PendingSend> ss;
+        uint64_t per = a.bytes / kTensors;
+        uint32_t k = 0;
+        for (int t = 0; t < kTensors; ++t)
+          for (uint64_t x = 0; x < per; x += kMsg, ++k)
+            ss.push_back((*comm)->StartSend(1, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+                                            src.p + t * per + x, std::min(kMsg, per - x)));
+        for (auto& x : ss)
+          if (!(*comm)->FinishSend(x, 300).ok()) Die("raw", Status::Internal("send"));
+      }
+      barrier();
+      // cairn: rank 1 restores from rank 0's replica; rank 0 only serves.
+      RestoreReport rep;
+      const int64_t t0 = NowNanos();
+      restore(o->rank == 1 ? std::span<const ShardSpec>(s.shards) : std::span<const ShardSpec>(),
+              true, &rep);
+      const double sec = NanosToSeconds(NowNanos() - t0);
+      if (o->rank == 1 && r == 0 &&
+          (!s.Visit(true) || rep.tier != "peer" || rep.job_pfs_bytes_read != 0))
+        Die("peer", Status::Corruption("bytes differ or not from the peer: " + rep.tier));
+      if (o->rank == 1) std::printf("PEER %.6f %.6f\n", raw, sec);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (a.mode == "pfs") {
+    State same(a.bytes, "rows", o->rank), cols(a.bytes, "cols", o->rank);
+    auto m = ReadManifest(DefaultFileSystem(), step_dir);
+    if (!m.ok()) Die("manifest", m.status());
+    uint64_t file_bytes = 0;
+    const std::string mine = JoinPath(step_dir, DataFileName(o->rank));
+    {
+      const int fd = ::open(mine.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        file_bytes = static_cast<uint64_t>(::lseek(fd, 0, SEEK_END));
+        ::close(fd);
+      }
+    }
+    Buffer raw_buf(std::max<uint64_t>(file_bytes, 4096));
+    // One round per process (the parent launches --rounds of them): a job restores once
+    // at start, into memory it has not used before.
+    for (int r = 0; r < 1; ++r) {
+      auto timed = [&](auto fn) {
+        if (o->rank == 0) Evict(step_dir);
+        barrier();
+        const int64_t t0 = NowNanos();
+        fn();
+        return slowest(NanosToSeconds(NowNanos() - t0));
+      };
+      const double raw = timed([&] { RawRead(mine, raw_buf); });
+      RestoreReport a_rep, b_rep;
+      const double s_cols = timed([&] { restore(cols.shards, false, &b_rep); });
+      const double s_same = timed([&] { restore(same.shards, false, &a_rep); });
+      if (r == 0 &&
+          (!same.Visit(true) || !cols.Visit(true) || a_rep.tier != "pfs" || !b_rep.resharded))
+        Die("pfs", Status::Corruption("bytes differ"));
+      if (o->rank == 0)
+        std::printf("PFS %.6f %.6f %.6f %llu %llu %llu\n", raw, s_same, s_cols,
+                    static_cast<unsigned long long>(b_rep.job_pfs_bytes_read),
+                    static_cast<unsigned long long>(b_rep.job_unique_bytes_needed),
+                    static_cast<unsigned long long>(a_rep.job_pfs_bytes_read));
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  return 2;
+}
+
+// Lines of rank `r`'s log starting with `tag`.
+std::vector<std::string> Lines(const std::string& root, int r, const std::string& tag) {
+  std::ifstream f(root + "/rank-" + std::to_string(r) + ".log");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(tag, 0) == 0) out.push_back(line.substr(tag.size()));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  bool child = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (k == "--child") {
+      child = true;
+      a.mode = next();
+    } else if (k == "--bytes") {
+      auto v = ParseByteCount(next(), "--bytes");
+      if (!v.ok()) Die("arguments", v.status());
+      a.bytes = *v;
+    } else if (k == "--rounds") {
+      a.rounds = std::atoi(next().c_str());
+    } else if (k == "--dir") {
+      a.dir = next();
+    } else if (k == "--tls") {
+      a.tls = next();
+    } else {
+      std::printf(
+          "usage: restore [--bytes 1G] [--rounds 3] [--dir /var/tmp] [--tls <UCX_TLS>]\n"
+          "Restore time from the local host tier, a peer's replica over UCX and the PFS (--dir)\n"
+          "for two ranks holding --bytes each, each beside its raw reference (memcpy, UCX\n"
+          "tagged sends, sequential reads), and a resharded PFS restore beside a same-layout\n"
+          "one. Prints one JSON line last.\n");
+      return k == "--help" || k == "-h" ? 0 : 2;
+    }
+  }
+  if (a.bytes < (kTensors * kCols * 4 * 2) || a.rounds < 1) {
+    std::fprintf(stderr, "restore: --bytes too small or --rounds < 1\n");
+    return 2;
+  }
+  a.bytes = a.bytes / (kTensors * kCols * 4) * (kTensors * kCols * 4);
+  if (child) return Child(a);
+
+  char host_t[] = "/dev/shm/cairn-bench-restore-XXXXXX";
+  std::string pfs_t = a.dir + "/cairn-bench-restore-XXXXXX";
+  if (!::mkdtemp(host_t) || !::mkdtemp(pfs_t.data())) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const std::string root = host_t, pfs = pfs_t;
+  const std::string job = "bench-restore-" + std::to_string(::getpid());
+  auto cleanup = [&] {
+    (void)DefaultFileSystem()->RemoveAll(root);
+    (void)DefaultFileSystem()->RemoveAll(pfs);
+  };
+  auto run = [&](const std::string& mode) {
+    LaunchSpec spec;
+    spec.nodes = 2;
+    spec.argv = {
+        "/proc/self/exe",        "--child", mode, "--bytes", std::to_string(a.bytes), "--rounds",
+        std::to_string(a.rounds)};
+    spec.output_dir = root;
+    spec.env = {{"CAIRN_JOB_ID", job},
+                {"CAIRN_HOST_ROOT", root + "/host"},
+                {"CAIRN_PFS_ROOT", pfs},
+                {"CAIRN_PERSIST_EVERY", "0"},
+                {"CAIRN_REPLICAS", "1"},
+                {"CAIRN_SLOTS", "2"},
+                {"CAIRN_REPLICATE_TIMEOUT_S", "300"},
+                {"CAIRN_OP_TIMEOUT_S", "600"}};
+    if (!a.tls.empty()) spec.env.push_back({"UCX_TLS", a.tls});
+    auto l = LocalLauncher::Start(spec);
+    if (!l.ok() || !(*l)->WaitAll(1800)) {
+      for (int r = 0; r < 2; ++r) {
+        std::ifstream f(root + "/rank-" + std::to_string(r) + ".log");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        std::fprintf(stderr, "restore: %s failed; rank %d:\n%s\n", mode.c_str(), r,
+                     ss.str().c_str());
+      }
+      cleanup();
+      std::exit(1);
+    }
+  };
+  run("save");
+  run("local");
+  (void)DefaultFileSystem()->RemoveAll(root + "/host/" + job + "/node-1");
+  run("peer");
+  (void)DefaultFileSystem()->RemoveAll(root + "/host");
+  for (int r = 0; r < a.rounds; ++r) run("pfs");
+
+  std::vector<double> memcpy_s, local_s, raw_ucx_s, peer_s, raw_read_s, same_s, reshard_s;
+  double read_over_needed = 0;
+  for (const std::string& l : Lines(root, 0, "LOCAL ")) {
+    double x = 0, y = 0;
+    std::sscanf(l.c_str(), "%lf %lf", &x, &y);
+    memcpy_s.push_back(x);
+    local_s.push_back(y);
+  }
+  for (const std::string& l : Lines(root, 1, "PEER ")) {
+    double x = 0, y = 0;
+    std::sscanf(l.c_str(), "%lf %lf", &x, &y);
+    raw_ucx_s.push_back(x);
+    peer_s.push_back(y);
+  }
+  for (const std::string& l : Lines(root, 0, "PFS ")) {
+    double x = 0, y = 0, z = 0;
+    unsigned long long read = 0, needed = 0, same_read = 0;
+    std::sscanf(l.c_str(), "%lf %lf %lf %llu %llu %llu", &x, &y, &z, &read, &needed, &same_read);
+    raw_read_s.push_back(x);
+    same_s.push_back(y);
+    reshard_s.push_back(z);
+    read_over_needed = needed ? static_cast<double>(read) / static_cast<double>(needed) : 0;
+  }
+  cleanup();
+  if (local_s.empty() || peer_s.empty() || same_s.empty()) {
+    std::fprintf(stderr, "restore: missing results\n");
+    return 1;
+  }
+  const double gb = static_cast<double>(a.bytes) / 1e9;
+  const double mc = Median(memcpy_s), lo = Median(local_s), ru = Median(raw_ucx_s),
+               pe = Median(peer_s), rr = Median(raw_read_s), sa = Median(same_s),
+               re = Median(reshard_s);
+  std::printf("per rank %.2f GB, 2 ranks, medians of %d rounds\n", gb, a.rounds);
+  std::printf("local : memcpy %.3f s (%.2f GB/s)  cairn %.3f s (%.2f GB/s)\n", mc, gb / mc, lo,
+              gb / lo);
+  std::printf("peer  : raw UCX %.3f s (%.2f GB/s)  cairn %.3f s (%.2f GB/s)\n", ru, gb / ru, pe,
+              gb / pe);
+  std::printf(
+      "pfs   : raw read %.3f s (%.2f GB/s per rank)  cairn same layout %.3f s  "
+      "resharded %.3f s\n",
+      rr, gb / rr, sa, re);
+  std::printf(
+      "{\"bench\":\"restore\",\"bytes_per_rank\":%llu,\"ranks\":2,\"rounds\":%d,"
+      "\"local\":{\"memcpy_gbps\":%.3f,\"restore_gbps\":%.3f},"
+      "\"peer\":{\"raw_gbps\":%.3f,\"restore_gbps\":%.3f},"
+      "\"pfs\":{\"raw_read_gbps\":%.3f,\"same_layout_gbps\":%.3f,\"resharded_gbps\":%.3f},"
+      "\"local_vs_memcpy\":%.3f,\"peer_vs_raw\":%.3f,\"pfs_vs_raw_read\":%.3f,"
+      "\"reshard_over_same_layout\":%.3f,\"pfs_bytes_read_over_needed\":%.3f}\n",
+      static_cast<unsigned long long>(a.bytes), a.rounds, gb / mc, gb / lo, gb / ru, gb / pe,
+      gb / rr, gb / sa, gb / re, mc / lo, ru / pe, rr / sa, re / sa, read_over_needed);
+  return 0;
+}
