@@ -13,6 +13,7 @@
 
 #include "api/checkpointer.h"
 #include "core/fault_injection_filesystem.h"
+#include "persist/manifest.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -357,6 +358,74 @@ TEST_F(CheckpointerTest, SlotBytesPresizesAndSmallChunksWork) {
   State r;
   ASSERT_TRUE(c->restore(r.Shards()).ok());
   EXPECT_TRUE(r.Holds(15));
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+TEST_F(CheckpointerTest, HostTierLostRestoresFromThePfsPastACorruptStepNamingTheFile) {
+  opts_.persist_every = 0;  // only flush() persists
+  State s;
+  {
+    auto c = Open();
+    for (int64_t step = 1; step <= 2; ++step) {
+      s.Fill(step * 100);
+      ASSERT_TRUE(c->save(step, s.Shards(), {{"rng", "r" + std::to_string(step)}}).ok());
+      auto f = c->flush();
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      ASSERT_EQ(*f, step);
+    }
+  }
+  // The node's memory is gone; step 2's copy of "big" on the PFS has a flipped byte.
+  FileSystem* fs = DefaultFileSystem();
+  ASSERT_TRUE(fs->RemoveAll(JoinPath(opts_.host_root, opts_.job_id)).ok());
+  const std::string job_dir = PfsJobDir(opts_.pfs_root, opts_.job_id);
+  const std::string step2 = JoinPath(job_dir, StepDirName(2));
+  auto m = ReadManifest(fs, step2);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::string data_file;
+  for (const auto& b : m->boxes())
+    if (m->tensors(static_cast<int>(b.tensor())).name() == "big") {
+      data_file = JoinPath(step2, m->files(static_cast<int>(b.file())));
+      testing::CorruptByte(data_file, b.offset() + 12345);
+      break;
+    }
+  ASSERT_FALSE(data_file.empty());
+
+  auto c = Open();
+  State r;
+  RestoreOptions two;
+  two.step = 2;
+  auto bad = c->restore(r.Shards(), two);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption);
+  const std::string msg = bad.status().message();
+  EXPECT_NE(msg.find(data_file), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'big'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("step 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+
+  auto rep = c->restore(r.Shards());
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->step, 1);
+  EXPECT_EQ(rep->tier, "pfs");
+  ASSERT_EQ(rep->skipped.size(), 1u);
+  EXPECT_NE(rep->skipped[0].find(data_file), std::string::npos);
+  EXPECT_TRUE(r.Holds(100));
+  EXPECT_EQ(rep->blobs.at("rng"), "r1");
+
+  // An unreadable data file: the error names it.
+  const std::string step1 = JoinPath(job_dir, StepDirName(1));
+  ASSERT_TRUE(fs->Unlink(JoinPath(step1, DataFileName(0))).ok());
+  RestoreOptions one;
+  one.step = 1;
+  auto gone = c->restore(r.Shards(), one);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.status().message().find(JoinPath(step1, DataFileName(0))), std::string::npos)
+      << gone.status().message();
 }
 
 }  // namespace
