@@ -15,8 +15,11 @@
 //   pfs      every host tier deleted: both ranks restore from  vs  both ranks reading the
 //            the PFS, same layout                                 step's data files with
 //                                                                 4 MiB sequential preads
-//   reshard  the same from the PFS into another layout (columns split instead of rows:
-//            every rank needs half of every saved piece), beside the same-layout restore
+//   reshard  the same from the PFS into two other layouts, beside the same-layout restore:
+//            transposed (columns split instead of rows: every rank needs half of every
+//            saved piece, strided, so half of what each rank reads goes to the other) and
+//            row blocks (4 blocks, rank r takes r and r + 2, as after a change of the
+//            tensor-parallel degree: half of each rank's bytes are in the other's file)
 // The PFS rounds each run in fresh processes (a job restores once, at start), and the raw
 // read, the same-layout and the resharded restore take turns at going first (this virtual
 // disk slows down after a few GB read in a row).
@@ -24,12 +27,13 @@
 // (posix_fadvise DONTNEED), so both read the disk. Times are medians; for two ranks the
 // slower rank's time counts.
 //
-//   restore [--bytes 1G] [--rounds 3] [--dir /var/tmp] [--tls <UCX_TLS>]
+//   restore [--bytes 1G] [--rounds 4] [--dir /var/tmp] [--tls <UCX_TLS>]
 //
 // Last line: one JSON object with local_vs_memcpy, peer_vs_raw, pfs_vs_raw_read (reference
-// time over cairn's), reshard_over_same_layout (cairn resharded over cairn same layout) and
-// pfs_bytes_read_over_needed (bytes the job read from the PFS for the resharded restore
-// over the saved bytes its targets overlap).
+// time over cairn's), reshard_over_same_layout (the transposed reshard's time over the
+// same layout's), reshard_row_blocks_over_same_layout, and pfs_bytes_read_over_needed
+// (bytes the job read from the PFS for a resharded restore over the saved bytes its
+// targets overlap; the larger of the two).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -62,7 +66,7 @@ constexpr uint64_t kMsg = 64ull << 20;
 
 struct Args {
   uint64_t bytes = 1ull << 30;
-  int rounds = 3;
+  int rounds = 4;
   std::string dir = "/var/tmp";
   std::string tls;
   std::string mode;  // child only
@@ -89,18 +93,29 @@ struct State {
     for (int t = 0; t < kTensors; ++t) {
       ShardSpec s;
       s.meta = {"layers." + std::to_string(t) + ".w", DType::kF32, {2 * rows, kCols}};
-      s.box = layout == "rows" ? Box{{rank * rows, 0}, {rows, kCols}}
-                               : Box{{0, rank * kCols / 2}, {2 * rows, kCols / 2}};
-      bufs.push_back(std::make_unique<Buffer>(s.nbytes()));
-      s.data = bufs.back()->p;
-      shards.push_back(s);
+      std::vector<Box> boxes;
+      if (layout == "rows") {
+        boxes.push_back(Box{{rank * rows, 0}, {rows, kCols}});
+      } else if (layout == "cols") {
+        boxes.push_back(Box{{0, rank * kCols / 2}, {2 * rows, kCols / 2}});
+      } else {  // "rows4": quarter row blocks r and r + 2
+        boxes.push_back(Box{{rank * rows / 2, 0}, {rows / 2, kCols}});
+        boxes.push_back(Box{{(rank + 2) * rows / 2, 0}, {rows - rows / 2, kCols}});
+      }
+      for (const Box& b : boxes) {
+        s.box = b;
+        bufs.push_back(std::make_unique<Buffer>(s.nbytes()));
+        s.data = bufs.back()->p;
+        shards.push_back(s);
+      }
     }
   }
   // Writes (or checks) every element's value.
   bool Visit(bool check) {
-    for (int t = 0; t < kTensors; ++t) {
-      const Box& b = shards[static_cast<size_t>(t)].box;
-      auto* p = static_cast<uint32_t*>(shards[static_cast<size_t>(t)].data);
+    for (const ShardSpec& sh : shards) {
+      const int t = std::stoi(sh.meta.name.substr(7));  // "layers.<t>.w"
+      const Box& b = sh.box;
+      auto* p = static_cast<uint32_t*>(sh.data);
       for (int64_t r = 0; r < b.lengths[0]; ++r)
         for (int64_t c = 0; c < b.lengths[1]; ++c) {
           const uint32_t v = Value(t, b.offsets[0] + r, b.offsets[1] + c);
@@ -284,7 +299,8 @@ int Child(const Args& a) {
     return 0;
   }
   if (a.mode == "pfs") {
-    State same(a.bytes, "rows", o->rank), cols(a.bytes, "cols", o->rank);
+    State same(a.bytes, "rows", o->rank), cols(a.bytes, "cols", o->rank),
+        rows4(a.bytes, "rows4", o->rank);
     auto m = ReadManifest(DefaultFileSystem(), step_dir);
     if (!m.ok()) Die("manifest", m.status());
     uint64_t file_bytes = 0;
@@ -308,29 +324,33 @@ int Child(const Args& a) {
         return slowest(NanosToSeconds(NowNanos() - t0));
       };
       // The virtual disk here slows down after a few GB in a row (burst credit), so the
-      // three take turns at going first: round r starts with the (r mod 3)-th.
-      RestoreReport a_rep, b_rep;
-      double raw = 0, s_same = 0, s_cols = 0;
-      for (int i = 0; i < 3; ++i) {
-        switch ((a.round + i) % 3) {
+      // four take turns at going first: round r starts with the (r mod 4)-th.
+      RestoreReport a_rep, b_rep, c_rep;
+      double raw = 0, s_same = 0, s_cols = 0, s_rows4 = 0;
+      for (int i = 0; i < 4; ++i) {
+        switch ((a.round + i) % 4) {
           case 0:
             raw = timed([&] { RawRead(mine, raw_buf); });
             break;
           case 1:
             s_same = timed([&] { restore(same.shards, false, &a_rep); });
             break;
-          default:
+          case 2:
             s_cols = timed([&] { restore(cols.shards, false, &b_rep); });
+            break;
+          default:
+            s_rows4 = timed([&] { restore(rows4.shards, false, &c_rep); });
         }
       }
-      if (r == 0 &&
-          (!same.Visit(true) || !cols.Visit(true) || a_rep.tier != "pfs" || !b_rep.resharded))
+      if (r == 0 && (!same.Visit(true) || !cols.Visit(true) || !rows4.Visit(true) ||
+                     a_rep.tier != "pfs" || !b_rep.resharded || !c_rep.resharded))
         Die("pfs", Status::Corruption("bytes differ"));
       if (o->rank == 0)
-        std::printf("PFS %.6f %.6f %.6f %llu %llu %llu\n", raw, s_same, s_cols,
+        std::printf("PFS %.6f %.6f %.6f %llu %llu %.6f %llu %llu\n", raw, s_same, s_cols,
                     static_cast<unsigned long long>(b_rep.job_pfs_bytes_read),
-                    static_cast<unsigned long long>(b_rep.job_unique_bytes_needed),
-                    static_cast<unsigned long long>(a_rep.job_pfs_bytes_read));
+                    static_cast<unsigned long long>(b_rep.job_unique_bytes_needed), s_rows4,
+                    static_cast<unsigned long long>(c_rep.job_pfs_bytes_read),
+                    static_cast<unsigned long long>(c_rep.job_unique_bytes_needed));
       std::fflush(stdout);
     }
     return 0;
@@ -372,7 +392,7 @@ int main(int argc, char** argv) {
       a.tls = next();
     } else {
       std::printf(
-          "usage: restore [--bytes 1G] [--rounds 3] [--dir /var/tmp] [--tls <UCX_TLS>]\n"
+          "usage: restore [--bytes 1G] [--rounds 4] [--dir /var/tmp] [--tls <UCX_TLS>]\n"
           "Restore time from the local host tier, a peer's replica over UCX and the PFS (--dir)\n"
           "for two ranks holding --bytes each, each beside its raw reference (memcpy, UCX\n"
           "tagged sends, sequential reads), and a resharded PFS restore beside a same-layout\n"
@@ -455,16 +475,24 @@ int main(int argc, char** argv) {
     raw_ucx_s.push_back(x);
     peer_s.push_back(y);
   }
+  std::vector<double> rows4_s;
+  double rows4_read_over_needed = 0;
   for (const std::string& l : Lines(root, 0, "PFS ")) {
-    double x = 0, y = 0, z = 0;
-    unsigned long long read = 0, needed = 0, same_read = 0;
-    std::sscanf(l.c_str(), "%lf %lf %lf %llu %llu %llu", &x, &y, &z, &read, &needed, &same_read);
+    double x = 0, y = 0, z = 0, w = 0;
+    unsigned long long read = 0, needed = 0, read4 = 0, needed4 = 0;
+    std::sscanf(l.c_str(), "%lf %lf %lf %llu %llu %lf %llu %llu", &x, &y, &z, &read, &needed, &w,
+                &read4, &needed4);
     raw_read_s.push_back(x);
     same_s.push_back(y);
     reshard_s.push_back(z);
-    std::printf("pfs round %zu: raw read %.3f s, same layout %.3f s, resharded %.3f s\n",
-                raw_read_s.size() - 1, x, y, z);
+    rows4_s.push_back(w);
+    std::printf(
+        "pfs round %zu: raw read %.3f s, same layout %.3f s, resharded: transposed "
+        "%.3f s, row blocks %.3f s\n",
+        raw_read_s.size() - 1, x, y, z, w);
     read_over_needed = needed ? static_cast<double>(read) / static_cast<double>(needed) : 0;
+    rows4_read_over_needed =
+        needed4 ? static_cast<double>(read4) / static_cast<double>(needed4) : 0;
   }
   cleanup();
   if (local_s.empty() || peer_s.empty() || same_s.empty()) {
@@ -474,7 +502,7 @@ int main(int argc, char** argv) {
   const double gb = static_cast<double>(a.bytes) / 1e9;
   const double mc = Median(memcpy_s), lo = Median(local_s), ru = Median(raw_ucx_s),
                pe = Median(peer_s), rr = Median(raw_read_s), sa = Median(same_s),
-               re = Median(reshard_s);
+               re = Median(reshard_s), r4 = Median(rows4_s);
   std::printf("per rank %.2f GB, 2 ranks, medians of %d rounds\n", gb, a.rounds);
   std::printf("local : memcpy %.3f s (%.2f GB/s)  cairn %.3f s (%.2f GB/s)\n", mc, gb / mc, lo,
               gb / lo);
@@ -482,16 +510,18 @@ int main(int argc, char** argv) {
               gb / pe);
   std::printf(
       "pfs   : raw read %.3f s (%.2f GB/s per rank)  cairn same layout %.3f s  "
-      "resharded %.3f s\n",
-      rr, gb / rr, sa, re);
+      "resharded: transposed %.3f s, row blocks %.3f s\n",
+      rr, gb / rr, sa, re, r4);
   std::printf(
       "{\"bench\":\"restore\",\"bytes_per_rank\":%llu,\"ranks\":2,\"rounds\":%d,"
       "\"local\":{\"memcpy_gbps\":%.3f,\"restore_gbps\":%.3f},"
       "\"peer\":{\"raw_gbps\":%.3f,\"restore_gbps\":%.3f},"
       "\"pfs\":{\"raw_read_gbps\":%.3f,\"same_layout_gbps\":%.3f,\"resharded_gbps\":%.3f},"
       "\"local_vs_memcpy\":%.3f,\"peer_vs_raw\":%.3f,\"pfs_vs_raw_read\":%.3f,"
-      "\"reshard_over_same_layout\":%.3f,\"pfs_bytes_read_over_needed\":%.3f}\n",
+      "\"reshard_over_same_layout\":%.3f,\"reshard_row_blocks_over_same_layout\":%.3f,"
+      "\"pfs_bytes_read_over_needed\":%.3f}\n",
       static_cast<unsigned long long>(a.bytes), a.rounds, gb / mc, gb / lo, gb / ru, gb / pe,
-      gb / rr, gb / sa, gb / re, mc / lo, ru / pe, rr / sa, re / sa, read_over_needed);
+      gb / rr, gb / sa, gb / re, mc / lo, ru / pe, rr / sa, re / sa, r4 / sa,
+      std::max(read_over_needed, rows4_read_over_needed));
   return 0;
 }
