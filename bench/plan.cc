@@ -86,8 +86,8 @@ RankLayout StageLayout(const Args& a, int tp_size, int layers, int tp, int pp, i
     }
   }
   for (int i = 0; buffers_of >= 0 && i < kBuffersPerStage; ++i)
-    add("buffers.stage" + std::to_string(buffers_of) + "." + std::to_string(i), DType::kF32,
-        {1024}, -1);
+    add("buffers.stage" + std::to_string(buffers_of) + "." + std::to_string(i), DType::kF32, {1024},
+        -1);
   return l;
 }
 

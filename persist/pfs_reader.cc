@@ -85,8 +85,8 @@ Status ReadBlobs(FileSystem* fs, Files& files, const pb::Manifest& m, int rank,
 Status ReadRankBlobs(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m, int rank,
                      std::map<std::string, std::string>* out) {
   Files files(fs, step_dir, m);
-  return ReadBlobs(fs, files, m, rank, out).WithContext("step " + std::to_string(m.step()) +
-                                                        " in " + step_dir);
+  return ReadBlobs(fs, files, m, rank, out)
+      .WithContext("step " + std::to_string(m.step()) + " in " + step_dir);
 }
 
 Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m) {

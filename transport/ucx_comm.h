@@ -33,10 +33,10 @@ enum class MsgKind : uint8_t {
   kHello = 1,
   kCollective = 2,
   kBroadcast = 3,
-  kReplOffer = 4,  // replicator: header of a version, sender -> holder
-  kReplReady = 5,  // holder -> sender: receives posted (or refused, and why)
-  kReplData = 6,   // sender -> holder: one chunk of the version's bytes
-  kReplAck = 7,    // holder -> sender: bytes verified and replica published (or not)
+  kReplOffer = 4,          // replicator: header of a version, sender -> holder
+  kReplReady = 5,          // holder -> sender: receives posted (or refused, and why)
+  kReplData = 6,           // sender -> holder: one chunk of the version's bytes
+  kReplAck = 7,            // holder -> sender: bytes verified and replica published (or not)
   kPersistCollective = 8,  // the persister's own Group (its collectives run on its thread)
   kPersistBroadcast = 9,
   kRestoreData = 10,  // recovery: bytes of a saved piece, holder or PFS reader -> target rank
