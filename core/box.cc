@@ -148,39 +148,11 @@ uint64_t BoxByteOffset(const Box& box, const Box& region, size_t elem) {
 
 void CopyBoxRegion(const void* src, const Box& src_box, void* dst, const Box& dst_box,
                    const Box& region, size_t elem) {
-  const size_t nd = region.ndim();
-  if (region.empty()) return;
-  if (nd == 0) {
-    std::memcpy(dst, src, elem);
-    return;
-  }
-  const size_t row = static_cast<size_t>(region.lengths[nd - 1]) * elem;
-  // Row-major strides (in bytes) of both boxes.
-  std::vector<uint64_t> ss(nd), ds(nd);
-  ss[nd - 1] = ds[nd - 1] = elem;
-  for (size_t d = nd - 1; d-- > 0;) {
-    ss[d] = ss[d + 1] * static_cast<uint64_t>(src_box.lengths[d + 1]);
-    ds[d] = ds[d + 1] * static_cast<uint64_t>(dst_box.lengths[d + 1]);
-  }
-  const auto* s0 = static_cast<const std::byte*>(src) + BoxByteOffset(src_box, region, elem);
-  auto* d0 = static_cast<std::byte*>(dst) + BoxByteOffset(dst_box, region, elem);
-  std::vector<int64_t> idx(nd, 0);  // index within the region, over dims [0, nd-1)
-  for (;;) {
-    uint64_t so = 0, dof = 0;
-    for (size_t d = 0; d + 1 < nd; ++d) {
-      so += static_cast<uint64_t>(idx[d]) * ss[d];
-      dof += static_cast<uint64_t>(idx[d]) * ds[d];
-    }
-    std::memcpy(d0 + dof, s0 + so, row);
-    size_t d = nd - 1;
-    while (d > 0) {
-      --d;
-      if (++idx[d] < region.lengths[d]) break;
-      idx[d] = 0;
-      if (d == 0) return;
-    }
-    if (nd == 1) return;
-  }
+  const auto* s = static_cast<const std::byte*>(src);
+  auto* d = static_cast<std::byte*>(dst);
+  ForEachRegionBlock(src_box, dst_box, region, elem, [&](uint64_t so, uint64_t dof, uint64_t n) {
+    std::memcpy(d + dof, s + so, n);
+  });
 }
 
 }  // namespace cairn

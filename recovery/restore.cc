@@ -827,44 +827,9 @@ struct Pinned {
 void AppendRegionCopies(const std::byte* src, uint64_t src_lo, const Box& src_box, std::byte* dst,
                         const Box& dst_box, const Box& region, size_t elem,
                         std::vector<CopyChunk>* out) {
-  const size_t nd = region.ndim();
-  if (region.empty()) return;
-  const uint64_t s0 = BoxByteOffset(src_box, region, elem) - src_lo;
-  const uint64_t d0 = BoxByteOffset(dst_box, region, elem);
-  if (nd == 0) {
-    out->push_back({src + s0, dst + d0, elem});
-    return;
-  }
-  // Dimensions k+1.. are whole in the region and both boxes: one block per index of 0..k-1.
-  size_t k = nd - 1;
-  while (k > 0 && region.lengths[k] == src_box.lengths[k] &&
-         region.lengths[k] == dst_box.lengths[k])
-    --k;
-  uint64_t block = elem;
-  for (size_t d = k; d < nd; ++d) block *= static_cast<uint64_t>(region.lengths[d]);
-  std::vector<uint64_t> ss(nd), ds(nd);
-  ss[nd - 1] = ds[nd - 1] = elem;
-  for (size_t d = nd - 1; d-- > 0;) {
-    ss[d] = ss[d + 1] * static_cast<uint64_t>(src_box.lengths[d + 1]);
-    ds[d] = ds[d + 1] * static_cast<uint64_t>(dst_box.lengths[d + 1]);
-  }
-  std::vector<int64_t> idx(k, 0);
-  for (;;) {
-    uint64_t so = s0, dof = d0;
-    for (size_t d = 0; d < k; ++d) {
-      so += static_cast<uint64_t>(idx[d]) * ss[d];
-      dof += static_cast<uint64_t>(idx[d]) * ds[d];
-    }
-    out->push_back({src + so, dst + dof, static_cast<size_t>(block)});
-    size_t d = k;
-    while (d > 0) {
-      --d;
-      if (++idx[d] < region.lengths[d]) break;
-      idx[d] = 0;
-      if (d == 0) return;
-    }
-    if (k == 0) return;
-  }
+  ForEachRegionBlock(src_box, dst_box, region, elem, [&](uint64_t so, uint64_t dof, uint64_t n) {
+    out->push_back({src ? src + (so - src_lo) : nullptr, dst + dof, static_cast<size_t>(n)});
+  });
 }
 
 Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> targets,
