@@ -3,7 +3,9 @@
 // The property test runs every rank of a job as a thread of this process: the collectives
 // go through an in-process Group and the bytes between ranks through an in-process
 // transport (the UCX path of the same code is tested by recovery_process_test). Memory
-// versions are real slot headers with real chunk checksums over the saved bytes.
+// versions are real slot headers with real chunk checksums over the saved bytes; PFS
+// steps are real files written and committed with the persister's own plan, writer and
+// commit.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -14,10 +16,15 @@
 #include <thread>
 
 #include "core/checksum.h"
+#include "core/filesystem.h"
 #include "core/log.h"
+#include "persist/commit.h"
+#include "persist/manifest.h"
+#include "persist/writer.h"
 #include "recovery/load_planner.h"
 #include "recovery/restore.h"
 #include "snapshot/copy_engine.h"
+#include "tests/test_util.h"
 
 namespace cairn {
 namespace {
@@ -280,6 +287,61 @@ SavedVersion MakeVersion(const std::vector<Tensor>& tensors,
   return v;
 }
 
+// Writes `step` of `tensors` saved under `saved` (one layout per rank) to the PFS under
+// `job_dir` the way the persister does: the save plan (slabs cut small), one data file per
+// writer with real chunk checksums, the MANIFEST and LATEST committed.
+void WritePfsStep(const std::string& job_dir, int64_t step, const std::vector<Tensor>& tensors,
+                  const std::vector<std::vector<std::pair<size_t, Box>>>& saved, uint64_t chunk) {
+  std::vector<std::string> layouts;
+  for (const auto& boxes : saved) {
+    RankLayout l;
+    std::map<size_t, uint32_t> ids;
+    for (const auto& [ti, box] : boxes) {
+      auto [it, fresh] = ids.emplace(ti, static_cast<uint32_t>(l.tensors.size()));
+      if (fresh) l.tensors.push_back(tensors[ti].meta);
+      l.shards.push_back({it->second, box});
+    }
+    layouts.push_back(EncodeRankLayout(l));
+  }
+  PlannerConfig pc;
+  pc.min_piece_bytes = 64;  // slabs even of these small tensors
+  pc.align_bytes = chunk;
+  auto plan = MakeSavePlan(layouts, pc);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].meta.name] = i;
+  FileSystem* fs = DefaultFileSystem();
+  const std::string step_dir = JoinPath(job_dir, StepDirName(step));
+  ASSERT_TRUE(fs->MakeDirs(JoinPath(step_dir, "data"), 0700).ok());
+  std::vector<LocationTable> tables(saved.size());
+  for (size_t w = 0; w < saved.size(); ++w) {
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<WriteItem> items;
+    for (size_t pi : plan->PiecesOf(static_cast<int>(w))) {
+      const PlannedPiece& pc2 = plan->pieces[pi];
+      const TensorMeta& meta = plan->tensors[plan->shards[pc2.shard].tensor];
+      bytes.push_back(Extract(tensors[by_name.at(meta.name)], pc2.box));
+      items.push_back({bytes.back().data(), bytes.back().size(), 0});
+    }
+    const std::string blob = "rank " + std::to_string(w) + " step " + std::to_string(step);
+    items.push_back({reinterpret_cast<const std::byte*>(blob.data()), blob.size(), 0});
+    LayOutItems(items, kPfsAlign);
+    WriterOptions wo;
+    wo.chunk_bytes = chunk;
+    auto rep = WriteDataFile(fs, JoinPath(step_dir, DataFileName(static_cast<int>(w))), items, wo,
+                             nullptr, nullptr);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    for (size_t i = 0; i + 1 < items.size(); ++i)
+      tables[w].pieces.push_back({items[i].file_offset, rep->chunk_checksums[i]});
+    tables[w].blobs.push_back(
+        {"who", items.back().file_offset, blob.size(), Checksum(blob.data(), blob.size())});
+  }
+  auto m = BuildManifest(*plan, tables, "test", step, chunk);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  bool left = false;
+  ASSERT_TRUE(CommitStep(fs, job_dir, step, *m, &left).ok());
+}
+
 struct RankResult {
   Result<RestoreReport> report = Status::Internal("not run");
   std::vector<std::vector<std::byte>> targets;
@@ -289,7 +351,8 @@ struct RankResult {
 std::vector<RankResult> RunRestore(int world, const std::vector<Tensor>& tensors,
                                    std::vector<VecMemory>& memory,
                                    const std::vector<std::vector<std::pair<size_t, Box>>>& targets,
-                                   const RestoreOptions& options) {
+                                   const RestoreOptions& options,
+                                   const std::string& pfs_job_dir = "") {
   Job job(world);
   std::vector<RankResult> out(static_cast<size_t>(world));
   std::vector<std::thread> threads;
@@ -318,6 +381,9 @@ std::vector<RankResult> RunRestore(int world, const std::vector<Tensor>& tensors
       env.group = &g;
       env.transport = &tr;
       env.memory = &memory[static_cast<size_t>(r)];
+      env.pfs_fs = DefaultFileSystem();
+      env.pfs_job_dir = pfs_job_dir;
+      env.read_threads = 1 + r % 3;
       env.engine = engine.get();
       env.log = &log;
       env.who = "rank " + std::to_string(r);
@@ -328,13 +394,13 @@ std::vector<RankResult> RunRestore(int world, const std::vector<Tensor>& tensors
   return out;
 }
 
-TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryAndReplicas) {
+TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) {
   const uint64_t seed = std::random_device{}();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   const DType dtypes[] = {DType::kF64, DType::kF32, DType::kBF16,  DType::kI64,
                           DType::kI16, DType::kU8,  DType::kF8E4M3};
-  int resharded = 0, with_peers = 0, fallbacks = 0;
+  int resharded = 0, with_peers = 0, fallbacks = 0, pfs_cases = 0;
   constexpr int kCases = 220;
   for (int c = 0; c < kCases; ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -373,6 +439,18 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryAndReplicas) {
       v1.push_back(MakeVersion(older, saved[static_cast<size_t>(r)], r, saved_world, 1, chunk));
       v2.push_back(MakeVersion(tensors, saved[static_cast<size_t>(r)], r, saved_world, 2, chunk));
     }
+    // A third of the cases keep step 2 only on the PFS (step 1 stays in memory): restored
+    // from the PFS, each byte read once by the job; a damaged byte there falls back to
+    // step 1 in memory.
+    const bool on_pfs = rng() % 3 == 0;
+    std::unique_ptr<testing::TempDir> pfs;
+    std::string job_dir;
+    if (on_pfs) {
+      pfs = std::make_unique<testing::TempDir>("recpfs");
+      job_dir = JoinPath(pfs->path(), "job");
+      WritePfsStep(job_dir, 2, tensors, saved, chunk);
+      ++pfs_cases;
+    }
     // Who holds what: every saved rank's versions on 1-3 random restoring ranks (its own
     // host tier when it restores too, plus replicas).
     std::vector<VecMemory> memory(static_cast<size_t>(world));
@@ -385,14 +463,27 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryAndReplicas) {
       holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
       for (int h : holders) {
         memory[static_cast<size_t>(h)].held.push_back(&v1[static_cast<size_t>(s)]);
-        memory[static_cast<size_t>(h)].held.push_back(&v2[static_cast<size_t>(s)]);
+        if (!on_pfs) memory[static_cast<size_t>(h)].held.push_back(&v2[static_cast<size_t>(s)]);
       }
     }
     // Sometimes step 2 of one rank is damaged (in the copy every holder reads). If a target
     // needs the damaged chunk, every rank falls back to step 1; if none does, step 2 is
     // restored and must still be exact.
     bool damaged = false;
-    if (rng() % 8 == 0) {
+    if (on_pfs && rng() % 6 == 0) {
+      // A byte of a random saved box in its data file.
+      auto m = ReadManifest(DefaultFileSystem(), JoinPath(job_dir, StepDirName(2)));
+      ASSERT_TRUE(m.ok());
+      if (m->boxes_size() > 0) {
+        const auto& b = m->boxes(static_cast<int>(rng() % static_cast<uint64_t>(m->boxes_size())));
+        if (b.length() > 0) {
+          testing::CorruptByte(
+              JoinPath(JoinPath(job_dir, StepDirName(2)), m->files(static_cast<int>(b.file()))),
+              b.offset() + rng() % b.length());
+          damaged = true;
+        }
+      }
+    } else if (!on_pfs && rng() % 8 == 0) {
       const size_t s = rng() % static_cast<size_t>(saved_world);
       SavedVersion& v = v2[s];
       if (!v.header.shards.empty() && v.header.shards[0].nbytes > 0) {
@@ -402,7 +493,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryAndReplicas) {
     }
     RestoreOptions opts;
     opts.partial = true;  // a random layout may leave a tensor to no rank of the target
-    auto results = RunRestore(world, tensors, memory, wanted, opts);
+    auto results = RunRestore(world, tensors, memory, wanted, opts, job_dir);
     const int64_t expect_step = results[0].report.ok() && results[0].report->step == 1 ? 1 : 2;
     const std::vector<Tensor>* expect = expect_step == 1 ? &older : &tensors;
     for (int r = 0; r < world; ++r) {
@@ -428,14 +519,24 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryAndReplicas) {
       }
       resharded += res.report->resharded;
       with_peers += res.report->bytes_received > 0;
+      if (on_pfs && expect_step == 2) {
+        ASSERT_EQ(res.report->tier, "pfs");
+        // Every byte some target needs read once by the job, in whole checksum chunks.
+        ASSERT_GE(res.report->job_pfs_bytes_read, res.report->job_unique_bytes_needed);
+        ASSERT_LE(res.report->job_pfs_bytes_read,
+                  res.report->job_unique_bytes_needed + 2 * chunk * 64 * tensors.size());
+      }
     }
   }
-  std::printf("%d cases: %d rank restores resharded, %d received from peers, %d fell back\n",
-              kCases, resharded, with_peers, fallbacks);
+  std::printf(
+      "%d cases (%d from the PFS): %d rank restores resharded, %d received from peers, "
+      "%d fell back\n",
+      kCases, pfs_cases, resharded, with_peers, fallbacks);
   // The cases really exercised what they claim to.
   EXPECT_GT(resharded, kCases / 2);
   EXPECT_GT(with_peers, kCases / 2);
   EXPECT_GT(fallbacks, 0);
+  EXPECT_GT(pfs_cases, kCases / 5);
 }
 
 TEST(Recovery, ErrorsNameTheTensorStepAndRankBeforeWritingAnyTarget) {
