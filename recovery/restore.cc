@@ -338,7 +338,7 @@ struct Attempt {
   uint32_t cls = 0;
   std::vector<std::vector<uint32_t>> fills_of_span;  // this rank's fills, by span
   std::vector<std::byte*> at;                        // span bytes [lo, hi) live here
-  std::vector<bool> direct;                          // the span was placed in its target
+  std::vector<uint8_t> direct;                       // the span was placed in its target
   std::vector<std::unique_ptr<StagingBuffer>> owned;
   std::map<uint32_t, std::vector<uint8_t>> verified;  // memory pieces: chunks checked
   Status corrupt;                                     // first checksum failure
@@ -568,16 +568,19 @@ Status Attempt::ReadRuns() {
   bool stop = false;
   std::vector<uint64_t> left(nruns, 0);
   std::vector<std::byte*> bufs(nruns, nullptr);
-  std::vector<bool> ready(nruns, false);              // read, and (host targets) packed and filled
-  std::vector<bool> copied(nruns, false);             // the packs and fills were done by a reader
-  std::unordered_map<uint32_t, std::byte*> pack_buf;  // span -> its packed bytes
+  // Bytes, not vector<bool>: neighbouring flags are written by different threads.
+  std::vector<uint8_t> ready(nruns, 0);   // read, and (host targets) packed and filled
+  std::vector<uint8_t> copied(nruns, 0);  // the packs and fills were done by a reader
+  // By span: its packed bytes. Sized up front: the main thread fills entries for later
+  // runs while readers use earlier ones.
+  std::vector<std::byte*> pack_buf(plan.spans.size(), nullptr);
   Status copy_st;
   // Packs and fills of run k with memcpy, on the reader that completed it (so they run in
   // parallel with the next reads and this thread's sends).
   const auto copy_run = [&](size_t k) {
     Status x;
     for (const RankLoad::Put* put : puts_of_run[k])
-      if (Packed(put->span) && x.ok()) x = Pack(put->span, pack_buf.at(put->span), true);
+      if (Packed(put->span) && x.ok()) x = Pack(put->span, pack_buf[put->span], true);
     for (uint32_t sp : spans_of_run[k])
       if (plan.spans[sp].cls == cls && !direct[sp] && x.ok()) x = FillFrom(sp, true);
     return x;
@@ -665,7 +668,7 @@ Status Attempt::ReadRuns() {
       size_t packs_used = 0;
       for (const RankLoad::Put* put : puts_of_run[k]) {
         const uint32_t s = put->span;
-        if (!Packed(s) || pack_buf.count(s)) continue;
+        if (!Packed(s) || pack_buf[s]) continue;
         Slot* slot = slot_of[k];
         if (slot) {
           if (slot->packs.size() <= packs_used)
@@ -702,7 +705,7 @@ Status Attempt::ReadRuns() {
     // Packs and fills, unless the reader that completed the run did them.
     if (!copied[k]) {
       for (const RankLoad::Put* put : puts_of_run[k])
-        if (Packed(put->span)) note(Pack(put->span, pack_buf.at(put->span)));
+        if (Packed(put->span)) note(Pack(put->span, pack_buf[put->span]));
       for (uint32_t s : spans_of_run[k])
         if (plan.spans[s].cls == cls && !direct[s]) note(FillFrom(s));
     }
@@ -710,7 +713,7 @@ Status Attempt::ReadRuns() {
     // span's class that gets it from this rank.
     for (const RankLoad::Put* put : puts_of_run[k]) {
       const uint32_t s = put->span;
-      const std::byte* src = Packed(s) ? pack_buf.at(s) : at[s];
+      const std::byte* src = Packed(s) ? pack_buf[s] : at[s];
       const uint64_t len = Packed(s) ? packed_bytes[s] : plan.spans[s].hi - plan.spans[s].lo;
       for (uint64_t m = 0; m * kMsgBytes < len; ++m) {
         uint64_t t = 0;
