@@ -112,7 +112,8 @@ const std::vector<EnvSetting>& EnvSettings() {
        "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"},
       {"CAIRN_KEEP_ON_PFS", "3", "committed steps kept on the PFS; older ones are deleted"},
       {"CAIRN_PERSIST_THREADS", "4",
-       "writer threads per rank for the PFS (each hashes a chunk, then writes it)"},
+       "writer threads per rank for the PFS (each hashes a chunk, then writes it); also "
+       "the PFS reader threads of a restore"},
       {"CAIRN_PERSIST_DIRECT", "0", "1: write PFS files with O_DIRECT (falls back if refused)"},
       {"CAIRN_PERSIST_PRIORITY", "low",
        "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
