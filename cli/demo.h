@@ -12,5 +12,9 @@ int DemoWorkerMain(int argc, char** argv);
 int LaunchMain(int argc, char** argv);
 // `cairn placement ...`: the replica placement table.
 int PlacementMain(int argc, char** argv);
+// `cairn ls PATH`: the versions of a PFS or host-tier job directory (cli/tools.cc).
+int LsMain(int argc, char** argv);
+// `cairn verify PATH [--step N]`: re-reads and checks every checksum (cli/tools.cc).
+int VerifyMain(int argc, char** argv);
 
 }  // namespace cairn::cli

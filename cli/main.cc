@@ -21,6 +21,9 @@ void PrintHelp() {
       "  launch    run N nodes x M ranks of a program as local processes, with the\n"
       "            environment torchrun would give them (see `cairn launch --help`)\n"
       "  placement print which ranks hold whose in-memory replicas\n"
+      "  ls        list the versions of a PFS job directory or a host-tier job directory\n"
+      "  verify    re-read a job's versions and check every checksum (exit code 1 if any\n"
+      "            is corrupt)\n"
       "  help      this text\n"
       "\n"
       "Settings are read from the environment (defaults in brackets):\n");
@@ -41,6 +44,8 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return cairn::cli::DemoMain(argc - 1, argv + 1);
   if (cmd == "placement") return cairn::cli::PlacementMain(argc - 1, argv + 1);
   if (cmd == "launch") return cairn::cli::LaunchMain(argc - 1, argv + 1);
+  if (cmd == "ls") return cairn::cli::LsMain(argc - 1, argv + 1);
+  if (cmd == "verify") return cairn::cli::VerifyMain(argc - 1, argv + 1);
   if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
   std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());
   return 2;

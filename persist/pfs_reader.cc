@@ -89,11 +89,17 @@ Status ReadRankBlobs(FileSystem* fs, const std::string& step_dir, const pb::Mani
       .WithContext("step " + std::to_string(m.step()) + " in " + step_dir);
 }
 
-Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m) {
+Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m,
+                  const std::function<void(uint64_t, uint64_t)>& progress) {
   Files files(fs, step_dir, m);
   std::vector<std::byte> buf;
-  for (const pb::SavedBox& b : m.boxes())
+  uint64_t total = 0, done = 0;
+  for (const pb::SavedBox& b : m.boxes()) total += b.length();
+  for (const pb::SavedBox& b : m.boxes()) {
     CAIRN_RETURN_IF_ERROR(ReadVerified(fs, files, m, b, &buf));
+    done += b.length();
+    if (progress) progress(done, total);
+  }
   return ReadBlobs(fs, files, m, -1, nullptr);
 }
 

@@ -7,6 +7,7 @@
 // Thread-safety: plain functions.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -20,7 +21,9 @@ namespace cairn {
 
 // Corruption naming the data file, tensor and byte range of the first mismatch; IOError
 // naming the file when it cannot be read.
-Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifest& manifest);
+// `progress` (optional) is called after each saved box with (bytes checked, bytes in all).
+Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifest& manifest,
+                  const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 // Fills `targets` from the step. Errors: NotFound (tensor not saved), InvalidArgument
 // (dtype or shape differ), Corruption (part of a target was never saved, or a checksum

@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <string>
 
+#include "api/checkpointer.h"
 #include "core/filesystem.h"
+#include "persist/manifest.h"
 #include "tests/test_util.h"
+#include "tiers/host_tier.h"
 
 namespace cairn {
 namespace {
@@ -76,6 +79,92 @@ TEST(Cli, DemoKillsRestartsAndRestoresBitExactly) {
   EXPECT_NE(r.out.find("bit-exact with a replay of steps 1.."), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("demo passed"), std::string::npos) << r.out;
   EXPECT_FALSE(DefaultFileSystem()->Exists(root.path() + "/" + job)) << "demo left its files";
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+TEST(Cli, LsAndVerifyFindEveryFlippedByteOnThePfsAndInHostTiers) {
+  testing::TempDir root("cliverify");
+  Options o = testing::TestOptions(root, "verify");
+  o.persist_every = 0;
+  o.slots = 3;
+  std::vector<float> w(300000);  // 1.2 MB: several 256 KiB chunks
+  std::vector<int64_t> step_count(1);
+  o.chunk_bytes = 256 << 10;
+  {
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    for (int64_t step = 1; step <= 2; ++step) {
+      testing::FillPattern(w.data(), w.size() * 4, step);
+      step_count[0] = step;
+      std::vector<ShardSpec> shards = {
+          ShardSpec::Whole({"layers.0.w", DType::kF32, {600, 500}}, w.data()),
+          ShardSpec::Whole({"step_count", DType::kI64, {}}, step_count.data())};
+      ASSERT_TRUE((*c)->save(step, shards, {{"rng", "abc"}}).ok());
+      auto f = (*c)->flush();
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+    }
+  }
+  const std::string pfs = PfsJobDir(o.pfs_root, o.job_id);
+  const std::string host = JoinPath(o.host_root, o.job_id);
+
+  CliRun ls = RunCli("ls " + pfs);
+  EXPECT_EQ(ls.code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("committed, LATEST"), std::string::npos) << ls.out;
+  ls = RunCli("ls " + host);
+  EXPECT_EQ(ls.code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("rank-0"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("step 2"), std::string::npos) << ls.out;
+
+  CliRun v = RunCli("verify " + pfs);
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find("2 version(s) verified, 0 corrupt"), std::string::npos) << v.out;
+  v = RunCli("verify " + host);
+  EXPECT_EQ(v.code, 0) << v.out;
+
+  // A byte flipped in each data file of step 2 (then put back), and in its MANIFEST.
+  FileSystem* fs = DefaultFileSystem();
+  const std::string step2 = JoinPath(pfs, StepDirName(2));
+  auto m = ReadManifest(fs, step2);
+  ASSERT_TRUE(m.ok());
+  for (const std::string& f : m->files()) {
+    const std::string path = JoinPath(step2, f);
+    for (const auto& b : m->boxes()) {
+      if (m->files(static_cast<int>(b.file())) != f) continue;
+      testing::CorruptByte(path, b.offset() + b.length() / 2);
+      v = RunCli("verify " + pfs + " --step 2");
+      EXPECT_EQ(v.code, 1) << v.out;
+      EXPECT_NE(v.out.find(path), std::string::npos) << v.out;
+      EXPECT_NE(v.out.find("'" + m->tensors(static_cast<int>(b.tensor())).name() + "'"),
+                std::string::npos)
+          << v.out;
+      testing::CorruptByte(path, b.offset() + b.length() / 2);  // flips it back
+    }
+  }
+  ASSERT_EQ(RunCli("verify " + pfs).code, 0);
+  const std::string manifest = JoinPath(step2, "MANIFEST");
+  testing::CorruptByte(manifest, 20);
+  v = RunCli("verify " + pfs);
+  EXPECT_EQ(v.code, 1) << v.out;
+  EXPECT_NE(v.out.find(manifest), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("step 1: OK"), std::string::npos) << v.out;  // the others still verify
+
+  // A byte flipped in a host slot.
+  auto versions = HostTier::Scan(fs, JoinPath(host, "node-0/rank-0"), nullptr);
+  ASSERT_TRUE(versions.ok());
+  ASSERT_FALSE(versions->empty());
+  const std::string slot =
+      JoinPath(host, "node-0/rank-0/slot-" + std::to_string(versions->front().slot));
+  testing::CorruptByte(slot, 1000);
+  v = RunCli("verify " + host);
+  EXPECT_EQ(v.code, 1) << v.out;
+  EXPECT_NE(v.out.find(slot), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("'layers.0.w'"), std::string::npos) << v.out;
+  EXPECT_EQ(RunCli("verify").code, 2);
 }
 
 }  // namespace

@@ -1,0 +1,303 @@
+// `cairn ls` and `cairn verify`: what a job's checkpoint directories hold, and whether every
+// byte of it still matches its checksums.
+//
+// PATH is either a PFS job directory (<CAIRN_PFS_ROOT>/<job>: step-*/MANIFEST, LATEST) or
+// a host-tier job directory (<CAIRN_HOST_ROOT>/<job>: node-*/rank-*/ and
+// node-*/replica/rank-*/). Nothing is modified and no lock is taken.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "cli/demo.h"
+#include "core/checksum.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+#include "persist/manifest.h"
+#include "persist/pfs_reader.h"
+#include "tiers/host_tier.h"
+#include "tiers/slot_header.h"
+
+namespace cairn::cli {
+namespace {
+
+struct StepEntry {
+  int64_t step;
+  std::string dir;
+  bool committed;  // has a MANIFEST
+};
+
+// Step directories of a PFS job directory, oldest first.
+std::vector<StepEntry> PfsSteps(FileSystem* fs, const std::string& job_dir) {
+  std::vector<StepEntry> out;
+  auto names = fs->ListDir(job_dir);
+  if (!names.ok()) return out;
+  for (const std::string& n : *names) {
+    auto step = ParseStepDirName(n);
+    if (!step) continue;
+    const std::string dir = JoinPath(job_dir, n);
+    out.push_back({*step, dir, fs->Exists(JoinPath(dir, "MANIFEST"))});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const StepEntry& a, const StepEntry& b) { return a.step < b.step; });
+  return out;
+}
+
+// Host-tier directories under a host job directory: rank dirs and replica dirs.
+std::vector<std::string> TierDirs(FileSystem* fs, const std::string& job_dir) {
+  std::vector<std::string> out;
+  auto nodes = fs->ListDir(job_dir);
+  if (!nodes.ok()) return out;
+  std::sort(nodes->begin(), nodes->end());
+  for (const std::string& n : *nodes) {
+    if (n.rfind("node-", 0) != 0) continue;
+    const std::string node = JoinPath(job_dir, n);
+    for (const std::string& sub : {std::string(), std::string("replica")}) {
+      const std::string base = sub.empty() ? node : JoinPath(node, sub);
+      auto ranks = fs->ListDir(base);
+      if (!ranks.ok()) continue;
+      std::sort(ranks->begin(), ranks->end());
+      for (const std::string& r : *ranks)
+        if (r.rfind("rank-", 0) == 0) out.push_back(JoinPath(base, r));
+    }
+  }
+  return out;
+}
+
+std::string Age(int64_t created_wall_ns) {
+  const double s =
+      static_cast<double>(::time(nullptr)) - static_cast<double>(created_wall_ns) / 1e9;
+  char buf[32];
+  if (s < 120)
+    std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  return buf;
+}
+
+std::string Size(uint64_t n) {
+  char buf[32];
+  if (n >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(n) / (1ull << 30));
+  else if (n >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(n) / (1ull << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(n));
+  return buf;
+}
+
+bool IsPfsJobDir(FileSystem* fs, const std::string& path) {
+  return fs->Exists(JoinPath(path, "LATEST")) || !PfsSteps(fs, path).empty();
+}
+
+// Checks every chunk and blob of the version in slot `slot` of tier directory `dir`.
+// Corruption naming the tensor and file, or an error naming the file.
+Status VerifySlot(FileSystem* fs, const std::string& dir, int slot, uint64_t* bytes) {
+  const std::string hdr_path = JoinPath(dir, "slot-" + std::to_string(slot) + ".hdr");
+  const std::string data_path = JoinPath(dir, "slot-" + std::to_string(slot));
+  CAIRN_ASSIGN_OR_RETURN(std::string raw, ReadWholeFile(fs, hdr_path, kMaxSlotHeaderBytes));
+  auto h = DecodeSlotHeader(raw);
+  if (!h.ok()) return h.status().WithContext(hdr_path);
+  CAIRN_ASSIGN_OR_RETURN(int fd, fs->Open(data_path, O_RDONLY | O_CLOEXEC, 0));
+  std::vector<std::byte> buf;
+  Status st;
+  for (const SlotShard& s : h->shards) {
+    for (uint32_t c = 0; c < s.num_chunks && st.ok(); ++c) {
+      auto [b, e] = h->ChunkRange(s, c);
+      buf.resize(e - b);
+      st = fs->ReadAt(fd, buf.data(), e - b, b);
+      if (st.ok() && Checksum(buf.data(), e - b) != h->chunk_checksums[s.first_chunk + c])
+        st = Status::Corruption("checksum mismatch in tensor '" + s.name + "' box " +
+                                s.box.ToString() + ", bytes [" + std::to_string(b) + ", " +
+                                std::to_string(e) + ") of " + data_path);
+      *bytes += e - b;
+    }
+  }
+  for (const SlotBlob& b : h->blobs) {
+    if (!st.ok()) break;
+    buf.resize(b.nbytes);
+    st = fs->ReadAt(fd, buf.data(), b.nbytes, b.offset);
+    if (st.ok() && Checksum(buf.data(), b.nbytes) != b.checksum)
+      st = Status::Corruption("checksum mismatch in blob '" + b.name + "' of " + data_path);
+  }
+  (void)fs->Close(fd);
+  return st;
+}
+
+void Progress(const std::string& what, uint64_t done, uint64_t total) {
+  if (!::isatty(STDERR_FILENO) || total == 0) return;
+  const int width = 30;
+  const int filled =
+      static_cast<int>(static_cast<double>(done) / static_cast<double>(total) * width);
+  std::fprintf(stderr, "\r  %s [%s%s] %3d%%", what.c_str(), std::string(filled, '#').c_str(),
+               std::string(width - filled, ' ').c_str(),
+               static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total)));
+  if (done == total) std::fprintf(stderr, "\r%*s\r", width + 60, "");
+}
+
+}  // namespace
+
+int LsMain(int argc, char** argv) {
+  if (argc != 2 || !std::string(argv[1]).compare(0, 1, "-")) {
+    std::printf(
+        "usage: cairn ls PATH\n"
+        "Lists the versions under PATH: a PFS job directory (<CAIRN_PFS_ROOT>/<job>: committed\n"
+        "steps with their size, world size, age, and which one LATEST names) or a host-tier job\n"
+        "directory (<CAIRN_HOST_ROOT>/<job>: every rank's and replica's versions with state,\n"
+        "size and age).\n");
+    return argc == 2 ? 0 : 2;
+  }
+  FileSystem* fs = DefaultFileSystem();
+  const std::string path = argv[1];
+  if (!fs->Exists(path)) {
+    std::fprintf(stderr, "cairn ls: %s does not exist\n", path.c_str());
+    return 1;
+  }
+  if (IsPfsJobDir(fs, path)) {
+    auto latest = ReadLatest(fs, path);
+    std::printf("PFS job %s%s\n", path.c_str(),
+                latest.ok() ? (", LATEST = step " + std::to_string(*latest)).c_str() : "");
+    std::printf("  %-8s %-12s %6s %6s %-10s %s\n", "step", "size", "ranks", "files", "age",
+                "state");
+    for (const StepEntry& e : PfsSteps(fs, path)) {
+      if (!e.committed) {
+        std::printf("  %-8lld %-12s %6s %6s %-10s %s\n", static_cast<long long>(e.step), "-", "-",
+                    "-", "-", "incomplete (no MANIFEST; garbage)");
+        continue;
+      }
+      auto m = ReadManifest(fs, e.dir);
+      if (!m.ok()) {
+        std::printf("  %-8lld unreadable: %s\n", static_cast<long long>(e.step),
+                    m.status().ToString().c_str());
+        continue;
+      }
+      uint64_t bytes = 0;
+      for (const auto& b : m->boxes()) bytes += b.length();
+      const bool is_latest = latest.ok() && *latest == e.step;
+      std::printf("  %-8lld %-12s %6u %6d %-10s %s\n", static_cast<long long>(e.step),
+                  Size(bytes).c_str(), m->world_size(), m->files_size(),
+                  Age(m->created_wall_ns()).c_str(), is_latest ? "committed, LATEST" : "committed");
+    }
+    return 0;
+  }
+  const auto dirs = TierDirs(fs, path);
+  if (dirs.empty()) {
+    std::fprintf(stderr,
+                 "cairn ls: %s is neither a PFS job directory nor a host-tier job directory\n",
+                 path.c_str());
+    return 1;
+  }
+  std::printf("host-tier job %s\n", path.c_str());
+  for (const std::string& d : dirs) {
+    std::vector<std::string> problems;
+    auto v = HostTier::Scan(fs, d, &problems);
+    std::printf("  %s\n", d.substr(path.size() + 1).c_str());
+    if (!v.ok()) {
+      std::printf("    unreadable: %s\n", v.status().ToString().c_str());
+      continue;
+    }
+    for (const VersionInfo& x : *v)
+      std::printf("    step %-8lld %-22s %-12s slot %d, %zu shards, age %s\n",
+                  static_cast<long long>(x.step), VersionStateName(x.state),
+                  Size(x.data_bytes).c_str(), x.slot, x.shards, Age(x.created_wall_ns).c_str());
+    for (const std::string& p : problems) std::printf("    (%s)\n", p.c_str());
+    if (v->empty() && problems.empty()) std::printf("    (empty)\n");
+  }
+  return 0;
+}
+
+int VerifyMain(int argc, char** argv) {
+  std::string path;
+  int64_t step = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--step" && i + 1 < argc) {
+      step = std::atoll(argv[++i]);
+    } else if (a.compare(0, 1, "-") != 0 && path.empty()) {
+      path = a;
+    } else {
+      path.clear();
+      break;
+    }
+  }
+  if (path.empty()) {
+    std::printf(
+        "usage: cairn verify PATH [--step N]\n"
+        "Re-reads every byte of the versions under PATH (a PFS job directory or a host-tier\n"
+        "job directory) and checks every checksum: the MANIFEST's framing and checksum, every\n"
+        "chunk of every saved box and blob on the PFS; every chunk and blob of every version\n"
+        "in the host tiers and replicas. Names any corrupt tensor and file. Exit code 0: all\n"
+        "verified; 1: something is corrupt or unreadable; 2: usage.\n");
+    return 2;
+  }
+  FileSystem* fs = DefaultFileSystem();
+  int bad = 0, good = 0;
+  if (IsPfsJobDir(fs, path)) {
+    for (const StepEntry& e : PfsSteps(fs, path)) {
+      if (step >= 0 && e.step != step) continue;
+      if (!e.committed) {
+        if (step >= 0) {
+          std::printf("step %lld: INCOMPLETE (no MANIFEST in %s)\n", static_cast<long long>(e.step),
+                      e.dir.c_str());
+          ++bad;
+        }
+        continue;
+      }
+      const std::string what = "step " + std::to_string(e.step);
+      auto m = ReadManifest(fs, e.dir);
+      Status st =
+          m.ok() ? VerifyStep(fs, e.dir, *m, [&](uint64_t d, uint64_t t) { Progress(what, d, t); })
+                 : m.status();
+      if (st.ok()) {
+        uint64_t bytes = 0;
+        for (const auto& b : m->boxes()) bytes += b.length();
+        std::printf("%s: OK (%s in %d boxes, %d files)\n", what.c_str(), Size(bytes).c_str(),
+                    m->boxes_size(), m->files_size());
+        ++good;
+      } else {
+        std::printf("%s: CORRUPT: %s\n", what.c_str(), st.ToString().c_str());
+        ++bad;
+      }
+    }
+  } else {
+    for (const std::string& d : TierDirs(fs, path)) {
+      std::vector<std::string> problems;
+      auto v = HostTier::Scan(fs, d, &problems);
+      if (!v.ok()) {
+        std::printf("%s: UNREADABLE: %s\n", d.c_str(), v.status().ToString().c_str());
+        ++bad;
+        continue;
+      }
+      for (const VersionInfo& x : *v) {
+        if (step >= 0 && x.step != step) continue;
+        uint64_t bytes = 0;
+        Status st = VerifySlot(fs, d, x.slot, &bytes);
+        if (st.ok()) {
+          std::printf("%s step %lld: OK (%s)\n", d.c_str(), static_cast<long long>(x.step),
+                      Size(bytes).c_str());
+          ++good;
+        } else {
+          std::printf("%s step %lld: CORRUPT: %s\n", d.c_str(), static_cast<long long>(x.step),
+                      st.ToString().c_str());
+          ++bad;
+        }
+      }
+    }
+  }
+  if (good + bad == 0) {
+    std::printf("nothing to verify under %s%s\n", path.c_str(),
+                step >= 0 ? (" for step " + std::to_string(step)).c_str() : "");
+    return 1;
+  }
+  std::printf("%d version(s) verified, %d corrupt or unreadable\n", good, bad);
+  return bad == 0 ? 0 : 1;
+}
+
+}  // namespace cairn::cli
