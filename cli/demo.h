@@ -16,5 +16,7 @@ int PlacementMain(int argc, char** argv);
 int LsMain(int argc, char** argv);
 // `cairn verify PATH [--step N]`: re-reads and checks every checksum (cli/tools.cc).
 int VerifyMain(int argc, char** argv);
+// `cairn export PATH [--step N] [--tensors REGEX] OUT`: whole tensors as safetensors.
+int ExportMain(int argc, char** argv);
 
 }  // namespace cairn::cli

@@ -24,6 +24,7 @@ void PrintHelp() {
       "  ls        list the versions of a PFS job directory or a host-tier job directory\n"
       "  verify    re-read a job's versions and check every checksum (exit code 1 if any\n"
       "            is corrupt)\n"
+      "  export    write the whole tensors of a committed PFS step as safetensors\n"
       "  help      this text\n"
       "\n"
       "Settings are read from the environment (defaults in brackets):\n");
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch") return cairn::cli::LaunchMain(argc - 1, argv + 1);
   if (cmd == "ls") return cairn::cli::LsMain(argc - 1, argv + 1);
   if (cmd == "verify") return cairn::cli::VerifyMain(argc - 1, argv + 1);
+  if (cmd == "export") return cairn::cli::ExportMain(argc - 1, argv + 1);
   if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
   std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());
   return 2;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -298,6 +299,179 @@ int VerifyMain(int argc, char** argv) {
   }
   std::printf("%d version(s) verified, %d corrupt or unreadable\n", good, bad);
   return bad == 0 ? 0 : 1;
+}
+
+namespace {
+
+// safetensors dtype names.
+const char* SafetensorsDType(DType d) {
+  switch (d) {
+    case DType::kF64:
+      return "F64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kF8E5M2:
+      return "F8_E5M2";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI16:
+      return "I16";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
+  }
+  return "U8";
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The committed step `step` (or LATEST when < 0) of a PFS job directory.
+Result<std::pair<std::string, pb::Manifest>> OpenStep(FileSystem* fs, const std::string& job_dir,
+                                                      int64_t step) {
+  if (step < 0) {
+    CAIRN_ASSIGN_OR_RETURN(step, ReadLatest(fs, job_dir));
+  }
+  const std::string dir = JoinPath(job_dir, StepDirName(step));
+  CAIRN_ASSIGN_OR_RETURN(pb::Manifest m, ReadManifest(fs, dir));
+  return std::make_pair(dir, std::move(m));
+}
+
+}  // namespace
+
+int ExportMain(int argc, char** argv) {
+  std::string path, out, format = "safetensors", pattern = ".*";
+  int64_t step = -1;
+  bool bad = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--step" && i + 1 < argc)
+      step = std::atoll(argv[++i]);
+    else if (a == "--format" && i + 1 < argc)
+      format = argv[++i];
+    else if (a == "--tensors" && i + 1 < argc)
+      pattern = argv[++i];
+    else if (a.compare(0, 1, "-") != 0 && path.empty())
+      path = a;
+    else if (a.compare(0, 1, "-") != 0 && out.empty())
+      out = a;
+    else
+      bad = true;
+  }
+  if (bad || path.empty() || out.empty() || format != "safetensors") {
+    std::printf(
+        "usage: cairn export PATH [--step N] [--format safetensors] [--tensors REGEX] OUT\n"
+        "Writes the whole (unsharded) tensors of a committed PFS step (default: the one LATEST\n"
+        "names) of the job directory PATH to OUT in the safetensors format: an 8-byte\n"
+        "little-endian header length, a JSON header with each tensor's dtype, shape and\n"
+        "data_offsets, then the data. Every byte read is verified. --tensors keeps the tensors\n"
+        "whose full name matches REGEX (ECMAScript syntax).\n");
+    return 2;
+  }
+  std::regex re;
+  try {
+    re = std::regex(pattern);
+  } catch (const std::regex_error& e) {
+    std::fprintf(stderr, "cairn export: bad --tensors pattern '%s': %s\n", pattern.c_str(),
+                 e.what());
+    return 2;
+  }
+  FileSystem* fs = DefaultFileSystem();
+  auto opened = OpenStep(fs, path, step);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "cairn export: %s\n", opened.status().ToString().c_str());
+    return 1;
+  }
+  const auto& [dir, m] = *opened;
+  // Header first: tensors in name order, laid end to end.
+  std::vector<int> chosen;
+  for (int t = 0; t < m.tensors_size(); ++t)
+    if (std::regex_match(m.tensors(t).name(), re)) chosen.push_back(t);
+  std::sort(chosen.begin(), chosen.end(),
+            [&](int a, int b) { return m.tensors(a).name() < m.tensors(b).name(); });
+  if (chosen.empty()) {
+    std::fprintf(stderr, "cairn export: no tensor of step %lld matches '%s'\n",
+                 static_cast<long long>(m.step()), pattern.c_str());
+    return 1;
+  }
+  std::string header =
+      "{\"__metadata__\":{\"format\":\"pt\",\"cairn_step\":\"" + std::to_string(m.step()) + "\"}";
+  uint64_t offset = 0;
+  for (int t : chosen) {
+    const pb::Tensor& x = m.tensors(t);
+    const Shape shape(x.shape().begin(), x.shape().end());
+    const uint64_t n =
+        static_cast<uint64_t>(NumElements(shape)) * DTypeSize(static_cast<DType>(x.dtype()));
+    header += "," + JsonString(x.name()) + ":{\"dtype\":\"" +
+              SafetensorsDType(static_cast<DType>(x.dtype())) + "\",\"shape\":[";
+    for (size_t d = 0; d < shape.size(); ++d) header += (d ? "," : "") + std::to_string(shape[d]);
+    header +=
+        "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + n) + "]}";
+    offset += n;
+  }
+  header += "}";
+  while (header.size() % 8) header += ' ';
+  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  auto fd = fs->Open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (!fd.ok()) {
+    std::fprintf(stderr, "cairn export: %s\n", fd.status().ToString().c_str());
+    return 1;
+  }
+  Status st;
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  st = fs->WriteAt(*fd, len, 8, 0);
+  if (st.ok()) st = fs->WriteAt(*fd, header.data(), header.size(), 8);
+  uint64_t at = 8 + header.size();
+  for (int t : chosen) {
+    if (!st.ok()) break;
+    const pb::Tensor& x = m.tensors(t);
+    TensorMeta meta{x.name(), static_cast<DType>(x.dtype()),
+                    Shape(x.shape().begin(), x.shape().end())};
+    std::vector<std::byte> buf(static_cast<size_t>(NumElements(meta.global_shape)) *
+                               DTypeSize(meta.dtype));
+    ShardSpec whole = ShardSpec::Whole(meta, buf.data());
+    st = ReadShards(fs, dir, m, std::span<const ShardSpec>(&whole, 1));
+    if (st.ok()) st = fs->WriteAt(*fd, buf.data(), buf.size(), at);
+    at += buf.size();
+    Progress("export", at, 8 + header.size() + offset);
+  }
+  if (st.ok()) st = fs->Sync(*fd);
+  (void)fs->Close(*fd);
+  if (st.ok()) st = fs->Rename(tmp, out);
+  if (!st.ok()) {
+    (void)fs->Unlink(tmp);
+    std::fprintf(stderr, "cairn export: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  std::printf("exported %zu tensor(s), %s, of step %lld to %s\n", chosen.size(),
+              Size(offset).c_str(), static_cast<long long>(m.step()), out.c_str());
+  return 0;
 }
 
 }  // namespace cairn::cli

@@ -21,9 +21,10 @@ struct CliRun {
   std::string out;
 };
 
-CliRun RunCli(const std::string& args) {
+// Runs a shell command line; its exit code and its stdout and stderr together.
+CliRun RunShell(const std::string& line) {
   CliRun r;
-  const std::string cmd = std::string(CAIRN_CLI) + " " + args + " 2>&1";
+  const std::string cmd = line + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -32,6 +33,10 @@ CliRun RunCli(const std::string& args) {
   int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+CliRun RunCli(const std::string& args) {
+  return RunShell(std::string(CAIRN_CLI) + " " + args);
 }
 
 TEST(Cli, HelpExplainsCommandsAndSettings) {
@@ -165,6 +170,95 @@ TEST(Cli, LsAndVerifyFindEveryFlippedByteOnThePfsAndInHostTiers) {
   EXPECT_NE(v.out.find(slot), std::string::npos) << v.out;
   EXPECT_NE(v.out.find("'layers.0.w'"), std::string::npos) << v.out;
   EXPECT_EQ(RunCli("verify").code, 2);
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+TEST(Cli, ExportWritesSafetensorsThatNumpyReadsBack) {
+  testing::TempDir root("cliexport");
+  Options o = testing::TestOptions(root, "export");
+  o.persist_every = 0;
+  std::vector<float> w(600 * 500);
+  std::vector<uint16_t> bf(64 * 48);
+  std::vector<int64_t> count(1, 42);
+  std::vector<double> flat(5 * 2 * 6);
+  testing::FillPattern(w.data(), w.size() * 4, 1);
+  testing::FillPattern(bf.data(), bf.size() * 2, 2);
+  testing::FillPattern(flat.data(), flat.size() * 8, 3);
+  {
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<ShardSpec> shards = {
+        ShardSpec::Whole({"layers.0.w", DType::kF32, {600, 500}}, w.data()),
+        ShardSpec::Whole({"step_count", DType::kI64, {}}, count.data())};
+    // bf16 [64, 48] held as two row halves; f64 [5, 2, 6] as two flat ranges.
+    for (int h = 0; h < 2; ++h) {
+      ShardSpec s;
+      s.meta = {"layers.1.w", DType::kBF16, {64, 48}};
+      s.box = Box{{32 * h, 0}, {32, 48}};
+      s.data = bf.data() + 32 * 48 * h;
+      shards.push_back(s);
+    }
+    for (auto [b, e] : {std::pair{0, 23}, std::pair{23, 60}}) {
+      auto f =
+          ShardSpec::FromFlatRange({"optim.flat", DType::kF64, {5, 2, 6}}, b, e, flat.data() + b);
+      ASSERT_TRUE(f.ok());
+      for (auto& x : *f) shards.push_back(x);
+    }
+    ASSERT_TRUE((*c)->save(3, shards).ok());
+    auto f = (*c)->flush();
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+  }
+  // What numpy must find, tensor by tensor.
+  FileSystem* fs = DefaultFileSystem();
+  auto dump = [&](const std::string& name, const void* p, size_t n) {
+    ASSERT_TRUE(WriteFileAtomic(fs, JoinPath(root.path(), name + ".expect"),
+                                std::string(static_cast<const char*>(p), n))
+                    .ok());
+  };
+  dump("layers.0.w", w.data(), w.size() * 4);
+  dump("layers.1.w", bf.data(), bf.size() * 2);
+  dump("step_count", count.data(), 8);
+  dump("optim.flat", flat.data(), flat.size() * 8);
+  const std::string pfs = PfsJobDir(o.pfs_root, o.job_id);
+  const std::string out = JoinPath(root.path(), "model.safetensors");
+  CliRun e = RunCli("export " + pfs + " --step 3 " + out);
+  ASSERT_EQ(e.code, 0) << e.out;
+  // An independent reader: Debian's numpy, not cairn code.
+  const std::string script = JoinPath(root.path(), "check.py");
+  ASSERT_TRUE(WriteFileAtomic(fs, script, R"(import json, struct, sys, numpy as np
+path, expect_dir = sys.argv[1], sys.argv[2]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+types = {"F64": np.float64, "F32": np.float32, "BF16": np.uint16, "I64": np.int64}
+names = sorted(k for k in header if k != "__metadata__")
+for name in names:
+    t = header[name]
+    b, e = t["data_offsets"]
+    got = np.frombuffer(data[b:e], dtype=types[t["dtype"]]).reshape(t["shape"])
+    want = np.fromfile(expect_dir + "/" + name + ".expect", dtype=types[t["dtype"]])
+    # Bit patterns compared (random bytes make NaNs, which never compare equal).
+    assert got.size == want.size and np.array_equal(got.reshape(-1).view(np.uint8), want.view(np.uint8)), name
+    assert list(got.shape) == t["shape"], name
+print("OK", len(names), " ".join(names))
+)")
+                  .ok());
+  CliRun py = RunShell("/usr/bin/python3 " + script + " " + out + " " + root.path());
+  EXPECT_NE(py.out.find("OK 4 layers.0.w layers.1.w optim.flat step_count"), std::string::npos)
+      << py.out;
+  // A subset by regular expression.
+  const std::string sub = JoinPath(root.path(), "layers.safetensors");
+  ASSERT_EQ(RunCli("export " + pfs + " --tensors 'layers\\..*' " + sub).code, 0);
+  py = RunShell("/usr/bin/python3 " + script + " " + sub + " " + root.path());
+  EXPECT_NE(py.out.find("OK 2 layers.0.w layers.1.w"), std::string::npos) << py.out;
+  EXPECT_EQ(RunCli("export " + pfs + " --tensors 'nothing' " + sub).code, 1);
+  EXPECT_EQ(RunCli("export " + pfs).code, 2);
 }
 
 }  // namespace
