@@ -18,5 +18,9 @@ int LsMain(int argc, char** argv);
 int VerifyMain(int argc, char** argv);
 // `cairn export PATH [--step N] [--tensors REGEX] OUT`: whole tensors as safetensors.
 int ExportMain(int argc, char** argv);
+// `cairn inspect PATH [--step N]`: tensors, shards, files, checksums of a version.
+int InspectMain(int argc, char** argv);
+// `cairn gc PATH --keep N`: old and incomplete steps removed from a PFS job directory.
+int GcMain(int argc, char** argv);
 
 }  // namespace cairn::cli

@@ -25,6 +25,8 @@ void PrintHelp() {
       "  verify    re-read a job's versions and check every checksum (exit code 1 if any\n"
       "            is corrupt)\n"
       "  export    write the whole tensors of a committed PFS step as safetensors\n"
+      "  inspect   show a version's tensors, shards, files and checksums\n"
+      "  gc        delete old and incomplete steps from a PFS job directory\n"
       "  help      this text\n"
       "\n"
       "Settings are read from the environment (defaults in brackets):\n");
@@ -48,6 +50,8 @@ int main(int argc, char** argv) {
   if (cmd == "ls") return cairn::cli::LsMain(argc - 1, argv + 1);
   if (cmd == "verify") return cairn::cli::VerifyMain(argc - 1, argv + 1);
   if (cmd == "export") return cairn::cli::ExportMain(argc - 1, argv + 1);
+  if (cmd == "inspect") return cairn::cli::InspectMain(argc - 1, argv + 1);
+  if (cmd == "gc") return cairn::cli::GcMain(argc - 1, argv + 1);
   if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
   std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());
   return 2;

@@ -19,6 +19,8 @@
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
+#include "core/log.h"
+#include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
 #include "tiers/host_tier.h"
@@ -471,6 +473,221 @@ int ExportMain(int argc, char** argv) {
   }
   std::printf("exported %zu tensor(s), %s, of step %lld to %s\n", chosen.size(),
               Size(offset).c_str(), static_cast<long long>(m.step()), out.c_str());
+  return 0;
+}
+
+namespace {
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// "n chunks: a b c ... z" (all with `all`, else the first 2 and the last).
+template <typename Get>
+std::string Checksums(size_t n, Get get, bool all) {
+  std::string s = std::to_string(n) + " chunk checksum(s):";
+  for (size_t i = 0; i < n; ++i) {
+    if (!all && n > 3 && i == 2) {
+      s += " ...";
+      i = n - 1;
+    }
+    s += " " + Hex(get(i));
+  }
+  return s;
+}
+
+}  // namespace
+
+int InspectMain(int argc, char** argv) {
+  std::string path;
+  int64_t step = -1;
+  bool all = false, bad = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--step" && i + 1 < argc)
+      step = std::atoll(argv[++i]);
+    else if (a == "--all-checksums")
+      all = true;
+    else if (a.compare(0, 1, "-") != 0 && path.empty())
+      path = a;
+    else
+      bad = true;
+  }
+  if (bad || path.empty()) {
+    std::printf(
+        "usage: cairn inspect PATH [--step N] [--all-checksums]\n"
+        "Shows what a version holds: for a PFS job directory, the step's (default: LATEST)\n"
+        "tensors with dtype and shape, the shards each rank held, the files, and every saved\n"
+        "box with its file, offset, length, writer and chunk checksums; for a host-tier job\n"
+        "directory, every copy of step N (default: the newest) in the ranks' tiers and\n"
+        "replicas with its shard table, blobs and checksums. Checksums are abbreviated to\n"
+        "the first two and the last unless --all-checksums.\n");
+    return 2;
+  }
+  FileSystem* fs = DefaultFileSystem();
+  if (IsPfsJobDir(fs, path)) {
+    auto opened = OpenStep(fs, path, step);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "cairn inspect: %s\n", opened.status().ToString().c_str());
+      return 1;
+    }
+    const auto& [dir, m] = *opened;
+    std::printf("step %lld of job '%s' in %s\n", static_cast<long long>(m.step()), m.job().c_str(),
+                dir.c_str());
+    std::printf("  saved by %u rank(s), %s ago, chunk %s\n", m.world_size(),
+                Age(m.created_wall_ns()).c_str(), Size(m.chunk_bytes()).c_str());
+    std::vector<uint64_t> file_bytes(static_cast<size_t>(m.files_size()), 0);
+    std::vector<uint64_t> tensor_bytes(static_cast<size_t>(m.tensors_size()), 0);
+    std::vector<int> tensor_boxes(static_cast<size_t>(m.tensors_size()), 0);
+    for (const auto& b : m.boxes()) {
+      file_bytes[b.file()] += b.length();
+      tensor_bytes[b.tensor()] += b.length();
+      ++tensor_boxes[b.tensor()];
+    }
+    std::printf("tensors (%d):\n", m.tensors_size());
+    for (int t = 0; t < m.tensors_size(); ++t) {
+      const auto& x = m.tensors(t);
+      std::printf("  %-40s %-14s %-20s %s in %d box(es)\n", x.name().c_str(),
+                  DTypeName(static_cast<DType>(x.dtype())).data(),
+                  ShapeToString(Shape(x.shape().begin(), x.shape().end())).c_str(),
+                  Size(tensor_bytes[static_cast<size_t>(t)]).c_str(),
+                  tensor_boxes[static_cast<size_t>(t)]);
+    }
+    std::printf("shards held (distinct lists):\n");
+    for (int l = 0; l < m.lists_size(); ++l) {
+      std::string ranks;
+      int count = 0;
+      for (int r = 0; r < m.rank_list_size(); ++r)
+        if (m.rank_list(r) == static_cast<uint32_t>(l)) {
+          if (count < 8) ranks += (count ? "," : "") + std::to_string(r);
+          ++count;
+        }
+      if (count > 8) ranks += ",... (" + std::to_string(count) + " ranks)";
+      std::printf("  ranks %s:\n", ranks.c_str());
+      for (uint32_t si : m.lists(l).shards()) {
+        const auto& sh = m.shards(static_cast<int>(si));
+        Box b{{sh.offsets().begin(), sh.offsets().end()},
+              {sh.lengths().begin(), sh.lengths().end()}};
+        std::printf("    %s %s\n", m.tensors(static_cast<int>(sh.tensor())).name().c_str(),
+                    b.ToString().c_str());
+      }
+    }
+    std::printf("files:\n");
+    for (int f = 0; f < m.files_size(); ++f)
+      std::printf("  %s  %s\n", JoinPath(dir, m.files(f)).c_str(),
+                  Size(file_bytes[static_cast<size_t>(f)]).c_str());
+    std::printf("saved boxes:\n");
+    for (const auto& b : m.boxes()) {
+      Box box{{b.offsets().begin(), b.offsets().end()}, {b.lengths().begin(), b.lengths().end()}};
+      std::printf("  %s %s  %s @%llu +%llu (writer %u)  %s\n",
+                  m.tensors(static_cast<int>(b.tensor())).name().c_str(), box.ToString().c_str(),
+                  m.files(static_cast<int>(b.file())).c_str(),
+                  static_cast<unsigned long long>(b.offset()),
+                  static_cast<unsigned long long>(b.length()), b.writer(),
+                  Checksums(
+                      static_cast<size_t>(b.chunk_checksums_size()),
+                      [&](size_t i) { return b.chunk_checksums(static_cast<int>(i)); }, all)
+                      .c_str());
+    }
+    for (const auto& b : m.blobs())
+      std::printf("  blob '%s' of rank %u  %s @%llu +%llu  %s\n", b.name().c_str(), b.rank(),
+                  m.files(static_cast<int>(b.file())).c_str(),
+                  static_cast<unsigned long long>(b.offset()),
+                  static_cast<unsigned long long>(b.length()), Hex(b.checksum()).c_str());
+    return 0;
+  }
+  const auto dirs = TierDirs(fs, path);
+  if (dirs.empty()) {
+    std::fprintf(stderr, "cairn inspect: %s is neither a PFS nor a host-tier job directory\n",
+                 path.c_str());
+    return 1;
+  }
+  if (step < 0)
+    for (const std::string& d : dirs) {
+      auto v = HostTier::Scan(fs, d, nullptr);
+      if (v.ok())
+        for (const VersionInfo& x : *v)
+          if (IsRestorable(x.state)) step = std::max(step, x.step);
+    }
+  int shown = 0;
+  for (const std::string& d : dirs) {
+    auto v = HostTier::Scan(fs, d, nullptr);
+    if (!v.ok()) continue;
+    for (const VersionInfo& x : *v) {
+      if (x.step != step) continue;
+      const std::string hdr = JoinPath(d, "slot-" + std::to_string(x.slot) + ".hdr");
+      auto raw = ReadWholeFile(fs, hdr, kMaxSlotHeaderBytes);
+      auto h = raw.ok() ? DecodeSlotHeader(*raw) : Result<SlotHeader>(raw.status());
+      if (!h.ok()) {
+        std::printf("%s: unreadable: %s\n", hdr.c_str(), h.status().ToString().c_str());
+        continue;
+      }
+      ++shown;
+      std::printf("step %lld in %s (slot %d): %s, saved by rank %u of %u, %s, %s ago\n",
+                  static_cast<long long>(h->step), d.c_str(), x.slot, VersionStateName(h->state),
+                  h->rank, h->world_size, Size(h->data_bytes).c_str(),
+                  Age(h->created_wall_ns).c_str());
+      for (const SlotShard& s : h->shards)
+        std::printf(
+            "  %-40s %-14s %-20s %s @%llu +%llu  %s\n", s.name.c_str(), DTypeName(s.dtype).data(),
+            ShapeToString(s.global_shape).c_str(), s.box.ToString().c_str(),
+            static_cast<unsigned long long>(s.offset), static_cast<unsigned long long>(s.nbytes),
+            Checksums(
+                s.num_chunks, [&](size_t i) { return h->chunk_checksums[s.first_chunk + i]; }, all)
+                .c_str());
+      for (const SlotBlob& b : h->blobs)
+        std::printf("  blob '%s' @%llu +%llu  %s\n", b.name.c_str(),
+                    static_cast<unsigned long long>(b.offset),
+                    static_cast<unsigned long long>(b.nbytes), Hex(b.checksum).c_str());
+    }
+  }
+  if (shown == 0) {
+    std::fprintf(stderr, "cairn inspect: no version of step %lld under %s\n",
+                 static_cast<long long>(step), path.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int GcMain(int argc, char** argv) {
+  std::string path;
+  int keep = -1;
+  bool bad = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--keep" && i + 1 < argc)
+      keep = std::atoi(argv[++i]);
+    else if (a.compare(0, 1, "-") != 0 && path.empty())
+      path = a;
+    else
+      bad = true;
+  }
+  if (bad || path.empty() || keep < 1) {
+    std::printf(
+        "usage: cairn gc PATH --keep N\n"
+        "Deletes from the PFS job directory PATH every committed step but the N newest (never\n"
+        "the one LATEST names), step directories without a MANIFEST and temporary files of\n"
+        "interrupted commits. Run it only while no job writes to PATH: a step being drained\n"
+        "has no MANIFEST yet and would be deleted. (A running job collects its own garbage\n"
+        "after every commit, keeping CAIRN_KEEP_ON_PFS steps.)\n");
+    return 2;
+  }
+  FileSystem* fs = DefaultFileSystem();
+  if (!IsPfsJobDir(fs, path)) {
+    std::fprintf(stderr, "cairn gc: %s is not a PFS job directory (no LATEST, no step-*)\n",
+                 path.c_str());
+    return 1;
+  }
+  const size_t before = PfsSteps(fs, path).size();
+  Logger log("cairn gc", static_cast<int>(LogLevel::kWarning));
+  CollectPfsGarbage(fs, path, keep, -1, &log);
+  const auto after = PfsSteps(fs, path);
+  std::printf("removed %zu step director%s; kept:", before - after.size(),
+              before - after.size() == 1 ? "y" : "ies");
+  for (const StepEntry& e : after) std::printf(" %lld", static_cast<long long>(e.step));
+  std::printf("\n");
   return 0;
 }
 

@@ -92,7 +92,7 @@ TEST(Cli, DemoKillsRestartsAndRestoresBitExactly) {
 namespace cairn {
 namespace {
 
-TEST(Cli, LsAndVerifyFindEveryFlippedByteOnThePfsAndInHostTiers) {
+TEST(Cli, LsInspectVerifyAndGcOnThePfsAndHostTiers) {
   testing::TempDir root("cliverify");
   Options o = testing::TestOptions(root, "verify");
   o.persist_every = 0;
@@ -124,6 +124,17 @@ TEST(Cli, LsAndVerifyFindEveryFlippedByteOnThePfsAndInHostTiers) {
   EXPECT_EQ(ls.code, 0) << ls.out;
   EXPECT_NE(ls.out.find("rank-0"), std::string::npos) << ls.out;
   EXPECT_NE(ls.out.find("step 2"), std::string::npos) << ls.out;
+
+  CliRun in = RunCli("inspect " + pfs);
+  EXPECT_EQ(in.code, 0) << in.out;
+  for (const char* want : {"step 2 of job", "layers.0.w", "float32", "[600, 500]", "data/0.bin",
+                           "chunk checksum(s): ", "blob 'rng' of rank 0"})
+    EXPECT_NE(in.out.find(want), std::string::npos) << want << "\n" << in.out;
+  in = RunCli("inspect " + host + " --step 1");
+  EXPECT_EQ(in.code, 0) << in.out;
+  EXPECT_NE(in.out.find("step 1 in"), std::string::npos) << in.out;
+  EXPECT_NE(in.out.find("[0:600, 0:500]"), std::string::npos) << in.out;
+  EXPECT_EQ(RunCli("inspect " + host + " --step 99").code, 1);
 
   CliRun v = RunCli("verify " + pfs);
   EXPECT_EQ(v.code, 0) << v.out;
@@ -170,6 +181,14 @@ TEST(Cli, LsAndVerifyFindEveryFlippedByteOnThePfsAndInHostTiers) {
   EXPECT_NE(v.out.find(slot), std::string::npos) << v.out;
   EXPECT_NE(v.out.find("'layers.0.w'"), std::string::npos) << v.out;
   EXPECT_EQ(RunCli("verify").code, 2);
+
+  // gc keeps the newest step (and the one LATEST names).
+  EXPECT_EQ(RunCli("gc " + pfs).code, 2);
+  CliRun gc = RunCli("gc " + pfs + " --keep 1");
+  EXPECT_EQ(gc.code, 0) << gc.out;
+  EXPECT_NE(gc.out.find("kept: 2"), std::string::npos) << gc.out;
+  EXPECT_FALSE(fs->Exists(JoinPath(pfs, StepDirName(1))));
+  EXPECT_TRUE(fs->Exists(JoinPath(pfs, StepDirName(2))));
 }
 
 }  // namespace
