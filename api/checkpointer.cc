@@ -7,6 +7,7 @@
 
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/trace.h"
 #include "persist/manifest.h"
 #include "recovery/ucx_transport.h"
 
@@ -54,6 +55,7 @@ Checkpointer::Checkpointer(Options options, std::unique_ptr<CopyEngine> engine)
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
   CAIRN_RETURN_IF_ERROR(options.Validate());
+  if (!options.trace_path.empty()) Trace::Enable(options.rank);
   FileSystem* fs = options.fs ? options.fs : DefaultFileSystem();
   CAIRN_ASSIGN_OR_RETURN(auto engine, MakeCopyEngine(options.copy_engine, options.copy_threads));
   std::unique_ptr<Checkpointer> c(new Checkpointer(std::move(options), std::move(engine)));
@@ -149,6 +151,12 @@ Checkpointer::~Checkpointer() {
   persist_group_.reset();
   group_.reset();
   comm_.reset();
+  if (!options_.trace_path.empty()) {
+    const std::string path =
+        Trace::RankPath(options_.trace_path, options_.rank, options_.world_size);
+    Status st = Trace::Write(path);
+    if (!st.ok()) log_.Warning(st.ToString());
+  }
 }
 
 Status Checkpointer::CheckReachable(const ShardSpec& s, const std::string& who) const {
@@ -166,6 +174,7 @@ std::string Checkpointer::Who() const {
 
 Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> shards,
                                        const Blobs& blobs) {
+  TraceSpan span("save", "api");
   const int64_t t0 = NowNanos();
   const std::string who = Who() + ", step " + std::to_string(step);
   if (step < 0) return Status::InvalidArgument(who + ": step must not be negative");
@@ -270,6 +279,7 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
 }
 
 Status Checkpointer::fence() {
+  TraceSpan span("fence", "api");
   const int64_t t0 = NowNanos();
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return copied_seq_ >= submitted_seq_; });
@@ -310,6 +320,7 @@ void Checkpointer::CaptureLoop() {
 }
 
 void Checkpointer::Capture(Request& r) {
+  TraceSpan span("capture copy", "capture");
   SlotHeader& h = r.header;
   const std::string who = Who() + ", step " + std::to_string(h.step);
   Status st;
@@ -488,6 +499,7 @@ class TierMemory final : public MemorySource {
 
 Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
                                             const RestoreOptions& options) {
+  TraceSpan span("restore", "restore");
   {
     // Let captures in flight settle (a failed one is simply not among the versions); their
     // errors stay for fence() / wait_captured() to report.

@@ -2,9 +2,11 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cli/demo.h"
 #include "core/options.h"
+#include "core/trace.h"
 
 namespace {
 
@@ -27,6 +29,7 @@ void PrintHelp() {
       "  export    write the whole tensors of a committed PFS step as safetensors\n"
       "  inspect   show a version's tensors, shards, files and checksums\n"
       "  gc        delete old and incomplete steps from a PFS job directory\n"
+      "  trace-merge OUT FILES...  join the ranks' CAIRN_TRACE files into one\n"
       "  help      this text\n"
       "\n"
       "Settings are read from the environment (defaults in brackets):\n");
@@ -52,6 +55,22 @@ int main(int argc, char** argv) {
   if (cmd == "export") return cairn::cli::ExportMain(argc - 1, argv + 1);
   if (cmd == "inspect") return cairn::cli::InspectMain(argc - 1, argv + 1);
   if (cmd == "gc") return cairn::cli::GcMain(argc - 1, argv + 1);
+  if (cmd == "trace-merge") {
+    if (argc < 4) {
+      std::printf(
+          "usage: cairn trace-merge OUT FILE...\n"
+          "Joins the Chrome trace-event files the ranks wrote (CAIRN_TRACE) into OUT, one\n"
+          "process per rank, for Perfetto or chrome://tracing.\n");
+      return 2;
+    }
+    cairn::Status st =
+        cairn::Trace::Merge(argv[2], std::vector<std::string>(argv + 3, argv + argc));
+    if (!st.ok()) {
+      std::fprintf(stderr, "cairn trace-merge: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
   if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
   std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());
   return 2;

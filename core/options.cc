@@ -98,6 +98,9 @@ const std::vector<EnvSetting>& EnvSettings() {
       {"CAIRN_FULL_POLICY", "skip",
        "when no slot is free at save(): skip (count it, never stall) or block"},
       {"CAIRN_LOG_LEVEL", "1", "0 errors, 1 warnings, 2 info, 3 debug"},
+      {"CAIRN_TRACE", "",
+       "write Chrome trace events (save, fence, copy, replicate, persist, restore) to this "
+       "file at exit; with several ranks <file>.rank-<r>.json (merge: cairn trace-merge)"},
       {"CAIRN_PFS_ROOT", "cairn-pfs", "root on the filesystem every node shares"},
       {"CAIRN_RENDEZVOUS_DIR", "<CAIRN_PFS_ROOT>/<job>/rendezvous",
        "where ranks publish their UCX addresses and find the job token (shared by all nodes)"},
@@ -225,6 +228,7 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
                                       &o.persist_priority));
   if (const char* t = get("CAIRN_PERSIST_RATE"))
     CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_PERSIST_RATE", t, &o.persist_rate));
+  if (const char* t = get("CAIRN_TRACE")) o.trace_path = t;
   if (const char* t = get("CAIRN_LOG_LEVEL")) {
     CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));
     o.log_level = static_cast<int>(v);

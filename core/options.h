@@ -39,6 +39,7 @@ struct Options {
   FullPolicy full_policy = FullPolicy::kSkip;
   CopyEngineKind copy_engine = CopyEngineKind::kAuto;
   int log_level = 1;                   // 0 errors, 1 warnings, 2 info, 3 debug
+  std::string trace_path;              // CAIRN_TRACE: Chrome trace-event file ("": off)
   std::string pfs_root = "cairn-pfs";  // filesystem every node shares (rendezvous, PFS tier)
   std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
   double connect_timeout_s = 120;      // start-up: how long to wait for every rank

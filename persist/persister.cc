@@ -11,6 +11,7 @@
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/trace.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
 
@@ -176,6 +177,7 @@ void Persister::Loop() {
 }
 
 Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
+  TraceSpan span("persist round", "persist");
   Outcome out;
   out.consumed = newest;  // if the collective fails, these marks are given up
   settle_(seq);

@@ -18,6 +18,7 @@
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
 #include "persist/save_planner.h"
@@ -985,7 +986,9 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
     }
     for (auto& p : mc.cat.pieces) std::sort(p.holders.begin(), p.holders.end());
     CAIRN_ASSIGN_OR_RETURN(LoadTargets lt, GroupTargets(layouts, hashes));
+    const int64_t plan_t0 = NowNanos();
     auto plan = MakeLoadPlan(mc.cat, lt);
+    Trace::Record("restore plan", "restore", plan_t0, NowNanos());
     if (!plan.ok()) return plan.status();
     if (!plan->unrestored.empty() && !options.partial) {
       std::string names;
@@ -1053,7 +1056,10 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
         }
       }
     }
-    if (st.ok()) st = a.Run();
+    if (st.ok()) {
+      TraceSpan span("restore transfer", "restore");
+      st = a.Run();
+    }
     if (st.ok() && choice->from_pfs && env.rank < static_cast<int>(manifest.world_size())) {
       Blobs b;
       st = ReadRankBlobs(env.pfs_fs, step_dir, manifest, env.rank, &b);

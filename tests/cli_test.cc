@@ -282,3 +282,47 @@ print("OK", len(names), " ".join(names))
 
 }  // namespace
 }  // namespace cairn
+
+namespace cairn {
+namespace {
+
+TEST(Cli, TraceFilesAreChromeTraceEventsAndMerge) {
+  testing::TempDir root("clitrace");
+  Options o = testing::TestOptions(root, "trace");
+  o.persist_every = 0;
+  o.trace_path = JoinPath(root.path(), "trace.json");
+  std::vector<float> w(100000);
+  {
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<ShardSpec> shards = {ShardSpec::Whole({"w", DType::kF32, {100000}}, w.data())};
+    for (int64_t step = 1; step <= 3; ++step) {
+      ASSERT_TRUE((*c)->fence().ok());
+      ASSERT_TRUE((*c)->save(step, shards).ok());
+    }
+    ASSERT_TRUE((*c)->flush().ok());
+    ASSERT_TRUE((*c)->restore(shards).ok());
+  }
+  const std::string merged = JoinPath(root.path(), "merged.json");
+  ASSERT_EQ(RunCli("trace-merge " + merged + " " + o.trace_path + " " + o.trace_path).code, 0);
+  const std::string script = JoinPath(root.path(), "check.py");
+  ASSERT_TRUE(WriteFileAtomic(DefaultFileSystem(), script, R"(import json, sys
+one = json.load(open(sys.argv[1]))["traceEvents"]
+two = json.load(open(sys.argv[2]))["traceEvents"]
+assert len(two) == 2 * len(one), (len(one), len(two))
+for e in one:
+    assert e["ph"] == "X" and e["dur"] >= 0 and e["ts"] > 0 and "pid" in e and "tid" in e, e
+print("OK", " ".join(sorted({e["name"] for e in one})))
+)")
+                  .ok());
+  CliRun py = RunShell("/usr/bin/python3 " + script + " " + o.trace_path + " " + merged);
+  EXPECT_EQ(py.code, 0) << py.out;
+  for (const char* name : {"capture copy", "fence", "persist round", "restore", "restore plan",
+                           "restore transfer", "save"})
+    EXPECT_NE(py.out.find(name), std::string::npos) << name << "\n" << py.out;
+  EXPECT_EQ(RunCli("trace-merge " + merged).code, 2);
+  EXPECT_EQ(RunCli("trace-merge " + merged + " " + script).code, 1);
+}
+
+}  // namespace
+}  // namespace cairn

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/clock.h"
+#include "core/trace.h"
 
 namespace cairn {
 namespace {
@@ -145,6 +146,7 @@ void Replicator::SenderLoop() {
 }
 
 Status Replicator::Push(int holder, const HostTier::View& view) {
+  TraceSpan span("replicate push", "replicate");
   const int me = comm_->rank();
   const SlotHeader& h = view.header();
   const uint32_t offer = next_offer_.fetch_add(1) & 0xffff;
