@@ -105,14 +105,6 @@ Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const 
 }
 
 Status UcxComm::Init() {
-  // TCP moves large messages in segments of 8 KiB by default; 512 KiB segments about
-  // double its throughput (ENVIRONMENT.md). UCX reads its transports' settings only from
-  // the environment, so they are set there, never over a user's own UCX_TCP_*_SEG_SIZE.
-  static std::once_flag tcp_defaults;
-  std::call_once(tcp_defaults, [] {
-    ::setenv("UCX_TCP_TX_SEG_SIZE", "512k", 0);
-    ::setenv("UCX_TCP_RX_SEG_SIZE", "512k", 0);
-  });
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return Status::IOError("ucp_config_read: " + UcsError(st));
