@@ -1,7 +1,9 @@
 // Helpers the benchmark programs share: size lists, pre-faulted memory, medians.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -130,6 +133,38 @@ inline int64_t CalibrateCompute(std::vector<float>& w, double target_s) {
         1, static_cast<int64_t>(static_cast<double>(reps) * target_s / Median(ct)));
   }
   return reps;
+}
+
+// The raw write reference: `parts` laid end to end into `path` with sequential 4 MiB
+// pwrite(2)s (O_DIRECT if `direct`: the parts must then be page aligned), then fsync; the
+// file is removed afterwards. Seconds from the first write to the end of the fsync.
+inline double RawWrite(const std::string& path,
+                       const std::vector<std::pair<const std::byte*, uint64_t>>& parts,
+                       bool direct) {
+  constexpr uint64_t kIo = 4ull << 20;
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+  if (fd < 0) {
+    std::perror(("open " + path).c_str());
+    std::exit(1);
+  }
+  const int64_t t0 = NowNanos();
+  uint64_t at = 0;
+  for (const auto& [src, bytes] : parts) {
+    for (uint64_t off = 0; off < bytes; off += kIo) {
+      const size_t n = static_cast<size_t>(std::min(kIo, bytes - off));
+      if (::pwrite(fd, src + off, n, static_cast<off_t>(at + off)) != static_cast<ssize_t>(n)) {
+        std::perror(("write " + path).c_str());
+        std::exit(1);
+      }
+    }
+    at += bytes;
+  }
+  if (::fsync(fd) != 0) std::perror("fsync");
+  const double s = NanosToSeconds(NowNanos() - t0);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return s;
 }
 
 }  // namespace cairn::bench

@@ -36,11 +36,11 @@
 using namespace cairn;
 using cairn::bench::Buffer;
 using cairn::bench::Median;
+using cairn::bench::RawWrite;
 
 namespace {
 
 constexpr int kTensors = 8;
-constexpr uint64_t kIo = 4ull << 20;
 
 struct State {
   explicit State(uint64_t bytes) {
@@ -61,31 +61,6 @@ struct State {
   std::vector<std::unique_ptr<Buffer>> bufs;
   std::vector<ShardSpec> shards;
 };
-
-double WriteFsync(const std::string& path,
-                  const std::vector<std::pair<const std::byte*, uint64_t>>& parts) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    std::perror(("open " + path).c_str());
-    std::exit(1);
-  }
-  const int64_t t0 = NowNanos();
-  uint64_t at = 0;
-  for (const auto& [src, bytes] : parts) {
-    for (uint64_t off = 0; off < bytes; off += kIo) {
-      const size_t n = static_cast<size_t>(std::min(kIo, bytes - off));
-      if (::pwrite(fd, src + off, n, static_cast<off_t>(at + off)) != static_cast<ssize_t>(n)) {
-        std::perror(("write " + path).c_str());
-        std::exit(1);
-      }
-    }
-    at += bytes;
-  }
-  if (::fsync(fd) != 0) std::perror("fsync");
-  ::close(fd);
-  ::unlink(path.c_str());
-  return NanosToSeconds(NowNanos() - t0);
-}
 
 std::vector<std::pair<const std::byte*, uint64_t>> Parts(const State& s) {
   std::vector<std::pair<const std::byte*, uint64_t>> p;
@@ -156,7 +131,7 @@ int main(int argc, char** argv) {
     }
     mc.push_back(t);
   }
-  raw.push_back(WriteFsync(pfs + "/raw.bin", Parts(s)));
+  raw.push_back(RawWrite(pfs + "/raw.bin", Parts(s), false));
   std::vector<float> work(64 << 10, 1.0f);
   const int64_t reps = cairn::bench::CalibrateCompute(work, 1.5 * Median(mc));
 
@@ -165,10 +140,10 @@ int main(int argc, char** argv) {
   for (int it = 0; it <= iters; ++it) {
     cairn::bench::Compute(work, reps);
     s.Touch(it);
-    const double t = WriteFsync(pfs + "/sync.bin", Parts(s));
+    const double t = RawWrite(pfs + "/sync.bin", Parts(s), false);
     if (it > 0) sync_ms.push_back(t * 1e3);
   }
-  raw.push_back(WriteFsync(pfs + "/raw.bin", Parts(s)));
+  raw.push_back(RawWrite(pfs + "/raw.bin", Parts(s), false));
   // snapshot-then-persist
   std::vector<double> snap_ms;
   std::thread writer;
@@ -183,7 +158,7 @@ int main(int argc, char** argv) {
       off += b->size;
     }
     const double t = NanosToSeconds(NowNanos() - t0);
-    writer = std::thread([&] { WriteFsync(pfs + "/snapshot.bin", {{snap.p, bytes}}); });
+    writer = std::thread([&] { RawWrite(pfs + "/snapshot.bin", {{snap.p, bytes}}, false); });
     if (it > 0) snap_ms.push_back(t * 1e3);
   }
   if (writer.joinable()) writer.join();

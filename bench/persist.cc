@@ -42,10 +42,10 @@
 using namespace cairn;
 using cairn::bench::Buffer;
 using cairn::bench::Median;
+using cairn::bench::RawWrite;
 
 namespace {
 
-constexpr uint64_t kIo = 4ull << 20;
 constexpr int kTensors = 8;
 
 struct Args {
@@ -60,34 +60,6 @@ struct Args {
   bool stall = false;
   bool direct = false;  // the raw reference's mode
 };
-
-// Raw reference: sequential 4 MiB writes of `src` into `path`, then fsync.
-double RawWrite(const std::string& path,
-                const std::vector<std::pair<const std::byte*, uint64_t>>& parts, bool direct) {
-  const int fd = ::open(path.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
-  if (fd < 0) {
-    std::perror(("open " + path).c_str());
-    std::exit(1);
-  }
-  const int64_t t0 = NowNanos();
-  uint64_t at = 0;
-  for (const auto& [src, bytes] : parts) {
-    for (uint64_t off = 0; off < bytes; off += kIo) {
-      const size_t n = static_cast<size_t>(std::min(kIo, bytes - off));
-      if (::pwrite(fd, src + off, n, static_cast<off_t>(at + off)) != static_cast<ssize_t>(n)) {
-        std::perror(("write " + path).c_str());
-        std::exit(1);
-      }
-    }
-    at += bytes;
-  }
-  if (::fsync(fd) != 0) std::perror("fsync");
-  const double s = NanosToSeconds(NowNanos() - t0);
-  ::close(fd);
-  ::unlink(path.c_str());
-  return s;
-}
 
 // Tensors of the data-parallel state (every rank holds all of them).
 struct State {

@@ -52,16 +52,8 @@ Status ReadVerified(FileSystem* fs, Files& files, const pb::Manifest& m, const p
   buf->resize(b.length());
   CAIRN_RETURN_IF_ERROR(fs->ReadAt(fd, buf->data(), b.length(), b.offset()));
   const uint64_t chunk = m.chunk_bytes();
-  for (int c = 0; c < b.chunk_checksums_size(); ++c) {
-    const uint64_t lo = static_cast<uint64_t>(c) * chunk;
-    const uint64_t hi = std::min(lo + chunk, b.length());
-    if (Checksum(buf->data() + lo, hi - lo) != b.chunk_checksums(c)) {
-      return Status::Corruption(
-          "checksum mismatch in tensor '" + m.tensors(static_cast<int>(b.tensor())).name() +
-          "' box " + BoxOf(b).ToString() + ", bytes [" + std::to_string(b.offset() + lo) + ", " +
-          std::to_string(b.offset() + hi) + ") of " + files.Path(b.file()));
-    }
-  }
+  for (uint64_t lo = 0; lo < b.length(); lo += chunk)
+    CAIRN_RETURN_IF_ERROR(CheckSavedChunk(m, b, lo, buf->data() + lo, files.Path(b.file())));
   return Status::OK();
 }
 
@@ -81,6 +73,18 @@ Status ReadBlobs(FileSystem* fs, Files& files, const pb::Manifest& m, int rank,
 }
 
 }  // namespace
+
+Status CheckSavedChunk(const pb::Manifest& m, const pb::SavedBox& b, uint64_t lo,
+                       const std::byte* data, const std::string& path) {
+  const uint64_t hi = std::min(lo + m.chunk_bytes(), b.length());
+  const int c = static_cast<int>(lo / m.chunk_bytes());
+  if (c < b.chunk_checksums_size() && Checksum(data, hi - lo) == b.chunk_checksums(c))
+    return Status::OK();
+  return Status::Corruption("checksum mismatch in tensor '" +
+                            m.tensors(static_cast<int>(b.tensor())).name() + "' box " +
+                            BoxOf(b).ToString() + ", bytes [" + std::to_string(b.offset() + lo) +
+                            ", " + std::to_string(b.offset() + hi) + ") of " + path);
+}
 
 Status ReadRankBlobs(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m, int rank,
                      std::map<std::string, std::string>* out) {

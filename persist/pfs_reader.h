@@ -33,6 +33,12 @@ Status ReadShards(FileSystem* fs, const std::string& step_dir, const pb::Manifes
                   std::span<const ShardSpec> targets, int blob_rank = -1,
                   std::map<std::string, std::string>* blobs = nullptr);
 
+// Checks the chunk of saved box `b` that starts at byte `lo` of the box (a multiple of the
+// chunk size; `data` holds its bytes): OK, or Corruption naming the tensor, box, byte range
+// and `path` (the data file).
+Status CheckSavedChunk(const pb::Manifest& manifest, const pb::SavedBox& b, uint64_t lo,
+                       const std::byte* data, const std::string& path);
+
 // The blobs `rank` saved with the step, verified.
 Status ReadRankBlobs(FileSystem* fs, const std::string& step_dir, const pb::Manifest& manifest,
                      int rank, std::map<std::string, std::string>* out);

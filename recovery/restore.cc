@@ -601,13 +601,7 @@ Status Attempt::ReadRuns() {
       std::byte* dst = bufs[it.k] + it.off;
       const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
       Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off);
-      const uint64_t c = (r.lo + it.off) / cat.chunk_bytes;
-      if (s.ok() && Checksum(dst, it.n) != b.chunk_checksums(static_cast<int>(c)))
-        s = Status::Corruption("checksum mismatch in tensor '" +
-                               cat.tensors[cat.pieces[r.piece].tensor].name + "' box " +
-                               cat.pieces[r.piece].box.ToString() + ", bytes [" +
-                               std::to_string(b.offset() + r.lo + it.off) + ", " +
-                               std::to_string(b.offset() + r.lo + it.off + it.n) + ") of " + path);
+      if (s.ok()) s = CheckSavedChunk(*manifest, b, r.lo + it.off, dst, path);
       std::unique_lock lk(mu);
       if (s.code() == StatusCode::kCorruption)
         NoteCorrupt(s.WithContext(who));
@@ -820,12 +814,6 @@ Status Attempt::Run() {
   return Status::OK();
 }
 
-// ---- the memory source's pinned versions of one step ----------------------------------------
-
-struct Pinned {
-  std::vector<std::unique_ptr<PinnedVersion>> versions;  // own first, then replicas
-};
-
 }  // namespace
 
 void AppendRegionCopies(const std::byte* src, uint64_t src_lo, const Box& src_box, std::byte* dst,
@@ -891,7 +879,8 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
     MemoryCatalog mc;
     mc.cat.step = step;
     mc.cat.from_pfs = choice->from_pfs;
-    Pinned pinned;
+    // This rank's own version of the step first (the one it reads locally), then replicas.
+    std::vector<std::unique_ptr<PinnedVersion>> pinned;
     pb::Manifest manifest;
     std::string step_dir;
     std::vector<std::string> layouts;
@@ -907,9 +896,9 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
         }
         // This rank's own version first: it is the one read locally.
         if (v.source == env.rank)
-          pinned.versions.insert(pinned.versions.begin(), std::move(*p));
+          pinned.insert(pinned.begin(), std::move(*p));
         else
-          pinned.versions.push_back(std::move(*p));
+          pinned.push_back(std::move(*p));
       }
     }
     // Each distinct target layout travels once: from the lowest rank that has it.
@@ -922,7 +911,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
     }
     ByteWriter w2;
     w2.PutString(send_layout ? std::string_view(layout) : std::string_view());
-    const std::string tables = choice->from_pfs ? std::string() : EncodeTables(pinned.versions);
+    const std::string tables = choice->from_pfs ? std::string() : EncodeTables(pinned);
     w2.PutBytes(tables.data(), tables.size());
     CAIRN_ASSIGN_OR_RETURN(auto all2, GatherChecked(g, pin_st, w2.out()));
     std::unordered_map<std::string, uint32_t> tensor_ids;
@@ -1009,7 +998,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
     a.report = &attempt_report;
     a.who = who + ", step " + std::to_string(step);
     a.cls = lt.class_of_rank[static_cast<size_t>(env.rank)];
-    for (const auto& pv : pinned.versions) {
+    for (const auto& pv : pinned) {
       for (const SlotShard& s : pv->header().shards) {
         auto tid = tensor_ids.find(s.name);
         if (tid == tensor_ids.end()) continue;
@@ -1030,7 +1019,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
         bool t_has = false;
         for (auto [h, n] : prov) t_has |= h == static_cast<int>(t);
         if (!t_has && prov.front().first == env.rank) {
-          for (const auto& pv : pinned.versions)
+          for (const auto& pv : pinned)
             if (pv->header().rank == t) {
               std::string enc = EncodeBlobs(pv->header(), pv->data());
               auto* buf = a.Staging(enc.size());
@@ -1046,8 +1035,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
         bool mine_held = false;
         for (auto [h, n] : prov) mine_held |= h == env.rank;
         if (mine_held) {
-          blob_bytes =
-              EncodeBlobs(pinned.versions.front()->header(), pinned.versions.front()->data());
+          blob_bytes = EncodeBlobs(pinned.front()->header(), pinned.front()->data());
         } else if (!prov.empty()) {
           blob_bytes.resize(prov.front().second);
           Status s = env.transport->PostRecv(prov.front().first, kBlobSeq, blob_bytes.data(),
