@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +19,7 @@
 
 #include "core/clock.h"
 #include "core/options.h"
+#include "core/tensor.h"
 
 namespace cairn::bench {
 
@@ -134,6 +136,34 @@ inline int64_t CalibrateCompute(std::vector<float>& w, double target_s) {
   }
   return reps;
 }
+
+// A data-parallel model state: `tensors` fp32 tensors [rows, 1024] splitting `bytes`, in
+// pre-faulted memory, and the shards that describe them.
+struct TensorState {
+  explicit TensorState(uint64_t bytes, int tensors = 8) {
+    for (int i = 0; i < tensors; ++i) {
+      bufs.push_back(std::make_unique<Buffer>(bytes / static_cast<uint64_t>(tensors)));
+      TensorMeta m{"layers." + std::to_string(i) + ".weight",
+                   DType::kF32,
+                   {static_cast<int64_t>(bytes / static_cast<uint64_t>(tensors) / 4 / 1024), 1024}};
+      shards.push_back(ShardSpec::Whole(m, bufs.back()->p));
+    }
+  }
+  // The optimizer step: one float changes every `stride` bytes.
+  void Touch(int64_t step, size_t stride) {
+    for (auto& b : bufs)
+      for (size_t off = static_cast<size_t>(step % 16) * 4; off < b->size; off += stride)
+        reinterpret_cast<float*>(b->p + off)[0] += 1.0f;
+  }
+  // The tensors' bytes, for RawWrite.
+  std::vector<std::pair<const std::byte*, uint64_t>> Parts() const {
+    std::vector<std::pair<const std::byte*, uint64_t>> p;
+    for (const auto& b : bufs) p.emplace_back(b->p, b->size);
+    return p;
+  }
+  std::vector<std::unique_ptr<Buffer>> bufs;
+  std::vector<ShardSpec> shards;
+};
 
 // The raw write reference: `parts` laid end to end into `path` with sequential 4 MiB
 // pwrite(2)s (O_DIRECT if `direct`: the parts must then be page aligned), then fsync; the

@@ -42,31 +42,10 @@ namespace {
 
 constexpr int kTensors = 8;
 
-struct State {
-  explicit State(uint64_t bytes) {
-    for (int i = 0; i < kTensors; ++i) {
-      bufs.push_back(std::make_unique<Buffer>(bytes / kTensors));
-      shards.push_back(ShardSpec::Whole({"layers." + std::to_string(i) + ".w",
-                                         DType::kF32,
-                                         {static_cast<int64_t>(bytes / kTensors / 4)}},
-                                        bufs.back()->p));
-    }
-  }
-  // The optimizer step: every page changes.
-  void Touch(int step) {
-    for (auto& b : bufs)
-      for (size_t off = static_cast<size_t>(step % 16) * 4; off < b->size; off += 4096)
-        reinterpret_cast<float*>(b->p + off)[0] += 1.0f;
-  }
-  std::vector<std::unique_ptr<Buffer>> bufs;
-  std::vector<ShardSpec> shards;
+struct State : cairn::bench::TensorState {
+  explicit State(uint64_t bytes) : TensorState(bytes, kTensors) {}
+  void Touch(int64_t step) { TensorState::Touch(step, 4096); }  // every page changes
 };
-
-std::vector<std::pair<const std::byte*, uint64_t>> Parts(const State& s) {
-  std::vector<std::pair<const std::byte*, uint64_t>> p;
-  for (const auto& b : s.bufs) p.emplace_back(b->p, b->size);
-  return p;
-}
 
 void Write(const std::string& path, const std::string& text) {
   if (!WriteFileAtomic(DefaultFileSystem(), path, text).ok()) {
@@ -131,7 +110,7 @@ int main(int argc, char** argv) {
     }
     mc.push_back(t);
   }
-  raw.push_back(RawWrite(pfs + "/raw.bin", Parts(s), false));
+  raw.push_back(RawWrite(pfs + "/raw.bin", s.Parts(), false));
   std::vector<float> work(64 << 10, 1.0f);
   const int64_t reps = cairn::bench::CalibrateCompute(work, 1.5 * Median(mc));
 
@@ -140,10 +119,10 @@ int main(int argc, char** argv) {
   for (int it = 0; it <= iters; ++it) {
     cairn::bench::Compute(work, reps);
     s.Touch(it);
-    const double t = RawWrite(pfs + "/sync.bin", Parts(s), false);
+    const double t = RawWrite(pfs + "/sync.bin", s.Parts(), false);
     if (it > 0) sync_ms.push_back(t * 1e3);
   }
-  raw.push_back(RawWrite(pfs + "/raw.bin", Parts(s), false));
+  raw.push_back(RawWrite(pfs + "/raw.bin", s.Parts(), false));
   // snapshot-then-persist
   std::vector<double> snap_ms;
   std::thread writer;

@@ -62,23 +62,9 @@ struct Args {
 };
 
 // Tensors of the data-parallel state (every rank holds all of them).
-struct State {
-  explicit State(uint64_t bytes) {
-    for (int i = 0; i < kTensors; ++i) {
-      bufs.push_back(std::make_unique<Buffer>(bytes / kTensors));
-      TensorMeta m{"layers." + std::to_string(i) + ".weight",
-                   DType::kF32,
-                   {static_cast<int64_t>(bytes / kTensors / 4 / 1024), 1024}};
-      shards.push_back(ShardSpec::Whole(m, bufs.back()->p));
-    }
-  }
-  void Touch(int64_t step) {
-    for (auto& b : bufs)
-      for (size_t off = static_cast<size_t>(step % 16) * 4; off < b->size; off += 64 << 10)
-        reinterpret_cast<float*>(b->p + off)[0] += 1.0f;
-  }
-  std::vector<std::unique_ptr<Buffer>> bufs;
-  std::vector<ShardSpec> shards;
+struct State : cairn::bench::TensorState {
+  explicit State(uint64_t bytes) : TensorState(bytes, kTensors) {}
+  void Touch(int64_t step) { TensorState::Touch(step, 64 << 10); }
 };
 
 void Die(const char* what, const Status& st) {
@@ -113,9 +99,7 @@ int PersistChild(const Args& a) {
     barrier();
     double raw_sec = 0;
     if (o->rank == 0) {
-      std::vector<std::pair<const std::byte*, uint64_t>> parts;
-      for (auto& b : s.bufs) parts.emplace_back(b->p, b->size);
-      raw_sec = RawWrite(JoinPath(o->pfs_root, "raw-" + o->job_id + ".bin"), parts, a.direct);
+      raw_sec = RawWrite(JoinPath(o->pfs_root, "raw-" + o->job_id + ".bin"), s.Parts(), a.direct);
     }
     barrier();
     const int64_t t0 = NowNanos();
