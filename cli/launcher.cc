@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,9 +56,13 @@ Status LocalLauncher::Spawn(LaunchedRank& r) {
   for (const auto& kv : spec.env) env.push_back(kv);
   const std::string log =
       spec.output_dir.empty() ? "" : spec.output_dir + "/rank-" + std::to_string(r.rank) + ".log";
+  const pid_t launcher = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) return Status::FromErrno(errno, "fork");
   if (pid == 0) {
+    // A rank never outlives the launcher (a killed `cairn demo` or test takes its ranks).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) std::_Exit(127);
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     if (!log.empty()) {
       int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
@@ -113,20 +118,23 @@ int LocalLauncher::WaitRank(int rank) {
   return r.exit_code;
 }
 
+int LocalLauncher::Running() {
+  int running = 0;
+  for (auto& r : ranks_) {
+    if (r.exit_code >= 0) continue;
+    int status = 0;
+    if (::waitpid(r.pid, &status, WNOHANG) == r.pid)
+      r.exit_code = ExitCodeOf(status);
+    else
+      ++running;
+  }
+  return running;
+}
+
 bool LocalLauncher::WaitAll(double timeout_s) {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   for (;;) {
-    bool running = false;
-    for (auto& r : ranks_) {
-      if (r.exit_code >= 0) continue;
-      int status = 0;
-      pid_t p = ::waitpid(r.pid, &status, WNOHANG);
-      if (p == r.pid)
-        r.exit_code = ExitCodeOf(status);
-      else
-        running = true;
-    }
-    if (!running) break;
+    if (Running() == 0) break;
     if (NowNanos() > deadline) {
       for (auto& r : ranks_)
         if (r.exit_code < 0) ::kill(r.pid, SIGKILL);

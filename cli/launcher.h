@@ -48,6 +48,8 @@ class LocalLauncher {
   Status Signal(int rank, int sig);
   // Reaps `rank` (blocking); returns its exit code (128 + signal if killed).
   int WaitRank(int rank);
+  // Reaps the ranks that exited (never blocks); returns how many still run.
+  int Running();
   // Waits for every rank up to `timeout_s`, then SIGKILLs the rest. Returns true when all
   // exited with 0.
   bool WaitAll(double timeout_s);
