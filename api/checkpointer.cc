@@ -268,12 +268,13 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
   req->seq = ++submitted_seq_;
   queue_.push_back(std::move(req));
   ++stats_.saves;
-  cv_.notify_all();
   const uint64_t seq = submitted_seq_;
   const double dt = NanosToSeconds(NowNanos() - t0);
   stats_.save_call_total_s += dt;
   stats_.save_call_max_s = std::max(stats_.save_call_max_s, dt);
   lk.unlock();
+  // After unlocking: a woken capture thread must not find the lock still held.
+  cv_.notify_all();
   persister_->OnSave(seq, step);
   return SaveOutcome::kQueued;
 }
