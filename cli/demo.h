@@ -1,12 +1,13 @@
-// `cairn demo`: a single-rank training loop of a synthetic GPT-like model that checkpoints
-// every iteration, is killed with SIGKILL mid-run, restarts and restores bit-exactly.
+// The cairn command's subcommands: `cairn demo` (cli/demo.cc: 2 nodes x 2 ranks train, node 1
+// is killed and recovered from node 0's memory, the PFS version is resharded onto 3 ranks),
+// the launcher and the checkpoint tools (cli/tools.cc).
 #pragma once
 
 namespace cairn::cli {
 
-// `cairn demo ...` (the parent: runs, kills and restarts the worker). Returns exit code.
+// `cairn demo ...` (the parent: launches, kills and restarts the ranks). Returns exit code.
 int DemoMain(int argc, char** argv);
-// `cairn demo-worker ...` (internal: the training process the demo starts).
+// `cairn demo-worker ...` (internal: one rank of the jobs the demo starts).
 int DemoWorkerMain(int argc, char** argv);
 // `cairn launch ...`: N nodes x M ranks of a program as local processes.
 int LaunchMain(int argc, char** argv);
