@@ -6,11 +6,16 @@
 //             background thread; the next checkpoint first waits for the previous write
 //             (CheckFreq, torch async_save, NVIDIA's async checkpointing)
 //   cairn     save() after the optimizer step, fence() before the next one; the copy runs
-//             while compute runs, every 10th version is drained to the filesystem in the
-//             background (CAIRN_PERSIST_EVERY=10)
-// One rank (replication needs a second node: not measured here). The compute per iteration
+//             while compute runs, every version is replicated over UCX into the memory of
+//             a second process (node 1 of the job, started by the bench), every 10th is
+//             drained to the filesystem in the background (CAIRN_PERSIST_EVERY=10)
+// The measured rank is rank 0; rank 1 (node 1) holds its replicas and saves a small state of
+// its own at the same steps (persistence rounds are job-wide); the ranks meet at a barrier
+// after each compute, as a gradient all-reduce would make them. The compute per iteration
 // is real arithmetic calibrated to 1.5x the memcpy time of the state; the physical
 // references (memcpy of the state, raw write + fsync of it) are measured in the same run.
+// Both processes share this machine's cores: the replication's sending and receiving run
+// beside the compute.
 //
 //   compare [--bytes 1G] [--iters 8] [--dir /var/tmp] [--out .]
 //
@@ -31,6 +36,7 @@
 
 #include "api/checkpointer.h"
 #include "bench/bench_util.h"
+#include "cli/launcher.h"
 #include "core/filesystem.h"
 
 using namespace cairn;
@@ -47,6 +53,34 @@ struct State : cairn::bench::TensorState {
   void Touch(int64_t step) { TensorState::Touch(step, 4096); }  // every page changes
 };
 
+// Rank 1 of the cairn arm (started with --partner, settings from CAIRN_*): holds rank 0's
+// replicas and saves a 4 KiB state at the same steps.
+int Partner(int iters) {
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) {
+    std::fprintf(stderr, "compare partner: %s\n", o.status().ToString().c_str());
+    return 1;
+  }
+  o->copy_engine = CopyEngineKind::kHost;
+  auto c = Checkpointer::Open(*o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "compare partner: %s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<float> w(1024);
+  const std::vector<ShardSpec> shards = {
+      ShardSpec::Whole({"partner.weight", DType::kF32, {1024}}, w.data())};
+  for (int it = 0; it <= iters + 2; ++it) {
+    if (!(*c)->group()->Barrier().ok()) return 1;
+    (void)(*c)->fence();
+    w[static_cast<size_t>(it) % w.size()] += 1.0f;
+    if (!(*c)->save(it + 1, shards).ok()) return 1;
+  }
+  auto f = (*c)->flush();
+  if (!f.ok()) std::fprintf(stderr, "compare partner: %s\n", f.status().ToString().c_str());
+  return f.ok() ? 0 : 1;
+}
+
 void Write(const std::string& path, const std::string& text) {
   if (!WriteFileAtomic(DefaultFileSystem(), path, text).ok()) {
     std::fprintf(stderr, "compare: cannot write %s\n", path.c_str());
@@ -60,10 +94,13 @@ int main(int argc, char** argv) {
   uint64_t bytes = 1ull << 30;
   int iters = 8;
   std::string dir = "/var/tmp", out = ".";
+  bool partner = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (k == "--bytes" && v) {
+    if (k == "--partner") {
+      partner = true;
+    } else if (k == "--bytes" && v) {
       auto b = ParseByteCount(argv[++i], "--bytes");
       if (!b.ok()) {
         std::fprintf(stderr, "%s\n", b.status().message().c_str());
@@ -85,6 +122,7 @@ int main(int argc, char** argv) {
       return k == "--help" || k == "-h" ? 0 : 2;
     }
   }
+  if (partner) return Partner(iters);
   if (iters < 2 || bytes < (kTensors << 12)) {
     std::fprintf(stderr, "compare: --iters must be >= 2 and --bytes >= 32K\n");
     return 2;
@@ -141,18 +179,40 @@ int main(int argc, char** argv) {
     if (it > 0) snap_ms.push_back(t * 1e3);
   }
   if (writer.joinable()) writer.join();
-  // cairn
+  // cairn: rank 0 here, rank 1 (node 1, holding rank 0's replicas) in a second process.
   std::vector<double> cairn_ms;
-  uint64_t skipped = 0, persisted = 0;
+  uint64_t saves = 0, skipped = 0, persisted = 0, replicated = 0, replicate_failed = 0;
+  double replicate_gbps = 0;
   {
+    const std::string job = "compare-" + std::to_string(::getpid());
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    LaunchSpec spec;
+    spec.argv = {std::string(self, static_cast<size_t>(n)), "--partner", "--iters",
+                 std::to_string(iters)};
+    spec.output_dir = pfs;
+    spec.env = {{"RANK", "1"},           {"WORLD_SIZE", "2"},   {"GROUP_RANK", "1"},
+                {"CAIRN_NODE", "1"},     {"CAIRN_JOB_ID", job}, {"CAIRN_HOST_ROOT", host_root},
+                {"CAIRN_PFS_ROOT", pfs}, {"CAIRN_SLOTS", "4"},  {"CAIRN_PERSIST_EVERY", "10"},
+                {"CAIRN_REPLICAS", "1"}};
+    auto partner_rank = LocalLauncher::Start(spec);
+    if (!partner_rank.ok()) {
+      std::fprintf(stderr, "compare: %s\n", partner_rank.status().ToString().c_str());
+      return 1;
+    }
     Options o;
-    o.job_id = "compare-" + std::to_string(::getpid());
+    o.job_id = job;
     o.host_root = host_root;
     o.pfs_root = pfs;
+    o.rank = 0;
+    o.world_size = 2;
+    o.node = 0;
     o.copy_engine = CopyEngineKind::kHost;
-    o.slots = 3;
+    o.slots = 4;  // newest, being replicated, being drained, being captured
     o.slot_bytes = bytes + (4 << 20);
     o.persist_every = 10;
+    o.replicas = 1;
     auto c = Checkpointer::Open(o);
     if (!c.ok()) {
       std::fprintf(stderr, "compare: %s\n", c.status().ToString().c_str());
@@ -160,6 +220,10 @@ int main(int argc, char** argv) {
     }
     for (int it = 0; it <= iters + 2; ++it) {  // 2 more: the first sizes the slots
       cairn::bench::Compute(work, reps);
+      if (Status b = (*c)->group()->Barrier(); !b.ok()) {
+        std::fprintf(stderr, "compare: %s\n", b.ToString().c_str());
+        return 1;
+      }
       int64_t t0 = NowNanos();
       Status f = (*c)->fence();
       double t = NanosToSeconds(NowNanos() - t0);
@@ -171,10 +235,18 @@ int main(int argc, char** argv) {
       if (!q.ok()) std::fprintf(stderr, "compare: %s\n", q.status().ToString().c_str());
       if (it > 2) cairn_ms.push_back(t * 1e3);
     }
-    (void)(*c)->wait_captured();
+    // The end of a run: the last version committed to the filesystem (job-wide).
+    auto fl = (*c)->flush();
+    if (!fl.ok()) std::fprintf(stderr, "compare: flush: %s\n", fl.status().ToString().c_str());
     Stats st = (*c)->stats();
+    saves = st.saves;
+    replicate_gbps = st.replicate_gbps;
     skipped = st.skipped;
     persisted = st.persisted;
+    replicated = st.replicated;
+    replicate_failed = st.replicate_failed;
+    c->reset();
+    if (!(*partner_rank)->WaitAll(120)) std::fprintf(stderr, "compare: the partner rank failed\n");
   }
   (void)DefaultFileSystem()->RemoveAll(host_root);
   (void)DefaultFileSystem()->RemoveAll(pfs);
@@ -187,22 +259,27 @@ int main(int argc, char** argv) {
                 "{\"bench\":\"compare\",\"state_bytes\":%llu,\"iters\":%d,\"compute_ms\":%.1f,"
                 "\"memcpy_gbps\":%.3f,\"raw_write_fsync_gbps\":%.3f,\"stall_ms_sync\":%.2f,"
                 "\"stall_ms_snapshot\":%.2f,\"stall_ms_cairn\":%.4f,\"cairn_vs_sync\":%.0f,"
-                "\"cairn_vs_snapshot\":%.0f,\"cairn_skipped\":%llu,\"cairn_persisted\":%llu}",
+                "\"cairn_vs_snapshot\":%.0f,\"cairn_saves\":%llu,\"cairn_skipped\":%llu,"
+                "\"cairn_replicated\":%llu,\"cairn_replicate_failed\":%llu,"
+                "\"cairn_replicate_gbps\":%.3f,\"cairn_persisted\":%llu}",
                 static_cast<unsigned long long>(bytes), iters, compute_ms, gb / Median(mc),
                 gb / Median(raw), m_sync, m_snap, m_cairn, m_sync / m_cairn, m_snap / m_cairn,
-                static_cast<unsigned long long>(skipped),
+                static_cast<unsigned long long>(saves), static_cast<unsigned long long>(skipped),
+                static_cast<unsigned long long>(replicated),
+                static_cast<unsigned long long>(replicate_failed), replicate_gbps,
                 static_cast<unsigned long long>(persisted));
   char md[2048];
-  std::snprintf(md, sizeof md,
-                "| strategy | stall per iteration (median of %d) | vs cairn |\n"
-                "|---|---|---|\n"
-                "| sync write + fsync every iteration | %.1f ms | %.0fx |\n"
-                "| snapshot to host, then background write | %.1f ms | %.0fx |\n"
-                "| cairn (lazy capture, every 10th persisted) | %.3f ms | 1x |\n\n"
-                "State %.2f GB, compute %.0f ms per iteration, memcpy %.2f GB/s, raw write + "
-                "fsync %.2f GB/s.\n",
-                iters, m_sync, m_sync / m_cairn, m_snap, m_snap / m_cairn, m_cairn, gb, compute_ms,
-                gb / Median(mc), gb / Median(raw));
+  std::snprintf(
+      md, sizeof md,
+      "| strategy | stall per iteration (median of %d) | vs cairn |\n"
+      "|---|---|---|\n"
+      "| sync write + fsync every iteration | %.1f ms | %.0fx |\n"
+      "| snapshot to host, then background write | %.1f ms | %.0fx |\n"
+      "| cairn (lazy capture, replicated to node 1, every 10th persisted) | %.3f ms | 1x |\n\n"
+      "State %.2f GB, compute %.0f ms per iteration, memcpy %.2f GB/s, raw write + "
+      "fsync %.2f GB/s.\n",
+      iters, m_sync, m_sync / m_cairn, m_snap, m_snap / m_cairn, m_cairn, gb, compute_ms,
+      gb / Median(mc), gb / Median(raw));
   // The chart: horizontal bars on a log scale from 0.01 ms.
   std::string svg =
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"200\" "
