@@ -372,6 +372,7 @@ struct Attempt {
 
   // Memory: checks the chunks of piece `p` that [lo, hi) covers (each once).
   void VerifyLocal(uint32_t p, uint64_t lo, uint64_t hi) {
+    TraceSpan span("restore checksum", "checksum");
     auto [pv, shard] = local.at(p);
     const SlotHeader& h = pv->header();
     auto& done = verified[p];

@@ -254,8 +254,10 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
         vcv.wait(vl, [&] { return abort || arrived > i; });
         if (abort) return;
       }
+      const int64_t t0 = NowNanos();
       verified =
           ReplicaStore::VerifyArrived(*h, data, i * kReplChunk, std::min(n, (i + 1) * kReplChunk));
+      Trace::Record("replica checksum", "checksum", t0, NowNanos());
     }
   });
   Status st;
