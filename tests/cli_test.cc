@@ -116,12 +116,6 @@ TEST(Cli, DemoFailsWhenAReplicaIsCorrupted) {
   EXPECT_NE(sealed.out.find("demo FAILED"), std::string::npos) << sealed.out;
 }
 
-}  // namespace
-}  // namespace cairn
-
-namespace cairn {
-namespace {
-
 TEST(Cli, LsInspectVerifyAndGcOnThePfsAndHostTiers) {
   testing::TempDir root("cliverify");
   Options o = testing::TestOptions(root, "verify");
@@ -221,12 +215,6 @@ TEST(Cli, LsInspectVerifyAndGcOnThePfsAndHostTiers) {
   EXPECT_TRUE(fs->Exists(JoinPath(pfs, StepDirName(2))));
 }
 
-}  // namespace
-}  // namespace cairn
-
-namespace cairn {
-namespace {
-
 TEST(Cli, ExportWritesSafetensorsThatNumpyReadsBack) {
   testing::TempDir root("cliexport");
   Options o = testing::TestOptions(root, "export");
@@ -309,12 +297,6 @@ print("OK", len(names), " ".join(names))
   EXPECT_EQ(RunCli("export " + pfs + " --tensors 'nothing' " + sub).code, 1);
   EXPECT_EQ(RunCli("export " + pfs).code, 2);
 }
-
-}  // namespace
-}  // namespace cairn
-
-namespace cairn {
-namespace {
 
 TEST(Cli, TraceFilesAreChromeTraceEventsAndMerge) {
   testing::TempDir root("clitrace");
