@@ -1,0 +1,29 @@
+"""cairn: a multi-level checkpoint cache for large-model training.
+
+The C++ core, as a Python module:
+
+    import cairn
+    ck = cairn.Checkpointer(cairn.Options.from_environment())
+    ck.save(step, [cairn.Shard.from_buffer("w", "float32", [n], array)])
+    ck.fence()            # before the bytes change again
+    report = ck.restore([cairn.Shard.from_buffer("w", "float32", [n], array)])
+
+For PyTorch, `cairn.torch.Checkpointer(model, optimizer)` builds the shards from the
+state dicts, fences before every optimizer step and restores the RNG states.
+
+Every error is a `cairn.Error` (a RuntimeError) whose `code` names its kind
+("InvalidArgument", "NotFound", "Corruption", "Unavailable", ...). Settings and their
+defaults: `cairn --help` or the README.
+"""
+
+from ._cairn import (  # noqa: F401
+    Checkpointer,
+    Error,
+    Options,
+    RestoreReport,
+    Shard,
+    Stats,
+    VersionInfo,
+)
+
+__all__ = ["Checkpointer", "Error", "Options", "RestoreReport", "Shard", "Stats", "VersionInfo"]

@@ -1,0 +1,337 @@
+"""cairn.torch: checkpoint a PyTorch training loop every iteration.
+
+    ckpt = cairn.torch.Checkpointer(model, optimizer)    # settings: CAIRN_* and RANK, ...
+    start = ckpt.restore() or 0                          # the newest version, if any
+    for step in range(start + 1, steps + 1):
+        loss = model(batch(step)).backward(); optimizer.step()   # fence() runs first
+        ckpt.save(step)
+
+save() queues the model's and the optimizer's tensors (their state_dict() entries,
+zero-copy) and returns at once; cairn copies them into host memory while the next forward
+and backward run (they only read them). A hook on the optimizer calls fence() before
+every optimizer.step(), so the copy is complete before anything is overwritten. Anything
+else that writes parameters or optimizer state in place between save() and the next
+optimizer.step() must call fence() first. Model buffers (which forward passes may update)
+are copied when save() is called.
+
+Besides the tensors, each version holds the RNG states (torch, CUDA when present, numpy,
+Python's random), the optimizer's param_groups and non-tensor state, and a user dict
+(`extra`: data-loader position, scheduler state, ...). These are pickled: restoring from a
+checkpoint trusts it as much as torch.load does.
+
+Sharded state: FlatRange (a 1-D tensor holding a flat range of a larger tensor, as ZeRO
+and FSDP keep them) and objects with the ShardedTensor interface (local_shards() with
+shard_offsets / shard_sizes) are saved with their global offsets, so a restore can
+reshard them into another layout. Pass them in `tensors`, or let them come from
+state_dict().
+"""
+
+import functools
+import pickle
+import random
+import weakref
+
+import torch
+
+from . import _cairn
+
+try:
+    import numpy as _np
+except ImportError:  # numpy's RNG state is then not saved
+    _np = None
+
+_DTYPES = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+for _name, _cairn_name in (("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _cairn_name
+
+_OPTIM_BLOB = "torch.optim"
+_USER_BLOB = "user"
+
+
+class FlatRange:
+    """A 1-D contiguous tensor holding elements [begin, begin + numel) of the row-major
+    flattening of a tensor of `global_shape` (a ZeRO / FSDP flat partition)."""
+
+    def __init__(self, tensor, global_shape, begin):
+        if tensor.dim() != 1:
+            raise ValueError("FlatRange needs a 1-D tensor")
+        self.tensor = tensor
+        self.global_shape = [int(x) for x in global_shape]
+        self.begin = int(begin)
+
+
+def _dtype_name(name, t):
+    try:
+        return _DTYPES[t.dtype]
+    except KeyError:
+        raise ValueError(f"{name}: cairn cannot save dtype {t.dtype}") from None
+
+
+def _tensor_shards(name, t, global_shape=None, offsets=None):
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: the tensor is not contiguous (cairn reads it in place)")
+    shape = [int(x) for x in (t.shape if global_shape is None else global_shape)]
+    lengths = None if offsets is None else [int(x) for x in t.shape]
+    return [
+        _cairn.Shard(
+            name,
+            _dtype_name(name, t),
+            shape,
+            t.data_ptr(),
+            None if offsets is None else [int(x) for x in offsets],
+            lengths,
+            t.is_cuda,
+            t,
+        )
+    ]
+
+
+def _shards_of(name, value):
+    """The cairn shards of one state entry: a tensor, a FlatRange, a ShardedTensor, or a
+    list of them (parts of one tensor held by this rank)."""
+    if isinstance(value, (list, tuple)):
+        return [s for part in value for s in _shards_of(name, part)]
+    if isinstance(value, FlatRange):
+        t = value.tensor
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: the flat range is not contiguous")
+        out, at = [], 0
+        item = t.element_size()
+        for offsets, lengths in _cairn.flat_range_boxes(
+            value.global_shape, value.begin, value.begin + t.numel()
+        ):
+            n = 1
+            for x in lengths:
+                n *= x
+            out.append(
+                _cairn.Shard(
+                    name,
+                    _dtype_name(name, t),
+                    value.global_shape,
+                    t.data_ptr() + at * item,
+                    offsets,
+                    lengths,
+                    t.is_cuda,
+                    t,
+                )
+            )
+            at += n
+        return out
+    if callable(getattr(value, "local_shards", None)) and callable(getattr(value, "size", None)):
+        out = []
+        for s in value.local_shards():
+            md = s.metadata
+            out += _tensor_shards(name, s.tensor, list(value.size()), md.shard_offsets)
+        return out
+    if torch.is_tensor(value):
+        return _tensor_shards(name, value)
+    raise TypeError(f"{name}: cannot checkpoint a {type(value).__name__}")
+
+
+def _placeholder(v):
+    return ("__tensor__", [int(x) for x in v.shape], str(v.dtype).replace("torch.", ""))
+
+
+def _is_placeholder(v):
+    return isinstance(v, tuple) and len(v) == 3 and v[0] == "__tensor__"
+
+
+class Checkpointer:
+    """cairn for a model and its optimizer.
+
+    `options`: a cairn.Options (default: cairn.Options.from_environment()); keyword
+    `settings` override its fields (job_id="run7", persist_every=0, ...). `tensors`: more
+    state to save by name (a tensor, FlatRange or ShardedTensor, or a list of parts of one
+    tensor).
+    """
+
+    def __init__(self, model, optimizer=None, *, options=None, tensors=None, **settings):
+        opts = options if options is not None else _cairn.Options.from_environment()
+        for k, v in settings.items():
+            if not hasattr(opts, k):
+                raise TypeError(f"cairn.Options has no setting '{k}'")
+            setattr(opts, k, v)
+        self.model = model
+        self.optimizer = optimizer
+        self.tensors = dict(tensors or {})
+        self.extra = None  # the user dict of the last restore
+        self.last_report = None  # its cairn.RestoreReport
+        self._ck = _cairn.Checkpointer(opts)
+        self._hook = None
+        if optimizer is not None:
+            self._install_fence_hook(optimizer)
+
+    # -- the training loop -----------------------------------------------------------
+
+    def save(self, step, extra=None):
+        """Queues version `step` (steps must increase). Returns True when queued, False when
+        skipped for want of a free host slot (see CAIRN_SLOTS). `extra`: a picklable dict
+        saved with it (returned by restore() as self.extra)."""
+        shards = self._shards(snapshot_buffers=True)
+        blobs = self._rng_blobs()
+        if self.optimizer is not None:
+            osd = self.optimizer.state_dict()
+            meta = {
+                "state": {
+                    i: {k: (_placeholder(v) if torch.is_tensor(v) else v) for k, v in st.items()}
+                    for i, st in osd["state"].items()
+                },
+                "param_groups": osd["param_groups"],
+            }
+            blobs[_OPTIM_BLOB] = pickle.dumps(meta)
+        if extra is not None:
+            blobs[_USER_BLOB] = pickle.dumps(extra)
+        return self._ck.save(int(step), shards, blobs) == "queued"
+
+    def fence(self):
+        """Waits until the last saved version's bytes are copied (the optimizer hook calls
+        it before every step)."""
+        self._ck.fence()
+
+    def restore(self, step=None):
+        """Collective: loads the newest version every rank can restore (or `step`) into the
+        model, the optimizer (creating its state if it has none yet) and the RNGs. Returns
+        its step, or None when no version exists anywhere. The user dict saved with it is
+        in self.extra, the cairn.RestoreReport in self.last_report."""
+        try:
+            head = self._ck.restore([], step=step, partial=True)
+        except _cairn.Error as e:
+            if e.code == "NotFound" and step is None:
+                return None
+            raise
+        blobs = head.blobs
+        if self.optimizer is not None and _OPTIM_BLOB in blobs:
+            meta = pickle.loads(blobs[_OPTIM_BLOB])
+            state = {
+                i: {
+                    k: (
+                        torch.zeros(v[1], dtype=getattr(torch, v[2]))
+                        if _is_placeholder(v)
+                        else v
+                    )
+                    for k, v in st.items()
+                }
+                for i, st in meta["state"].items()
+            }
+            self.optimizer.load_state_dict(
+                {"state": state, "param_groups": meta["param_groups"]}
+            )
+        report = self._ck.restore(self._shards(snapshot_buffers=False), step=head.step)
+        self._set_rng(report.blobs)
+        self.extra = pickle.loads(report.blobs[_USER_BLOB]) if _USER_BLOB in report.blobs else None
+        self.last_report = report
+        return report.step
+
+    def flush(self):
+        """Collective: persists the newest version every rank holds; returns its step."""
+        return self._ck.flush()
+
+    def wait_captured(self):
+        self._ck.wait_captured()
+
+    def barrier(self):
+        self._ck.barrier()
+
+    def stats(self):
+        return self._ck.stats()
+
+    def versions(self):
+        return self._ck.versions()
+
+    def close(self):
+        """Waits for captures in flight and stops (the host tier's files stay)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if not self._ck.closed:
+            self._ck.close()
+
+    @property
+    def closed(self):
+        return self._ck.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _install_fence_hook(self, optimizer):
+        me = weakref.ref(self)
+
+        def fence(*_args, **_kwargs):
+            c = me()
+            if c is not None and not c.closed:
+                c.fence()
+
+        if hasattr(optimizer, "register_step_pre_hook"):  # torch >= 2.0
+            self._hook = optimizer.register_step_pre_hook(fence)
+            return
+        original = optimizer.step
+
+        @functools.wraps(original)
+        def step(*args, **kwargs):
+            fence()
+            return original(*args, **kwargs)
+
+        optimizer.step = step
+
+        class _Undo:
+            def remove(self):
+                if optimizer.step is step:
+                    optimizer.step = original
+
+        self._hook = _Undo()
+
+    def _shards(self, snapshot_buffers):
+        shards = []
+        buffers = {n for n, _ in self.model.named_buffers()}
+        for k, v in self.model.state_dict().items():
+            if snapshot_buffers and k in buffers and torch.is_tensor(v):
+                v = v.detach().clone()  # forward passes may update buffers
+            shards += _shards_of("model." + k, v)
+        if self.optimizer is not None:
+            for i, st in self.optimizer.state_dict()["state"].items():
+                for k, v in st.items():
+                    if torch.is_tensor(v):
+                        shards += _shards_of(f"optim.{i}.{k}", v)
+        for k, v in self.tensors.items():
+            shards += _shards_of("tensors." + k, v)
+        return shards
+
+    @staticmethod
+    def _rng_blobs():
+        b = {
+            "rng.torch": torch.get_rng_state().numpy().tobytes(),
+            "rng.python": pickle.dumps(random.getstate()),
+        }
+        if _np is not None:
+            b["rng.numpy"] = pickle.dumps(_np.random.get_state())
+        if torch.cuda.is_available():
+            b["rng.cuda"] = pickle.dumps([s.cpu() for s in torch.cuda.get_rng_state_all()])
+        return b
+
+    @staticmethod
+    def _set_rng(blobs):
+        if "rng.torch" in blobs:
+            torch.set_rng_state(torch.frombuffer(bytearray(blobs["rng.torch"]), dtype=torch.uint8))
+        if "rng.python" in blobs:
+            random.setstate(pickle.loads(blobs["rng.python"]))
+        if _np is not None and "rng.numpy" in blobs:
+            _np.random.set_state(pickle.loads(blobs["rng.numpy"]))
+        if "rng.cuda" in blobs and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(pickle.loads(blobs["rng.cuda"]))

@@ -1,0 +1,402 @@
+// The `cairn._cairn` extension module: Checkpointer, Options, Stats, RestoreReport and
+// Shard over the C++ core (pybind11). Tensor memory is never copied here: a Shard carries
+// the address of its bytes (a torch tensor's data_ptr(), or any buffer-protocol object)
+// and the object that owns them, which the Checkpointer keeps alive until the fence that
+// ends cairn's reads. Every call that waits or copies releases the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/checkpointer.h"
+
+namespace py = pybind11;
+
+namespace cairn {
+namespace {
+
+// Raised for every error cairn returns; `code` names the kind ("InvalidArgument",
+// "NotFound", "Corruption", "Unavailable", ...).
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Throw(const Status& st) {
+  py::object err = py::reinterpret_borrow<py::object>(g_error);
+  py::object e = err(st.ToString());
+  e.attr("code") = std::string(StatusCodeName(st.code()));
+  PyErr_SetObject(g_error, e.ptr());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) Throw(r.status());
+  return std::move(*r);
+}
+
+// A shard as Python sees it: what to save or fill, and who owns the bytes.
+struct PyShard {
+  ShardSpec spec;
+  py::object owner;  // kept alive while cairn may read or write the bytes
+};
+
+DType DTypeOrThrow(const std::string& name) {
+  auto d = ParseDType(name);
+  if (!d) throw py::value_error("unknown dtype '" + name + "'");
+  return *d;
+}
+
+PyShard MakeShard(std::string name, const std::string& dtype, Shape shape, uintptr_t data_ptr,
+                  std::optional<std::vector<int64_t>> offsets,
+                  std::optional<std::vector<int64_t>> lengths, bool device, py::object owner) {
+  PyShard s;
+  s.spec.meta = {std::move(name), DTypeOrThrow(dtype), std::move(shape)};
+  s.spec.box = Box::Whole(s.spec.meta.global_shape);
+  if (offsets) s.spec.box.offsets = *offsets;
+  if (lengths) s.spec.box.lengths = *lengths;
+  s.spec.data = reinterpret_cast<void*>(data_ptr);
+  s.spec.memory = device ? MemoryKind::kDevice : MemoryKind::kHost;
+  s.owner = std::move(owner);
+  return s;
+}
+
+std::vector<ShardSpec> Specs(const std::vector<PyShard>& shards) {
+  std::vector<ShardSpec> out;
+  out.reserve(shards.size());
+  for (const PyShard& s : shards) out.push_back(s.spec);
+  return out;
+}
+
+Blobs ToBlobs(const py::dict& d) {
+  Blobs b;
+  for (auto [k, v] : d) {
+    if (!py::isinstance<py::str>(k)) throw py::type_error("blob names must be str");
+    if (!py::isinstance<py::bytes>(v) && !py::isinstance<py::str>(v))
+      throw py::type_error("blob '" + k.cast<std::string>() + "' must be bytes or str");
+    b[k.cast<std::string>()] = v.cast<std::string>();
+  }
+  return b;
+}
+
+py::dict FromBlobs(const Blobs& b) {
+  py::dict d;
+  for (const auto& [k, v] : b) d[py::str(k)] = py::bytes(v);
+  return d;
+}
+
+// The Python Checkpointer: the C++ one plus the owners of the shards being captured.
+class PyCheckpointer {
+ public:
+  explicit PyCheckpointer(Options o) {
+    py::gil_scoped_release nogil;
+    auto c = Checkpointer::Open(std::move(o));
+    if (!c.ok()) {
+      py::gil_scoped_acquire gil;
+      Throw(c.status());
+    }
+    c_ = std::move(*c);
+  }
+
+  std::string Save(int64_t step, const std::vector<PyShard>& shards, const py::dict& blobs) {
+    Checkpointer& c = Get();
+    const std::vector<ShardSpec> specs = Specs(shards);
+    const Blobs b = ToBlobs(blobs);
+    std::optional<Result<SaveOutcome>> r;
+    {
+      py::gil_scoped_release nogil;
+      r.emplace(c.save(step, specs, b));
+    }
+    const SaveOutcome out = Unwrap(std::move(*r));
+    if (out == SaveOutcome::kQueued)
+      for (const PyShard& s : shards) pinned_.push_back(s.owner);
+    return out == SaveOutcome::kQueued ? "queued" : "skipped";
+  }
+
+  void Fence() {
+    Checkpointer& c = Get();
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = c.fence();
+    }
+    pinned_.clear();  // cairn reads none of them any more
+    if (!st.ok()) Throw(st);
+  }
+
+  void WaitCaptured() {
+    Checkpointer& c = Get();
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = c.wait_captured();
+    }
+    pinned_.clear();
+    if (!st.ok()) Throw(st);
+  }
+
+  void WaitReplicated(double timeout_s) {
+    Checkpointer& c = Get();
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = c.wait_replicated(timeout_s);
+    }
+    if (!st.ok()) Throw(st);
+  }
+
+  int64_t Flush() {
+    Checkpointer& c = Get();
+    std::optional<Result<int64_t>> r;
+    {
+      py::gil_scoped_release nogil;
+      r.emplace(c.flush());
+    }
+    pinned_.clear();  // flush waits for every capture
+    return Unwrap(std::move(*r));
+  }
+
+  RestoreReport Restore(const std::vector<PyShard>& targets, std::optional<int64_t> step,
+                        bool partial) {
+    Checkpointer& c = Get();
+    const std::vector<ShardSpec> specs = Specs(targets);
+    RestoreOptions ro;
+    ro.step = step;
+    ro.partial = partial;
+    std::optional<Result<RestoreReport>> r;
+    {
+      py::gil_scoped_release nogil;
+      r.emplace(c.restore(specs, ro));
+    }
+    return Unwrap(std::move(*r));
+  }
+
+  void Barrier() {
+    Checkpointer& c = Get();
+    if (!c.group()) return;
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = c.group()->Barrier();
+    }
+    if (!st.ok()) Throw(st);
+  }
+
+  Stats GetStats() { return Get().stats(); }
+  std::vector<VersionInfo> Versions() { return Get().versions(); }
+  const Options& GetOptions() { return Get().options(); }
+  std::string HostDir() { return Get().host_dir(); }
+
+  // Waits for captures in flight, then stops (the host tier's files stay).
+  void Close() {
+    std::unique_ptr<Checkpointer> c = std::move(c_);
+    {
+      py::gil_scoped_release nogil;
+      c.reset();
+    }
+    pinned_.clear();
+  }
+  bool closed() const { return !c_; }
+
+ private:
+  Checkpointer& Get() {
+    if (!c_) throw py::value_error("the Checkpointer is closed");
+    return *c_;
+  }
+  std::unique_ptr<Checkpointer> c_;
+  std::vector<py::object> pinned_;
+};
+
+}  // namespace
+}  // namespace cairn
+
+PYBIND11_MODULE(_cairn, m) {
+  using namespace cairn;
+  m.doc() = "cairn: a multi-level checkpoint cache for large-model training (C++ core)";
+  static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
+  g_error = error.ptr();
+
+  py::class_<Options>(m, "Options",
+                      "Every setting of a Checkpointer (see `cairn --help` for their meaning; "
+                      "from_environment() reads the CAIRN_* variables).")
+      .def(py::init<>())
+      .def_static(
+          "from_environment", [] { return Unwrap(Options::FromEnvironment()); },
+          "Options from the CAIRN_* variables and RANK, WORLD_SIZE, LOCAL_RANK, ...")
+      .def("validate",
+           [](const Options& o) {
+             Status st = o.Validate();
+             if (!st.ok()) Throw(st);
+           })
+      .def_readwrite("job_id", &Options::job_id)
+      .def_readwrite("host_root", &Options::host_root)
+      .def_readwrite("pfs_root", &Options::pfs_root)
+      .def_readwrite("rendezvous_dir", &Options::rendezvous_dir)
+      .def_readwrite("rank", &Options::rank)
+      .def_readwrite("world_size", &Options::world_size)
+      .def_readwrite("local_rank", &Options::local_rank)
+      .def_readwrite("local_world_size", &Options::local_world_size)
+      .def_readwrite("node", &Options::node)
+      .def_readwrite("slots", &Options::slots)
+      .def_readwrite("copy_threads", &Options::copy_threads)
+      .def_readwrite("chunk_bytes", &Options::chunk_bytes)
+      .def_readwrite("slot_bytes", &Options::slot_bytes)
+      .def_property(
+          "full_policy",
+          [](const Options& o) { return o.full_policy == FullPolicy::kBlock ? "block" : "skip"; },
+          [](Options& o, const std::string& v) {
+            if (v != "skip" && v != "block") throw py::value_error("full_policy: skip or block");
+            o.full_policy = v == "block" ? FullPolicy::kBlock : FullPolicy::kSkip;
+          })
+      .def_readwrite("log_level", &Options::log_level)
+      .def_readwrite("trace_path", &Options::trace_path)
+      .def_readwrite("connect_timeout_s", &Options::connect_timeout_s)
+      .def_readwrite("op_timeout_s", &Options::op_timeout_s)
+      .def_readwrite("replicas", &Options::replicas)
+      .def_readwrite("replicate_timeout_s", &Options::replicate_timeout_s)
+      .def_readwrite("group_placement", &Options::group_placement)
+      .def_readwrite("persist_every", &Options::persist_every)
+      .def_readwrite("keep_on_pfs", &Options::keep_on_pfs)
+      .def_readwrite("persist_threads", &Options::persist_threads)
+      .def_readwrite("persist_direct", &Options::persist_direct)
+      .def_readwrite("persist_rate", &Options::persist_rate)
+      .def_readwrite("persist_priority", &Options::persist_priority);
+
+  py::class_<PyShard>(m, "Shard",
+                      "One tensor's bytes to save or fill: the tensor's name, dtype name "
+                      "('float32', 'bfloat16', 'int64', ...) and global shape, the box this "
+                      "memory holds (offsets and lengths; default: the whole tensor), the "
+                      "address of its row-major contiguous bytes, and the object that owns "
+                      "them (kept alive while cairn uses the memory).")
+      .def(py::init(&MakeShard), py::arg("name"), py::arg("dtype"), py::arg("shape"),
+           py::arg("data_ptr"), py::arg("offsets") = std::nullopt,
+           py::arg("lengths") = std::nullopt, py::arg("device") = false,
+           py::arg("owner") = py::none())
+      .def_static(
+          "from_buffer",
+          [](std::string name, const std::string& dtype, Shape shape, py::buffer buf,
+             std::optional<std::vector<int64_t>> offsets,
+             std::optional<std::vector<int64_t>> lengths) {
+            py::buffer_info info = buf.request(/*writable=*/true);
+            int64_t expect = info.itemsize;
+            for (py::ssize_t i = info.ndim; i-- > 0;) {
+              if (info.strides[static_cast<size_t>(i)] != expect)
+                throw py::value_error("buffer of '" + name + "' is not C-contiguous");
+              expect *= info.shape[static_cast<size_t>(i)];
+            }
+            PyShard s = MakeShard(std::move(name), dtype, std::move(shape),
+                                  reinterpret_cast<uintptr_t>(info.ptr), std::move(offsets),
+                                  std::move(lengths), false, buf);
+            if (static_cast<int64_t>(s.spec.nbytes()) != expect)
+              throw py::value_error("buffer of '" + s.spec.meta.name + "' holds " +
+                                    std::to_string(expect) + " bytes, its box needs " +
+                                    std::to_string(s.spec.nbytes()));
+            return s;
+          },
+          py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("buffer"),
+          py::arg("offsets") = std::nullopt, py::arg("lengths") = std::nullopt,
+          "A shard over a writable C-contiguous buffer (numpy array, bytearray, ...).")
+      .def_property_readonly("name", [](const PyShard& s) { return s.spec.meta.name; })
+      .def_property_readonly(
+          "dtype", [](const PyShard& s) { return std::string(DTypeName(s.spec.meta.dtype)); })
+      .def_property_readonly("shape", [](const PyShard& s) { return s.spec.meta.global_shape; })
+      .def_property_readonly("offsets", [](const PyShard& s) { return s.spec.box.offsets; })
+      .def_property_readonly("lengths", [](const PyShard& s) { return s.spec.box.lengths; })
+      .def_property_readonly("nbytes", [](const PyShard& s) { return s.spec.nbytes(); })
+      .def("__repr__", [](const PyShard& s) {
+        return "<cairn.Shard " + s.spec.meta.name + " " +
+               std::string(DTypeName(s.spec.meta.dtype)) + " " + s.spec.box.ToString() + ">";
+      });
+
+  py::class_<Stats>(m, "Stats", "Counters of a Checkpointer (see api/checkpointer.h).")
+      .def_readonly("saves", &Stats::saves)
+      .def_readonly("skipped", &Stats::skipped)
+      .def_readonly("captured", &Stats::captured)
+      .def_readonly("failed", &Stats::failed)
+      .def_readonly("fences", &Stats::fences)
+      .def_readonly("fence_wait_total_s", &Stats::fence_wait_total_s)
+      .def_readonly("fence_wait_max_s", &Stats::fence_wait_max_s)
+      .def_readonly("save_call_total_s", &Stats::save_call_total_s)
+      .def_readonly("save_call_max_s", &Stats::save_call_max_s)
+      .def_readonly("bytes_copied", &Stats::bytes_copied)
+      .def_readonly("copy_seconds", &Stats::copy_seconds)
+      .def_readonly("copy_gbps", &Stats::copy_gbps)
+      .def_readonly("newest_captured_step", &Stats::newest_captured_step)
+      .def_readonly("copy_engine", &Stats::copy_engine)
+      .def_readonly("replicated", &Stats::replicated)
+      .def_readonly("replicate_failed", &Stats::replicate_failed)
+      .def_readonly("bytes_replicated", &Stats::bytes_replicated)
+      .def_readonly("replicate_gbps", &Stats::replicate_gbps)
+      .def_readonly("newest_replicated_step", &Stats::newest_replicated_step)
+      .def_readonly("replicas_received", &Stats::replicas_received)
+      .def_readonly("persisted", &Stats::persisted)
+      .def_readonly("persist_failed", &Stats::persist_failed)
+      .def_readonly("bytes_persisted", &Stats::bytes_persisted)
+      .def_readonly("persist_gbps", &Stats::persist_gbps)
+      .def_readonly("newest_persisted_step", &Stats::newest_persisted_step)
+      .def_readonly("last_persist_error", &Stats::last_persist_error);
+
+  py::class_<RestoreReport>(m, "RestoreReport", "What a restore did (see recovery/restore.h).")
+      .def_readonly("step", &RestoreReport::step)
+      .def_readonly("tier", &RestoreReport::tier)
+      .def_readonly("bytes", &RestoreReport::bytes)
+      .def_readonly("seconds", &RestoreReport::seconds)
+      .def_property_readonly("blobs", [](const RestoreReport& r) { return FromBlobs(r.blobs); })
+      .def_readonly("skipped", &RestoreReport::skipped)
+      .def_readonly("resharded", &RestoreReport::resharded)
+      .def_readonly("bytes_local", &RestoreReport::bytes_local)
+      .def_readonly("bytes_received", &RestoreReport::bytes_received)
+      .def_readonly("pfs_bytes_read", &RestoreReport::pfs_bytes_read)
+      .def_readonly("job_pfs_bytes_read", &RestoreReport::job_pfs_bytes_read)
+      .def_readonly("job_unique_bytes_needed", &RestoreReport::job_unique_bytes_needed);
+
+  py::class_<VersionInfo>(m, "VersionInfo")
+      .def_readonly("step", &VersionInfo::step)
+      .def_property_readonly("state",
+                             [](const VersionInfo& v) { return VersionStateName(v.state); })
+      .def_readonly("data_bytes", &VersionInfo::data_bytes)
+      .def_readonly("created_wall_ns", &VersionInfo::created_wall_ns)
+      .def_readonly("rank", &VersionInfo::rank)
+      .def_readonly("world_size", &VersionInfo::world_size);
+
+  m.def(
+      "flat_range_boxes",
+      [](const Shape& shape, int64_t begin, int64_t end) {
+        std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
+        for (Box& b : Unwrap(FlatRangeToBoxes(shape, begin, end)))
+          out.emplace_back(std::move(b.offsets), std::move(b.lengths));
+        return out;
+      },
+      py::arg("shape"), py::arg("begin"), py::arg("end"),
+      "The boxes (offsets, lengths) that the flat row-major range [begin, end) of a tensor of "
+      "`shape` covers, in flat order.");
+
+  py::class_<PyCheckpointer>(m, "Checkpointer",
+                             "This rank's checkpointer (C++ cairn::Checkpointer). For PyTorch "
+                             "use cairn.torch.Checkpointer, which builds the shards.")
+      .def(py::init<Options>(), py::arg("options"))
+      .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("shards"),
+           py::arg("blobs") = py::dict(),
+           "Queues a version: returns 'queued' or 'skipped' (no free slot). The shards' "
+           "memory is read until the next fence().")
+      .def("fence", &PyCheckpointer::Fence,
+           "Waits until every queued version's bytes are copied (call before modifying them).")
+      .def("wait_captured", &PyCheckpointer::WaitCaptured)
+      .def("wait_replicated", &PyCheckpointer::WaitReplicated, py::arg("timeout_s") = 60.0)
+      .def("flush", &PyCheckpointer::Flush,
+           "Collective: persists the newest version every rank holds; returns its step.")
+      .def("restore", &PyCheckpointer::Restore, py::arg("targets"), py::arg("step") = std::nullopt,
+           py::arg("partial") = false,
+           "Collective: fills the targets from the newest restorable version (or `step`).")
+      .def("barrier", &PyCheckpointer::Barrier, "Collective: waits for every rank.")
+      .def("stats", &PyCheckpointer::GetStats)
+      .def("versions", &PyCheckpointer::Versions)
+      .def_property_readonly("options", &PyCheckpointer::GetOptions)
+      .def_property_readonly("host_dir", &PyCheckpointer::HostDir)
+      .def_property_readonly("closed", &PyCheckpointer::closed)
+      .def("close", &PyCheckpointer::Close,
+           "Waits for captures in flight, then stops (the host tier's files stay).")
+      .def("__enter__", [](PyCheckpointer& c) -> PyCheckpointer& { return c; })
+      .def("__exit__", [](PyCheckpointer& c, py::args) { c.Close(); });
+}
