@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ pkg-config libtbb-dev libpmem2-dev libxxhash-dev
           libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev libbenchmark-dev
-          libucx-dev ucx-utils python3-numpy)
+          libucx-dev ucx-utils python3-numpy python3-dev pybind11-dev python3-torch)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

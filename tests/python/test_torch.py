@@ -1,0 +1,306 @@
+"""cairn.torch on a real PyTorch training run (Debian's python3-torch, CPU).
+
+Each test trains TinyLM (tiny_lm.py) in child processes (torch_train.py), kills one with
+SIGKILL at a random step, restarts and checks that the loss at every later step equals an
+uninterrupted run's bit for bit."""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 300
+
+
+def read_losses(path):
+    """{step: (loss hex, newest replicated step)} of a --out file (a later line wins)."""
+    out = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3:
+                    out[int(parts[0])] = (parts[1], int(parts[2]))
+    return out
+
+
+class Job:
+    """A temporary job: host tier, PFS, rendezvous; removed at the end."""
+
+    def __init__(self, tag):
+        self.root = tempfile.mkdtemp(prefix=f"cairn-test-py{tag}-", dir="/dev/shm")
+        self.id = f"py{tag}-{os.getpid()}-{random.randrange(1 << 30)}"
+        self.launches = 0
+
+    def env(self, rank=0, world=1, extra=None):
+        e = dict(os.environ)
+        e.update(
+            {
+                "CAIRN_JOB_ID": self.id,
+                "CAIRN_HOST_ROOT": os.path.join(self.root, "host"),
+                "CAIRN_PFS_ROOT": os.path.join(self.root, "pfs"),
+                "CAIRN_PERSIST_EVERY": "50",
+                "CAIRN_SLOTS": "4",
+                "CAIRN_CONNECT_TIMEOUT_S": "60",
+                "CAIRN_OP_TIMEOUT_S": "60",
+                "CAIRN_REPLICATE_TIMEOUT_S": "10",
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": str(rank),
+                "CAIRN_NODE": str(rank),
+                "UCX_TLS": "tcp",
+            }
+        )
+        e.update(extra or {})
+        return e
+
+    def start(self, out, rank=0, world=1, args=(), log=None):
+        cmd = [sys.executable, os.path.join(HERE, "torch_train.py"), "--steps", str(STEPS),
+               "--out", out, *args]
+        return subprocess.Popen(cmd, env=self.env(rank, world), stdout=log or subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def close(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while not pred():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class TorchTraining(unittest.TestCase):
+    def setUp(self):
+        self.job = Job(self.id().split(".")[-1][:12])
+        self.addCleanup(self.job.close)
+
+    def run_to_end(self, procs):
+        outs = []
+        for p in procs:
+            text, _ = p.communicate(timeout=600)
+            outs.append(text)
+            self.assertEqual(p.returncode, 0, text)
+        return outs
+
+    def test_killed_run_resumes_with_the_same_loss_at_every_later_step(self):
+        ref = os.path.join(self.job.root, "ref.txt")
+        self.run_to_end([self.job.start(ref, args=["--no-cairn"])])
+        want = read_losses(ref)
+        self.assertEqual(len(want), STEPS)
+
+        out = os.path.join(self.job.root, "run.txt")
+        kill_at = random.randrange(40, STEPS - 40)
+        p = self.job.start(out)
+        wait_for(lambda: len(read_losses(out)) >= kill_at or p.poll() is not None, 300,
+                 f"step {kill_at}")
+        time.sleep(random.random() * 0.02)  # somewhere inside an iteration
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        logged = max(read_losses(out))
+        self.assertLess(logged, STEPS, "the run ended before it was killed")
+
+        text = self.run_to_end([self.job.start(out)])[0]
+        restored = [l.split() for l in text.splitlines() if l.startswith("restored ")]
+        self.assertEqual(len(restored), 1, text)
+        step, tier, extra = int(restored[0][1]), restored[0][3], int(restored[0][5])
+        self.assertEqual(tier, "host")
+        self.assertEqual(extra, step, "the user dict saved with the version")
+        # save(t) is queued after step t's optimizer step; step t+1's fence completes its
+        # copy, so at most the last one or two logged steps can be lost.
+        self.assertGreaterEqual(step, logged - 2)
+        got = read_losses(out)
+        self.assertEqual(len(got), STEPS)
+        for s in range(1, STEPS + 1):
+            self.assertEqual(got[s][0], want[s][0], f"loss at step {s} (restored {step})")
+
+    def test_two_ranks_one_killed_and_wiped_comes_back_from_its_peer(self):
+        def ddp(tag, out_tag, args=()):
+            init = os.path.join(self.job.root, f"ddp-{tag}")  # a fresh one per launch
+            outs = [os.path.join(self.job.root, f"{out_tag}-{r}.txt") for r in range(2)]
+            return outs, [
+                self.job.start(outs[r], r, 2, ["--ddp-init", init, *args]) for r in range(2)
+            ]
+
+        ref_outs, procs = ddp("ref", "ref", ["--no-cairn"])
+        self.run_to_end(procs)
+        want = [read_losses(o) for o in ref_outs]
+        self.assertNotEqual(want[0][1][0], want[1][1][0], "the ranks see different data")
+
+        outs, procs = ddp("run", "run")
+        kill_at = random.randrange(40, STEPS - 60)
+
+        def replicated():
+            return all(
+                len(read_losses(o)) >= kill_at and read_losses(o)[max(read_losses(o))][1] >= 10
+                for o in outs
+            ) or any(p.poll() is not None for p in procs)
+
+        wait_for(replicated, 300, f"step {kill_at} with replicas")
+        time.sleep(random.random() * 0.02)
+        procs[1].send_signal(signal.SIGKILL)  # node 1 dies ...
+        procs[1].communicate()
+        procs[0].send_signal(signal.SIGKILL)  # ... and the job restarts
+        procs[0].communicate()
+        shutil.rmtree(os.path.join(self.job.root, "host", self.job.id, "node-1"))
+
+        _, procs = ddp("resume", "run")  # appends to the same loss files
+        texts = self.run_to_end(procs)
+        reports = []
+        for t in texts:
+            lines = [l.split() for l in t.splitlines() if l.startswith("restored ")]
+            self.assertEqual(len(lines), 1, t)
+            reports.append((int(lines[0][1]), lines[0][3]))
+        self.assertEqual(reports[0][0], reports[1][0])
+        self.assertEqual(reports[0][1], "host")
+        self.assertEqual(reports[1][1], "peer", "node 1 came back from node 0's memory")
+        for r in range(2):
+            got = read_losses(outs[r])
+            self.assertEqual(len(got), STEPS)
+            for s in range(1, STEPS + 1):
+                self.assertEqual(got[s][0], want[r][s][0], f"rank {r} loss at step {s}")
+
+
+if __name__ == "__main__":
+    unittest.main()
+
+
+class TorchUnits(unittest.TestCase):
+    """The shard building and restore paths, in one process."""
+
+    def setUp(self):
+        import torch
+
+        self.torch = torch
+        self.job = Job("unit")
+        self.addCleanup(self.job.close)
+        saved = dict(os.environ)
+        self.addCleanup(lambda: (os.environ.clear(), os.environ.update(saved)))
+        os.environ.update({k: v for k, v in self.job.env().items() if k.startswith("CAIRN_")})
+        os.environ["CAIRN_PERSIST_EVERY"] = "0"
+
+    def ckpt(self, model, optimizer=None, **kw):
+        import cairn.torch
+
+        return cairn.torch.Checkpointer(model, optimizer, **kw)
+
+    def test_no_version_restores_nothing(self):
+        with self.ckpt(self.torch.nn.Linear(3, 3)) as c:
+            self.assertIsNone(c.restore())
+
+    def test_flat_ranges_and_sharded_tensors_restore_into_another_layout(self):
+        import cairn.torch
+
+        torch = self.torch
+        whole = torch.arange(20, dtype=torch.float32).reshape(4, 5) * 0.5
+        flat = whole.reshape(-1).clone()
+        bf = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+
+        class Shard:  # the ShardedTensor interface cairn.torch uses
+            def __init__(self, t, offsets):
+                self.tensor = t
+                self.metadata = type("M", (), {"shard_offsets": offsets, "shard_sizes": list(t.shape)})
+
+        class Sharded:
+            def __init__(self, parts, size):
+                self.parts, self._size = parts, size
+
+            def local_shards(self):
+                return self.parts
+
+            def size(self):
+                return torch.Size(self._size)
+
+        sharded = Sharded([Shard(bf[:1].clone(), [0, 0]), Shard(bf[1:].clone(), [1, 0])], [3, 4])
+        model = torch.nn.Linear(2, 2)
+        saved = {
+            # ZeRO-style: two flat ranges [0, 7) and [7, 20) of a [4, 5] tensor
+            "w": [cairn.torch.FlatRange(flat[:7], [4, 5], 0),
+                  cairn.torch.FlatRange(flat[7:], [4, 5], 7)],
+            "b": sharded,
+        }
+        with self.ckpt(model, tensors=saved) as c:
+            self.assertTrue(c.save(1))
+            c.fence()
+        w_back = torch.zeros(4, 5)
+        b_back = torch.zeros(3, 4, dtype=torch.bfloat16)
+        with self.ckpt(torch.nn.Linear(2, 2), tensors={"w": w_back, "b": b_back}) as c:
+            self.assertEqual(c.restore(), 1)
+            self.assertTrue(c.last_report.resharded)
+        self.assertTrue(torch.equal(w_back, whole))
+        self.assertTrue(torch.equal(b_back, bf))
+        # and back into a flat range in the middle
+        part = torch.zeros(9)
+        with self.ckpt(torch.nn.Linear(2, 2),
+                       tensors={"w": cairn.torch.FlatRange(part, [4, 5], 6), "b": b_back}) as c:
+            self.assertEqual(c.restore(), 1)
+        self.assertTrue(torch.equal(part, flat[6:15]))
+
+    def test_bad_tensors_are_refused_naming_them(self):
+        torch = self.torch
+        with self.ckpt(torch.nn.Linear(2, 2), tensors={"t": torch.zeros(4, 4).t()}) as c:
+            with self.assertRaisesRegex(ValueError, "tensors.t: the tensor is not contiguous"):
+                c.save(1)
+        with self.ckpt(torch.nn.Linear(2, 2), tensors={"z": torch.zeros(2, dtype=torch.complex64)}) as c:
+            with self.assertRaisesRegex(ValueError, "tensors.z: cairn cannot save dtype"):
+                c.save(1)
+        with self.assertRaisesRegex(TypeError, "no setting 'bogus'"):
+            self.ckpt(torch.nn.Linear(2, 2), bogus=1)
+
+    def test_the_hook_fences_before_every_optimizer_step(self):
+        torch = self.torch
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        with self.ckpt(model, opt) as c:
+            for step in range(1, 6):
+                model(torch.ones(2, 8)).sum().backward()
+                opt.step()
+                c.save(step)
+            self.assertEqual(c.stats().fences, 5)  # one before each optimizer step
+            c.close()
+            opt.step()  # the hook is gone with the checkpointer
+
+
+class CoreModule(unittest.TestCase):
+    """The C++ core as `cairn`: buffers, blobs, errors."""
+
+    def test_buffers_round_trip_and_errors_name_their_kind(self):
+        import numpy as np
+
+        import cairn
+
+        job = Job("core")
+        self.addCleanup(job.close)
+        o = cairn.Options()
+        o.job_id, o.host_root, o.pfs_root = job.id, job.root + "/host", job.root + "/pfs"
+        o.persist_every = 0
+        a = np.arange(1000, dtype=np.float32).reshape(10, 100)
+        with cairn.Checkpointer(o) as c:
+            self.assertEqual(c.save(1, [cairn.Shard.from_buffer("w", "float32", [10, 100], a)],
+                                    {"meta": b"\x00\xffbinary"}), "queued")
+            c.fence()
+            back = np.zeros((5, 100), dtype=np.float32)  # rows 5..9 only
+            r = c.restore([cairn.Shard.from_buffer("w", "float32", [10, 100], back,
+                                                   offsets=[5, 0], lengths=[5, 100])])
+            self.assertEqual((r.step, r.tier, r.blobs["meta"]), (1, "host", b"\x00\xffbinary"))
+            self.assertTrue((back == a[5:]).all())
+            with self.assertRaises(cairn.Error) as e:
+                c.save(1, [])
+            self.assertEqual(e.exception.code, "InvalidArgument")
+            self.assertIn("steps must increase", str(e.exception))
+            with self.assertRaisesRegex(ValueError, "not C-contiguous"):
+                cairn.Shard.from_buffer("t", "float32", [100, 10], a.T)
+            with self.assertRaisesRegex(ValueError, "unknown dtype"):
+                cairn.Shard.from_buffer("w", "complex64", [10, 100], a)
+        with self.assertRaisesRegex(ValueError, "closed"):
+            c.fence()
