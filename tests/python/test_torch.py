@@ -304,3 +304,43 @@ class CoreModule(unittest.TestCase):
                 cairn.Shard.from_buffer("w", "complex64", [10, 100], a)
         with self.assertRaisesRegex(ValueError, "closed"):
             c.fence()
+
+    def test_waits_and_copies_release_the_gil(self):
+        import threading
+
+        import numpy as np
+
+        import cairn
+
+        job = Job("gil")
+        self.addCleanup(job.close)
+        o = cairn.Options()
+        o.job_id, o.host_root, o.pfs_root = job.id, job.root + "/host", job.root + "/pfs"
+        o.persist_every = 0
+        a = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
+        stamps, stop = [], threading.Event()
+
+        def tick():  # Python code: runs only while nobody holds the GIL
+            while not stop.is_set():
+                stamps.append(time.perf_counter())
+
+        with cairn.Checkpointer(o) as c:
+            c.save(1, [cairn.Shard.from_buffer("w", "float32", [a.size], a)])
+            c.fence()
+            back = np.zeros_like(a)
+            targets = [cairn.Shard.from_buffer("w", "float32", [a.size], back)]
+            t = threading.Thread(target=tick)
+            t.start()
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            c.restore(targets)  # verifies and copies 256 MiB
+            t1 = time.perf_counter()
+            stop.set()
+            t.join()
+        self.assertTrue((back == a).all())
+        if t1 - t0 < 0.03:
+            self.skipTest(f"restore() took only {(t1 - t0) * 1e3:.1f} ms: too short to tell")
+        # Python's switch interval is 5 ms: the other thread may run up to 5 ms on either side
+        # of the call (it asked for the GIL); in between only a released GIL lets it run.
+        inside = sum(1 for x in stamps if t0 + 0.007 < x < t1 - 0.007)
+        self.assertGreater(inside, 0, f"no Python ran during {(t1 - t0) * 1e3:.0f} ms of restore()")
