@@ -29,10 +29,18 @@ std::string ShapeToString(const Shape& shape) {
 }
 
 std::string Box::ToString() const {
+  // Also describes malformed boxes (from hostile input): no overflow, no missing length.
   std::string s = "[";
-  for (size_t i = 0; i < ndim(); ++i) {
+  for (size_t i = 0; i < std::max(offsets.size(), lengths.size()); ++i) {
     if (i) s += ", ";
-    s += std::to_string(offsets[i]) + ":" + std::to_string(offsets[i] + lengths[i]);
+    const bool has_off = i < offsets.size(), has_len = i < lengths.size();
+    int64_t end = 0;
+    s += has_off ? std::to_string(offsets[i]) : "?";
+    s += ":";
+    if (has_off && has_len && !__builtin_add_overflow(offsets[i], lengths[i], &end))
+      s += std::to_string(end);
+    else
+      s += has_len ? "+" + std::to_string(lengths[i]) : "?";
   }
   return s + "]";
 }

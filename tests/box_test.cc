@@ -164,5 +164,15 @@ TEST(ShardSpec, FromFlatRangeWalksTheBuffer) {
   EXPECT_FALSE(ShardSpec::FromFlatRange(meta, 50, 61, mine.data()).ok());
 }
 
+// Found by fuzz_wire: describing a hostile box (in an error message) overflowed int64.
+TEST(BoxTest, ToStringDescribesMalformedBoxesWithoutOverflow) {
+  Box huge{{INT64_MAX - 1}, {INT64_MAX}};
+  EXPECT_EQ(huge.ToString(), "[9223372036854775806:+9223372036854775807]");
+  Box ragged{{1, 2}, {3}};
+  EXPECT_EQ(ragged.ToString(), "[1:4, 2:?]");
+  EXPECT_EQ((Box{{}, {5}}).ToString(), "[?:+5]");
+  EXPECT_FALSE(CheckBoxInShape(huge, {10}).ok());
+}
+
 }  // namespace
 }  // namespace cairn
