@@ -420,6 +420,11 @@ uint64_t UcxComm::peer_epoch(int peer) const {
 Status UcxComm::ReadAddress(int p, std::string* address, std::string* nonce) {
   CAIRN_ASSIGN_OR_RETURN(std::string b,
                          ReadWholeFile(DefaultFileSystem(), AddrPath(rdv_dir_, p), 1 << 20));
+  return ParseAddressFile(b, p, size_, address, nonce);
+}
+
+Status ParseAddressFile(std::string_view b, int p, int world, std::string* address,
+                        std::string* nonce) {
   uint32_t r = 0, w = 0, len = 0;
   if (b.size() < 36 || std::memcmp(b.data(), kAddrMagic, 8) != 0)
     return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
@@ -428,12 +433,12 @@ Status UcxComm::ReadAddress(int p, std::string* address, std::string* nonce) {
   std::memcpy(&len, b.data() + 32, 4);
   if (r != static_cast<uint32_t>(p) || len != b.size() - 36)
     return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
-  if (w != static_cast<uint32_t>(size_))
+  if (w != static_cast<uint32_t>(world))
     return Status::FailedPrecondition("rank " + std::to_string(p) + " runs with world size " +
                                       std::to_string(w) + " but this rank with " +
-                                      std::to_string(size_) + " (stale rendezvous files?)");
-  *nonce = b.substr(16, 16);
-  *address = b.substr(36);
+                                      std::to_string(world) + " (stale rendezvous files?)");
+  *nonce = std::string(b.substr(16, 16));
+  *address = std::string(b.substr(36));
   return Status::OK();
 }
 

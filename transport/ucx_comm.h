@@ -195,6 +195,12 @@ class UcxComm {
   std::vector<std::unique_ptr<Peer>> peers_;
 };
 
+// Parses rank `rank`'s address file (tiers/FORMAT.md: magic CAIRNADR, rank, world size,
+// nonce, address length, UCX worker address) for a job of `world` ranks. Corruption when
+// it is malformed or names another rank; FailedPrecondition when its world size differs.
+Status ParseAddressFile(std::string_view bytes, int rank, int world, std::string* address,
+                        std::string* nonce);
+
 // Reads or creates the job token in `dir` (created 0700 if missing). The token file is
 // 0600 and must belong to this user; anything else is an error naming the file.
 Result<std::string> LoadOrCreateJobToken(const std::string& dir);
