@@ -1,0 +1,131 @@
+// Writes the seed corpus of the fuzz targets (fuzz/corpus/<target>/seed-*): valid inputs of
+// every parser, made by cairn's own encoders (and a real MANIFEST from a 1-rank flush).
+//   build-fuzz/fuzz/fuzz_make_seeds OUT_DIR
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "api/checkpointer.h"
+#include "core/filesystem.h"
+#include "persist/commit.h"
+#include "persist/manifest.h"
+#include "persist/save_planner.h"
+#include "tiers/slot_header.h"
+
+using namespace cairn;
+
+namespace {
+
+void Put(const std::string& dir, const std::string& target, int n, const std::string& bytes) {
+  const std::string d = JoinPath(dir, target);
+  (void)DefaultFileSystem()->MakeDirs(d, 0755);
+  const std::string path = JoinPath(d, "seed-" + std::to_string(n));
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) std::exit(1);
+  std::fclose(f);
+}
+
+template <typename T>
+void Append(std::string* s, T v) {
+  s->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  const std::string out = argv[1];
+
+  // Slot headers: two shards (one 2-D box), a blob, several chunks.
+  SlotHeader h;
+  h.state = VersionState::kCaptured;
+  h.step = 42;
+  h.rank = 1;
+  h.world_size = 4;
+  h.chunk_bytes = 64;
+  h.shards.push_back({"layers.0.w", DType::kF32, {8, 16}, {{0, 0}, {4, 16}}, 0, 256, 0, 4});
+  h.shards.push_back({"step_count", DType::kI64, {}, {{}, {}}, 256, 8, 4, 1});
+  h.blobs.push_back({"rng", 320, 5, 0x1234});
+  h.data_bytes = 325;
+  h.chunk_checksums = {1, 2, 3, 4, 5};
+  // Mode byte 0: the whole header; 1: without its checksum (the target appends it).
+  std::string enc = EncodeSlotHeader(h);
+  Put(out, "fuzz_slot_header", 0, std::string(1, '\0') + enc);
+  Put(out, "fuzz_slot_header", 1, std::string(1, '\1') + enc.substr(0, enc.size() - 8));
+  h.shards.pop_back();
+  h.chunk_checksums.pop_back();
+  h.state = VersionState::kReplicated;
+  enc = EncodeSlotHeader(h);
+  Put(out, "fuzz_slot_header", 2, std::string(1, '\1') + enc.substr(0, enc.size() - 8));
+
+  // A real MANIFEST: one rank saves two tensors and flushes.
+  char tmpl[] = "/tmp/cairn-seeds-XXXXXX";
+  if (!::mkdtemp(tmpl)) return 1;
+  Options o;
+  o.job_id = "seeds";
+  o.host_root = std::string(tmpl) + "/host";
+  o.pfs_root = std::string(tmpl) + "/pfs";
+  o.persist_every = 0;
+  o.chunk_bytes = 64 << 10;
+  std::vector<float> w(30000, 1.5f);  // 120 KB: two chunks
+  std::vector<int64_t> c(1, 7);
+  {
+    auto ck = Checkpointer::Open(o);
+    if (!ck.ok()) {
+      std::fprintf(stderr, "make_seeds: %s\n", ck.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<ShardSpec> shards = {
+        ShardSpec::Whole({"layers.0.w", DType::kF32, {300, 100}}, w.data()),
+        ShardSpec::Whole({"step_count", DType::kI64, {}}, c.data())};
+    auto saved = (*ck)->save(1, shards, {{"rng", "abc"}});
+    auto flushed = (*ck)->flush();
+    if (!saved.ok() || !flushed.ok()) {
+      std::fprintf(stderr, "make_seeds: save or flush failed: %s\n",
+                   (saved.ok() ? flushed.status() : saved.status()).ToString().c_str());
+      return 1;
+    }
+  }
+  auto m = ReadWholeFile(
+      DefaultFileSystem(),
+      JoinPath(JoinPath(PfsJobDir(o.pfs_root, o.job_id), StepDirName(1)), "MANIFEST"), 1 << 20);
+  if (!m.ok()) return 1;
+  // Mode byte 0: the whole file; 1: the protobuf payload (the target frames it).
+  Put(out, "fuzz_manifest", 0, std::string(1, '\0') + *m);
+  Put(out, "fuzz_manifest", 1, std::string(1, '\1') + m->substr(16, m->size() - 24));
+  (void)DefaultFileSystem()->RemoveAll(tmpl);
+
+  // Wire records: a rank layout, a location table (first byte picks the parser), an
+  // address file.
+  RankLayout l;
+  l.tensors = {{"embed.weight", DType::kBF16, {64, 32}}, {"b", DType::kF32, {7}}};
+  l.shards = {{0, {{0, 0}, {32, 32}}}, {1, Box::Whole({7})}};
+  Put(out, "fuzz_wire", 0, std::string(1, '\0') + EncodeRankLayout(l));
+  LocationTable t;
+  t.pieces = {{4096, {11, 12}}, {0, {13}}};
+  t.blobs = {{"rng", 8192, 3, 99}};
+  Put(out, "fuzz_wire", 1, std::string(1, '\1') + EncodeLocationTable(t));
+  std::string addr = "CAIRNADR";
+  Append<uint32_t>(&addr, 1);
+  Append<uint32_t>(&addr, 4);
+  addr += "0123456789abcdef";
+  const std::string ucx = "ucx-worker-address-bytes";
+  Append<uint32_t>(&addr, static_cast<uint32_t>(ucx.size()));
+  addr += ucx;
+  Put(out, "fuzz_wire", 2, std::string(1, '\2') + addr);
+
+  // Flat ranges: ndim, dims (u16), begin, end (i32).
+  auto flat = [](std::vector<uint16_t> dims, int32_t b, int32_t e) {
+    std::string s(1, static_cast<char>(dims.size()));
+    for (uint16_t d : dims) Append(&s, d);
+    Append(&s, b);
+    Append(&s, e);
+    return s;
+  };
+  Put(out, "fuzz_flat_range", 0, flat({4, 5}, 3, 12));
+  Put(out, "fuzz_flat_range", 1, flat({3, 4, 5}, 7, 53));
+  Put(out, "fuzz_flat_range", 2, flat({}, 0, 1));
+  Put(out, "fuzz_flat_range", 3, flat({6, 7}, 0, 42));
+  return 0;
+}
