@@ -186,7 +186,11 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
   EXPECT_FALSE(CheckReplicas(root.path() + "/host", job, 1, 0, kKillStateBytes).empty());
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   ASSERT_TRUE((*l)->Restart(1).ok());
+#if defined(__SANITIZE_THREAD__)
+  const bool ok = (*l)->WaitAll(900);  // ThreadSanitizer copies 32 MiB about 5x slower
+#else
   const bool ok = (*l)->WaitAll(180);
+#endif
   const std::string log0 = ReadLog(root.path(), 0), log1 = ReadLog(root.path(), 1);
   EXPECT_TRUE(ok) << "rank 0:\n" << log0 << "\nrank 1:\n" << log1;
   auto steps = Steps(log0);
