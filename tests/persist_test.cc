@@ -21,6 +21,7 @@
 #include "persist/save_planner.h"
 #include "persist/writer.h"
 #include "tests/persist_state.h"
+#include "tests/power_loss_filesystem.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -535,6 +536,64 @@ TEST(Persist, FailedFilesystemCallsNeverLoseTheCommittedStep) {
     }
   }
   EXPECT_GT(cases, 30);
+}
+
+TEST(Persist, PowerLossAtAnyPointLeavesLatestOnACompleteStep) {
+  // The machine stops at the 1st, 2nd, ... filesystem call of a persist, then everything not
+  // made durable by an fsync (file data, renames and creations in unsynced directories) is
+  // lost. LATEST must name step 1 or 2, and that step must read back bit-exact; after the
+  // restart the next persist commits.
+  PersistState s(16);
+  int crashes = 0;
+  for (uint64_t n = 1;; ++n) {
+    SCOPED_TRACE("power lost at mutating call " + std::to_string(n));
+    TempDir root("pfspower");
+    testing::PowerLossFileSystem power(DefaultFileSystem());
+    Options o = PersistOptions(root, "power");
+    FileSystem* fs = DefaultFileSystem();
+    const std::string job = JobDir(o);
+    bool crashed = false;
+    {
+      o.pfs_fs = &power;
+      auto ck = Checkpointer::Open(o);
+      ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+      Checkpointer& c = **ck;
+      for (int64_t t : {1, 2}) {
+        s.Fill(t);
+        ASSERT_TRUE(c.save(t, s.Shards(), {{"who", PersistState::Blob(0, t)}}).ok());
+        ASSERT_TRUE(c.fence().ok());
+        if (t == 1) {
+          ASSERT_TRUE(c.flush().ok());
+          power.CrashAfter(n);
+        }
+      }
+      (void)c.flush();
+      crashed = power.crashed();
+    }  // the process dies with the machine
+    power.DropUnsyncedData();
+    auto latest = ReadLatest(fs, job);
+    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    if (crashed)
+      EXPECT_TRUE(*latest == 1 || *latest == 2) << *latest;
+    else
+      EXPECT_EQ(*latest, 2);
+    EXPECT_EQ(s.Check(fs, JoinPath(job, StepDirName(*latest)), *latest, 0), "");
+    {
+      o.pfs_fs = nullptr;  // power is back
+      auto ck = Checkpointer::Open(o);
+      ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+      s.Fill(3);
+      ASSERT_TRUE((*ck)->save(3, s.Shards(), {{"who", PersistState::Blob(0, 3)}}).ok());
+      auto again = (*ck)->flush();
+      ASSERT_TRUE(again.ok()) << again.status().ToString();
+      EXPECT_EQ(*ReadLatest(fs, job), 3);
+      EXPECT_EQ(s.Check(fs, JoinPath(job, StepDirName(3)), 3, 0), "");
+    }
+    if (!crashed) break;  // the persist made fewer than n calls: every point was tried
+    ++crashes;
+  }
+  std::printf("power lost at %d different points of a persist\n", crashes);
+  EXPECT_GT(crashes, 10);
 }
 
 // A filesystem whose writes wait until released: a persist stuck on a slow PFS.
