@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <mutex>
 
@@ -426,6 +428,52 @@ TEST_F(CheckpointerTest, HostTierLostRestoresFromThePfsPastACorruptStepNamingThe
   ASSERT_FALSE(gone.ok());
   EXPECT_NE(gone.status().message().find(JoinPath(step1, DataFileName(0))), std::string::npos)
       << gone.status().message();
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+// Every file cairn creates (host tier, PFS steps, LATEST, MANIFEST) is readable by its owner
+// only (no group or other bits), every directory 0700, whatever the umask.
+TEST(Security, FilesAre0600AndDirectories0700) {
+  testing::TempDir root("modes");
+  Options o = testing::TestOptions(root, "modes");
+  o.persist_every = 0;
+  const mode_t old_umask = ::umask(0);  // the most permissive: cairn's own modes show
+  std::vector<float> w(50000, 1.0f);
+  {
+    auto c = Checkpointer::Open(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<ShardSpec> shards = {ShardSpec::Whole({"w", DType::kF32, {50000}}, w.data())};
+    ASSERT_TRUE((*c)->save(1, shards, {{"b", "x"}}).ok());
+    ASSERT_TRUE((*c)->flush().ok());
+  }
+  ::umask(old_umask);
+  int files = 0, dirs = 0;
+  std::function<void(const std::string&)> walk = [&](const std::string& dir) {
+    auto names = DefaultFileSystem()->ListDir(dir);
+    ASSERT_TRUE(names.ok()) << dir;
+    for (const std::string& n : *names) {
+      const std::string p = JoinPath(dir, n);
+      struct stat st {};
+      ASSERT_EQ(::lstat(p.c_str(), &st), 0) << p;
+      if (S_ISDIR(st.st_mode)) {
+        EXPECT_EQ(st.st_mode & 0777, 0700u) << p;
+        ++dirs;
+        walk(p);
+      } else {
+        EXPECT_EQ(st.st_mode & 0077, 0u) << p << " is readable by others";
+        ++files;
+      }
+    }
+  };
+  for (const std::string& top : {JoinPath(o.host_root, o.job_id), PfsJobDir(o.pfs_root, o.job_id)})
+    walk(top);
+  EXPECT_GE(files, 5);  // slot, header, lock, data file, MANIFEST, LATEST
+  EXPECT_GE(dirs, 3);
 }
 
 }  // namespace
