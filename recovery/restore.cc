@@ -217,7 +217,11 @@ struct MemoryCatalog {
   std::vector<std::vector<std::pair<int, uint64_t>>> blob_providers;  // per source: (rank, size)
 };
 
-Status AddTables(int holder, std::string_view bytes, MemoryCatalog* mc,
+// Adds rank `holder`'s shard tables to the catalog. The bytes come from a peer: every field
+// is checked (source below `saved_world`, names, dtypes, boxes inside their shapes, byte
+// counts) before it is used, so a garbled table is an error, never a crash or a huge
+// allocation.
+Status AddTables(int holder, std::string_view bytes, uint32_t saved_world, MemoryCatalog* mc,
                  std::unordered_map<std::string, uint32_t>* tensor_ids,
                  std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t>* piece_ids) {
   const auto bad = [&] {
@@ -232,7 +236,8 @@ Status AddTables(int holder, std::string_view bytes, MemoryCatalog* mc,
     uint64_t chunk = 0, blob_bytes = 0;
     uint32_t nshards = 0;
     if (!r.Get(&source) || !r.Get(&chunk) || !r.Get(&blob_bytes) || !r.Get(&nshards) ||
-        source < 0 || source >= (1 << 24))
+        source < 0 || static_cast<uint32_t>(source) >= saved_world || source >= (1 << 24) ||
+        chunk == 0)
       return bad();
     if (cat.chunk_bytes == 0) cat.chunk_bytes = chunk;
     if (chunk != cat.chunk_bytes)
@@ -248,12 +253,16 @@ Status AddTables(int holder, std::string_view bytes, MemoryCatalog* mc,
       uint32_t nd = 0;
       if (!r.GetString(&meta.name, kMaxText) || !r.Get(&dt) || !r.Get(&nd) || nd > 64) return bad();
       meta.dtype = static_cast<DType>(dt);
+      if (DTypeSize(meta.dtype) == 0 || !CheckTensorName(meta.name).ok()) return bad();
       meta.global_shape.resize(nd);
       for (int64_t& x : meta.global_shape)
         if (!r.Get(&x)) return bad();
       Box box;
       uint64_t nbytes = 0;
       if (!GetBox(r, &box) || !r.Get(&nbytes)) return bad();
+      if (!CheckedNumElements(meta.global_shape) || !CheckBoxInShape(box, meta.global_shape).ok() ||
+          nbytes != static_cast<uint64_t>(box.numel()) * DTypeSize(meta.dtype))
+        return bad();
       auto [it, fresh] = tensor_ids->emplace(meta.name, static_cast<uint32_t>(cat.tensors.size()));
       if (fresh) {
         cat.tensors.push_back(meta);
@@ -825,6 +834,14 @@ void AppendRegionCopies(const std::byte* src, uint64_t src_lo, const Box& src_bo
   });
 }
 
+Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t saved_world) {
+  if (kind == 0) return DecodeInventory(bytes).status();
+  MemoryCatalog mc;
+  std::unordered_map<std::string, uint32_t> tensor_ids;
+  std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;
+  return AddTables(1, bytes, saved_world, &mc, &tensor_ids, &piece_ids);
+}
+
 Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> targets,
                               const RestoreOptions& options) {
   const int64_t t0 = NowNanos();
@@ -917,6 +934,10 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
     CAIRN_ASSIGN_OR_RETURN(auto all2, GatherChecked(g, pin_st, w2.out()));
     std::unordered_map<std::string, uint32_t> tensor_ids;
     std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;
+    uint32_t saved_world = 0;  // of the job that saved the chosen step (one world: Choose)
+    for (const Inventory& i : inv)
+      for (const HeldVersion& v : i.held)
+        if (v.step == choice->step) saved_world = std::max(saved_world, v.world_size);
     for (size_t r = 0; r < all2.size(); ++r) {
       ByteReader rd(all2[r]);
       std::string l;
@@ -926,8 +947,8 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
       if (!choice->from_pfs)
         CAIRN_RETURN_IF_ERROR(
             AddTables(static_cast<int>(r),
-                      std::string_view(all2[r]).substr(all2[r].size() - rd.remaining()), &mc,
-                      &tensor_ids, &piece_ids)
+                      std::string_view(all2[r]).substr(all2[r].size() - rd.remaining()),
+                      saved_world, &mc, &tensor_ids, &piece_ids)
                 .WithContext(who));
     }
     if (choice->from_pfs) {

@@ -10,11 +10,13 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/filesystem.h"
 #include "core/log.h"
@@ -636,6 +638,57 @@ TEST(LoadPlanner, ReadsOnlyTheChunksATargetOverlaps) {
   EXPECT_EQ(plan->runs[0].lo, 4096u);
   EXPECT_EQ(plan->runs[0].hi, 8192u);
   EXPECT_EQ(plan->unique_bytes_needed, 3000u);
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+// A peer's shard table (as Restore exchanges them) with one field changed by `mutate`.
+std::string ShardTable(const std::function<void(int32_t&, uint8_t&, std::vector<int64_t>&,
+                                                uint64_t&)>& mutate = nullptr) {
+  int32_t source = 2;
+  uint8_t dtype = static_cast<uint8_t>(DType::kF32);
+  std::vector<int64_t> shape_and_box = {8, 16, 4, 4, 0, 16};  // shape, then (offset, length)s
+  uint64_t nbytes = 4 * 16 * 4;
+  if (mutate) mutate(source, dtype, shape_and_box, nbytes);
+  ByteWriter w;
+  w.Put<uint32_t>(1);
+  w.Put<int32_t>(source);
+  w.Put<uint64_t>(1 << 16);
+  w.Put<uint64_t>(10);
+  w.Put<uint32_t>(1);
+  w.PutString("layers.0.w");
+  w.Put<uint8_t>(dtype);
+  w.Put<uint32_t>(2);
+  w.Put<int64_t>(shape_and_box[0]);
+  w.Put<int64_t>(shape_and_box[1]);
+  w.Put<uint32_t>(2);
+  for (size_t i = 2; i < 6; ++i) w.Put<int64_t>(shape_and_box[i]);
+  w.Put<uint64_t>(nbytes);
+  return std::move(w.out());
+}
+
+// Shard tables come from peers: a garbled one is refused before anything is sized from it.
+TEST(Recovery, GarbledShardTablesFromPeersAreRefused) {
+  EXPECT_TRUE(DecodeRestoreMessageForFuzzing(1, ShardTable(), 4).ok());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"source past the saved world", ShardTable([](auto& s, auto&, auto&, auto&) { s = 4; })},
+      {"huge source", ShardTable([](auto& s, auto&, auto&, auto&) { s = (1 << 24) - 1; })},
+      {"unknown dtype", ShardTable([](auto&, auto& d, auto&, auto&) { d = 200; })},
+      {"box outside its shape", ShardTable([](auto&, auto&, auto& v, auto&) { v[2] = 6; })},
+      {"negative extent", ShardTable([](auto&, auto&, auto& v, auto&) { v[1] = -16; })},
+      {"byte count off", ShardTable([](auto&, auto&, auto&, auto& n) { n += 4; })},
+      {"truncated", ShardTable().substr(0, 40)},
+  };
+  for (const auto& [what, bytes] : bad) {
+    Status st = DecodeRestoreMessageForFuzzing(1, bytes, 4);
+    EXPECT_FALSE(st.ok()) << what;
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << what << ": " << st.ToString();
+  }
+  EXPECT_FALSE(DecodeRestoreMessageForFuzzing(0, "short", 4).ok());
 }
 
 }  // namespace
