@@ -127,5 +127,34 @@ int main(int argc, char** argv) {
   Put(out, "fuzz_flat_range", 1, flat({3, 4, 5}, 7, 53));
   Put(out, "fuzz_flat_range", 2, flat({}, 0, 1));
   Put(out, "fuzz_flat_range", 3, flat({6, 7}, 0, 42));
+  // Restore messages: an inventory (mode byte 0) and shard tables of a 4-rank job (1, 4).
+  std::string inv;
+  Append<uint64_t>(&inv, 0xabcdef);
+  Append<uint32_t>(&inv, 2);  // held versions: source, step, world size
+  for (int32_t src : {0, 2}) {
+    Append<int32_t>(&inv, src);
+    Append<int64_t>(&inv, 7);
+    Append<uint32_t>(&inv, 4);
+  }
+  Append<uint32_t>(&inv, 1);  // PFS steps
+  Append<int64_t>(&inv, 5);
+  Put(out, "fuzz_restore", 0, std::string("\0\4", 2) + inv);
+  std::string tab;
+  Append<uint32_t>(&tab, 1);        // one held version
+  Append<int32_t>(&tab, 2);         // of rank 2
+  Append<uint64_t>(&tab, 1 << 16);  // chunk bytes
+  Append<uint64_t>(&tab, 10);       // blob bytes
+  Append<uint32_t>(&tab, 1);        // one shard
+  const std::string name = "layers.0.w";
+  Append<uint32_t>(&tab, static_cast<uint32_t>(name.size()));
+  tab += name;
+  Append<uint8_t>(&tab, static_cast<uint8_t>(DType::kF32));
+  Append<uint32_t>(&tab, 2);  // shape [8, 16]
+  Append<int64_t>(&tab, 8);
+  Append<int64_t>(&tab, 16);
+  Append<uint32_t>(&tab, 2);  // box [4:8, 0:16]
+  for (int64_t x : {4, 4, 0, 16}) Append<int64_t>(&tab, x);
+  Append<uint64_t>(&tab, 4 * 16 * 4);
+  Put(out, "fuzz_restore", 1, std::string("\1\4", 2) + tab);
   return 0;
 }

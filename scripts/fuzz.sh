@@ -28,7 +28,7 @@ export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no
 export ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 mkdir -p build-fuzz/findings
 status=0
-for t in fuzz_slot_header fuzz_manifest fuzz_wire fuzz_flat_range; do
+for t in fuzz_slot_header fuzz_manifest fuzz_wire fuzz_flat_range fuzz_restore; do
   corpus="fuzz/corpus/$t"
   scratch="$(mktemp -d)"
   cp -r "$corpus/." "$scratch/"
