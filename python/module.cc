@@ -36,6 +36,13 @@ T Unwrap(Result<T> r) {
   return std::move(*r);
 }
 
+// Runs `fn` with the GIL released (every call that waits or copies goes through here).
+template <typename Fn>
+auto WithoutGil(Fn&& fn) {
+  py::gil_scoped_release nogil;
+  return fn();
+}
+
 // A shard as Python sees it: what to save or fill, and who owns the bytes.
 struct PyShard {
   ShardSpec spec;
@@ -90,25 +97,14 @@ py::dict FromBlobs(const Blobs& b) {
 class PyCheckpointer {
  public:
   explicit PyCheckpointer(Options o) {
-    py::gil_scoped_release nogil;
-    auto c = Checkpointer::Open(std::move(o));
-    if (!c.ok()) {
-      py::gil_scoped_acquire gil;
-      Throw(c.status());
-    }
-    c_ = std::move(*c);
+    c_ = Unwrap(WithoutGil([&] { return Checkpointer::Open(std::move(o)); }));
   }
 
   std::string Save(int64_t step, const std::vector<PyShard>& shards, const py::dict& blobs) {
     Checkpointer& c = Get();
     const std::vector<ShardSpec> specs = Specs(shards);
     const Blobs b = ToBlobs(blobs);
-    std::optional<Result<SaveOutcome>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(c.save(step, specs, b));
-    }
-    const SaveOutcome out = Unwrap(std::move(*r));
+    const SaveOutcome out = Unwrap(WithoutGil([&] { return c.save(step, specs, b); }));
     if (out == SaveOutcome::kQueued)
       for (const PyShard& s : shards) pinned_.push_back(s.owner);
     return out == SaveOutcome::kQueued ? "queued" : "skipped";
@@ -116,45 +112,29 @@ class PyCheckpointer {
 
   void Fence() {
     Checkpointer& c = Get();
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c.fence();
-    }
+    const Status st = WithoutGil([&] { return c.fence(); });
     pinned_.clear();  // cairn reads none of them any more
     if (!st.ok()) Throw(st);
   }
 
   void WaitCaptured() {
     Checkpointer& c = Get();
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c.wait_captured();
-    }
+    const Status st = WithoutGil([&] { return c.wait_captured(); });
     pinned_.clear();
     if (!st.ok()) Throw(st);
   }
 
   void WaitReplicated(double timeout_s) {
     Checkpointer& c = Get();
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c.wait_replicated(timeout_s);
-    }
+    const Status st = WithoutGil([&] { return c.wait_replicated(timeout_s); });
     if (!st.ok()) Throw(st);
   }
 
   int64_t Flush() {
     Checkpointer& c = Get();
-    std::optional<Result<int64_t>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(c.flush());
-    }
+    auto r = WithoutGil([&] { return c.flush(); });
     pinned_.clear();  // flush waits for every capture
-    return Unwrap(std::move(*r));
+    return Unwrap(std::move(r));
   }
 
   RestoreReport Restore(const std::vector<PyShard>& targets, std::optional<int64_t> step,
@@ -164,22 +144,13 @@ class PyCheckpointer {
     RestoreOptions ro;
     ro.step = step;
     ro.partial = partial;
-    std::optional<Result<RestoreReport>> r;
-    {
-      py::gil_scoped_release nogil;
-      r.emplace(c.restore(specs, ro));
-    }
-    return Unwrap(std::move(*r));
+    return Unwrap(WithoutGil([&] { return c.restore(specs, ro); }));
   }
 
   void Barrier() {
     Checkpointer& c = Get();
     if (!c.group()) return;
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = c.group()->Barrier();
-    }
+    const Status st = WithoutGil([&] { return c.group()->Barrier(); });
     if (!st.ok()) Throw(st);
   }
 
@@ -191,10 +162,7 @@ class PyCheckpointer {
   // Waits for captures in flight, then stops (the host tier's files stay).
   void Close() {
     std::unique_ptr<Checkpointer> c = std::move(c_);
-    {
-      py::gil_scoped_release nogil;
-      c.reset();
-    }
+    WithoutGil([&] { c.reset(); });
     pinned_.clear();
   }
   bool closed() const { return !c_; }
