@@ -7,7 +7,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,7 +150,6 @@ int DemoWorkerMain(int argc, char** argv) {
     std::fprintf(stderr, "demo worker: --mode must be train, resume or check\n");
     return 2;
   }
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the demo
   auto o = Options::FromEnvironment();
   if (!o.ok()) {
     std::fprintf(stderr, "demo worker: %s\n", o.status().ToString().c_str());
