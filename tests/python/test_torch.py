@@ -274,16 +274,23 @@ class TorchUnits(unittest.TestCase):
 class CoreModule(unittest.TestCase):
     """The C++ core as `cairn`: buffers, blobs, errors."""
 
+    def options(self, tag):
+        """cairn.Options of a temporary job (removed after the test), no persistence."""
+        import cairn
+
+        job = Job(tag)
+        self.addCleanup(job.close)
+        o = cairn.Options()
+        o.job_id, o.host_root, o.pfs_root = job.id, job.root + "/host", job.root + "/pfs"
+        o.persist_every = 0
+        return o
+
     def test_buffers_round_trip_and_errors_name_their_kind(self):
         import numpy as np
 
         import cairn
 
-        job = Job("core")
-        self.addCleanup(job.close)
-        o = cairn.Options()
-        o.job_id, o.host_root, o.pfs_root = job.id, job.root + "/host", job.root + "/pfs"
-        o.persist_every = 0
+        o = self.options("core")
         a = np.arange(1000, dtype=np.float32).reshape(10, 100)
         with cairn.Checkpointer(o) as c:
             self.assertEqual(c.save(1, [cairn.Shard.from_buffer("w", "float32", [10, 100], a)],
@@ -312,11 +319,7 @@ class CoreModule(unittest.TestCase):
 
         import cairn
 
-        job = Job("gil")
-        self.addCleanup(job.close)
-        o = cairn.Options()
-        o.job_id, o.host_root, o.pfs_root = job.id, job.root + "/host", job.root + "/pfs"
-        o.persist_every = 0
+        o = self.options("gil")
         a = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
         stamps, stop = [], threading.Event()
 
