@@ -7,6 +7,7 @@
 
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/kill_point.h"
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "recovery/ucx_transport.h"
@@ -357,6 +358,7 @@ void Checkpointer::Capture(Request& r) {
     }
     cv_.notify_all();
   }
+  if (st.ok()) CAIRN_KILL_POINT("capture.copied");
   if (st.ok()) {
     if (!engine_->checksums_while_copying()) {
       std::vector<HostRange> ranges;
@@ -372,6 +374,7 @@ void Checkpointer::Capture(Request& r) {
     log_.Warning(who + ": capture failed, version not restorable (older versions are kept): " +
                  st.ToString());
   }
+  if (st.ok()) CAIRN_KILL_POINT("capture.published");
   if (st.ok() && replicator_) replicator_->Notify(h.step);
   std::lock_guard lk(mu_);
   if (st.ok()) {

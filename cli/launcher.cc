@@ -54,6 +54,8 @@ Status LocalLauncher::Spawn(LaunchedRank& r) {
       {"GROUP_RANK", std::to_string(r.node)},
       {"CAIRN_NODE", std::to_string(r.node)}};
   for (const auto& kv : spec.env) env.push_back(kv);
+  if (static_cast<size_t>(r.rank) < spec.rank_env.size())
+    for (const auto& kv : spec.rank_env[static_cast<size_t>(r.rank)]) env.push_back(kv);
   const std::string log =
       spec.output_dir.empty() ? "" : spec.output_dir + "/rank-" + std::to_string(r.rank) + ".log";
   const pid_t launcher = ::getpid();

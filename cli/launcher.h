@@ -23,6 +23,8 @@ struct LaunchSpec {
   std::vector<std::pair<std::string, std::string>> env;  // extra variables for every rank
   // Per-rank extra arguments appended to argv (indexed by rank; may be shorter).
   std::vector<std::vector<std::string>> rank_args;
+  // Per-rank extra variables, set after `env` (indexed by rank; may be shorter).
+  std::vector<std::vector<std::pair<std::string, std::string>>> rank_env;
   // If set, each rank's stdout and stderr are appended to <output_dir>/rank-<r>.log.
   std::string output_dir;
 };

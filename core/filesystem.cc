@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/kill_point.h"
+
 namespace cairn {
 namespace {
 
@@ -164,11 +166,13 @@ Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view
   if (st.ok()) st = fs->Sync(*fd).WithContext(tmp);
   Status cst = fs->Close(*fd).WithContext(tmp);
   if (st.ok()) st = cst;
+  if (st.ok()) CAIRN_KILL_POINT("atomic.tmp_synced");
   if (st.ok()) st = fs->Rename(tmp, path);
   if (!st.ok()) {
     (void)fs->Unlink(tmp);  // best effort: never leave a temporary behind
     return st;
   }
+  CAIRN_KILL_POINT("atomic.renamed");
   return fs->SyncDir(DirName(path));
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/bytes.h"
+#include "core/kill_point.h"
 
 namespace cairn {
 namespace {
@@ -143,7 +144,9 @@ Status CommitStep(FileSystem* fs, const std::string& job_dir, int64_t step,
   auto prev = ReadLatest(fs, job_dir);
   if (!prev.ok() && prev.status().code() != StatusCode::kNotFound) return prev.status();
   CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, JoinPath(dir, "MANIFEST"), EncodeManifest(manifest)));
+  CAIRN_KILL_POINT("commit.manifest_written");
   Status st = WriteFileAtomic(fs, latest, std::to_string(step) + "\n");
+  if (st.ok()) CAIRN_KILL_POINT("commit.latest_written");
   if (st.ok()) return st;
   auto now = ReadLatest(fs, job_dir);
   if (!now.ok() || *now == step) {

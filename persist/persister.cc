@@ -11,6 +11,7 @@
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/kill_point.h"
 #include "core/trace.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
@@ -285,6 +286,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   if (view && view->header().created_wall_ns != layout.created_wall_ns) view.reset();
 
   const int64_t t0 = NowNanos();
+  CAIRN_KILL_POINT("persist.agreed");
   auto done = PersistStep(*step, view.get(), hashes, layout.encoded);
   if (!done.ok())
     return fail(done.status().WithContext("persisting step " + std::to_string(*step)));
@@ -334,6 +336,7 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
 
   // 4. Gather the tables; rank 0 commits.
   CAIRN_ASSIGN_OR_RETURN(auto encoded, group_->AllGather(EncodeLocationTable(table)));
+  CAIRN_KILL_POINT("persist.tables_gathered");
   std::string outcome;
   if (me == 0) {
     bool left_published = false;
@@ -348,10 +351,12 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
                                                            config_.writer.chunk_bytes));
       m.set_created_wall_ns(WallNanos());
       CAIRN_RETURN_IF_ERROR(fs_->SyncDir(step_dir));
+      CAIRN_KILL_POINT("commit.step_synced");
       return CommitStep(fs_, config_.job_dir, step, m, &left_published);
     }();
     if (st.ok()) {
       CollectPfsGarbage(fs_, config_.job_dir, config_.keep, step, log_);
+      CAIRN_KILL_POINT("commit.collected");
     } else if (!left_published) {
       Status rm = fs_->RemoveAll(step_dir);
       if (!rm.ok())
@@ -367,6 +372,7 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
   // A step LATEST names must never be written again, even if its round failed.
   if (st.ok() || left_published) last_committed_ = step;
   if (!st.ok()) return st;
+  CAIRN_KILL_POINT("persist.committed");
   return step;
 }
 
@@ -429,6 +435,7 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
                                 std::to_string(e.slot_chunk - shard_of[e.item]->first_chunk) +
                                 " no longer matches its checksum");
   CAIRN_RETURN_IF_ERROR(fs_->SyncDir(JoinPath(step_dir, "data")));
+  CAIRN_KILL_POINT("persist.share_written");
   {
     std::lock_guard lk(mu_);
     stats_.bytes += rep.bytes;

@@ -11,6 +11,7 @@
 
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/kill_point.h"
 #include "persist/manifest.h"
 
 namespace cairn {
@@ -138,6 +139,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
         failed = true;
         return;
       }
+      CAIRN_KILL_POINT("persist.piece_written");
     }
   };
   const int nthreads = std::clamp(options.threads, 1, 64);
@@ -148,6 +150,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   for (auto& t : pool) t.join();
   Status st = first;
   if (st.ok()) st = fs->Sync(*fd);
+  if (st.ok()) CAIRN_KILL_POINT("persist.file_synced");
   Status cl = fs->Close(*fd);
   if (st.ok()) st = cl;
   if (!st.ok()) {

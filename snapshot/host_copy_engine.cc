@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/checksum.h"
+#include "core/kill_point.h"
 #include "snapshot/copy_engine.h"
 #include "snapshot/worker_pool.h"
 
@@ -26,6 +27,7 @@ class HostCopyEngine final : public CopyEngine {
       const CopyChunk& c = chunks[i];
       if (!checksums) {
         StreamingCopy(c.dst, c.src, c.bytes);
+        CAIRN_KILL_POINT("capture.copy_chunk");
         return;
       }
       ChecksumStream h;
@@ -40,6 +42,7 @@ class HostCopyEngine final : public CopyEngine {
         h.Update(s + off, n);
       }
       checksums[i] = h.Digest();
+      CAIRN_KILL_POINT("capture.copy_chunk");
     };
     pool_.ParallelFor(chunks.size(), one);
     return Status::OK();

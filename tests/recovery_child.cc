@@ -5,6 +5,12 @@
 //       barrier per step, printing "saved <step> replicated <newest replicated step>";
 //       with LAST: flushes after saving LAST, prints "committed <step>", exits 0 when the
 //       flush committed LAST; without: runs until killed
+//   recovery_child matrix LAYOUT ROWS LAST EVERY
+//       the crash matrix's training run (tests/crash_matrix.cc): saves 1..LAST like train,
+//       printing "saved <step> captured <c> replicated <r> persisted <p>" (the newest steps
+//       Stats reports) or "skipped <step>"; every EVERY steps it waits for the version to
+//       be captured and replicated and prints "complete <step>" when both succeeded; after
+//       LAST, flushes and prints "committed <step>"
 //   recovery_child restore LAYOUT ROWS MIN_STEP
 //       restores into LAYOUT, checks every byte and the blob, prints "restored <step> tier
 //       <tier> received <bytes> pfs <job bytes read> needed <job bytes needed> resharded
@@ -37,9 +43,12 @@ int main(int argc, char** argv) {
   }
   auto held = model.Make(boxes);
   auto shards = model.Shards(held);
-  if (mode == "train") {
-    const int64_t last = argc > 5 ? std::atoll(argv[5]) : -1;
-    for (int64_t t = arg;; ++t) {
+  if (mode == "train" || mode == "matrix") {
+    const bool matrix = mode == "matrix";
+    const int64_t first = matrix ? 1 : arg;
+    const int64_t last = matrix ? arg : argc > 5 ? std::atoll(argv[5]) : -1;
+    const int64_t every = matrix && argc > 5 ? std::atoll(argv[5]) : 0;
+    for (int64_t t = first;; ++t) {
       model.Visit(held, t, false);
       auto out = c.save(t, shards, {{"who", testing::ModelState::Blob(opts.rank, t)}});
       if (!out.ok()) {
@@ -48,11 +57,39 @@ int main(int argc, char** argv) {
       }
       Status f = c.fence();
       if (!f.ok()) std::fprintf(stderr, "recovery_child: %s\n", f.ToString().c_str());
-      if (c.group()) (void)c.group()->Barrier();  // ranks advance together, as in training
+      if (c.group()) {
+        // Ranks advance together, as in training; in the matrix a failed collective ends
+        // the run, as a dead rank ends a real job's next allreduce.
+        Status b = c.group()->Barrier();
+        if (!b.ok() && matrix) {
+          std::fprintf(stderr, "recovery_child: %s\n", b.ToString().c_str());
+          return 1;
+        }
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the "compute"
-      std::printf("saved %lld replicated %lld\n", static_cast<long long>(t),
-                  static_cast<long long>(c.stats().newest_replicated_step));
+      const Stats s = c.stats();
+      if (!matrix) {
+        std::printf("saved %lld replicated %lld\n", static_cast<long long>(t),
+                    static_cast<long long>(s.newest_replicated_step));
+      } else if (*out == SaveOutcome::kSkipped) {
+        std::printf("skipped %lld\n", static_cast<long long>(t));
+      } else {
+        std::printf("saved %lld captured %lld replicated %lld persisted %lld\n",
+                    static_cast<long long>(t), static_cast<long long>(s.newest_captured_step),
+                    static_cast<long long>(s.newest_replicated_step),
+                    static_cast<long long>(s.newest_persisted_step));
+      }
       std::fflush(stdout);
+      if (every > 0 && t % every == 0 && *out == SaveOutcome::kQueued) {
+        // What a user does to know a version is safe: it is captured here and held in the
+        // other node's memory.
+        Status cap = c.wait_captured();
+        Status rep = cap.ok() ? c.wait_replicated(30) : cap;
+        if (rep.ok() && c.stats().newest_replicated_step >= t) {
+          std::printf("complete %lld\n", static_cast<long long>(t));
+          std::fflush(stdout);
+        }
+      }
       if (t == last) {
         auto r = c.flush();
         if (!r.ok()) {

@@ -39,7 +39,7 @@ TempDir::TempDir(const std::string& tag) {
 }
 
 TempDir::~TempDir() {
-  (void)DefaultFileSystem()->RemoveAll(path_);
+  if (!keep_) (void)DefaultFileSystem()->RemoveAll(path_);
 }
 
 std::string UniqueJobId(const std::string& tag) {

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "core/kill_point.h"
+
 namespace cairn {
 namespace {
 
@@ -257,6 +259,7 @@ Result<std::byte*> HostTier::Prepare(int slot, int64_t step, uint64_t bytes,
     s.use = Use::kCapturing;
     if (!st.ok()) return st.WithContext("invalidating " + s.header_path);
   }
+  CAIRN_KILL_POINT("tier.invalidated");
   CAIRN_RETURN_IF_ERROR(EnsureMapped(s, bytes).WithContext("sizing " + s.data_path));
   return s.file->data();
 }
@@ -273,9 +276,11 @@ Status HostTier::Commit(int slot, SlotHeader header) {
   if (!s.file || s.file->size() < header.data_bytes)
     return Status::Internal("commit of a slot smaller than its version");
   s.file->Persist(0, header.data_bytes);
+  CAIRN_KILL_POINT("tier.data_persisted");
   header.state = VersionState::kCaptured;
   CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs_, s.header_path, EncodeSlotHeader(header))
                             .WithContext("publishing step " + std::to_string(header.step)));
+  CAIRN_KILL_POINT("tier.published");
   std::lock_guard lk(mu_);
   s.header = std::move(header);
   s.use = Use::kCaptured;
@@ -306,6 +311,7 @@ Status HostTier::SetState(int64_t step, VersionState state) {
   ++slot->pins;  // keep the slot while the header is rewritten without the lock
   lk.unlock();
   Status st = WriteFileAtomic(fs_, slot->header_path, EncodeSlotHeader(h));
+  if (st.ok()) CAIRN_KILL_POINT("tier.state_recorded");
   lk.lock();
   --slot->pins;
   if (st.ok()) slot->header = std::move(h);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/clock.h"
+#include "core/kill_point.h"
 #include "core/trace.h"
 
 namespace cairn {
@@ -126,6 +127,7 @@ void Replicator::SenderLoop() {
         }
       }
       if (all_ok) {
+        CAIRN_KILL_POINT("replicate.acked");
         Status st = local_->SetState(step, VersionState::kReplicated);
         if (!st.ok() && log_)
           log_->Warning("recording step " + std::to_string(step) +
@@ -156,6 +158,7 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   CAIRN_RETURN_IF_ERROR(
       comm_->Send(holder, MakeTag(MsgKind::kReplOffer, me, offer), header.data(), header.size())
           .WithContext(who));
+  CAIRN_KILL_POINT("replicate.offered");
   auto ready = comm_->Recv(holder, MakeTag(MsgKind::kReplReady, holder, offer), timeout_s_);
   if (!ready.ok()) return ready.status().WithContext(who);
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
@@ -174,6 +177,7 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
     if (first.ok()) first = st;
   }
   CAIRN_RETURN_IF_ERROR(first.WithContext(who));
+  CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
   auto ack = comm_->Recv(holder, MakeTag(MsgKind::kReplAck, holder, offer), timeout_s_);
   if (!ack.ok()) return ack.status().WithContext(who);
@@ -237,6 +241,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
         comm_->StartRecv(src, MakeTag(MsgKind::kReplData, src, DataSeq(offer, c)), *mem + b, len);
   };
   for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
+  CAIRN_KILL_POINT("replicate.ready");
   reply(MsgKind::kReplReady, "ok");
   // Verify while receiving: a helper thread checks every checksum chunk as soon as the
   // transfer chunk that completes it has arrived (still warm in cache), so only the tail is
@@ -277,8 +282,10 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
       abort = true;
     vcv.notify_all();
   }
+  if (st.ok()) CAIRN_KILL_POINT("replicate.received");
   verifier.join();
   if (st.ok()) st = chunks > 0 ? verified : ReplicaStore::Verify(*h, data);
+  if (st.ok()) CAIRN_KILL_POINT("replicate.verified");
   if (st.ok()) (*tier)->MarkCopied(*slot);
   if (st.ok()) st = (*tier)->Commit(*slot, *h);
   if (!st.ok()) {
@@ -297,6 +304,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
     std::lock_guard g(mu_);
     ++stats_.received;
   }
+  CAIRN_KILL_POINT("replicate.published");
   reply(MsgKind::kReplAck, "ok");
 }
 

@@ -1,0 +1,447 @@
+// crash_matrix: kills a rank of a 2 nodes x 2 ranks job at a named kill point of capture,
+// replication, persist or commit (core/kill_point.h; built only with CAIRN_KILL_POINTS=ON)
+// and checks that a new job restores the newest version reported complete, bit-exact.
+//
+//   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128] [--keep]
+//
+// The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel 2, a
+// version every iteration, replication to the other node, CAIRN_PERSIST_EVERY=4, a flush
+// at the end. Every `every` steps each rank waits for the version to be captured and
+// replicated and prints "complete <step>"; each rank prints the newest persisted step it
+// has seen.
+//
+// First a census run (nothing killed) counts how often each rank reaches each point; every
+// point must be reached. Then each trial picks a point (cycling through all of them in a
+// shuffled order), a rank that reaches it, and n in [1, times that rank reached it in the
+// census]; that rank SIGKILLs itself the n-th time it reaches the point, the other ranks
+// are SIGKILLed 0-20 ms later (the scheduler ends the job), and then nothing, node 0's,
+// node 1's or every node's host memory is wiped (a lost node). A new 2 x 2 job restores and
+// every rank checks every byte and blob against the step it got. A trial passes when
+//   - every rank restored the same step and every byte of it is what was saved at that step
+//     (a torn version would differ), and
+//   - that step is at least the newest one reported complete that survives the failure:
+//     the newest step every rank printed "complete" for (unless every node was wiped), and
+//     the newest step any rank saw persisted;
+//   - when nothing reported complete survives, a restore that fails with an error (exit 1,
+//     no crash) also passes.
+// Prints a line per trial, a table per point, and one JSON line last. Exit 0 when every
+// trial passed and the census reached every point.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/launcher.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+#include "core/kill_point.h"
+#include "tests/test_util.h"
+
+using namespace cairn;
+
+namespace {
+
+struct Config {
+  int trials = 200;
+  uint64_t seed = 0;
+  int steps = 24;
+  int every = 3;
+  int rows = 128;
+  bool keep = false;
+};
+
+constexpr int kNodes = 2, kPerNode = 2, kWorld = kNodes * kPerNode;
+const char* const kWipes[] = {"none", "node 0", "node 1", "all"};
+
+std::string ReadText(const std::string& path) {
+  auto t = ReadWholeFile(DefaultFileSystem(), path, 64 << 20);
+  return t.ok() ? *t : std::string();
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// What a rank's training log says.
+struct Reported {
+  std::set<int64_t> complete;
+  int64_t persisted = -1;  // the newest step it saw committed to the PFS
+  int64_t saved = 0;       // the last step it printed
+  bool killed_at_point = false;
+};
+
+Reported ParseTraining(const std::string& log) {
+  Reported r;
+  for (const std::string& line : Lines(log)) {
+    std::istringstream in(line);
+    std::string w;
+    in >> w;
+    if (w == "complete") {
+      int64_t t;
+      if (in >> t) r.complete.insert(t);
+    } else if (w == "saved") {
+      int64_t t, c, rep, p;
+      if (in >> t >> w >> c >> w >> rep >> w >> p) {
+        r.saved = t;
+        r.persisted = std::max(r.persisted, p);
+      }
+    } else if (w == "committed") {
+      int64_t t;
+      if (in >> t) r.persisted = std::max(r.persisted, t);
+    } else if (line.rfind("cairn: kill point ", 0) == 0) {
+      r.killed_at_point = true;
+    }
+  }
+  return r;
+}
+
+// The lines of a log that are not per-step progress (for failure reports).
+std::string Interesting(const std::string& log) {
+  std::string out;
+  for (const std::string& line : Lines(log))
+    if (line.rfind("saved ", 0) != 0 && line.rfind("complete ", 0) != 0)
+      out += "    " + line + "\n";
+  return out;
+}
+
+class Matrix {
+ public:
+  explicit Matrix(const Config& c) : cfg_(c), root_("cmatrix"), rng_(c.seed) {}
+
+  int Run();
+
+ private:
+  LaunchSpec Spec(const std::string& job, std::vector<std::string> args, const std::string& out) {
+    LaunchSpec s;
+    s.nodes = kNodes;
+    s.ranks_per_node = kPerNode;
+    s.argv = {CAIRN_RECOVERY_CHILD};
+    for (auto& a : args) s.argv.push_back(a);
+    s.output_dir = out;
+    s.env = {{"CAIRN_JOB_ID", job},
+             {"CAIRN_HOST_ROOT", root_.path() + "/host"},
+             {"CAIRN_PFS_ROOT", root_.path() + "/pfs"},
+             {"CAIRN_REPLICAS", "1"},
+             {"CAIRN_SLOTS", "4"},
+             {"CAIRN_PERSIST_EVERY", "4"},
+             {"CAIRN_KEEP_ON_PFS", "2"},
+             {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+             {"CAIRN_OP_TIMEOUT_S", "30"},
+             {"CAIRN_REPLICATE_TIMEOUT_S", "10"},
+             {"CAIRN_CHUNK_BYTES", "64K"},
+             {"CAIRN_LOG_LEVEL", "1"},
+             {"UCX_TLS", "tcp"}};
+    return s;
+  }
+  std::vector<std::string> TrainArgs() const {
+    return {"matrix", "tp2", std::to_string(cfg_.rows), std::to_string(cfg_.steps),
+            std::to_string(cfg_.every)};
+  }
+
+  struct Restore {
+    bool all_ok = true;         // every rank exited 0
+    bool crashed = false;       // a rank died by a signal or timed out
+    std::vector<int64_t> step;  // per rank, -1 when it printed none
+    std::vector<std::string> tier;
+    std::string logs;
+  };
+  Restore RunRestore(const std::string& job, const std::string& out);
+  bool Census();
+  bool Trial(int i, const std::string& point, int rank, long nth, int wipe);
+
+  Config cfg_;
+  testing::TempDir root_;
+  std::mt19937_64 rng_;
+  std::map<std::string, std::vector<long>> census_;  // point -> times reached, per rank
+  struct PointStats {
+    int trials = 0, fired = 0, failed = 0;
+    std::map<std::string, int> tiers;
+  };
+  std::map<std::string, PointStats> per_point_;
+  std::map<std::string, int> tiers_;
+  int failures_ = 0, fired_ = 0, nothing_ = 0;
+};
+
+Matrix::Restore Matrix::RunRestore(const std::string& job, const std::string& out) {
+  Restore r;
+  r.step.assign(kWorld, -1);
+  r.tier.assign(kWorld, "");
+  (void)DefaultFileSystem()->MakeDirs(out, 0700);
+  auto l = LocalLauncher::Start(Spec(job, {"restore", "tp2", std::to_string(cfg_.rows), "0"}, out));
+  if (!l.ok()) {
+    r.all_ok = false;
+    r.crashed = true;
+    r.logs = l.status().ToString();
+    return r;
+  }
+  r.all_ok = (*l)->WaitAll(180);
+  for (int k = 0; k < kWorld; ++k) {
+    const int code = (*l)->ranks()[static_cast<size_t>(k)].exit_code;
+    if (code != 0 && code != 1) r.crashed = true;
+    const std::string log = ReadText(out + "/rank-" + std::to_string(k) + ".log");
+    for (const std::string& line : Lines(log)) {
+      std::istringstream in(line);
+      std::string w;
+      in >> w;
+      if (w == "restored")
+        in >> r.step[static_cast<size_t>(k)] >> w >> r.tier[static_cast<size_t>(k)];
+    }
+    r.logs += "  restore rank " + std::to_string(k) + " (exit " + std::to_string(code) + "):\n" +
+              Interesting(log);
+  }
+  return r;
+}
+
+bool Matrix::Census() {
+  const std::string job = testing::UniqueJobId("census");
+  const std::string out = root_.path() + "/census";
+  (void)DefaultFileSystem()->MakeDirs(out, 0700);
+  LaunchSpec spec = Spec(job, TrainArgs(), out);
+  spec.rank_env.resize(kWorld);
+  for (int k = 0; k < kWorld; ++k)
+    spec.rank_env[static_cast<size_t>(k)] = {
+        {"CAIRN_KILL_CENSUS", out + "/census-" + std::to_string(k)}};
+  auto l = LocalLauncher::Start(spec);
+  if (!l.ok() || !(*l)->WaitAll(300)) {
+    std::printf("census: the training run without a kill failed\n");
+    for (int k = 0; k < kWorld; ++k)
+      std::printf("  rank %d:\n%s", k,
+                  Interesting(ReadText(out + "/rank-" + std::to_string(k) + ".log")).c_str());
+    return false;
+  }
+  for (const std::string& p : KillPointNames()) census_[p].assign(kWorld, 0);
+  for (int k = 0; k < kWorld; ++k)
+    for (const std::string& line : Lines(ReadText(out + "/census-" + std::to_string(k)))) {
+      std::istringstream in(line);
+      std::string name;
+      long n = 0;
+      if (in >> name >> n && census_.count(name)) census_[name][static_cast<size_t>(k)] = n;
+    }
+  bool ok = true;
+  std::printf("census (times each rank reached each point in a %d-step run):\n", cfg_.steps);
+  for (const std::string& p : KillPointNames()) {
+    const auto& c = census_[p];
+    std::printf("  %-26s %5ld %5ld %5ld %5ld\n", p.c_str(), c[0], c[1], c[2], c[3]);
+    if (std::all_of(c.begin(), c.end(), [](long n) { return n == 0; })) {
+      std::printf("  ^ never reached: the run does not exercise this point\n");
+      ok = false;
+    }
+  }
+  // The run without a kill restores its flushed last step from memory.
+  Restore r = RunRestore(job, out + "/restore");
+  for (int k = 0; k < kWorld; ++k)
+    if (!r.all_ok || r.step[static_cast<size_t>(k)] != cfg_.steps) {
+      std::printf("census: restoring the run without a kill did not give step %d:\n%s", cfg_.steps,
+                  r.logs.c_str());
+      ok = false;
+      break;
+    }
+  (void)DefaultFileSystem()->RemoveAll(root_.path() + "/host/" + job);
+  (void)DefaultFileSystem()->RemoveAll(root_.path() + "/pfs/" + job);
+  std::fflush(stdout);
+  return ok;
+}
+
+bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe) {
+  const std::string job = testing::UniqueJobId("cm" + std::to_string(i));
+  const std::string dir = root_.path() + "/trial-" + std::to_string(i);
+  const std::string train = dir + "/train";
+  (void)DefaultFileSystem()->MakeDirs(train, 0700);
+  LaunchSpec spec = Spec(job, TrainArgs(), train);
+  spec.rank_env.resize(kWorld);
+  spec.rank_env[static_cast<size_t>(rank)] = {{"CAIRN_KILL_AT", point + ":" + std::to_string(nth)}};
+  PointStats& ps = per_point_[point];
+  ++ps.trials;
+  std::string problem;
+  auto l = LocalLauncher::Start(spec);
+  if (!l.ok()) {
+    problem = "launch: " + l.status().ToString();
+  } else {
+    // Until the armed rank exits (killed at its point, or done).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+    while ((*l)->Running() > 0 && (*l)->ranks()[static_cast<size_t>(rank)].exit_code < 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng_() % 21));
+    for (int k = 0; k < kWorld; ++k) (void)(*l)->Signal(k, SIGKILL);
+    for (int k = 0; k < kWorld; ++k) (*l)->WaitRank(k);
+    // The armed rank dies by SIGKILL or finishes; the others finish, stop at a failed
+    // collective (1) or are killed. Anything else is a crash (a sanitizer's report, too).
+    for (int k = 0; k < kWorld && problem.empty(); ++k) {
+      const int code = (*l)->ranks()[static_cast<size_t>(k)].exit_code;
+      if (code != 128 + SIGKILL && code != 0 && (code != 1 || k == rank))
+        problem = "training rank " + std::to_string(k) + " exited with " + std::to_string(code);
+    }
+  }
+  if (l.ok()) l->reset();
+  std::vector<Reported> rep;
+  std::string train_logs;
+  for (int k = 0; k < kWorld; ++k) {
+    const std::string log = ReadText(train + "/rank-" + std::to_string(k) + ".log");
+    rep.push_back(ParseTraining(log));
+    train_logs += "  train rank " + std::to_string(k) + ":\n" + Interesting(log);
+  }
+  const bool fired = rep[static_cast<size_t>(rank)].killed_at_point;
+  if (fired) ++ps.fired, ++fired_;
+
+  // The failure: which host memory is lost.
+  const std::string host = root_.path() + "/host/" + job;
+  if (wipe == 1 || wipe == 2)
+    (void)DefaultFileSystem()->RemoveAll(host + "/node-" + std::to_string(wipe - 1));
+  if (wipe == 3) (void)DefaultFileSystem()->RemoveAll(host);
+
+  // The newest step reported complete that survives it.
+  int64_t persisted = -1, complete = -1;
+  for (const Reported& r : rep) persisted = std::max(persisted, r.persisted);
+  for (int64_t t : rep[0].complete)
+    if (std::all_of(rep.begin(), rep.end(), [&](const Reported& r) { return r.complete.count(t); }))
+      complete = std::max(complete, t);
+  const int64_t bound = std::max(persisted, wipe == 3 ? -1 : complete);
+
+  Restore r = RunRestore(job, dir + "/restore");
+  std::string outcome;
+  if (problem.empty()) {
+    if (r.crashed) {
+      problem = "a restoring rank crashed or hung";
+    } else if (r.all_ok) {
+      for (int k = 1; k < kWorld; ++k)
+        if (r.step[static_cast<size_t>(k)] != r.step[0]) problem = "ranks restored different steps";
+      if (problem.empty() && r.step[0] < bound)
+        problem = "restored step " + std::to_string(r.step[0]) + " is older than step " +
+                  std::to_string(bound) + ", reported complete";
+      std::set<std::string> tiers(r.tier.begin(), r.tier.end());
+      for (const std::string& t : tiers) outcome += (outcome.empty() ? "" : "+") + t;
+      outcome = "step " + std::to_string(r.step[0]) + " from " + outcome;
+    } else if (bound >= 0) {
+      problem = "restore failed although step " + std::to_string(bound) +
+                " was reported complete and survives";
+    } else {
+      outcome = "nothing restorable (clean error)";
+    }
+  }
+  std::string tier_key = r.all_ok ? "" : "none";
+  if (r.all_ok) {
+    std::set<std::string> tiers(r.tier.begin(), r.tier.end());
+    for (const std::string& t : tiers) tier_key += (tier_key.empty() ? "" : "+") + t;
+  }
+  if (problem.empty()) {
+    ++tiers_[tier_key];
+    ++ps.tiers[tier_key];
+    if (!r.all_ok) ++nothing_;
+  }
+  std::printf("trial %3d  %-24s rank %d #%-4ld %-6s wipe %-6s bound %3lld  %s\n", i, point.c_str(),
+              rank, nth, fired ? "killed" : "(done)", kWipes[wipe], static_cast<long long>(bound),
+              problem.empty() ? outcome.c_str() : "FAILED");
+  if (!problem.empty()) {
+    ++failures_;
+    ++ps.failed;
+    std::printf("  FAILED: %s\n%s%s  kept in %s\n", problem.c_str(), train_logs.c_str(),
+                r.logs.c_str(), cfg_.keep ? dir.c_str() : "(not kept: --keep)");
+  }
+  std::fflush(stdout);
+  if (problem.empty() || !cfg_.keep) {
+    (void)DefaultFileSystem()->RemoveAll(dir);
+    (void)DefaultFileSystem()->RemoveAll(host);
+    (void)DefaultFileSystem()->RemoveAll(root_.path() + "/pfs/" + job);
+  }
+  return problem.empty();
+}
+
+int Matrix::Run() {
+  const int64_t t0 = NowNanos();
+  std::printf("crash matrix: 2 nodes x 2 ranks, %d steps, seed %llu, under %s\n", cfg_.steps,
+              static_cast<unsigned long long>(cfg_.seed), root_.path().c_str());
+  const bool census_ok = Census();
+  if (census_.empty()) return 1;
+  std::vector<std::string> points = KillPointNames();
+  std::vector<std::string> order;
+  for (int i = 0; i < cfg_.trials; ++i) {
+    if (order.empty()) {
+      order = points;
+      std::shuffle(order.begin(), order.end(), rng_);
+    }
+    const std::string point = order.back();
+    order.pop_back();
+    std::vector<int> ranks;
+    for (int k = 0; k < kWorld; ++k)
+      if (census_[point][static_cast<size_t>(k)] > 0) ranks.push_back(k);
+    if (ranks.empty()) continue;
+    const int rank = ranks[rng_() % ranks.size()];
+    const long nth = 1 + static_cast<long>(rng_() % census_[point][static_cast<size_t>(rank)]);
+    Trial(i, point, rank, nth, static_cast<int>(rng_() % 4));
+  }
+  std::printf("\n%-26s %6s %6s %6s  restored from\n", "kill point", "trials", "killed", "failed");
+  for (const std::string& p : points) {
+    const PointStats& s = per_point_[p];
+    std::string from;
+    for (const auto& [t, n] : s.tiers) from += t + " " + std::to_string(n) + "  ";
+    std::printf("%-26s %6d %6d %6d  %s\n", p.c_str(), s.trials, s.fired, s.failed, from.c_str());
+  }
+  const double secs = NanosToSeconds(NowNanos() - t0);
+  std::string tiers;
+  for (const auto& [t, n] : tiers_)
+    tiers += std::string(tiers.empty() ? "" : ",") + "\"" + t + "\":" + std::to_string(n);
+  std::printf(
+      "{\"bench\":\"crash_matrix\",\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
+      "\"points\":%zu,\"census_ok\":%s,\"nothing_restorable\":%d,\"restored_from\":{%s},"
+      "\"seed\":%llu,\"seconds\":%.0f}\n",
+      cfg_.trials, fired_, failures_, points.size(), census_ok ? "true" : "false", nothing_,
+      tiers.c_str(), static_cast<unsigned long long>(cfg_.seed), secs);
+  if (cfg_.keep && failures_ > 0) root_.Keep();
+  return failures_ == 0 && census_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  c.seed = static_cast<uint64_t>(WallNanos());
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "crash_matrix: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--trials") {
+      c.trials = std::atoi(next());
+    } else if (a == "--seed") {
+      c.seed = std::strtoull(next(), nullptr, 10);
+    } else if (a == "--steps") {
+      c.steps = std::atoi(next());
+    } else if (a == "--every") {
+      c.every = std::atoi(next());
+    } else if (a == "--rows") {
+      c.rows = std::atoi(next());
+    } else if (a == "--keep") {
+      c.keep = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
+                   "[--rows 128] [--keep]\n(see the comment at the top of "
+                   "tests/crash_matrix.cc)\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (c.trials < 0 || c.steps < 4 || c.every < 1 || c.rows < 8) {
+    std::fprintf(stderr, "crash_matrix: --trials >= 0, --steps >= 4, --every >= 1, --rows >= 8\n");
+    return 2;
+  }
+  Matrix m(c);
+  return m.Run();
+}
