@@ -103,8 +103,12 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
                                      std::to_string(o.rank / o.local_world_size) +
                                      " (replica placement assumes consecutive ranks per node)");
     c->replica_sources_ = placement.held_by(o.rank);
+    // As many versions of each source as it keeps itself: a node that lost its partner
+    // then still finds, among every source's replicas, the steps the partner's ranks had
+    // in common when it died (with 2, a source whose pushes ran ahead had evicted them).
     c->store_ = std::make_unique<ReplicaStore>(
-        JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &c->log_);
+        JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &c->log_,
+        o.slots);
     if (nodes > 1)
       c->replicator_ =
           std::make_unique<Replicator>(c->comm_.get(), std::move(placement), c->tier_.get(),
