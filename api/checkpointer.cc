@@ -422,6 +422,7 @@ Stats Checkpointer::stats() const {
   s.persist_max_writer_share = p.max_writer_share;
   s.newest_persisted_step = p.newest_persisted_step;
   s.last_persist_error = p.last_error;
+  if (comm_) s.ucx_requests_in_flight = comm_->requests_in_flight();
   return s;
 }
 

@@ -80,6 +80,9 @@ struct Stats {
   double persist_max_writer_share = 0;  // busiest writer's bytes over the mean, last plan
   int64_t newest_persisted_step = -1;
   std::string last_persist_error;  // of the last failed round ("" if none)
+  // UCX requests this rank started and has not yet completed and released (0 without UCX);
+  // bounded by the transfers in flight, never growing with the versions saved.
+  int64_t ucx_requests_in_flight = 0;
 };
 
 class Checkpointer {

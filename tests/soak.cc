@@ -1,14 +1,16 @@
 // soak: many per-iteration versions of a small state on 2 nodes x 1 rank with replication and
-// persistence; resident memory, open file descriptors and mapped regions must stay bounded.
+// persistence; resident memory, open file descriptors, mapped regions and UCX requests in
+// flight must stay bounded.
 //
 //   soak [--versions 10000] [--bytes 1M] [--persist-every 100] [--dir /var/tmp]
 //
-// Each rank samples /proc/self (VmRSS, entries of fd/, lines of maps) every 1/20 of the run.
-// The first 10% is warm-up (slots, UCX pools and the page cache fill); memory drift is
-// measured from there to the end; descriptors and mappings as the most seen in the second
-// half over the most seen in the first. Exit code 0 when resident memory grew by less than
-// 5% and descriptors and mappings by at most 4 on every rank, and the final flush committed
-// the last version. Last line: one JSON object.
+// Each rank samples /proc/self (VmRSS, entries of fd/, lines of maps) and its UCX requests
+// in flight every 1/20 of the run. The first 10% is warm-up (slots, UCX pools and the page
+// cache fill); memory drift is measured from there to the end; descriptors, mappings and
+// requests as the most seen in the second half over the most seen in the first. Exit code
+// 0 when resident memory grew by less than 5% and descriptors, mappings and UCX requests
+// by at most 4 on every rank, and the final flush committed the last version. Last line:
+// one JSON object.
 #include <dirent.h>
 #include <unistd.h>
 
@@ -32,6 +34,7 @@ namespace {
 struct Sample {
   int64_t version = 0;
   long rss_kb = 0, fds = 0, maps = 0;
+  long ucx = 0;  // UCX requests in flight (Stats::ucx_requests_in_flight)
 };
 
 Sample Now(int64_t version) {
@@ -80,7 +83,9 @@ int Child(int64_t versions, uint64_t bytes) {
     }
     if (v % every == 0) {
       Sample s = Now(v);
-      std::printf("sample %lld %ld %ld %ld\n", static_cast<long long>(v), s.rss_kb, s.fds, s.maps);
+      s.ucx = static_cast<long>(ck->stats().ucx_requests_in_flight);
+      std::printf("sample %lld %ld %ld %ld %ld\n", static_cast<long long>(v), s.rss_kb, s.fds,
+                  s.maps, s.ucx);
       std::fflush(stdout);
     }
   }
@@ -169,8 +174,8 @@ int main(int argc, char** argv) {
       for (std::string line; std::getline(in, line);) {
         Sample s;
         long long v = 0;
-        if (std::sscanf(line.c_str(), "sample %lld %ld %ld %ld", &v, &s.rss_kb, &s.fds, &s.maps) ==
-            4) {
+        if (std::sscanf(line.c_str(), "sample %lld %ld %ld %ld %ld", &v, &s.rss_kb, &s.fds, &s.maps,
+                        &s.ucx) == 5) {
           s.version = v;
           samples.push_back(s);
         } else if (std::sscanf(line.c_str(), "stats %llu %llu %llu %llu %llu %lld", &captured,
@@ -190,24 +195,31 @@ int main(int argc, char** argv) {
     // Descriptors and mappings: the most seen in the second half against the most seen in
     // the first (one-time growth, such as the drain's writer threads starting with the first
     // round, is not a leak; growth that continues is).
-    long fd_first = 0, fd_second = 0, maps_first = 0, maps_second = 0;
+    long fd_first = 0, fd_second = 0, maps_first = 0, maps_second = 0, ucx_first = 0,
+         ucx_second = 0, ucx_max = 0;
     for (size_t i = 0; i < samples.size(); ++i) {
-      long& fd = i < samples.size() / 2 ? fd_first : fd_second;
-      long& mp = i < samples.size() / 2 ? maps_first : maps_second;
+      const bool first = i < samples.size() / 2;
+      long& fd = first ? fd_first : fd_second;
+      long& mp = first ? maps_first : maps_second;
+      long& ux = first ? ucx_first : ucx_second;
       fd = std::max(fd, samples[i].fds);
       mp = std::max(mp, samples[i].maps);
+      ux = std::max(ux, samples[i].ucx);
+      ucx_max = std::max(ucx_max, samples[i].ucx);
     }
     const long fd_growth = fd_second - fd_first, maps_growth = maps_second - maps_first;
+    const long ucx_growth = ucx_second - ucx_first;
     std::printf(
-        "rank %d: RSS %ld -> %ld kB (%+.2f%%), fds %ld -> %ld, maps %ld -> %ld; captured %llu, "
-        "skipped %llu, replicated %llu (%llu failed), persisted %llu, flushed step %lld\n",
+        "rank %d: RSS %ld -> %ld kB (%+.2f%%), fds %ld -> %ld, maps %ld -> %ld, UCX requests "
+        "in flight at most %ld; captured %llu, skipped %llu, replicated %llu (%llu failed), "
+        "persisted %llu, flushed step %lld\n",
         r, base.rss_kb, last.rss_kb, rss_drift * 100, base.fds, last.fds, base.maps, last.maps,
-        captured, skipped, replicated, repl_failed, persisted, flushed);
+        ucx_max, captured, skipped, replicated, repl_failed, persisted, flushed);
     std::string series;
     for (const Sample& x : samples)
       series += " " + std::to_string(x.rss_kb) + "/" + std::to_string(x.fds) + "/" +
-                std::to_string(x.maps);
-    std::printf("rank %d samples (RSS kB/fds/maps):%s\n", r, series.c_str());
+                std::to_string(x.maps) + "/" + std::to_string(x.ucx);
+    std::printf("rank %d samples (RSS kB/fds/maps/UCX requests):%s\n", r, series.c_str());
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     // The sanitizers' allocators hold freed memory and map shadow memory as they go: memory
     // and mappings say little there.
@@ -215,14 +227,15 @@ int main(int argc, char** argv) {
 #else
     const bool rss_ok = rss_drift < 0.05, maps_ok = maps_growth <= 4;
 #endif
-    pass = pass && rss_ok && maps_ok && fd_growth <= 4 && flushed == versions;
+    pass = pass && rss_ok && maps_ok && fd_growth <= 4 && ucx_growth <= 4 && flushed == versions;
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   ",\"rank%d\":{\"rss_kb_start\":%ld,\"rss_kb_end\":%ld,\"rss_drift\":%.4f,"
-                  "\"fd_growth\":%ld,\"maps_growth\":%ld,\"captured\":%llu,\"skipped\":%llu,"
+                  "\"fd_growth\":%ld,\"maps_growth\":%ld,\"ucx_requests_max\":%ld,"
+                  "\"ucx_requests_growth\":%ld,\"captured\":%llu,\"skipped\":%llu,"
                   "\"replicated\":%llu,\"replicate_failed\":%llu,\"persisted\":%llu}",
-                  r, base.rss_kb, last.rss_kb, rss_drift, fd_growth, maps_growth, captured, skipped,
-                  replicated, repl_failed, persisted);
+                  r, base.rss_kb, last.rss_kb, rss_drift, fd_growth, maps_growth, ucx_max,
+                  ucx_growth, captured, skipped, replicated, repl_failed, persisted);
     json += buf;
   }
   json += std::string(",\"pass\":") + (pass ? "true" : "false") + "}";

@@ -151,7 +151,7 @@ UcxComm::~UcxComm() {
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = p->error.load() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* req = ucp_ep_close_nbx(p->ep, &prm);
+    void* req = Track(ucp_ep_close_nbx(p->ep, &prm));
     if (req && !UCS_PTR_IS_ERR(req)) closing.push_back(req);
     p->ep = nullptr;
   }
@@ -164,7 +164,7 @@ UcxComm::~UcxComm() {
     if (!done && NowNanos() > deadline) break;
   }
   if (done) {
-    for (void* r : closing) ucp_request_free(r);
+    for (void* r : closing) Release(r);
     if (worker_) ucp_worker_destroy(worker_);
     if (context_) ucp_cleanup(context_);
   } else if (log_) {
@@ -217,7 +217,7 @@ Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
       const int64_t give_up = NowNanos() + 1'000'000'000;
       while (ucp_request_check_status(request) == UCS_INPROGRESS && NowNanos() < give_up)
         ucp_worker_progress(worker_);
-      ucp_request_free(request);
+      Release(request);
       if (peer_failed(peer))
         return Status::Unavailable(
             std::string(what) + " " + Who(peer) + ": peer failed (" +
@@ -227,7 +227,7 @@ Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
                                  std::to_string(timeout_s) + " s");
     }
   }
-  ucp_request_free(request);
+  Release(request);
   if (st != UCS_OK)
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " + UcsError(st));
   return Status::OK();
@@ -247,7 +247,18 @@ Status UcxComm::CheckPeer(int peer, const char* what) const {
   return Status::OK();
 }
 
-UcxComm::PendingSend UcxComm::Started(int peer, void* request, const char* what) const {
+void* UcxComm::Track(void* request) {
+  if (request && !UCS_PTR_IS_ERR(request)) requests_.fetch_add(1, std::memory_order_relaxed);
+  return request;
+}
+
+void UcxComm::Release(void* request) {
+  ucp_request_free(request);
+  requests_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+UcxComm::PendingSend UcxComm::Started(int peer, void* request, const char* what) {
+  Track(request);
   PendingSend p;
   p.peer = peer;
   if (UCS_PTR_IS_ERR(request))
@@ -279,7 +290,7 @@ UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_
   PendingRecv r;
   r.peer = peer;
   ucp_request_param_t prm{};
-  void* req = ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm);
+  void* req = Track(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm));
   if (UCS_PTR_IS_ERR(req)) {
     r.status = Status::Unavailable("receive " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
     return r;
@@ -308,7 +319,7 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       if (sender_tag) *sender_tag = info.sender_tag;
       const int from = peer >= 0 ? peer : static_cast<int>((info.sender_tag >> 32) & 0xffffff);
       ucp_request_param_t prm{};
-      void* req = ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm);
+      void* req = Track(ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm));
       return WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive");
     }
     const bool idle = ucp_worker_progress(worker_) == 0;
@@ -409,7 +420,7 @@ UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint
 Status UcxComm::Flush(int peer, double timeout_s) {
   Lock lk(mu_);
   ucp_request_param_t prm{};
-  void* req = ucp_ep_flush_nbx(peers_[static_cast<size_t>(peer)]->ep, &prm);
+  void* req = Track(ucp_ep_flush_nbx(peers_[static_cast<size_t>(peer)]->ep, &prm));
   return WaitRequest(lk, req, peer, timeout_s, "flush");
 }
 
@@ -448,10 +459,10 @@ void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) {
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* req = ucp_ep_close_nbx(peer.ep, &prm);
+  void* req = Track(ucp_ep_close_nbx(peer.ep, &prm));
   if (req && !UCS_PTR_IS_ERR(req)) {
     while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    ucp_request_free(req);
+    Release(req);
   }
   peer.ep = nullptr;
 }
@@ -464,8 +475,8 @@ Status UcxComm::Greet(Lock& lk, int p, const std::string& address, const std::st
   peer.nonce = nonce;
   const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
   ucp_request_param_t prm{};
-  void* req = ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
-                               MakeTag(MsgKind::kHello, rank_, 0), &prm);
+  void* req = Track(ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
+                                     MakeTag(MsgKind::kHello, rank_, 0), &prm));
   return WaitRequest(lk, req, p, 5.0, "hello");
 }
 

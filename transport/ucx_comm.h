@@ -144,6 +144,9 @@ class UcxComm {
 
   // Whether `peer`'s endpoint reported an error (it died or reset the connection).
   bool peer_failed(int peer) const;
+  // UCX requests started and not yet completed and released (sends, receives, puts,
+  // flushes, endpoint closes): what the soak watches for leaks.
+  int64_t requests_in_flight() const { return requests_.load(std::memory_order_relaxed); }
   double op_timeout_s() const { return op_timeout_s_; }
 
  private:
@@ -173,7 +176,11 @@ class UcxComm {
   Status ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
                       bool gentle, uint64_t* sender_tag, std::string* out);
   Status CheckPeer(int peer, const char* what) const;
-  PendingSend Started(int peer, void* request, const char* what) const;
+  // Counts a request UCX returned (a pointer: neither NULL, done at once, nor an error).
+  void* Track(void* request);
+  // Frees a counted request.
+  void Release(void* request);
+  PendingSend Started(int peer, void* request, const char* what);
   Status Reconnect(Lock& lk, int peer, const std::string& nonce);
   std::string Who(int peer) const;
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -192,6 +199,7 @@ class UcxComm {
   std::string nonce_;  // of this process's address file
   bool warned_no_peer_errors_ = false;
   std::atomic<bool> closing_{false};  // peer errors while shutting down are expected
+  std::atomic<int64_t> requests_{0};  // Track()ed and not yet Release()d
   std::vector<std::unique_ptr<Peer>> peers_;
 };
 
