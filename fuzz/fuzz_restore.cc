@@ -1,14 +1,22 @@
-// libFuzzer target: what ranks send each other during a restore (recovery/restore.cc): a
-// rank's inventory (first byte even) or its shard tables (odd; the second byte is the saved
-// job's world size). Must decode or fail cleanly: no crash, no huge allocation.
+// libFuzzer target: what ranks send each other during a restore (recovery/restore.cc) and a
+// persist round (persist/persister.cc). The first byte picks the message (mod 5):
+//   0  a rank's restore inventory            1  its shard tables (the second byte is the
+//   2  a status-framed restore message          saved job's world size)
+//   3  a persist round's offer               4  rank 0's outcome of a persist round
+// Must decode or fail cleanly: no crash, no huge allocation.
 #include <cstdint>
 #include <string_view>
 
+#include "persist/persister.h"
 #include "recovery/restore.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const std::string_view b(reinterpret_cast<const char*>(data) + 2, size - 2);
-  (void)cairn::DecodeRestoreMessageForFuzzing(data[0] & 1, b, data[1]);
+  const int kind = data[0] % 5;
+  if (kind <= 2)
+    (void)cairn::DecodeRestoreMessageForFuzzing(kind, b, data[1]);
+  else
+    (void)cairn::DecodePersistMessageForFuzzing(kind - 3, b);
   return 0;
 }

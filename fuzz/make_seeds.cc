@@ -156,5 +156,28 @@ int main(int argc, char** argv) {
   for (int64_t x : {4, 4, 0, 16}) Append<int64_t>(&tab, x);
   Append<uint64_t>(&tab, 4 * 16 * 4);
   Put(out, "fuzz_restore", 1, std::string("\1\4", 2) + tab);
+  // The frame every restore message travels in: status (OK: code 0, empty text), then an
+  // inventory; and a frame carrying a failure.
+  std::string framed;
+  Append<uint32_t>(&framed, 0);
+  Append<uint32_t>(&framed, 0);
+  Put(out, "fuzz_restore", 2, std::string("\2\4", 2) + framed + inv);
+  const std::string why = "rank 3: no version";
+  std::string failed;
+  Append<uint32_t>(&failed, static_cast<uint32_t>(StatusCode::kNotFound));
+  Append<uint32_t>(&failed, static_cast<uint32_t>(why.size()));
+  failed += why;
+  Put(out, "fuzz_restore", 3, std::string("\2\4", 2) + failed);
+  // A persist round's offer: newest mark, then (step, layout hash) pairs.
+  std::string offer;
+  Append<uint64_t>(&offer, 3);
+  Append<uint32_t>(&offer, 2);
+  for (int64_t st : {20, 30}) {
+    Append<int64_t>(&offer, st);
+    Append<uint64_t>(&offer, 0x1234u + static_cast<uint64_t>(st));
+  }
+  Put(out, "fuzz_restore", 4, std::string("\3\0", 2) + offer);
+  // Rank 0's outcome of a round: "left published" byte, then a status.
+  Put(out, "fuzz_restore", 5, std::string("\4\0\1", 3) + failed);
   return 0;
 }

@@ -99,6 +99,18 @@ Status DecodeOutcome(std::string_view bytes, bool* left_published) {
 
 }  // namespace
 
+Status DecodePersistMessageForFuzzing(int kind, std::string_view bytes) {
+  if (kind == 0) {
+    auto o = DecodeOffer(bytes);
+    if (!o.ok()) return o.status();
+    // What a round does with offers: must not crash on any decoded one.
+    (void)ChooseStep({*o, *o}, o->held.empty() ? -1 : o->held.begin()->first);
+    return Status::OK();
+  }
+  bool left = false;
+  return DecodeOutcome(bytes, &left);
+}
+
 Persister::Persister(PersistConfig config, HostTier* tier, Group* group, FileSystem* fs,
                      const Logger* log, std::function<void(uint64_t)> settle)
     : config_(std::move(config)),

@@ -148,4 +148,10 @@ class Persister {
   std::thread thread_;
 };
 
+// The decoders of what ranks send each other in a persist round, for the fuzz targets:
+// `kind` 0 is a rank's offer (newest mark, held steps and layout hashes), 1 rank 0's
+// outcome of the round. OK when the bytes decode (and an outcome carries OK), an error
+// otherwise; never a crash.
+Status DecodePersistMessageForFuzzing(int kind, std::string_view bytes);
+
 }  // namespace cairn

@@ -140,6 +140,17 @@ std::string DescribeInventory(const std::vector<Inventory>& inv) {
   return s;
 }
 
+// One rank's (status, payload) message: the payload when the status is OK, that status
+// otherwise, Corruption naming `rank` when the bytes are not such a message.
+Result<std::string_view> DecodeChecked(std::string_view bytes, int rank) {
+  ByteReader rd(bytes);
+  Status st;
+  if (!rd.GetStatus(&st, kMaxText))
+    return Status::Corruption("garbled message from rank " + std::to_string(rank));
+  if (!st.ok()) return st;
+  return bytes.substr(bytes.size() - rd.remaining());
+}
+
 // Allgather of (status, payload): the payloads when every rank is OK, the first failing
 // rank's status otherwise (the same on every rank).
 Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
@@ -150,12 +161,8 @@ Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
   CAIRN_ASSIGN_OR_RETURN(auto all, g->AllGather(w.out()));
   std::vector<std::string> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
-    ByteReader rd(all[r]);
-    Status st;
-    if (!rd.GetStatus(&st, kMaxText))
-      return Status::Corruption("garbled message from rank " + std::to_string(r));
-    if (!st.ok()) return st;
-    out[r] = all[r].substr(all[r].size() - rd.remaining());
+    CAIRN_ASSIGN_OR_RETURN(std::string_view payload, DecodeChecked(all[r], static_cast<int>(r)));
+    out[r] = payload;
   }
   return out;
 }
@@ -836,6 +843,11 @@ void AppendRegionCopies(const std::byte* src, uint64_t src_lo, const Box& src_bo
 
 Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t saved_world) {
   if (kind == 0) return DecodeInventory(bytes).status();
+  if (kind == 2) {
+    // A rank's status-framed message (every restore allgather), then an inventory in it.
+    auto payload = DecodeChecked(bytes, 1);
+    return payload.ok() ? DecodeInventory(*payload).status() : payload.status();
+  }
   MemoryCatalog mc;
   std::unordered_map<std::string, uint32_t> tensor_ids;
   std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;

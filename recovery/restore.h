@@ -128,7 +128,9 @@ struct RestoreEnv {
 
 // The decoders of what ranks send each other during a restore, for the fuzz targets: `kind`
 // 0 is a rank's inventory (held versions, PFS steps), 1 a rank's shard tables (of a job of
-// `saved_world` ranks). OK when the bytes decode, Corruption / InvalidArgument otherwise.
+// `saved_world` ranks), 2 the (status, payload) frame every restore message travels in,
+// holding an inventory. OK when the bytes decode, the status a frame carries, Corruption /
+// InvalidArgument otherwise.
 Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t saved_world);
 
 Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> targets,
