@@ -6,11 +6,12 @@
 //       with LAST: flushes after saving LAST, prints "committed <step>", exits 0 when the
 //       flush committed LAST; without: runs until killed
 //   recovery_child matrix LAYOUT ROWS LAST EVERY
-//       the crash matrix's training run (tests/crash_matrix.cc): saves 1..LAST like train,
-//       printing "saved <step> captured <c> replicated <r> persisted <p>" (the newest steps
-//       Stats reports) or "skipped <step>"; every EVERY steps it waits for the version to
-//       be captured and replicated and prints "complete <step>" when both succeeded; after
-//       LAST, flushes and prints "committed <step>"
+//       the crash matrix's training run (tests/crash_matrix.cc; also the node-loss test):
+//       saves 1..LAST like train, printing "saved <step> captured <c> replicated <r>
+//       persisted <p>" (the newest steps Stats reports) or "skipped <step>"; every EVERY
+//       steps it waits for the version to be captured and replicated and prints "complete
+//       <step>" when both succeeded; a failed barrier ends the run (exit 1); after LAST,
+//       flushes and prints "committed <step>"
 //   recovery_child restore LAYOUT ROWS MIN_STEP
 //       restores into LAYOUT, checks every byte and the blob, prints "restored <step> tier
 //       <tier> received <bytes> pfs <job bytes read> needed <job bytes needed> resharded

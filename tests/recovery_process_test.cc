@@ -32,7 +32,7 @@ std::string Logs(const std::string& dir, int ranks) {
     if (!text.ok()) continue;
     std::istringstream in(*text);
     for (std::string line; std::getline(in, line);)
-      if (line.rfind("saved ", 0) != 0) out += line + "\n";
+      if (line.rfind("saved ", 0) != 0 && line.rfind("complete ", 0) != 0) out += line + "\n";
   }
   return out;
 }
@@ -116,31 +116,45 @@ std::vector<Restored> RunRestore(const TempDir& root, const std::string& job, in
   return got;
 }
 
+// The newest step every rank printed "complete <step>" for (recovery_child's matrix mode:
+// captured and replicated, as wait_replicated() reported); -1 when none.
+int64_t NewestCompleteOnEveryRank(const std::string& dir, int ranks) {
+  std::map<int64_t, int> seen;
+  for (int r = 0; r < ranks; ++r) {
+    auto text =
+        ReadWholeFile(DefaultFileSystem(), dir + "/rank-" + std::to_string(r) + ".log", 64 << 20);
+    if (!text.ok()) return -1;
+    std::istringstream in(*text);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream words(line);
+      std::string w;
+      int64_t t = -1;
+      if (words >> w >> t && w == "complete") ++seen[t];
+    }
+  }
+  int64_t newest = -1;
+  for (const auto& [t, n] : seen)
+    if (n == ranks) newest = std::max(newest, t);
+  return newest;
+}
+
 TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
   TempDir root("rnode");
   const std::string job = testing::UniqueJobId("nodeloss");
   const std::string train = root.path() + "/train";
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
   // 2 nodes x 2 ranks, 2-way tensor parallel x 2 data parallel, a version every iteration,
-  // every 4th drained to the PFS too.
-  auto l = LocalLauncher::Start(
-      Spec(root, job, 2, 2, {"train", "tp2", kRows, "1"}, train, {{"CAIRN_PERSIST_EVERY", "4"}}));
+  // every 4th drained to the PFS too; every 3rd step each rank waits until its version is
+  // captured and replicated and says so ("complete"), as a user checking wait_replicated().
+  auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"matrix", "tp2", kRows, "1000000", "3"},
+                                     train, {{"CAIRN_PERSIST_EVERY", "4"}}));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
-  // Train until every rank has seen a few of its versions replicated.
+  // Train until a few steps are complete on every rank ...
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
-  int64_t min_replicated = -1;
   for (;;) {
-    min_replicated = INT64_MAX;
-    for (int r = 0; r < 4; ++r) {
-      std::istringstream in(LastLine(train, r, "saved "));
-      std::string w;
-      int64_t saved = -1, repl = -1;
-      in >> w >> saved >> w >> repl;
-      min_replicated = std::min(min_replicated, repl);
-    }
     // ... and until the PFS holds a committed step, so "nothing read from it" means
     // something (drains lag under a loaded machine).
-    if (min_replicated >= 10 &&
+    if (NewestCompleteOnEveryRank(train, 4) >= 9 &&
         ReadLatest(DefaultFileSystem(), PfsJobDir(root.path() + "/pfs", job)).ok())
       break;
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << Logs(train, 4);
@@ -156,13 +170,15 @@ TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
   ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
   auto latest = ReadLatest(DefaultFileSystem(), PfsJobDir(root.path() + "/pfs", job));
   ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  // The newest step reported complete before the kill must come back.
+  const int64_t complete = NewestCompleteOnEveryRank(train, 4);
 
-  auto got = RunRestore(root, job, 2, 2, "tp2", min_replicated, "restart");
+  auto got = RunRestore(root, job, 2, 2, "tp2", complete, "restart");
   ASSERT_EQ(got.size(), 4u);
   for (int r = 0; r < 4; ++r) {
     const Restored& x = got[static_cast<size_t>(r)];
     EXPECT_EQ(x.step, got[0].step) << "rank " << r;
-    EXPECT_GE(x.step, min_replicated);
+    EXPECT_GE(x.step, complete);
     EXPECT_EQ(x.pfs, 0u) << "rank " << r << " job read the PFS";
     EXPECT_EQ(x.tier, r >= 2 ? "peer" : "host") << "rank " << r;
     EXPECT_EQ(x.resharded, 0);

@@ -18,6 +18,7 @@
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
 #include "tiers/replica_store.h"
+#include "transport/replicator.h"
 
 namespace cairn {
 namespace {
@@ -236,6 +237,24 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReplicationTest, ::testing::Values("tcp", "sm,self"),
                          [](const auto& info) { return info.param == "tcp" ? "tcp" : "shm"; });
+
+// Ranks that fall behind pick the same steps: by step number, not by when their own push
+// happened to finish.
+TEST(ChooseReplicationStep, KeepsUpWithEveryVersionAndAlignsStepsWhenBehind) {
+  const std::vector<int64_t> held = {9, 10, 11, 12, 13, 14, 15, 16, 17};
+  EXPECT_EQ(ChooseReplicationStep(-1, 5, held), 5);    // first push: the newest
+  EXPECT_EQ(ChooseReplicationStep(12, 13, held), 13);  // keeping up: every version
+  // Two ranks behind by 3 and 2 from different places both pick an even step.
+  EXPECT_EQ(ChooseReplicationStep(10, 13, held), 12);
+  EXPECT_EQ(ChooseReplicationStep(11, 13, held), 12);
+  // Behind by 4..7: a multiple of 4; by 8 or more: of 8.
+  EXPECT_EQ(ChooseReplicationStep(9, 15, held), 12);
+  EXPECT_EQ(ChooseReplicationStep(8, 17, held), 16);
+  // Nothing aligned is held: the newest.
+  EXPECT_EQ(ChooseReplicationStep(12, 15, {13, 15}), 15);
+  // Never an already tried step, never one newer than captured.
+  EXPECT_EQ(ChooseReplicationStep(16, 19, {16, 17, 18, 19, 20}), 18);
+}
 
 }  // namespace
 }  // namespace cairn

@@ -18,6 +18,18 @@ uint32_t DataSeq(uint32_t offer, uint32_t chunk) {
 
 }  // namespace
 
+int64_t ChooseReplicationStep(int64_t attempted, int64_t pending,
+                              const std::vector<int64_t>& held) {
+  const int64_t gap = attempted < 0 ? 1 : pending - attempted;
+  if (gap <= 1) return pending;
+  int64_t m = 1;
+  while (m <= gap / 2) m *= 2;
+  int64_t best = -1;
+  for (int64_t s : held)
+    if (s > attempted && s <= pending && s % m == 0) best = std::max(best, s);
+  return best >= 0 ? best : pending;
+}
+
 Replicator::Replicator(UcxComm* comm, Placement placement, HostTier* local, ReplicaStore* store,
                        const Logger* log, double timeout_s)
     : comm_(comm),
@@ -90,8 +102,12 @@ void Replicator::SenderLoop() {
       }
     }
     lk.lock();
-    const int64_t step = pending_;
+    const int64_t pending = pending_, attempted = attempted_;
     lk.unlock();
+    std::vector<int64_t> held;
+    if (pending - attempted > 1)
+      for (const VersionInfo& v : local_->Versions()) held.push_back(v.step);
+    const int64_t step = ChooseReplicationStep(attempted, pending, held);
     bool all_ok = !holders.empty();
     Status last;
     auto view = local_->Pin(step);

@@ -11,10 +11,13 @@
 //                     was persisted and the replica header published; only then does the
 //                     sender record the version as REPLICATED. A local send completion
 //                     alone never counts.
-// The newest CAPTURED version wins: versions that became old while a push was running are
-// not sent. A holder that is dead, slow or restarting never blocks training: the push
-// fails after the timeout (at once on transports that report peer failures), the version
-// stays CAPTURED, the failure is counted and logged once, and pushes to that holder resume
+// When pushes keep up, every version is sent. When they fall behind, versions that became
+// old while a push ran are not sent, and the next one is chosen by step number, not by
+// when this rank's push happened to finish (ChooseReplicationStep): every rank of the job
+// then tends to replicate the same steps, so the replicas of a lost node's ranks still
+// share a step the job can restore. A holder that is dead, slow or restarting never blocks
+// training: the push fails after the timeout (at once on transports that report peer failures), the
+// version stays CAPTURED, the failure is counted and logged once, and pushes to that holder resume
 // when it greets the job again after a restart (or after a short back-off).
 // Thread-safety: Notify/WaitReplicated/stats from any thread; two internal threads.
 #pragma once
@@ -25,6 +28,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/log.h"
 #include "tiers/host_tier.h"
@@ -33,6 +37,14 @@
 #include "transport/ucx_comm.h"
 
 namespace cairn {
+
+// The step to push next, given the newest step whose pushes were tried (`attempted`, -1
+// before the first), the newest step captured (`pending` > attempted) and the steps this
+// rank holds: with a gap of 1, `pending`; with a larger gap, the newest held step in
+// (attempted, pending] that is a multiple of the largest power of two not above the gap
+// (so ranks that lag by similar amounts pick the same steps: multiples of 4 are also
+// multiples of 2), or `pending` when none is held.
+int64_t ChooseReplicationStep(int64_t attempted, int64_t pending, const std::vector<int64_t>& held);
 
 struct ReplicatorStats {
   uint64_t replicated = 0;  // versions acknowledged by every holder
