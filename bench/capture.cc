@@ -172,6 +172,7 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
   const std::string job_dir = JoinPath(a.host_root, o.job_id);
   ck->reset();
   (void)DefaultFileSystem()->RemoveAll(job_dir);
+  ::rmdir(a.host_root.c_str());  // the root too, when this run created it and it is empty
 
   Result1 res;
   res.state_bytes = state_bytes;
