@@ -833,6 +833,7 @@ int DemoMain(int argc, char** argv) {
       if (!st.ok()) std::fprintf(stderr, "cairn demo: cleanup: %s\n", st.ToString().c_str());
     }
     ::rmdir(a.pfs_root.c_str());  // only when empty
+    ::rmdir(a.host_root.c_str());
   } else {
     std::printf("\nkept: %s %s %s\n", d.host_job.c_str(), d.pfs_job.c_str(), d.logs.c_str());
   }
