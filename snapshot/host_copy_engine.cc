@@ -27,21 +27,20 @@ class HostCopyEngine final : public CopyEngine {
       const CopyChunk& c = chunks[i];
       if (!checksums) {
         StreamingCopy(c.dst, c.src, c.bytes);
-        CAIRN_KILL_POINT("capture.copy_chunk");
-        return;
+      } else {
+        ChecksumStream h;
+        auto* d = static_cast<std::byte*>(c.dst);
+        auto* s = static_cast<const std::byte*>(c.src);
+        for (size_t off = 0; off < c.bytes; off += kSubBlock) {
+          const size_t n = std::min(kSubBlock, c.bytes - off);
+          StreamingCopy(d + off, s + off, n);
+          // Hash the bytes just read (cache-hot). They equal what was stored unless the
+          // training mutated them before fence() returned, which the restore-time checksum
+          // check then reports instead of restoring torn state.
+          h.Update(s + off, n);
+        }
+        checksums[i] = h.Digest();
       }
-      ChecksumStream h;
-      auto* d = static_cast<std::byte*>(c.dst);
-      auto* s = static_cast<const std::byte*>(c.src);
-      for (size_t off = 0; off < c.bytes; off += kSubBlock) {
-        const size_t n = std::min(kSubBlock, c.bytes - off);
-        StreamingCopy(d + off, s + off, n);
-        // Hash the bytes just read (cache-hot). They equal what was stored unless the
-        // training mutated them before fence() returned, which the restore-time checksum
-        // check then reports instead of restoring torn state.
-        h.Update(s + off, n);
-      }
-      checksums[i] = h.Digest();
       CAIRN_KILL_POINT("capture.copy_chunk");
     };
     pool_.ParallelFor(chunks.size(), one);

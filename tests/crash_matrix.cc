@@ -45,6 +45,7 @@
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "core/kill_point.h"
+#include "tests/matrix_log.h"
 #include "tests/test_util.h"
 
 using namespace cairn;
@@ -73,39 +74,6 @@ std::vector<std::string> Lines(const std::string& text) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) out.push_back(line);
   return out;
-}
-
-// What a rank's training log says.
-struct Reported {
-  std::set<int64_t> complete;
-  int64_t persisted = -1;  // the newest step it saw committed to the PFS
-  int64_t saved = 0;       // the last step it printed
-  bool killed_at_point = false;
-};
-
-Reported ParseTraining(const std::string& log) {
-  Reported r;
-  for (const std::string& line : Lines(log)) {
-    std::istringstream in(line);
-    std::string w;
-    in >> w;
-    if (w == "complete") {
-      int64_t t;
-      if (in >> t) r.complete.insert(t);
-    } else if (w == "saved") {
-      int64_t t, c, rep, p;
-      if (in >> t >> w >> c >> w >> rep >> w >> p) {
-        r.saved = t;
-        r.persisted = std::max(r.persisted, p);
-      }
-    } else if (w == "committed") {
-      int64_t t;
-      if (in >> t) r.persisted = std::max(r.persisted, t);
-    } else if (line.rfind("cairn: kill point ", 0) == 0) {
-      r.killed_at_point = true;
-    }
-  }
-  return r;
 }
 
 // The lines of a log that are not per-step progress (for failure reports).
@@ -172,7 +140,7 @@ class Matrix {
   };
   std::map<std::string, PointStats> per_point_;
   std::map<std::string, int> tiers_;
-  int failures_ = 0, fired_ = 0, nothing_ = 0;
+  int failures_ = 0, fired_ = 0;
 };
 
 Matrix::Restore Matrix::RunRestore(const std::string& job, const std::string& out) {
@@ -287,11 +255,11 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
     }
   }
   if (l.ok()) l->reset();
-  std::vector<Reported> rep;
+  std::vector<testing::MatrixLog> rep;
   std::string train_logs;
   for (int k = 0; k < kWorld; ++k) {
     const std::string log = ReadText(train + "/rank-" + std::to_string(k) + ".log");
-    rep.push_back(ParseTraining(log));
+    rep.push_back(testing::ParseMatrixLog(log));
     train_logs += "  train rank " + std::to_string(k) + ":\n" + Interesting(log);
   }
   const bool fired = rep[static_cast<size_t>(rank)].killed_at_point;
@@ -304,14 +272,19 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
   if (wipe == 3) (void)DefaultFileSystem()->RemoveAll(host);
 
   // The newest step reported complete that survives it.
-  int64_t persisted = -1, complete = -1;
-  for (const Reported& r : rep) persisted = std::max(persisted, r.persisted);
-  for (int64_t t : rep[0].complete)
-    if (std::all_of(rep.begin(), rep.end(), [&](const Reported& r) { return r.complete.count(t); }))
-      complete = std::max(complete, t);
+  int64_t persisted = -1;
+  for (const testing::MatrixLog& r : rep) persisted = std::max(persisted, r.persisted);
+  const int64_t complete = testing::NewestCompleteOnEveryRank(rep);
   const int64_t bound = std::max(persisted, wipe == 3 ? -1 : complete);
 
   Restore r = RunRestore(job, dir + "/restore");
+  // Where the restored step came from: "host", "host+peer", "pfs", ... or "none".
+  std::string tiers = "none";
+  if (r.all_ok) {
+    tiers.clear();
+    for (const std::string& t : std::set<std::string>(r.tier.begin(), r.tier.end()))
+      tiers += (tiers.empty() ? "" : "+") + t;
+  }
   std::string outcome;
   if (problem.empty()) {
     if (r.crashed) {
@@ -322,9 +295,7 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
       if (problem.empty() && r.step[0] < bound)
         problem = "restored step " + std::to_string(r.step[0]) + " is older than step " +
                   std::to_string(bound) + ", reported complete";
-      std::set<std::string> tiers(r.tier.begin(), r.tier.end());
-      for (const std::string& t : tiers) outcome += (outcome.empty() ? "" : "+") + t;
-      outcome = "step " + std::to_string(r.step[0]) + " from " + outcome;
+      outcome = "step " + std::to_string(r.step[0]) + " from " + tiers;
     } else if (bound >= 0) {
       problem = "restore failed although step " + std::to_string(bound) +
                 " was reported complete and survives";
@@ -332,15 +303,9 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
       outcome = "nothing restorable (clean error)";
     }
   }
-  std::string tier_key = r.all_ok ? "" : "none";
-  if (r.all_ok) {
-    std::set<std::string> tiers(r.tier.begin(), r.tier.end());
-    for (const std::string& t : tiers) tier_key += (tier_key.empty() ? "" : "+") + t;
-  }
   if (problem.empty()) {
-    ++tiers_[tier_key];
-    ++ps.tiers[tier_key];
-    if (!r.all_ok) ++nothing_;
+    ++tiers_[tiers];
+    ++ps.tiers[tiers];
   }
   std::printf("trial %3d  %-24s rank %d #%-4ld %-6s wipe %-6s bound %3lld  %s\n", i, point.c_str(),
               rank, nth, fired ? "killed" : "(done)", kWipes[wipe], static_cast<long long>(bound),
@@ -398,7 +363,7 @@ int Matrix::Run() {
       "{\"bench\":\"crash_matrix\",\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
       "\"points\":%zu,\"census_ok\":%s,\"nothing_restorable\":%d,\"restored_from\":{%s},"
       "\"seed\":%llu,\"seconds\":%.0f}\n",
-      cfg_.trials, fired_, failures_, points.size(), census_ok ? "true" : "false", nothing_,
+      cfg_.trials, fired_, failures_, points.size(), census_ok ? "true" : "false", tiers_["none"],
       tiers.c_str(), static_cast<unsigned long long>(cfg_.seed), secs);
   if (cfg_.keep && failures_ > 0) root_.Keep();
   return failures_ == 0 && census_ok ? 0 : 1;

@@ -13,6 +13,7 @@
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
+#include "tests/matrix_log.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -119,23 +120,14 @@ std::vector<Restored> RunRestore(const TempDir& root, const std::string& job, in
 // The newest step every rank printed "complete <step>" for (recovery_child's matrix mode:
 // captured and replicated, as wait_replicated() reported); -1 when none.
 int64_t NewestCompleteOnEveryRank(const std::string& dir, int ranks) {
-  std::map<int64_t, int> seen;
+  std::vector<testing::MatrixLog> logs;
   for (int r = 0; r < ranks; ++r) {
     auto text =
         ReadWholeFile(DefaultFileSystem(), dir + "/rank-" + std::to_string(r) + ".log", 64 << 20);
     if (!text.ok()) return -1;
-    std::istringstream in(*text);
-    for (std::string line; std::getline(in, line);) {
-      std::istringstream words(line);
-      std::string w;
-      int64_t t = -1;
-      if (words >> w >> t && w == "complete") ++seen[t];
-    }
+    logs.push_back(testing::ParseMatrixLog(*text));
   }
-  int64_t newest = -1;
-  for (const auto& [t, n] : seen)
-    if (n == ranks) newest = std::max(newest, t);
-  return newest;
+  return testing::NewestCompleteOnEveryRank(logs);
 }
 
 TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {

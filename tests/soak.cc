@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     // the first (one-time growth, such as the drain's writer threads starting with the first
     // round, is not a leak; growth that continues is).
     long fd_first = 0, fd_second = 0, maps_first = 0, maps_second = 0, ucx_first = 0,
-         ucx_second = 0, ucx_max = 0;
+         ucx_second = 0;
     for (size_t i = 0; i < samples.size(); ++i) {
       const bool first = i < samples.size() / 2;
       long& fd = first ? fd_first : fd_second;
@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
       fd = std::max(fd, samples[i].fds);
       mp = std::max(mp, samples[i].maps);
       ux = std::max(ux, samples[i].ucx);
-      ucx_max = std::max(ucx_max, samples[i].ucx);
     }
+    const long ucx_max = std::max(ucx_first, ucx_second);
     const long fd_growth = fd_second - fd_first, maps_growth = maps_second - maps_first;
     const long ucx_growth = ucx_second - ucx_first;
     std::printf(

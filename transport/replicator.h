@@ -16,9 +16,10 @@
 // when this rank's push happened to finish (ChooseReplicationStep): every rank of the job
 // then tends to replicate the same steps, so the replicas of a lost node's ranks still
 // share a step the job can restore. A holder that is dead, slow or restarting never blocks
-// training: the push fails after the timeout (at once on transports that report peer failures), the
-// version stays CAPTURED, the failure is counted and logged once, and pushes to that holder resume
-// when it greets the job again after a restart (or after a short back-off).
+// training: the push fails after the timeout (at once on transports that report peer
+// failures), the version stays CAPTURED, the failure is counted and logged once, and
+// pushes to that holder resume when it greets the job again after a restart (or after a
+// short back-off).
 // Thread-safety: Notify/WaitReplicated/stats from any thread; two internal threads.
 #pragma once
 
