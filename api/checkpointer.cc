@@ -40,6 +40,9 @@ std::string ShardKey(const std::string& name, const Box& box) {
 
 struct Checkpointer::Request {
   uint64_t seq = 0;
+  int device = -1;                    // of the device shards (-1: none)
+  CudaStream stream = nullptr;        // that wrote them
+  std::shared_ptr<StreamMark> after;  // on `stream` at save(): the copy starts after it
   int slot = -1;
   SlotHeader header;                    // complete but for checksums
   std::vector<CopyChunk> chunks;        // src set; dst filled in once the slot is mapped
@@ -164,12 +167,26 @@ Checkpointer::~Checkpointer() {
   }
 }
 
-Status Checkpointer::CheckReachable(const ShardSpec& s, const std::string& who) const {
+Status Checkpointer::CheckReachable(const ShardSpec& s, const std::string& who, int* device) {
   CAIRN_RETURN_IF_ERROR(CheckShard(s).WithContext(who));
-  if (s.memory == MemoryKind::kDevice && engine_->name() != "cuda")
+  if (s.memory != MemoryKind::kDevice) return Status::OK();
+  if (engine_->name() != "cuda")
     return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
                                    "' is in device memory but the copy engine is '" +
                                    std::string(engine_->name()) + "'");
+  if (s.nbytes() == 0) return Status::OK();
+  // Tensors keep their addresses from one iteration to the next, and under unified
+  // addressing an address belongs to one device: look each up once.
+  auto it = device_of_.find(s.data);
+  if (it == device_of_.end()) {
+    auto d = engine_->DeviceOf(s.data);
+    if (!d.ok())
+      return Status::InvalidArgument(who + ": tensor '" + s.meta.name + "' is given as device " +
+                                     "memory: " + d.status().message());
+    if (device_of_.size() >= (1u << 20)) device_of_.clear();
+    it = device_of_.emplace(s.data, *d).first;
+  }
+  if (device) *device = it->second;
   return Status::OK();
 }
 
@@ -178,7 +195,7 @@ std::string Checkpointer::Who() const {
 }
 
 Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> shards,
-                                       const Blobs& blobs) {
+                                       const Blobs& blobs, CudaStream stream) {
   TraceSpan span("save", "api");
   const int64_t t0 = NowNanos();
   const std::string who = Who() + ", step " + std::to_string(step);
@@ -192,8 +209,17 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
   // Validate everything before reserving anything.
   std::unordered_map<std::string, const TensorMeta*> metas;
   std::unordered_set<std::string> keys;
+  int device = -1;
+  const ShardSpec* on_device = nullptr;
   for (const ShardSpec& s : shards) {
-    CAIRN_RETURN_IF_ERROR(CheckReachable(s, who));
+    int d = -1;
+    CAIRN_RETURN_IF_ERROR(CheckReachable(s, who, &d));
+    if (d >= 0 && device >= 0 && d != device)
+      return Status::InvalidArgument(who + ": tensor '" + s.meta.name + "' is on CUDA device " +
+                                     std::to_string(d) + " but tensor '" + on_device->meta.name +
+                                     "' on device " + std::to_string(device) +
+                                     "; the device tensors of one save must be on one device");
+    if (d >= 0 && device < 0) device = d, on_device = &s;
     auto [it, fresh] = metas.emplace(s.meta.name, &s.meta);
     if (!fresh && !(*it->second == s.meta))
       return Status::InvalidArgument(who + ": tensor '" + s.meta.name +
@@ -231,6 +257,7 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
       CopyChunk c;
       c.src = static_cast<const std::byte*>(s.data) + b;
       c.bytes = static_cast<size_t>(std::min(h.chunk_bytes, r.nbytes - b));
+      c.device = s.memory == MemoryKind::kDevice;
       req->chunks.push_back(c);
       req->chunk_offsets.push_back(r.offset + b);
     }
@@ -249,6 +276,15 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
   }
   h.data_bytes = off;
   h.chunk_checksums.assign(chunk_index, 0);
+  if (device >= 0) {
+    // The point in the training stream the version must reflect (an event record: the
+    // host does not wait).
+    auto mark = engine_->MarkStream(device, stream);
+    if (!mark.ok()) return mark.status().WithContext(who);
+    req->after = std::move(*mark);
+    req->device = device;
+    req->stream = stream;
+  }
 
   auto slot = tier_->Reserve(step, options_.full_policy);
   last_step_ = step;
@@ -285,17 +321,54 @@ Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> 
 }
 
 Status Checkpointer::fence() {
+  return Fence(false, true, nullptr);
+}
+
+Status Checkpointer::fence(CudaStream consumer) {
+  return Fence(false, false, consumer);
+}
+
+Status Checkpointer::fence_host() {
+  return Fence(true, false, nullptr);
+}
+
+Status Checkpointer::Fence(bool host, bool own_streams, CudaStream consumer) {
   TraceSpan span("fence", "api");
   const int64_t t0 = NowNanos();
   std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return copied_seq_ >= submitted_seq_; });
+  if (host)
+    cv_.wait(lk, [&] { return copied_seq_ >= submitted_seq_; });
+  else
+    cv_.wait(lk, [&] { return queued_seq_ >= submitted_seq_; });
+  auto marks = std::move(pending_marks_);
+  pending_marks_.clear();
+  Status st = fence_error_;
+  fence_error_ = Status::OK();
+  lk.unlock();
+  if (!host) {
+    // The copy stream runs versions in order: the newest mark per stream covers the rest.
+    for (size_t i = 0; i < marks.size(); ++i) {
+      const CudaStream s = own_streams ? marks[i].second : consumer;
+      bool newer_follows = false;
+      for (size_t j = i + 1; j < marks.size(); ++j)
+        newer_follows = newer_follows || ((own_streams ? marks[j].second : consumer) == s &&
+                                          marks[j].first->device() == marks[i].first->device());
+      if (newer_follows) continue;
+      Status w = engine_->StreamWait(*marks[i].first, s);
+      if (!w.ok() && st.ok()) st = w.WithContext(Who() + ": fence");
+    }
+  }
   const double dt = NanosToSeconds(NowNanos() - t0);
+  lk.lock();
   ++stats_.fences;
   stats_.fence_wait_total_s += dt;
   stats_.fence_wait_max_s = std::max(stats_.fence_wait_max_s, dt);
-  Status st = fence_error_;
-  fence_error_ = Status::OK();
   return st;
+}
+
+uint64_t Checkpointer::copies_done() const {
+  std::lock_guard lk(mu_);
+  return copied_seq_;
 }
 
 void Checkpointer::WaitSettled(std::unique_lock<std::mutex>& lk) {
@@ -338,19 +411,33 @@ void Checkpointer::Capture(Request& r) {
     std::byte* slot = *base;
     for (size_t i = 0; i < r.chunks.size(); ++i) r.chunks[i].dst = slot + r.chunk_offsets[i];
     const int64_t t0 = NowNanos();
-    st = engine_->Copy(r.chunks,
-                       engine_->checksums_while_copying() ? h.chunk_checksums.data() : nullptr);
+    // Checksums come back with the bytes: taken while copying (host engine) or as each
+    // device chunk lands (CUDA engine).
+    st = engine_->Capture(r.after.get(), r.device, r.chunks, h.chunk_checksums.data(),
+                          [&](std::shared_ptr<StreamMark> done) {
+                            // No device copy in flight: every byte is in the slot. Before
+                            // fence() can return: a save() right after it must see this
+                            // slot as committing (and wait for the commit) rather than as
+                            // capturing (and skip).
+                            if (!done) tier_->MarkCopied(r.slot);
+                            {
+                              std::lock_guard lk(mu_);
+                              queued_seq_ = r.seq;
+                              if (done) pending_marks_.emplace_back(std::move(done), r.stream);
+                            }
+                            cv_.notify_all();
+                          });
+    r.after.reset();
     for (size_t i = 0; st.ok() && i < h.blobs.size(); ++i) {
       std::memcpy(slot + h.blobs[i].offset, r.blob_bytes[i].data(), h.blobs[i].nbytes);
       h.blobs[i].checksum = Checksum(r.blob_bytes[i].data(), h.blobs[i].nbytes);
     }
     copy_ns = NowNanos() - t0;
   }
-  // Before fence() can return: a save() right after it must see this slot as committing
-  // (and wait for the commit) rather than as capturing (and skip).
   if (st.ok()) tier_->MarkCopied(r.slot);
   {
     std::lock_guard lk(mu_);
+    queued_seq_ = r.seq;  // also when the capture failed before queueing
     copied_seq_ = r.seq;
     if (st.ok()) {
       stats_.bytes_copied += h.data_bytes;
@@ -364,12 +451,6 @@ void Checkpointer::Capture(Request& r) {
   }
   if (st.ok()) CAIRN_KILL_POINT("capture.copied");
   if (st.ok()) {
-    if (!engine_->checksums_while_copying()) {
-      std::vector<HostRange> ranges;
-      ranges.reserve(r.chunks.size());
-      for (const CopyChunk& c : r.chunks) ranges.push_back({c.dst, c.bytes});
-      engine_->ChecksumHost(ranges, h.chunk_checksums.data());
-    }
     h.created_wall_ns = WallNanos();
     st = tier_->Commit(r.slot, h);
   }
@@ -515,9 +596,14 @@ Result<RestoreReport> Checkpointer::restore(std::span<const ShardSpec> targets,
     std::unique_lock lk(mu_);
     WaitSettled(lk);
   }
+  int device = -1;
   for (const ShardSpec& t : targets) {
-    CAIRN_RETURN_IF_ERROR(CheckReachable(t, Who() + ": restore target"));
+    CAIRN_RETURN_IF_ERROR(CheckReachable(t, Who() + ": restore target", &device));
   }
+  // Device targets: the copies into them come after whatever the stream still has queued.
+  if (device >= 0)
+    CAIRN_RETURN_IF_ERROR(
+        engine_->OrderAfter(device, options.stream).WithContext(Who() + ": restore"));
   std::unordered_set<std::string> seen;
   for (const ShardSpec& t : targets)
     if (!seen.insert(ShardKey(t.meta.name, t.box)).second)

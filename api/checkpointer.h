@@ -8,8 +8,21 @@
 // save() reserves a host slot and queues the copy; the capture thread copies the shards'
 // bytes into the slot (chunked, checksummed), persists them and publishes the slot header,
 // making the version CAPTURED. The shards' memory must not change between save() and the
-// return of the next fence(). restore() fills target shards from the newest (or a given)
-// CAPTURED version after verifying every checksum.
+// point the next fence() orders the writer after. restore() fills target shards from the
+// newest (or a given) CAPTURED version after verifying every checksum.
+//
+// Device (CUDA) shards and streams. save(step, shards, blobs, stream) records a mark on
+// `stream`, the stream whose kernels wrote the tensors (default: the legacy default
+// stream); the copy waits for that mark, so the version holds exactly what that stream had
+// written when save() was called, even if those kernels are still queued or running. The
+// host never waits in save(). fence() then makes that same stream wait, on the GPU, for
+// the end of the copy (cudaStreamWaitEvent) and returns at once: kernels queued on it
+// afterwards (the optimizer step) run only once the copy has read the tensors, and never
+// leak into the version. fence(consumer) orders another stream instead. Host shards of the
+// same save are copied before fence() returns. fence_host() blocks the calling thread until
+// every byte is in host memory: use it before writing saved tensors from the CPU or from a
+// stream that fence() did not order. A device shard's device is found from its pointer;
+// the device shards of one save must all be on one device.
 //
 // Thread-safety: save/fence/restore are meant for one training thread; stats() and
 // versions() may be called from any thread.
@@ -25,6 +38,8 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/log.h"
@@ -95,16 +110,30 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Queues a version of `step` made of `shards` (whose bytes are read until the next
-  // fence() returns) and `blobs` (copied now). Returns at once: no I/O, no copy of tensor
-  // bytes on the calling thread. Steps must increase within a process. InvalidArgument
-  // naming the tensor for a bad shard; kSkipped when no slot is free under the skip policy.
-  Result<SaveOutcome> save(int64_t step, std::span<const ShardSpec> shards,
-                           const Blobs& blobs = {});
-  // Waits until the shards of every queued save have been copied, so they may be modified.
-  // Returns the error of a capture that failed since the last fence (the version is then
-  // not restorable; older versions are untouched).
+  // Queues a version of `step` made of `shards` (whose bytes are read until the point the
+  // next fence orders the writers after) and `blobs` (copied now). Device shards are
+  // copied after the work queued on `stream` so far (see the top of this file). Returns at
+  // once: no I/O, no copy of tensor bytes, no wait for the GPU on the calling thread. Steps
+  // must increase within a process. InvalidArgument naming the tensor for a bad shard
+  // (including a device shard whose pointer is not device memory); kSkipped when no slot
+  // is free under the skip policy.
+  Result<SaveOutcome> save(int64_t step, std::span<const ShardSpec> shards, const Blobs& blobs = {},
+                           CudaStream stream = nullptr);
+  // Orders every writer of the saved shards after their copy. Host shards: waits until
+  // they are copied. Device shards: waits on the host only until their copies are queued
+  // (microseconds), then makes the stream given to each save() wait on the GPU for the end
+  // of its copy, and returns. Returns the error of a capture that failed since the last
+  // fence (the version is then not restorable; older versions are untouched); a device
+  // copy that fails after this fence returned is reported by the next one.
   Status fence();
+  // As fence(), but the device wait is queued on `consumer` instead of the save's stream.
+  Status fence(CudaStream consumer);
+  // Blocks until every byte of every queued save is in host memory (for tensors written
+  // from the CPU, or from streams no fence ordered).
+  Status fence_host();
+  // How many of the queued saves have every byte in host memory (their tensors are no
+  // longer read by cairn).
+  uint64_t copies_done() const;
   // Waits until every queued version is CAPTURED or has failed; returns the first failure
   // since the last call.
   Status wait_captured();
@@ -147,8 +176,11 @@ class Checkpointer {
   void CaptureLoop();
   void Capture(Request& r);
   std::string Who() const;
-  // CheckShard, and that the copy engine can reach the shard's memory.
-  Status CheckReachable(const ShardSpec& s, const std::string& who) const;
+  // CheckShard, and that the copy engine can reach the shard's memory. For a device shard,
+  // `*device` receives its device (from the pointer; cached by address).
+  Status CheckReachable(const ShardSpec& s, const std::string& who, int* device = nullptr);
+  // fence(), fence(consumer) and fence_host().
+  Status Fence(bool host, bool own_streams, CudaStream consumer);
 
   Options options_;
   Logger log_;
@@ -167,8 +199,12 @@ class Checkpointer {
   std::deque<std::unique_ptr<Request>> queue_;
   bool stopping_ = false;
   uint64_t submitted_seq_ = 0;
-  uint64_t copied_seq_ = 0;
+  uint64_t queued_seq_ = 0;  // host bytes copied and device copies queued
+  uint64_t copied_seq_ = 0;  // every byte in the slot
   uint64_t done_seq_ = 0;
+  // End marks of device copies queued since the last fence, with their save's stream.
+  std::vector<std::pair<std::shared_ptr<StreamMark>, CudaStream>> pending_marks_;
+  std::unordered_map<const void*, int> device_of_;  // training thread only
   Status fence_error_;
   Status capture_error_;
   std::optional<int64_t> last_step_;

@@ -23,6 +23,10 @@ struct TensorMeta {
   bool operator==(const TensorMeta&) const = default;
 };
 
+// A CUDA stream (cudaStream_t) as cairn's headers carry it, so that they need no CUDA
+// header. nullptr is the legacy default stream (PyTorch's default stream).
+using CudaStream = void*;
+
 enum class MemoryKind : uint8_t {
   kHost = 0,    // ordinary CPU memory
   kDevice = 1,  // CUDA device memory (copied by the CUDA copy engine)

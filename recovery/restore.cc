@@ -313,7 +313,10 @@ RankLayout LayoutOf(std::span<const ShardSpec> targets) {
 
 class StagingBuffer {
  public:
-  StagingBuffer(uint64_t n, bool populate) : n_(std::max<uint64_t>(n, 1)) {
+  // `pin`: an engine that copies from it into device memory registers it (pinned memory
+  // copies at the link's speed; pageable memory goes through the driver's own bounce).
+  StagingBuffer(uint64_t n, bool populate, CopyEngine* pin = nullptr)
+      : n_(std::max<uint64_t>(n, 1)) {
     void* p = ::mmap(nullptr, n_, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
     if (p == MAP_FAILED) {
@@ -322,8 +325,10 @@ class StagingBuffer {
     } else {
       p_ = static_cast<std::byte*>(p);
     }
+    if (pin && pin->RegisterHost(p_, n_).ok()) pinned_ = pin;
   }
   ~StagingBuffer() {
+    if (pinned_) pinned_->UnregisterHost(p_, n_);
     if (!fallback_) ::munmap(p_, n_);
   }
   StagingBuffer(const StagingBuffer&) = delete;
@@ -334,6 +339,7 @@ class StagingBuffer {
   uint64_t n_;
   std::byte* p_ = nullptr;
   std::unique_ptr<std::byte[]> fallback_;
+  CopyEngine* pinned_ = nullptr;
 };
 
 struct Attempt {
@@ -363,8 +369,14 @@ struct Attempt {
   // Memory for bytes in transit; `populate`: faulted in up front (a receive into fresh
   // pages over UCX's tcp transport runs several times slower).
   std::byte* Staging(uint64_t n, bool populate = false) {
-    owned.push_back(std::make_unique<StagingBuffer>(n, populate));
+    owned.push_back(
+        std::make_unique<StagingBuffer>(n, populate, env.host_targets ? nullptr : env.engine));
     return owned.back()->data();
+  }
+  // Flags the chunks from `from` on as device copies when target `t` is device memory.
+  static void MarkDevice(std::vector<CopyChunk>* c, size_t from, const ShardSpec& t) {
+    if (t.memory != MemoryKind::kDevice) return;
+    for (size_t i = from; i < c->size(); ++i) (*c)[i].device = true;
   }
   size_t Elem(const LoadPlan::Fill& f) const { return DTypeSize(targets[f.target].meta.dtype); }
   // The target address the whole span can go to directly, or null.
@@ -459,8 +471,10 @@ struct Attempt {
     for (uint32_t fi : fills_of_span[s]) {
       const LoadPlan::Fill& f = plan.fills[cls][fi];
       const ShardSpec& t = targets[f.target];
+      const size_t from = chunks.size();
       AppendRegionCopies(at[s] + off, 0, f.region, static_cast<std::byte*>(t.data), t.box, f.region,
                          Elem(f), &chunks);
+      MarkDevice(&chunks, from, t);
       off += static_cast<uint64_t>(f.region.numel()) * Elem(f);
     }
     if (chunks.empty()) return Status::OK();
@@ -475,8 +489,10 @@ struct Attempt {
     for (uint32_t fi : fills_of_span[s]) {
       const LoadPlan::Fill& f = plan.fills[cls][fi];
       const ShardSpec& t = targets[f.target];
+      const size_t from = chunks.size();
       AppendRegionCopies(at[s], sp.lo, p.box, static_cast<std::byte*>(t.data), t.box, f.region,
                          Elem(f), &chunks);
+      MarkDevice(&chunks, from, t);
     }
     return CopyChunks(chunks, here);
   }
@@ -665,7 +681,8 @@ Status Attempt::ReadRuns() {
       } else {
         if (free_slots.empty() && slots.size() < pool_size) {
           slots.push_back(std::make_unique<Slot>());
-          slots.back()->run = std::make_unique<StagingBuffer>(biggest, false);
+          slots.back()->run = std::make_unique<StagingBuffer>(
+              biggest, false, env.host_targets ? nullptr : env.engine);
           free_slots.push_back(slots.back().get());
         }
         if (free_slots.empty()) {

@@ -50,6 +50,9 @@ struct RestoreOptions {
   // Allow saved tensors that no rank restores (e.g. loading only the model weights);
   // otherwise that is an error naming them.
   bool partial = false;
+  // Device targets: the copies into them run after the work queued on this stream so far
+  // (kernels still writing the targets), and have finished when restore() returns.
+  CudaStream stream = nullptr;
 };
 
 struct RestoreReport {

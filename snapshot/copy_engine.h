@@ -1,19 +1,32 @@
 // CopyEngine: moves tensor bytes between the training's memory and host slots.
 //
-// Capture calls Copy() from cairn's capture thread (never the training thread) with the
-// chunks of one version; restore calls it to fill the targets. An engine that can checksum
-// while it copies (the host engine) fills `checksums`; others leave that to the caller.
-// Thread-safety: one Copy() at a time per engine.
+// Capture calls Capture() from cairn's capture thread (never the training thread) with the
+// chunks of one version; restore calls Copy() to fill the targets. An engine that can
+// checksum while it copies (the host engine) fills `checksums`; others leave that to the
+// caller (Capture() always fills them).
+//
+// Device memory (the CUDA engine) is captured in the order of the stream that produced it:
+// save() records a StreamMark on the training stream (MarkStream, on the training thread);
+// the copy stream waits for that mark before its first chunk, so the version holds exactly
+// what the stream had written when save() was called, whatever kernels are still queued
+// or running. The end of a version's device copies is itself a mark, which a fence makes
+// the consumer stream wait for (StreamWait) instead of blocking the host.
+//
+// Thread-safety: one Copy() or Capture() at a time per engine; MarkStream(), StreamWait()
+// and DeviceOf() may be called from another thread (the training thread) meanwhile.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/options.h"
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace cairn {
 
@@ -21,6 +34,15 @@ struct CopyChunk {
   const void* src = nullptr;
   void* dst = nullptr;
   size_t bytes = 0;
+  bool device = false;  // src or dst is CUDA device memory
+};
+
+// A point in a CUDA stream's queued work (a recorded CUDA event). Made only by the CUDA
+// engine; destroying it releases the event (a wait already queued on it stays valid).
+class StreamMark {
+ public:
+  virtual ~StreamMark() = default;
+  virtual int device() const = 0;
 };
 
 struct HostRange {
@@ -48,6 +70,48 @@ class CopyEngine {
     return Status::OK();
   }
   virtual void UnregisterHost(void* p, size_t n) { (void)p, (void)n; }
+
+  // Copies one version's chunks into its slot and checksums them (checksums[i] for chunk
+  // i). Chunks marked `device` are copied in order on the copy stream of `device`, after
+  // `after` (a mark of the producing stream; null: no ordering, which only the GPU tests
+  // use to show the race it prevents); each is checksummed on the host as soon as it
+  // lands. Host chunks are copied by host threads. `queued` is called once, as soon as
+  // every host chunk is copied and every device copy is queued, with the mark of the end
+  // of the device copies (null when there are none); from then on a consumer stream can be
+  // ordered after the copy. Returns when every byte has landed and is checksummed. On
+  // failure every copy already queued has finished before it returns, and `queued` may
+  // not have been called.
+  virtual Status Capture(const StreamMark* after, int device, std::span<const CopyChunk> chunks,
+                         uint64_t* checksums,
+                         const std::function<void(std::shared_ptr<StreamMark>)>& queued);
+
+  // The CUDA device holding `p`, found from the pointer (not the current device).
+  // InvalidArgument when `p` is not device memory or the engine has no devices.
+  virtual Result<int> DeviceOf(const void* p) {
+    (void)p;
+    return Status::InvalidArgument("the '" + std::string(name()) +
+                                   "' copy engine cannot reach device memory");
+  }
+  // Records a mark on `producer` (a stream of `device`; nullptr: the legacy default stream)
+  // after all the work queued on it so far. Cheap; called by save() on the training thread.
+  virtual Result<std::shared_ptr<StreamMark>> MarkStream(int device, CudaStream producer) {
+    (void)device, (void)producer;
+    return Status::FailedPrecondition("the '" + std::string(name()) +
+                                      "' copy engine has no streams");
+  }
+  // Makes `consumer` wait on the device for `mark`; returns at once (the host never waits).
+  virtual Status StreamWait(const StreamMark& mark, CudaStream consumer) {
+    (void)mark, (void)consumer;
+    return Status::FailedPrecondition("the '" + std::string(name()) +
+                                      "' copy engine has no streams");
+  }
+  // Orders the following Copy() calls of `device` after the work queued on `stream` so far
+  // (a restore into device memory that the stream may still be writing). No-op without
+  // devices.
+  virtual Status OrderAfter(int device, CudaStream stream) {
+    (void)device, (void)stream;
+    return Status::OK();
+  }
 };
 
 // Copies `n` bytes with non-temporal stores (the destination is not pulled into cache);

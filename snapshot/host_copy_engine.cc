@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "core/checksum.h"
 #include "core/kill_point.h"
@@ -83,6 +85,26 @@ void StreamingCopy(void* dst, const void* src, size_t n) {
   }
   _mm_sfence();
   std::memcpy(d + body, s + body, n - body);
+}
+
+Status CopyEngine::Capture(const StreamMark* after, int device, std::span<const CopyChunk> chunks,
+                           uint64_t* checksums,
+                           const std::function<void(std::shared_ptr<StreamMark>)>& queued) {
+  (void)after, (void)device;
+  for (const CopyChunk& c : chunks)
+    if (c.device)
+      return Status::InvalidArgument("the '" + std::string(name()) +
+                                     "' copy engine cannot copy from device memory");
+  CAIRN_RETURN_IF_ERROR(Copy(chunks, checksums_while_copying() ? checksums : nullptr));
+  // The bytes are in the slot: a fence may return (checksums are not its business).
+  queued(nullptr);
+  if (!checksums_while_copying()) {
+    std::vector<HostRange> ranges;
+    ranges.reserve(chunks.size());
+    for (const CopyChunk& c : chunks) ranges.push_back({c.dst, c.bytes});
+    ChecksumHost(ranges, checksums);
+  }
+  return Status::OK();
 }
 
 std::unique_ptr<CopyEngine> MakeHostCopyEngine(int threads) {
