@@ -16,6 +16,12 @@
 //       restores into LAYOUT, checks every byte and the blob, prints "restored <step> tier
 //       <tier> received <bytes> pfs <job bytes read> needed <job bytes needed> resharded
 //       <0|1> skipped <n>", exits 0 when all is exact and the step is at least MIN_STEP
+//
+// With CAIRN_TEST_DEVICE=1 (CUDA builds, a device present) the shards live in device
+// memory: each step's values are written on the host and copied to the device on the
+// legacy default stream before save(); a restore fills device memory, which is copied back
+// to the host to be checked.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,7 +32,60 @@
 #include "tests/child_util.h"
 #include "tests/recovery_state.h"
 
+#ifdef CAIRN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 using namespace cairn;
+
+namespace {
+
+// The shards' device copies (CAIRN_TEST_DEVICE=1), or nothing.
+class DeviceMirror {
+ public:
+  bool Enable(testing::ModelState::Held& held, std::vector<ShardSpec>& shards) {
+#ifdef CAIRN_HAVE_CUDA
+    for (size_t k = 0; k < shards.size(); ++k) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, std::max<size_t>(held.bytes[k].size(), 1)) != cudaSuccess) return false;
+      dev_.push_back(p);
+      shards[k].data = p;
+      shards[k].memory = MemoryKind::kDevice;
+    }
+    held_ = &held;
+    return true;
+#else
+    (void)held, (void)shards;
+    return false;
+#endif
+  }
+  // Host values -> device (ordered on the legacy default stream, which fence() orders).
+  bool Upload() {
+#ifdef CAIRN_HAVE_CUDA
+    for (size_t k = 0; held_ && k < dev_.size(); ++k)
+      if (cudaMemcpy(dev_[k], held_->bytes[k].data(), held_->bytes[k].size(),
+                     cudaMemcpyHostToDevice) != cudaSuccess)
+        return false;
+#endif
+    return true;
+  }
+  // Device values -> host, to be checked.
+  bool Download() {
+#ifdef CAIRN_HAVE_CUDA
+    for (size_t k = 0; held_ && k < dev_.size(); ++k)
+      if (cudaMemcpy(held_->bytes[k].data(), dev_[k], held_->bytes[k].size(),
+                     cudaMemcpyDeviceToHost) != cudaSuccess)
+        return false;
+#endif
+    return true;
+  }
+
+ private:
+  std::vector<void*> dev_;
+  testing::ModelState::Held* held_ = nullptr;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) return 2;
@@ -44,6 +103,12 @@ int main(int argc, char** argv) {
   }
   auto held = model.Make(boxes);
   auto shards = model.Shards(held);
+  DeviceMirror device;
+  const char* on_device = std::getenv("CAIRN_TEST_DEVICE");
+  if (on_device && std::string(on_device) == "1" && !device.Enable(held, shards)) {
+    std::fprintf(stderr, "recovery_child: CAIRN_TEST_DEVICE=1 but no CUDA device memory\n");
+    return 2;
+  }
   if (mode == "train" || mode == "matrix") {
     const bool matrix = mode == "matrix";
     const int64_t first = matrix ? 1 : arg;
@@ -51,6 +116,10 @@ int main(int argc, char** argv) {
     const int64_t every = matrix && argc > 5 ? std::atoll(argv[5]) : 0;
     for (int64_t t = first;; ++t) {
       model.Visit(held, t, false);
+      if (!device.Upload()) {
+        std::fprintf(stderr, "recovery_child: copy to the device failed\n");
+        return 1;
+      }
       auto out = c.save(t, shards, {{"who", testing::ModelState::Blob(opts.rank, t)}});
       if (!out.ok()) {
         std::fprintf(stderr, "recovery_child: %s\n", out.status().ToString().c_str());
@@ -106,6 +175,10 @@ int main(int argc, char** argv) {
     auto r = c.restore(shards);
     if (!r.ok()) {
       std::fprintf(stderr, "recovery_child: %s\n", r.status().ToString().c_str());
+      return 1;
+    }
+    if (!device.Download()) {
+      std::fprintf(stderr, "recovery_child: copy from the device failed\n");
       return 1;
     }
     const std::string bad = model.Visit(held, r->step, true);
