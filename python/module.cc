@@ -7,7 +7,9 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <deque>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -100,20 +102,33 @@ class PyCheckpointer {
     c_ = Unwrap(WithoutGil([&] { return Checkpointer::Open(std::move(o)); }));
   }
 
-  std::string Save(int64_t step, const std::vector<PyShard>& shards, const py::dict& blobs) {
+  std::string Save(int64_t step, const std::vector<PyShard>& shards, const py::dict& blobs,
+                   uintptr_t stream) {
     Checkpointer& c = Get();
     const std::vector<ShardSpec> specs = Specs(shards);
     const Blobs b = ToBlobs(blobs);
-    const SaveOutcome out = Unwrap(WithoutGil([&] { return c.save(step, specs, b); }));
-    if (out == SaveOutcome::kQueued)
-      for (const PyShard& s : shards) pinned_.push_back(s.owner);
+    const auto cuda_stream = reinterpret_cast<CudaStream>(stream);
+    const SaveOutcome out =
+        Unwrap(WithoutGil([&] { return c.save(step, specs, b, cuda_stream); }));
+    if (out == SaveOutcome::kQueued) {
+      ++queued_;
+      std::vector<py::object> owners;
+      for (const PyShard& s : shards) owners.push_back(s.owner);
+      pinned_.emplace_back(queued_, std::move(owners));
+    }
     return out == SaveOutcome::kQueued ? "queued" : "skipped";
   }
 
-  void Fence() {
+  // stream None: the stream given to each save(); an int (a cudaStream_t): that stream;
+  // host=True: block until every byte is copied.
+  void Fence(std::optional<uintptr_t> stream, bool host) {
     Checkpointer& c = Get();
-    const Status st = WithoutGil([&] { return c.fence(); });
-    pinned_.clear();  // cairn reads none of them any more
+    const Status st = WithoutGil([&] {
+      if (host) return c.fence_host();
+      if (stream) return c.fence(reinterpret_cast<CudaStream>(*stream));
+      return c.fence();
+    });
+    Release();
     if (!st.ok()) Throw(st);
   }
 
@@ -138,12 +153,13 @@ class PyCheckpointer {
   }
 
   RestoreReport Restore(const std::vector<PyShard>& targets, std::optional<int64_t> step,
-                        bool partial) {
+                        bool partial, uintptr_t stream) {
     Checkpointer& c = Get();
     const std::vector<ShardSpec> specs = Specs(targets);
     RestoreOptions ro;
     ro.step = step;
     ro.partial = partial;
+    ro.stream = reinterpret_cast<CudaStream>(stream);
     return Unwrap(WithoutGil([&] { return c.restore(specs, ro); }));
   }
 
@@ -172,8 +188,15 @@ class PyCheckpointer {
     if (!c_) throw py::value_error("the Checkpointer is closed");
     return *c_;
   }
+  // Lets go of the owners of the versions whose bytes are all copied (a stream-ordered
+  // fence returns before the device copies end: their tensors must stay alive until then).
+  void Release() {
+    const uint64_t done = Get().copies_done();
+    while (!pinned_.empty() && pinned_.front().first <= done) pinned_.pop_front();
+  }
   std::unique_ptr<Checkpointer> c_;
-  std::vector<py::object> pinned_;
+  uint64_t queued_ = 0;  // saves queued through this object (the C++ side's count too)
+  std::deque<std::pair<uint64_t, std::vector<py::object>>> pinned_;
 };
 
 }  // namespace
@@ -345,18 +368,26 @@ PYBIND11_MODULE(_cairn, m) {
                              "use cairn.torch.Checkpointer, which builds the shards.")
       .def(py::init<Options>(), py::arg("options"))
       .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("shards"),
-           py::arg("blobs") = py::dict(),
-           "Queues a version: returns 'queued' or 'skipped' (no free slot). The shards' "
-           "memory is read until the next fence().")
-      .def("fence", &PyCheckpointer::Fence,
-           "Waits until every queued version's bytes are copied (call before modifying them).")
+           py::arg("blobs") = py::dict(), py::arg("stream") = 0,
+           "Queues a version: returns 'queued' or 'skipped' (no free slot). Device shards "
+           "are copied after the work queued so far on `stream` (a cudaStream_t as an int, "
+           "e.g. torch.cuda.current_stream().cuda_stream; 0: the default stream). The "
+           "shards' memory is read until the point the next fence() orders writers after.")
+      .def("fence", &PyCheckpointer::Fence, py::arg("stream") = std::nullopt,
+           py::arg("host") = false,
+           "Orders the writers of the saved tensors after their copy. Host shards: waits "
+           "until they are copied. Device shards: makes the save's stream (or `stream`) wait "
+           "on the GPU for the copy and returns at once. host=True: blocks until every byte "
+           "is copied.")
       .def("wait_captured", &PyCheckpointer::WaitCaptured)
       .def("wait_replicated", &PyCheckpointer::WaitReplicated, py::arg("timeout_s") = 60.0)
       .def("flush", &PyCheckpointer::Flush,
            "Collective: persists the newest version every rank holds; returns its step.")
       .def("restore", &PyCheckpointer::Restore, py::arg("targets"), py::arg("step") = std::nullopt,
-           py::arg("partial") = false,
-           "Collective: fills the targets from the newest restorable version (or `step`).")
+           py::arg("partial") = false, py::arg("stream") = 0,
+           "Collective: fills the targets from the newest restorable version (or `step`). "
+           "Copies into device targets run after the work queued on `stream` so far and "
+           "have finished when it returns.")
       .def("barrier", &PyCheckpointer::Barrier, "Collective: waits for every rank.")
       .def("stats", &PyCheckpointer::GetStats)
       .def("versions", &PyCheckpointer::Versions)

@@ -14,6 +14,13 @@ else that writes parameters or optimizer state in place between save() and the n
 optimizer.step() must call fence() first. Model buffers (which forward passes may update)
 are copied when save() is called.
 
+CUDA tensors: save() passes the current CUDA stream, and the version holds exactly what
+that stream had written when save() was called (optimizer kernels still queued included);
+the host does not wait. fence() makes the current stream wait on the GPU for the copy and
+returns at once, so the optimizer's kernels queued after it run only once the copy has read
+the tensors. Code that writes the saved tensors from the CPU, or from another stream that
+no fence ordered, calls fence_host() first.
+
 Besides the tensors, each version holds the RNG states (torch, CUDA when present, numpy,
 Python's random), the optimizer's param_groups and non-tensor state, and a user dict
 (`extra`: data-loader position, scheduler state, ...). These are pickled: restoring from a
@@ -193,12 +200,18 @@ class Checkpointer:
             blobs[_OPTIM_BLOB] = pickle.dumps(meta)
         if extra is not None:
             blobs[_USER_BLOB] = pickle.dumps(extra)
-        return self._ck.save(int(step), shards, blobs) == "queued"
+        return self._ck.save(int(step), shards, blobs, stream=self._stream()) == "queued"
 
     def fence(self):
-        """Waits until the last saved version's bytes are copied (the optimizer hook calls
-        it before every step)."""
-        self._ck.fence()
+        """Orders what comes next after the copy of the saved versions (the optimizer hook
+        calls it before every step): host tensors are copied when it returns; for CUDA
+        tensors the current stream waits on the GPU and the host does not."""
+        stream = self._stream()
+        self._ck.fence(stream=stream if stream else None)
+
+    def fence_host(self):
+        """Blocks until every byte of the saved versions is in host memory."""
+        self._ck.fence(host=True)
 
     def restore(self, step=None):
         """Collective: loads the newest version every rank can restore (or `step`) into the
@@ -228,7 +241,9 @@ class Checkpointer:
             self.optimizer.load_state_dict(
                 {"state": state, "param_groups": meta["param_groups"]}
             )
-        report = self._ck.restore(self._shards(snapshot_buffers=False), step=head.step)
+        report = self._ck.restore(
+            self._shards(snapshot_buffers=False), step=head.step, stream=self._stream()
+        )
         self._set_rng(report.blobs)
         self.extra = pickle.loads(report.blobs[_USER_BLOB]) if _USER_BLOB in report.blobs else None
         self.last_report = report
@@ -269,6 +284,15 @@ class Checkpointer:
         self.close()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _stream(self):
+        """The current CUDA stream (as an int) of the device the model is on; 0 for a
+        model on the CPU."""
+        for p in self.model.parameters():
+            if p.is_cuda:
+                return torch.cuda.current_stream(p.device).cuda_stream
+            return 0
+        return 0
 
     def _install_fence_hook(self, optimizer):
         me = weakref.ref(self)

@@ -14,6 +14,8 @@ import tempfile
 import time
 import unittest
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 300
 
@@ -94,14 +96,17 @@ class TorchTraining(unittest.TestCase):
         return outs
 
     def test_killed_run_resumes_with_the_same_loss_at_every_later_step(self):
+        self.killed_run_resumes_bit_exact([])
+
+    def killed_run_resumes_bit_exact(self, args):
         ref = os.path.join(self.job.root, "ref.txt")
-        self.run_to_end([self.job.start(ref, args=["--no-cairn"])])
+        self.run_to_end([self.job.start(ref, args=["--no-cairn", *args])])
         want = read_losses(ref)
         self.assertEqual(len(want), STEPS)
 
         out = os.path.join(self.job.root, "run.txt")
         kill_at = random.randrange(40, STEPS - 40)
-        p = self.job.start(out)
+        p = self.job.start(out, args=args)
         wait_for(lambda: len(read_losses(out)) >= kill_at or p.poll() is not None, 300,
                  f"step {kill_at}")
         time.sleep(random.random() * 0.02)  # somewhere inside an iteration
@@ -110,7 +115,7 @@ class TorchTraining(unittest.TestCase):
         logged = max(read_losses(out))
         self.assertLess(logged, STEPS, "the run ended before it was killed")
 
-        text = self.run_to_end([self.job.start(out)])[0]
+        text = self.run_to_end([self.job.start(out, args=args)])[0]
         restored = [l.split() for l in text.splitlines() if l.startswith("restored ")]
         self.assertEqual(len(restored), 1, text)
         step, tier, extra = int(restored[0][1]), restored[0][3], int(restored[0][5])
@@ -123,6 +128,15 @@ class TorchTraining(unittest.TestCase):
         self.assertEqual(len(got), STEPS)
         for s in range(1, STEPS + 1):
             self.assertEqual(got[s][0], want[s][0], f"loss at step {s} (restored {step})")
+
+    @unittest.skipUnless(
+        torch.cuda.is_available() and int(torch.__version__.split(".")[0]) >= 2,
+        "needs a CUDA device and PyTorch 2.x",
+    )
+    def test_gpu_bf16_run_killed_and_resumed_has_the_same_loss_at_every_later_step(self):
+        # TinyLM in bf16 on the GPU, AdamW, deterministic kernels: cairn captures the CUDA
+        # tensors ordered with the training stream and restores them into device memory.
+        self.killed_run_resumes_bit_exact(["--device", "cuda", "--dtype", "bfloat16"])
 
     def test_two_ranks_one_killed_and_wiped_comes_back_from_its_peer(self):
         def ddp(tag, out_tag, args=()):

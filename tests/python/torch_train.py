@@ -19,12 +19,20 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--no-cairn", action="store_true")
     p.add_argument("--ddp-init", help="file:// rendezvous of torch.distributed (gloo)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: model and batches there")
+    p.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16 on GPUs)")
     a = p.parse_args()
     torch.set_num_threads(1)
+    if a.device != "cpu":
+        # Bit-exact replays on a GPU: deterministic kernels (cuBLAS needs its workspace
+        # fixed before it starts).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
     torch.manual_seed(0)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model = TinyLM()
+    model = TinyLM().to(a.device, getattr(torch, a.dtype))
     if a.ddp_init:
         torch.distributed.init_process_group(
             "gloo", init_method="file://" + a.ddp_init, rank=rank, world_size=world
@@ -40,7 +48,7 @@ def main():
             print(f"restored {got} tier {ck.last_report.tier} extra {ck.extra['step']}", flush=True)
     with open(a.out, "a") as out:
         for step in range(start + 1, a.steps + 1):
-            x, y = batch(step, rank)
+            x, y = (t.to(a.device) for t in batch(step, rank))
             loss = loss_of(model, x, y)
             opt.zero_grad()
             loss.backward()
