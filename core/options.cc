@@ -93,7 +93,8 @@ const std::vector<EnvSetting>& EnvSettings() {
        "pre-size and pre-fault every slot at open (K/M/G suffix); "
        "0 sizes a slot at its first save, in the background"},
       {"CAIRN_CHUNK_BYTES", "4M", "capture and checksum chunk size (64K..1G)"},
-      {"CAIRN_COPY_THREADS", "1", "threads of the host copy engine"},
+      {"CAIRN_COPY_THREADS", "1",
+       "threads of the host copy engine (the CUDA engine checksums on at least 4)"},
       {"CAIRN_COPY_ENGINE", "auto", "auto | host | cuda (auto: cuda when a device is usable)"},
       {"CAIRN_FULL_POLICY", "skip",
        "when no slot is free at save(): skip (count it, never stall) or block"},

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(cmake ninja-build g++ pkg-config libtbb-dev libpmem2-dev libxxhash-dev
+PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev
           libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev libbenchmark-dev
           libucx-dev ucx-utils python3-numpy python3-dev pybind11-dev python3-torch)
 missing=()
