@@ -423,7 +423,10 @@ void Checkpointer::Capture(Request& r) {
                             {
                               std::lock_guard lk(mu_);
                               queued_seq_ = r.seq;
-                              if (done) pending_marks_.emplace_back(std::move(done), r.stream);
+                              if (done)
+                                pending_marks_.emplace_back(std::move(done), r.stream);
+                              else
+                                copied_seq_ = r.seq;  // every byte of the shards is copied
                             }
                             cv_.notify_all();
                           });
