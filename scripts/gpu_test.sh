@@ -8,6 +8,7 @@
 #
 #   bash scripts/gpu_test.sh [DEPS_DIR]     # default deps/gpu
 #     CAIRN_GPU_ALL=1      also run the whole suite (ctest without -L)
+#     CAIRN_CTEST_ARGS     other ctest arguments instead of "-L gpu" (scripts/gpu_sim.sh)
 #     CAIRN_BENCH_BYTES=0  skip the full-size bench
 #     OUT=dir              copies the logs and the bench's JSON line there
 #
@@ -78,6 +79,7 @@ cmake --build "$build" -j "$(nproc)" >"$build/build.log" 2>&1 || { tail -50 "$bu
 out="${OUT:-}"
 status=0
 labels=(-L gpu)
+if [ -n "${CAIRN_CTEST_ARGS:-}" ]; then read -r -a labels <<<"$CAIRN_CTEST_ARGS"; fi
 if [ "${CAIRN_GPU_ALL:-0}" = 1 ]; then labels=(); fi
 echo "gpu_test: ctest ${labels[*]}"
 set +e
