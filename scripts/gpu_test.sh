@@ -38,6 +38,7 @@ for f in "$deps"/*.deb; do
   fi
 done
 lib="$prefix/usr/lib/x86_64-linux-gnu"
+baselib="$prefix/lib/x86_64-linux-gnu"  # Debian 12 still ships some libraries in /lib
 # The packages' pkg-config files name /usr: point them at the prefix.
 for pc in "$lib"/pkgconfig/*.pc "$prefix"/usr/share/pkgconfig/*.pc; do
   [ -e "$pc" ] || continue
@@ -46,13 +47,15 @@ done
 # Debian's pkgconf looks in /usr/lib/...; a host pkg-config is used when there is one.
 cat >"$build/env.sh" <<ENV
 export PATH="$prefix/usr/bin:\$PATH"
-export LD_LIBRARY_PATH="$lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$lib:$baselib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig"
 export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$prefix/usr/share/pkgconfig"
 ENV
 # shellcheck source=/dev/null
 . "$build/env.sh"
-missing=$(for so in "$lib"/*.so.*; do ldd "$so" 2>/dev/null | grep "not found" || true; done | sort -u)
+missing=$(for so in "$lib"/*.so.* "$baselib"/*.so.* "$prefix"/usr/bin/*; do
+  [ -e "$so" ] && { ldd "$so" 2>/dev/null | grep "not found" || true; }
+done | sort -u)
 if [ -n "$missing" ]; then
   echo "gpu_test: libraries this machine lacks (add their packages to gpu_deps.sh):" >&2
   echo "$missing" >&2
