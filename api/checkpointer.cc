@@ -69,7 +69,16 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
   tc.slots = c->options_.slots;
   tc.slot_bytes = c->options_.slot_bytes;
   CopyEngine* e = c->engine_.get();
-  tc.on_map = [e](void* p, size_t n) { return e->RegisterHost(p, n); };
+  // Pinning a slot (CUDA) is for speed only: a mapping the driver will not pin (some
+  // filesystems refuse long-term pins of their pages) is still copied into, more slowly.
+  const Logger* log = &c->log_;
+  tc.on_map = [e, log](void* p, size_t n) {
+    Status st = e->RegisterHost(p, n);
+    if (!st.ok())
+      log->Warning("a host slot could not be pinned for device copies (" + st.ToString() +
+                   "); copies into it go through the driver's staging, slower");
+    return Status::OK();
+  };
   tc.on_unmap = [e](void* p, size_t n) { e->UnregisterHost(p, n); };
   auto tier = HostTier::Open(std::move(tc), fs, &c->log_);
   if (!tier.ok()) return tier.status().WithContext(c->Who());

@@ -24,7 +24,11 @@
 namespace cairn {
 namespace {
 
+// Also clears the calling thread's last CUDA error: cairn reports the failure as a Status,
+// and a stale error left on the training thread would surface in the next framework call
+// that checks cudaGetLastError() (PyTorch does after every kernel launch).
 Status CudaFailure(const char* call, cudaError_t e) {
+  (void)cudaGetLastError();
   return Status::IOError(std::string(call) + " failed: " + cudaGetErrorName(e) + " (" +
                          cudaGetErrorString(e) + ")");
 }
@@ -187,7 +191,7 @@ class CudaCopyEngine final : public CopyEngine {
     // Portable: pinned for every device, whichever one a version's tensors live on.
     cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
-      cudaGetLastError();
+      (void)cudaGetLastError();
       return Status::OK();
     }
     if (e != cudaSuccess) return CudaFailure("cudaHostRegister", e);
@@ -195,14 +199,14 @@ class CudaCopyEngine final : public CopyEngine {
   }
   void UnregisterHost(void* p, size_t n) override {
     (void)n;
-    cudaHostUnregister(p);
+    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();  // was never pinned
   }
 
   Result<int> DeviceOf(const void* p) override {
     cudaPointerAttributes a{};
     cudaError_t e = cudaPointerGetAttributes(&a, p);
     if (e != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it
+      (void)cudaGetLastError();  // not sticky: clear it
       return Status::InvalidArgument("the pointer is not CUDA memory (" +
                                      std::string(cudaGetErrorName(e)) + ")");
     }
@@ -305,9 +309,14 @@ class CudaCopyEngine final : public CopyEngine {
         return CudaFailure("cudaEventSynchronize (capture chunk)", e);
       }
       size_t end = k + 1;
-      while (end < dev.size() && end - k < batch_max_ &&
-             cudaEventQuery(d->chunk_events[end]) == cudaSuccess)
+      while (end < dev.size() && end - k < batch_max_) {
+        const cudaError_t q = cudaEventQuery(d->chunk_events[end]);
+        if (q != cudaSuccess) {
+          (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the last error
+          break;
+        }
         ++end;
+      }
       ranges.clear();
       for (size_t j = k; j < end; ++j) ranges.push_back({chunks[dev[j]].dst, chunks[dev[j]].bytes});
       sums.resize(ranges.size());

@@ -38,12 +38,14 @@ unsigned Blocks(size_t n) {
 }  // namespace
 
 int LaunchSlowFill(uint32_t* p, size_t n, uint32_t value, int64_t spin_ns, void* stream) {
+  (void)cudaGetLastError();  // report this launch's error, not an older one
   SlowFill<<<Blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, n, value, spin_ns);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchCountOther(const uint32_t* p, size_t n, uint32_t value, unsigned long long* bad,
                      void* stream) {
+  (void)cudaGetLastError();
   CountOther<<<Blocks(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(p, n, value, bad);
   return static_cast<int>(cudaGetLastError());
 }
