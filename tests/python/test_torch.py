@@ -299,6 +299,34 @@ class CoreModule(unittest.TestCase):
         o.persist_every = 0
         return o
 
+    def test_every_fence_variant_waits_for_host_copies_and_releases_their_owners(self):
+        import gc
+        import weakref
+
+        import numpy as np
+
+        import cairn
+
+        o = self.options("fences")
+        with cairn.Checkpointer(o) as c:
+            for step, fence in enumerate(
+                [lambda: c.fence(), lambda: c.fence(stream=0), lambda: c.fence(host=True)], 1
+            ):
+                a = np.full(1 << 20, step, dtype=np.int32)
+                owner = weakref.ref(a)
+                self.assertEqual(c.save(step, [cairn.Shard.from_buffer("w", "int32", [1 << 20], a)],
+                                        stream=0), "queued")
+                del a
+                gc.collect()
+                self.assertIsNotNone(owner(), "cairn let go of a buffer it still reads")
+                fence()  # host shards: copied when it returns, so the buffer is let go
+                gc.collect()
+                self.assertIsNone(owner(), f"fence {step} kept the copied buffer alive")
+                back = np.zeros(1 << 20, dtype=np.int32)
+                r = c.restore([cairn.Shard.from_buffer("w", "int32", [1 << 20], back)], step=step)
+                self.assertEqual(r.step, step)
+                self.assertTrue((back == step).all())
+
     def test_buffers_round_trip_and_errors_name_their_kind(self):
         import numpy as np
 
