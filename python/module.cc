@@ -6,11 +6,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <memory>
 #include <deque>
+#include <memory>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/checkpointer.h"
@@ -108,8 +108,7 @@ class PyCheckpointer {
     const std::vector<ShardSpec> specs = Specs(shards);
     const Blobs b = ToBlobs(blobs);
     const auto cuda_stream = reinterpret_cast<CudaStream>(stream);
-    const SaveOutcome out =
-        Unwrap(WithoutGil([&] { return c.save(step, specs, b, cuda_stream); }));
+    const SaveOutcome out = Unwrap(WithoutGil([&] { return c.save(step, specs, b, cuda_stream); }));
     if (out == SaveOutcome::kQueued) {
       ++queued_;
       std::vector<py::object> owners;
