@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/options.h"
 #include "core/status.h"
@@ -113,6 +114,24 @@ class CopyEngine {
     return Status::OK();
   }
 };
+
+// Rows of a strided copy: `rows` blocks of `width` bytes, block i from src + i * spitch to
+// dst + i * dpitch (a column-split region of a row-major tensor is such a run).
+struct CopyRows {
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  size_t width = 0;
+  size_t rows = 0;
+  size_t spitch = 0;
+  size_t dpitch = 0;
+};
+
+// Groups consecutive chunks of equal size whose sources and destinations advance by
+// constant positive strides of at least the chunk size (and below 2 GiB, the limit of
+// strided device copies) into runs; every chunk lands in exactly one run, in order. A
+// lone chunk is a run of one row. The CUDA engine turns each run into one
+// cudaMemcpy2DAsync instead of one copy per row.
+std::vector<CopyRows> GroupRows(std::span<const CopyChunk> chunks);
 
 // Copies `n` bytes with non-temporal stores (the destination is not pulled into cache);
 // falls back to memcpy for small or unaligned tails. Safe for any alignment.

@@ -110,7 +110,7 @@ class CudaCopyEngine final : public CopyEngine {
   Status Copy(std::span<const CopyChunk> chunks, uint64_t* checksums) override {
     (void)checksums;  // computed by the caller from the host bytes
     std::vector<CopyChunk> host;
-    std::vector<const CopyChunk*> device;
+    std::vector<const CopyChunk*> device;  // in order: GroupRows joins neighbours
     for (const CopyChunk& c : chunks) {
       if (c.device)
         device.push_back(&c);
@@ -123,10 +123,17 @@ class CudaCopyEngine final : public CopyEngine {
     CAIRN_ASSIGN_OR_RETURN(DeviceState * d, State(copy_device_));
     CAIRN_CUDA_CHECK(cudaSetDevice(copy_device_));
     Status st;
-    for (const CopyChunk* c : device) {
-      cudaError_t e = cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDefault, d->stream);
+    std::vector<CopyChunk> dev;
+    dev.reserve(device.size());
+    for (const CopyChunk* c : device) dev.push_back(*c);
+    // A column-split target is one strided copy, not one copy per row.
+    for (const CopyRows& r : GroupRows(dev)) {
+      cudaError_t e = r.rows == 1
+                          ? cudaMemcpyAsync(r.dst, r.src, r.width, cudaMemcpyDefault, d->stream)
+                          : cudaMemcpy2DAsync(r.dst, r.dpitch, r.src, r.spitch, r.width, r.rows,
+                                              cudaMemcpyDefault, d->stream);
       if (e != cudaSuccess) {
-        st = CudaFailure("cudaMemcpyAsync", e);
+        st = CudaFailure(r.rows == 1 ? "cudaMemcpyAsync" : "cudaMemcpy2DAsync", e);
         break;
       }
     }

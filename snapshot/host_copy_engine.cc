@@ -87,6 +87,39 @@ void StreamingCopy(void* dst, const void* src, size_t n) {
   std::memcpy(d + body, s + body, n - body);
 }
 
+std::vector<CopyRows> GroupRows(std::span<const CopyChunk> chunks) {
+  constexpr size_t kMaxPitch = size_t{1} << 31;
+  std::vector<CopyRows> out;
+  for (const CopyChunk& c : chunks) {
+    const auto* src = static_cast<const std::byte*>(c.src);
+    auto* dst = static_cast<std::byte*>(c.dst);
+    if (!out.empty()) {
+      CopyRows& r = out.back();
+      if (r.width == c.bytes) {
+        const std::byte* last_src = r.src + (r.rows - 1) * r.spitch;
+        std::byte* last_dst = r.dst + (r.rows - 1) * r.dpitch;
+        if (src > last_src && dst > last_dst) {
+          const auto sp = static_cast<size_t>(src - last_src);
+          const auto dp = static_cast<size_t>(dst - last_dst);
+          const bool fits = sp >= r.width && dp >= r.width && sp < kMaxPitch && dp < kMaxPitch;
+          if (fits && r.rows == 1) {
+            r.spitch = sp;
+            r.dpitch = dp;
+            ++r.rows;
+            continue;
+          }
+          if (fits && sp == r.spitch && dp == r.dpitch) {
+            ++r.rows;
+            continue;
+          }
+        }
+      }
+    }
+    out.push_back({src, dst, c.bytes, 1, c.bytes, c.bytes});
+  }
+  return out;
+}
+
 Status CopyEngine::Capture(const StreamMark* after, int device, std::span<const CopyChunk> chunks,
                            uint64_t* checksums,
                            const std::function<void(std::shared_ptr<StreamMark>)>& queued) {

@@ -30,6 +30,54 @@ TEST(StreamingCopy, EveryAlignmentAndLength) {
   }
 }
 
+// Replays runs the way a strided device copy would, to compare with the chunks.
+std::vector<std::pair<const std::byte*, std::byte*>> RowsOf(const std::vector<CopyRows>& runs) {
+  std::vector<std::pair<const std::byte*, std::byte*>> out;
+  for (const CopyRows& r : runs)
+    for (size_t i = 0; i < r.rows; ++i) out.push_back({r.src + i * r.spitch, r.dst + i * r.dpitch});
+  return out;
+}
+
+TEST(GroupRows, EveryChunkLandsOnceAndStridedRowsBecomeOneRun) {
+  std::vector<std::byte> src(1 << 16), dst(1 << 16);
+  std::vector<CopyChunk> c;
+  // 10 rows of 48 bytes: source rows 100 apart, destination rows 64 apart (a column split).
+  for (int i = 0; i < 10; ++i)
+    c.push_back({src.data() + 7 + i * 100, dst.data() + i * 64, 48, true});
+  // A contiguous chunk, then rows whose stride changes half-way, then rows of another width.
+  c.push_back({src.data() + 2000, dst.data() + 2000, 500, true});
+  for (int i = 0; i < 4; ++i)
+    c.push_back({src.data() + 3000 + i * 40, dst.data() + 3000 + i * 40, 32, true});
+  for (int i = 0; i < 3; ++i)
+    c.push_back({src.data() + 4000 + i * 80, dst.data() + 4000 + i * 32, 32, true});
+  c.push_back({src.data() + 5000, dst.data() + 5000, 16, true});
+  // Overlapping or backwards steps never join a run.
+  c.push_back({src.data() + 5010, dst.data() + 5100, 16, true});
+  c.push_back({src.data() + 4990, dst.data() + 5200, 16, true});
+  const auto runs = GroupRows(c);
+  const auto rows = RowsOf(runs);
+  ASSERT_EQ(rows.size(), c.size());
+  size_t k = 0;
+  for (const CopyRows& r : runs) {
+    for (size_t i = 0; i < r.rows; ++i, ++k) {
+      EXPECT_EQ(rows[k].first, c[k].src) << k;
+      EXPECT_EQ(rows[k].second, c[k].dst) << k;
+      EXPECT_EQ(r.width, c[k].bytes) << k;
+    }
+    if (r.rows > 1) {
+      EXPECT_GE(r.spitch, r.width);
+      EXPECT_GE(r.dpitch, r.width);
+    }
+  }
+  ASSERT_GE(runs.size(), 4u);
+  EXPECT_EQ(runs[0].rows, 10u);  // the column split: one strided copy
+  EXPECT_EQ(runs[0].spitch, 100u);
+  EXPECT_EQ(runs[0].dpitch, 64u);
+  EXPECT_EQ(runs[1].rows, 1u);  // the contiguous chunk
+  EXPECT_EQ(runs[2].rows, 4u);
+  EXPECT_LE(runs.size(), 9u);
+}
+
 TEST(HostCopyEngine, ChecksumsMatchTheCopiedBytes) {
   for (int threads : {1, 3}) {
     auto e = MakeHostCopyEngine(threads);
