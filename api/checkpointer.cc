@@ -355,15 +355,15 @@ Status Checkpointer::Fence(bool host, bool own_streams, CudaStream consumer) {
   fence_error_ = Status::OK();
   lk.unlock();
   if (!host) {
-    // The copy stream runs versions in order: the newest mark per stream covers the rest.
-    for (size_t i = 0; i < marks.size(); ++i) {
-      const CudaStream s = own_streams ? marks[i].second : consumer;
-      bool newer_follows = false;
-      for (size_t j = i + 1; j < marks.size(); ++j)
-        newer_follows = newer_follows || ((own_streams ? marks[j].second : consumer) == s &&
-                                          marks[j].first->device() == marks[i].first->device());
-      if (newer_follows) continue;
-      Status w = engine_->StreamWait(*marks[i].first, s);
+    // The copy stream runs versions in order: the newest mark per (stream, device) covers
+    // the older ones, so only those are waited for.
+    std::vector<std::pair<CudaStream, int>> ordered;
+    for (auto it = marks.rbegin(); it != marks.rend(); ++it) {
+      const std::pair<CudaStream, int> key{own_streams ? it->second : consumer,
+                                           it->first->device()};
+      if (std::find(ordered.begin(), ordered.end(), key) != ordered.end()) continue;
+      ordered.push_back(key);
+      Status w = engine_->StreamWait(*it->first, key.first);
       if (!w.ok() && st.ok()) st = w.WithContext(Who() + ": fence");
     }
   }

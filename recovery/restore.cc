@@ -367,12 +367,15 @@ struct Attempt {
   Status corrupt;                                     // first checksum failure
 
   // Memory for bytes in transit; `populate`: faulted in up front (a receive into fresh
-  // pages over UCX's tcp transport runs several times slower).
-  std::byte* Staging(uint64_t n, bool populate = false) {
-    owned.push_back(
-        std::make_unique<StagingBuffer>(n, populate, env.host_targets ? nullptr : env.engine));
+  // pages over UCX's tcp transport runs several times slower); `to_targets`: the bytes are
+  // copied from it into the targets (pinned when those are device memory; buffers that
+  // are only sent are not).
+  std::byte* Staging(uint64_t n, bool populate = false, bool to_targets = false) {
+    owned.push_back(std::make_unique<StagingBuffer>(n, populate, to_targets ? Pin() : nullptr));
     return owned.back()->data();
   }
+  // The engine that pins buffers feeding device targets, or null for host targets.
+  CopyEngine* Pin() const { return env.host_targets ? nullptr : env.engine; }
   // Flags the chunks from `from` on as device copies when target `t` is device memory.
   static void MarkDevice(std::vector<CopyChunk>* c, size_t from, const ShardSpec& t) {
     if (t.memory != MemoryKind::kDevice) return;
@@ -681,8 +684,7 @@ Status Attempt::ReadRuns() {
       } else {
         if (free_slots.empty() && slots.size() < pool_size) {
           slots.push_back(std::make_unique<Slot>());
-          slots.back()->run = std::make_unique<StagingBuffer>(
-              biggest, false, env.host_targets ? nullptr : env.engine);
+          slots.back()->run = std::make_unique<StagingBuffer>(biggest, false, Pin());
           free_slots.push_back(slots.back().get());
         }
         if (free_slots.empty()) {
@@ -783,7 +785,7 @@ Status Attempt::Run() {
     const uint64_t n = Packed(g.span) ? packed_bytes[g.span] : sp.hi - sp.lo;
     std::byte* dst = Packed(g.span) ? PackedTarget(g.span) : DirectTarget(g.span);
     direct[g.span] = dst != nullptr;
-    at[g.span] = dst ? dst : Staging(n, true);
+    at[g.span] = dst ? dst : Staging(n, true, true);
     if ((n + kMsgBytes - 1) / kMsgBytes > 255)
       return Status::InvalidArgument(who + ": a saved piece over 16 GiB");
     for (uint64_t k = 0; k * kMsgBytes < n; ++k)

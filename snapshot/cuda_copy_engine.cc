@@ -79,6 +79,26 @@ Result<std::shared_ptr<CudaMark>> NewMark(int device) {
   return std::make_shared<CudaMark>(device, e);
 }
 
+// A version's or a restore's chunks by memory: host chunks (copied by host threads) with
+// their positions, and the positions of the device chunks, each in order.
+struct ByMemory {
+  std::vector<CopyChunk> host;
+  std::vector<size_t> host_index;
+  std::vector<size_t> device_index;
+};
+ByMemory SplitByMemory(std::span<const CopyChunk> chunks) {
+  ByMemory m;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].device) {
+      m.device_index.push_back(i);
+    } else {
+      m.host.push_back(chunks[i]);
+      m.host_index.push_back(i);
+    }
+  }
+  return m;
+}
+
 // What the engine keeps per device it has copied on.
 struct DeviceState {
   cudaStream_t stream = nullptr;          // the copy stream (non-blocking)
@@ -109,23 +129,16 @@ class CudaCopyEngine final : public CopyEngine {
 
   Status Copy(std::span<const CopyChunk> chunks, uint64_t* checksums) override {
     (void)checksums;  // computed by the caller from the host bytes
-    std::vector<CopyChunk> host;
-    std::vector<const CopyChunk*> device;  // in order: GroupRows joins neighbours
-    for (const CopyChunk& c : chunks) {
-      if (c.device)
-        device.push_back(&c);
-      else
-        host.push_back(c);
-    }
-    if (!host.empty()) CAIRN_RETURN_IF_ERROR(host_->Copy(host, nullptr));
-    if (device.empty()) return Status::OK();
+    const ByMemory m = SplitByMemory(chunks);
+    if (!m.host.empty()) CAIRN_RETURN_IF_ERROR(host_->Copy(m.host, nullptr));
+    if (m.device_index.empty()) return Status::OK();
     DeviceGuard guard;
     CAIRN_ASSIGN_OR_RETURN(DeviceState * d, State(copy_device_));
     CAIRN_CUDA_CHECK(cudaSetDevice(copy_device_));
     Status st;
     std::vector<CopyChunk> dev;
-    dev.reserve(device.size());
-    for (const CopyChunk* c : device) dev.push_back(*c);
+    dev.reserve(m.device_index.size());
+    for (size_t i : m.device_index) dev.push_back(chunks[i]);
     // A column-split target is one strided copy, not one copy per row.
     for (const CopyRows& r : GroupRows(dev)) {
       cudaError_t e = r.rows == 1
@@ -150,17 +163,8 @@ class CudaCopyEngine final : public CopyEngine {
   Status Capture(const StreamMark* after, int device, std::span<const CopyChunk> chunks,
                  uint64_t* checksums,
                  const std::function<void(std::shared_ptr<StreamMark>)>& queued) override {
-    std::vector<size_t> dev;
-    std::vector<CopyChunk> host;
-    std::vector<size_t> host_index;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      if (chunks[i].device) {
-        dev.push_back(i);
-      } else {
-        host.push_back(chunks[i]);
-        host_index.push_back(i);
-      }
-    }
+    const ByMemory m = SplitByMemory(chunks);
+    const std::vector<size_t>& dev = m.device_index;
     DeviceGuard guard;
     DeviceState* d = nullptr;
     std::shared_ptr<StreamMark> done;
@@ -174,14 +178,14 @@ class CudaCopyEngine final : public CopyEngine {
     }
     // Host shards are copied while the device copies run (the host engine checksums them
     // as it copies).
-    if (!host.empty()) {
-      std::vector<uint64_t> sums(host.size());
-      Status st = host_->Copy(host, sums.data());
+    if (!m.host.empty()) {
+      std::vector<uint64_t> sums(m.host.size());
+      Status st = host_->Copy(m.host, sums.data());
       if (!st.ok()) {
         if (d) cudaStreamSynchronize(d->stream);
         return st;
       }
-      for (size_t k = 0; k < host.size(); ++k) checksums[host_index[k]] = sums[k];
+      for (size_t k = 0; k < m.host.size(); ++k) checksums[m.host_index[k]] = sums[k];
     }
     queued(done);
     if (d) return Land(d, chunks, dev, checksums);

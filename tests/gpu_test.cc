@@ -382,17 +382,24 @@ TEST(GpuRoundTrip, FromThePfsIntoDeviceMemoryInAnotherLayout) {
 }
 
 // Real processes sharing the GPU: recovery_child with CAIRN_TEST_DEVICE=1.
+const std::vector<std::pair<std::string, std::string>> kOnDevice = {
+    {"CAIRN_TEST_DEVICE", "1"}, {"CAIRN_COPY_ENGINE", "cuda"}, {"CAIRN_PERSIST_EVERY", "0"}};
+
+// The directory the training ranks log into.
+std::string TrainDir(const TempDir& root) {
+  const std::string train = root.path() + "/train";
+  EXPECT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  return train;
+}
+
 TEST(GpuProcesses, ALostNodeComesBackIntoDeviceMemoryFromItsPartnersReplica) {
   CAIRN_REQUIRE_GPU();
   using namespace testing::recovery;
   TempDir root("gpunode");
   const std::string job = testing::UniqueJobId("gpunode");
-  const std::string train = root.path() + "/train";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
-  const std::vector<std::pair<std::string, std::string>> device = {
-      {"CAIRN_TEST_DEVICE", "1"}, {"CAIRN_COPY_ENGINE", "cuda"}, {"CAIRN_PERSIST_EVERY", "0"}};
+  const std::string train = TrainDir(root);
   auto l = LocalLauncher::Start(
-      Spec(root, job, 2, 1, {"matrix", "dp", kRows, "1000000", "3"}, train, device));
+      Spec(root, job, 2, 1, {"matrix", "dp", kRows, "1000000", "3"}, train, kOnDevice));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
   int64_t complete = -1;
@@ -405,7 +412,7 @@ TEST(GpuProcesses, ALostNodeComesBackIntoDeviceMemoryFromItsPartnersReplica) {
   l->reset();
   complete = NewestCompleteOnEveryRankOf(train, 2);
   ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
-  auto got = RunRestore(root, job, 2, 1, "dp", complete, "restart", device);
+  auto got = RunRestore(root, job, 2, 1, "dp", complete, "restart", kOnDevice);
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].step, got[1].step);
   EXPECT_GE(got[1].step, complete);
@@ -419,17 +426,14 @@ TEST(GpuProcesses, ThePfsReshardsIntoDeviceMemoryOnAnotherWorldSize) {
   using namespace testing::recovery;
   TempDir root("gpupfsp");
   const std::string job = testing::UniqueJobId("gpupfsp");
-  const std::string train = root.path() + "/train";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
-  const std::vector<std::pair<std::string, std::string>> device = {
-      {"CAIRN_TEST_DEVICE", "1"}, {"CAIRN_COPY_ENGINE", "cuda"}, {"CAIRN_PERSIST_EVERY", "0"}};
-  auto l =
-      LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "tp2", kRows, "1", "4"}, train, device));
+  const std::string train = TrainDir(root);
+  auto l = LocalLauncher::Start(
+      Spec(root, job, 2, 2, {"train", "tp2", kRows, "1", "4"}, train, kOnDevice));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
   l->reset();
   ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host").ok());
-  auto got = RunRestore(root, job, 3, 1, "col2", 4, "col2", device);
+  auto got = RunRestore(root, job, 3, 1, "col2", 4, "col2", kOnDevice);
   ASSERT_EQ(got.size(), 3u);
   for (const auto& x : got) {
     EXPECT_EQ(x.step, 4);

@@ -288,11 +288,10 @@ class Checkpointer:
     def _stream(self):
         """The current CUDA stream (as an int) of the device the model is on; 0 for a
         model on the CPU."""
-        for p in self.model.parameters():
-            if p.is_cuda:
-                return torch.cuda.current_stream(p.device).cuda_stream
+        p = next(self.model.parameters(), None)
+        if p is None or not p.is_cuda:
             return 0
-        return 0
+        return torch.cuda.current_stream(p.device).cuda_stream
 
     def _install_fence_hook(self, optimizer):
         me = weakref.ref(self)
