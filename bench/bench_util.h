@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "cairn/options.h"
+#include "cairn/tensor.h"
 #include "core/clock.h"
-#include "core/options.h"
-#include "core/tensor.h"
 
 namespace cairn::bench {
 

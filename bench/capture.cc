@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "api/checkpointer.h"
 #include "bench/bench_util.h"
+#include "cairn/checkpointer.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
 
@@ -185,11 +185,11 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
   res.stall_save = Mean(st_save);
   res.stall_fence = Mean(st_fence);
   res.max_stall_lazy = st_lazy.empty() ? 0 : *std::max_element(st_lazy.begin(), st_lazy.end());
-  const double bytes = static_cast<double>(s.bytes_copied - warm.bytes_copied);
-  const double secs = s.copy_seconds - warm.copy_seconds;
+  const double bytes = static_cast<double>(s.capture.bytes_copied - warm.capture.bytes_copied);
+  const double secs = s.capture.copy_seconds - warm.capture.copy_seconds;
   res.copy_gbps = secs > 0 ? bytes / secs / 1e9 : 0;
-  res.skipped = s.skipped;
-  res.saves = s.saves;
+  res.skipped = s.save.skipped;
+  res.saves = s.save.saves;
   return res;
 }
 

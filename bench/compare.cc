@@ -34,8 +34,8 @@
 #include <thread>
 #include <vector>
 
-#include "api/checkpointer.h"
 #include "bench/bench_util.h"
+#include "cairn/checkpointer.h"
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 
@@ -239,12 +239,12 @@ int main(int argc, char** argv) {
     auto fl = (*c)->flush();
     if (!fl.ok()) std::fprintf(stderr, "compare: flush: %s\n", fl.status().ToString().c_str());
     Stats st = (*c)->stats();
-    saves = st.saves;
-    replicate_gbps = st.replicate_gbps;
-    skipped = st.skipped;
-    persisted = st.persisted;
-    replicated = st.replicated;
-    replicate_failed = st.replicate_failed;
+    saves = st.save.saves;
+    replicate_gbps = st.replication.gbps;
+    skipped = st.save.skipped;
+    persisted = st.persist.persisted;
+    replicated = st.replication.replicated;
+    replicate_failed = st.replication.failed;
     c->reset();
     if (!(*partner_rank)->WaitAll(120)) std::fprintf(stderr, "compare: the partner rank failed\n");
   }

@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
 #include "bench/bench_util.h"
+#include "cairn/checkpointer.h"
 #include "cli/launcher.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
@@ -107,8 +107,8 @@ int PersistChild(const Args& a) {
     const double sec = NanosToSeconds(NowNanos() - t0);
     if (!f.ok()) Die("flush", f.status());
     if (o->rank == 0 && r > 0)
-      std::printf("FLUSH %.6f %.4f %llu %.6f\n", sec, c.stats().persist_max_writer_share,
-                  static_cast<unsigned long long>(c.stats().bytes_persisted), raw_sec);
+      std::printf("FLUSH %.6f %.4f %llu %.6f\n", sec, c.stats().persist.max_writer_share,
+                  static_cast<unsigned long long>(c.stats().persist.bytes), raw_sec);
     std::fflush(stdout);
   }
   return 0;
@@ -169,8 +169,8 @@ int StallChild(const Args& a) {
     }
     Stats st = c.stats();
     if (drain) {
-      drains += st.persisted;
-      skipped += st.skipped;
+      drains += st.persist.persisted;
+      skipped += st.save.skipped;
     }
   }
   for (bool d : {false, true}) {

@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
 #include "bench/bench_util.h"
+#include "cairn/checkpointer.h"
 #include "cli/launcher.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
@@ -174,8 +174,8 @@ int Child(const std::vector<uint64_t>& sizes) {
         const Stats st = c.stats();
         raw_s.push_back(r);
         put_s.push_back(pt);
-        push_ms.push_back(st.replicate_push_ms);
-        ack_ms.push_back(st.replicate_ack_ms);
+        push_ms.push_back(st.replication.push_ms);
+        ack_ms.push_back(st.replication.ack_ms);
       }
     }
     if (o->rank == 0) {

@@ -46,13 +46,14 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
 #include "bench/bench_util.h"
+#include "cairn/checkpointer.h"
 #include "cli/launcher.h"
 #include "core/bytes.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
+#include "transport/ucx_comm.h"
 
 using namespace cairn;
 using cairn::bench::Buffer;

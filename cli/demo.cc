@@ -4,6 +4,7 @@
 // training finishes; a new job of 3 ranks with another layout restores the last PFS version.
 // Every rank checks every value it restored against a replay (cli/demo_model.h).
 #include "cli/demo.h"
+#include "cli/args.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "cli/demo_model.h"
 #include "cli/launcher.h"
 #include "core/checksum.h"
@@ -57,69 +59,40 @@ struct DemoArgs {
   uint64_t seed = 0;
 };
 
-bool ParseArgs(int argc, char** argv, DemoArgs* a, bool* help) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      *help = true;
-      continue;
-    }
-    if (k == "--keep") {
-      a->keep = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "cairn demo: %s needs a value (try --help)\n", k.c_str());
-      return false;
-    }
-    const std::string v = argv[++i];
-    if (k == "--steps" || k == "--kill-at" || k == "--layers" || k == "--dim" || k == "--vocab" ||
-        k == "--persist-every" || k == "--seed") {
-      char* end = nullptr;
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end || n < 0) {
-        std::fprintf(stderr, "cairn demo: %s '%s' is not a non-negative integer\n", k.c_str(),
-                     v.c_str());
-        return false;
-      }
-      if (k == "--steps") a->steps = n;
-      if (k == "--kill-at") a->kill_at = n;
-      if (k == "--layers") a->layers = static_cast<int>(std::min(n, 1000LL));
-      if (k == "--dim") a->dim = n;
-      if (k == "--vocab") a->vocab = n;
-      if (k == "--persist-every") a->persist_every = static_cast<int>(std::min(n, 1000000LL));
-      if (k == "--seed") a->seed = static_cast<uint64_t>(n);
-    } else if (k == "--host-root") {
-      a->host_root = v;
-    } else if (k == "--pfs-root") {
-      a->pfs_root = v;
-    } else if (k == "--job") {
-      a->job = v;
-    } else if (k == "--mode") {
-      a->mode = v;
-    } else if (k == "--corrupt-replica") {
-      if (v != "flip" && v != "resealed") {
-        std::fprintf(stderr, "cairn demo: --corrupt-replica takes flip or resealed, not '%s'\n",
-                     v.c_str());
-        return false;
-      }
-      a->corrupt = v;
-    } else {
-      std::fprintf(stderr, "cairn demo: unknown option '%s' (try --help)\n", k.c_str());
-      return false;
-    }
-  }
-  if (a->layers < 1 || a->layers > 64 || a->dim < 8 || a->dim > 8192 || a->vocab < 8 ||
-      a->vocab > 1 << 20) {
-    std::fprintf(stderr, "cairn demo: --layers must be 1..64, --dim 8..8192, --vocab 8..1M\n");
-    return false;
-  }
-  return true;
+// The demo's options on `app` (the worker takes the same ones, and --mode).
+void AddDemoOptions(CLI::App& app, DemoArgs* a) {
+  app.add_option("--steps", a->steps, "iterations to train")
+      ->check(CLI::Range(12, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--kill-at", a->kill_at, "step at which node 1 is killed (default: random)")
+      ->check(WholeNumber());
+  app.add_option("--layers", a->layers, "transformer layers")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--dim", a->dim, "model width")->check(CLI::Range(8, 8192))->capture_default_str();
+  app.add_option("--vocab", a->vocab, "vocabulary size")
+      ->check(CLI::Range(8, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--persist-every", a->persist_every, "persist every K-th version to the PFS")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--host-root", a->host_root, "host-tier root")->capture_default_str();
+  app.add_option("--pfs-root", a->pfs_root, "PFS root (default: $TMPDIR or /var/tmp, /cairn-demo)");
+  app.add_option("--job", a->job, "job id (default: demo-<pid>)");
+  app.add_option("--seed", a->seed, "random seed (default: from the clock)");
+  app.add_flag("--keep", a->keep, "keep the host tiers and the PFS directory at the end");
+  app.add_option("--corrupt-replica", a->corrupt,
+                 "damage node 0's replica of rank 2 before the restart: flip (a bit) or resealed "
+                 "(checksums rewritten too)")
+      ->check(CLI::IsMember({"flip", "resealed"}));
 }
 
 // Prints one line to this rank's log and flushes it.
-void Say(const char* fmt, auto... args) {
-  std::printf(fmt, args...);
+__attribute__((format(printf, 1, 2))) void Say(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::vprintf(fmt, ap);
+  va_end(ap);
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -144,12 +117,12 @@ void Say(const char* fmt, auto... args) {
 
 int DemoWorkerMain(int argc, char** argv) {
   DemoArgs a;
-  bool help = false;
-  if (!ParseArgs(argc, argv, &a, &help)) return 2;
-  if (a.mode != "train" && a.mode != "resume" && a.mode != "check") {
-    std::fprintf(stderr, "demo worker: --mode must be train, resume or check\n");
-    return 2;
-  }
+  CLI::App app("One rank of the jobs `cairn demo` starts (internal).", "cairn demo-worker");
+  AddDemoOptions(app, &a);
+  app.add_option("--mode", a.mode, "what this run does")
+      ->required()
+      ->check(CLI::IsMember({"train", "resume", "check"}));
+  if (auto rc = Parse(app, argc, argv)) return *rc;
   auto o = Options::FromEnvironment();
   if (!o.ok()) {
     std::fprintf(stderr, "demo worker: %s\n", o.status().ToString().c_str());
@@ -245,11 +218,11 @@ int DemoWorkerMain(int argc, char** argv) {
         "persisted %llu pers_step %lld",
         static_cast<long long>(t), loss, NanosToSeconds(s1 - i0) * 1e3,
         NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3, NanosToSeconds(f1 - f0) * 1e3,
-        static_cast<unsigned long long>(s.bytes_copied),
-        static_cast<unsigned long long>(s.bytes_replicated),
-        static_cast<long long>(s.newest_replicated_step),
-        static_cast<unsigned long long>(s.bytes_persisted),
-        static_cast<long long>(s.newest_persisted_step));
+        static_cast<unsigned long long>(s.capture.bytes_copied),
+        static_cast<unsigned long long>(s.replication.bytes),
+        static_cast<long long>(s.replication.newest_replicated_step),
+        static_cast<unsigned long long>(s.persist.bytes),
+        static_cast<long long>(s.persist.newest_persisted_step));
   }
   if (a.mode == "resume") {
     auto f = c.flush();
@@ -259,9 +232,9 @@ int DemoWorkerMain(int argc, char** argv) {
     }
     const Stats s = c.stats();
     Say("flushed %lld copied %llu replicated %llu persisted %llu", static_cast<long long>(*f),
-        static_cast<unsigned long long>(s.bytes_copied),
-        static_cast<unsigned long long>(s.bytes_replicated),
-        static_cast<unsigned long long>(s.bytes_persisted));
+        static_cast<unsigned long long>(s.capture.bytes_copied),
+        static_cast<unsigned long long>(s.replication.bytes),
+        static_cast<unsigned long long>(s.persist.bytes));
   }
   Status ws = c.wait_captured();
   return ws.ok() ? 0 : 1;
@@ -485,42 +458,37 @@ struct Check {
 
 int DemoMain(int argc, char** argv) {
   DemoArgs a;
-  bool help = false;
-  if (!ParseArgs(argc, argv, &a, &help)) return 2;
-  if (help) {
-    std::printf(
-        "usage: cairn demo [--steps N] [--kill-at N] [--layers L] [--dim D] [--vocab V]\n"
-        "                  [--persist-every K] [--host-root DIR] [--pfs-root DIR] [--job ID]\n"
-        "                  [--seed S] [--keep] [--corrupt-replica flip|resealed]\n\n"
-        "Runs a whole failure and recovery on this machine, with real processes and UCX:\n"
-        "  1. 2 nodes x 2 ranks train a synthetic GPT-like model (embedding, L layers of\n"
-        "     attention and MLP weights and norms, Adam moments; 2-way tensor parallel inside\n"
-        "     a node, 2-way data parallel across nodes, optimizer moments sharded over the\n"
-        "     data-parallel ranks) with a checkpoint every iteration into host memory,\n"
-        "     replicated to the other node, every K-th (default 10) persisted to the PFS.\n"
-        "  2. At step --kill-at (default: random in the middle of --steps, default 40) node 1's\n"
-        "     ranks are killed with SIGKILL mid-iteration, then node 0's (the job restarts),\n"
-        "     and node 1's host memory (--host-root/--job/node-1) is wiped.\n"
-        "  3. The 4 ranks restart: node 0 restores from its own memory, node 1 from the\n"
-        "     replicas node 0 holds, over UCX (no PFS byte read); every rank checks every\n"
-        "     value against a replay of the training; training goes on to --steps and the\n"
-        "     last step is flushed to the PFS.\n"
-        "  4. Every host tier is dropped and a new job of 3 ranks, with parameters split in 3\n"
-        "     along dim 0 and ZeRO-3 flat optimizer shards, restores the last PFS version and\n"
-        "     checks every value.\n"
-        "It prints progress and a summary: stall per iteration, bytes copied / replicated /\n"
-        "persisted, recovery time by tier. Exit code 0 when every check passes, 1 otherwise.\n"
-        "The host tiers go under --host-root (default /dev/shm/cairn), the PFS under\n"
-        "--pfs-root (default $TMPDIR or /var/tmp, /cairn-demo); both are removed at the end\n"
-        "unless --keep or a check failed. --corrupt-replica damages node 0's replica of rank\n"
-        "2 before the restart, to show the checks are real: 'flip' flips a bit (cairn's\n"
-        "checksums catch it and fall back to an older version: the demo must fail its\n"
-        "newest-version check), 'resealed' also rewrites the checksums so cairn cannot\n"
-        "tell (the demo's replay check must fail).\n");
-    return 0;
-  }
-  if (a.steps < 12 || a.persist_every < 1 || a.persist_every > a.steps / 2) {
-    std::fprintf(stderr, "cairn demo: needs --steps >= 12 and 1 <= --persist-every <= steps / 2\n");
+  CLI::App app(
+      "Runs a whole failure and recovery on this machine, with real processes and UCX:\n"
+      "  1. 2 nodes x 2 ranks train a synthetic GPT-like model (embedding, L layers of\n"
+      "     attention and MLP weights and norms, Adam moments; 2-way tensor parallel inside\n"
+      "     a node, 2-way data parallel across nodes, optimizer moments sharded over the\n"
+      "     data-parallel ranks) with a checkpoint every iteration into host memory,\n"
+      "     replicated to the other node, every K-th (default 10) persisted to the PFS.\n"
+      "  2. At step --kill-at (default: random in the middle of --steps, default 40) node 1's\n"
+      "     ranks are killed with SIGKILL mid-iteration, then node 0's (the job restarts),\n"
+      "     and node 1's host memory (--host-root/--job/node-1) is wiped.\n"
+      "  3. The 4 ranks restart: node 0 restores from its own memory, node 1 from the\n"
+      "     replicas node 0 holds, over UCX (no PFS byte read); every rank checks every\n"
+      "     value against a replay of the training; training goes on to --steps and the\n"
+      "     last step is flushed to the PFS.\n"
+      "  4. Every host tier is dropped and a new job of 3 ranks, with parameters split in 3\n"
+      "     along dim 0 and ZeRO-3 flat optimizer shards, restores the last PFS version and\n"
+      "     checks every value.\n"
+      "It prints progress and a summary: stall per iteration, bytes copied / replicated /\n"
+      "persisted, recovery time by tier. Exit code 0 when every check passes, 1 otherwise.\n"
+      "The host tiers go under --host-root (default /dev/shm/cairn), the PFS under\n"
+      "--pfs-root (default $TMPDIR or /var/tmp, /cairn-demo); both are removed at the end\n"
+      "unless --keep or a check failed. --corrupt-replica damages node 0's replica of rank\n"
+      "2 before the restart, to show the checks are real: 'flip' flips a bit (cairn's\n"
+      "checksums catch it and fall back to an older version: the demo must fail its\n"
+      "newest-version check), 'resealed' also rewrites the checksums so cairn cannot\n"
+      "tell (the demo's replay check must fail).\n",
+      "cairn demo");
+  AddDemoOptions(app, &a);
+  if (auto rc = Parse(app, argc, argv)) return *rc;
+  if (a.persist_every > a.steps / 2) {
+    std::fprintf(stderr, "cairn demo: needs --persist-every <= --steps / 2\n");
     return 2;
   }
   std::mt19937_64 rng(a.seed ? a.seed : static_cast<uint64_t>(WallNanos()));

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
-#include "core/box.h"
-#include "core/group.h"
+#include "cairn/box.h"
+#include "cairn/checkpointer.h"
+#include "cairn/group.h"
 
 namespace cairn::cli {
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/status.h"
+#include "cairn/status.h"
 
 namespace cairn {
 

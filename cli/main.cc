@@ -1,78 +1,134 @@
-// The cairn command.
+// The cairn command: one CLI11 app whose subcommands each parse their own options
+// (cli/demo.cc, cli/launch.cc, cli/tools.cc).
 #include <cstdio>
-#include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cairn/options.h"
+#include "cli/args.h"
 #include "cli/demo.h"
-#include "core/options.h"
 #include "core/trace.h"
 
 namespace {
 
-void PrintHelp() {
-  std::printf(
-      "cairn - a multi-level checkpoint cache for large-model training\n"
-      "\n"
-      "usage: cairn <command> [options]\n"
-      "\n"
-      "commands:\n"
-      "  demo      2 nodes x 2 ranks train a synthetic GPT-like model with a checkpoint every\n"
-      "            iteration; node 1 is killed with SIGKILL and its memory wiped; it comes\n"
-      "            back from node 0's memory; the last PFS version is restored onto 3 ranks\n"
-      "            in another layout; every value is checked (see `cairn demo --help`)\n"
-      "  launch    run N nodes x M ranks of a program as local processes, with the\n"
-      "            environment torchrun would give them (see `cairn launch --help`)\n"
-      "  placement print which ranks hold whose in-memory replicas\n"
-      "  ls        list the versions of a PFS job directory or a host-tier job directory\n"
-      "  verify    re-read a job's versions and check every checksum (exit code 1 if any\n"
-      "            is corrupt)\n"
-      "  export    write the whole tensors of a committed PFS step as safetensors\n"
-      "  inspect   show a version's tensors, shards, files and checksums\n"
-      "  gc        delete old and incomplete steps from a PFS job directory\n"
-      "  trace-merge OUT FILES...  join the ranks' CAIRN_TRACE files into one\n"
-      "  help      this text\n"
-      "\n"
-      "Settings are read from the environment (defaults in brackets):\n");
-  for (const auto& s : cairn::EnvSettings())
-    std::printf("  %-28s [%s]\n      %s\n", s.name, s.default_value, s.meaning);
-  std::printf("\nDocumentation: README.md in the cairn source tree.\n");
+std::string SettingsText() {
+  std::string t = "Settings are read from the environment (defaults in brackets):\n";
+  for (const auto& s : cairn::Settings()) {
+    std::string name = s.variable;
+    if (s.fallback) name += std::string(" (else ") + s.fallback + ")";
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-28s [%s]\n", name.c_str(), s.DefaultText().c_str());
+    t += line;
+    t += std::string("      ") + s.meaning + "\n";
+  }
+  return t + "\nDocumentation: README.md and docs/ in the cairn source tree.\n";
+}
+
+// `cairn settings [--markdown]`: the settings table (docs/settings.md is its markdown form).
+int SettingsMain(int argc, char** argv) {
+  CLI::App app("Prints every setting: its variable, default and meaning.", "cairn settings");
+  bool markdown = false;
+  app.add_flag("--markdown", markdown, "as the markdown table of docs/settings.md");
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  if (!markdown) {
+    std::fputs(SettingsText().c_str(), stdout);
+    return 0;
+  }
+  std::printf("| Variable | Default | Meaning |\n|---|---|---|\n");
+  for (const auto& s : cairn::Settings()) {
+    std::string name = std::string("`") + s.variable + "`";
+    if (s.fallback) name += std::string(" (else `") + s.fallback + "`)";
+    const std::string def = s.DefaultText();
+    std::printf("| %s | %s | %s |\n", name.c_str(), def.empty() ? "" : ("`" + def + "`").c_str(),
+                s.meaning);
+  }
+  return 0;
+}
+
+int TraceMergeMain(int argc, char** argv) {
+  CLI::App app(
+      "Joins the Chrome trace-event files the ranks wrote (CAIRN_TRACE) into OUT, one process "
+      "per rank, for Perfetto or chrome://tracing.",
+      "cairn trace-merge");
+  std::string out;
+  std::vector<std::string> files;
+  app.add_option("OUT", out, "the merged file")->required();
+  app.add_option("FILES", files, "the ranks' trace files")->required();
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  cairn::Status st = cairn::Trace::Merge(out, files);
+  if (!st.ok()) {
+    std::fprintf(stderr, "cairn trace-merge: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*main)(int, char**);
+};
+
+const std::vector<Command>& Commands() {
+  using namespace cairn::cli;
+  static const std::vector<Command> kCommands = {
+      {"demo",
+       "2 nodes x 2 ranks train a synthetic GPT-like model with a checkpoint every iteration; "
+       "node 1 is killed with SIGKILL and its memory wiped; it comes back from node 0's memory; "
+       "the last PFS version is restored onto 3 ranks in another layout; every value is checked",
+       DemoMain},
+      {"launch",
+       "run N nodes x M ranks of a program as local processes, with the environment torchrun "
+       "would give them",
+       LaunchMain},
+      {"placement", "print which ranks hold whose in-memory replicas", PlacementMain},
+      {"ls", "list the versions of a PFS job directory or a host-tier job directory", LsMain},
+      {"verify",
+       "re-read a job's versions and check every checksum (exit code 1 if any is corrupt)",
+       VerifyMain},
+      {"export", "write the whole tensors of a committed PFS step as safetensors", ExportMain},
+      {"inspect", "show a version's tensors, shards, files and checksums", InspectMain},
+      {"gc", "delete old and incomplete steps from a PFS job directory", GcMain},
+      {"trace-merge", "join the ranks' CAIRN_TRACE files into one", TraceMergeMain},
+      {"settings", "print every setting with its default and meaning", SettingsMain},
+      {"demo-worker", nullptr, DemoWorkerMain},  // internal: a rank of the demo's jobs
+  };
+  return kCommands;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
-      !std::strcmp(argv[1], "help")) {
-    PrintHelp();
-    return argc < 2 ? 2 : 0;
+  CLI::App app("cairn - a multi-level checkpoint cache for large-model training", "cairn");
+  app.footer(SettingsText());
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, const Command*>> subs;
+  for (const Command& c : Commands()) {
+    // Each command parses the rest of the line itself (`cairn <command> --help`).
+    CLI::App* sub = app.add_subcommand(c.name, c.summary ? c.summary : "");
+    sub->prefix_command();
+    sub->set_help_flag();
+    if (!c.summary) sub->group("");
+    subs.emplace_back(sub, &c);
   }
-  const std::string cmd = argv[1];
-  if (cmd == "demo") return cairn::cli::DemoMain(argc - 1, argv + 1);
-  if (cmd == "placement") return cairn::cli::PlacementMain(argc - 1, argv + 1);
-  if (cmd == "launch") return cairn::cli::LaunchMain(argc - 1, argv + 1);
-  if (cmd == "ls") return cairn::cli::LsMain(argc - 1, argv + 1);
-  if (cmd == "verify") return cairn::cli::VerifyMain(argc - 1, argv + 1);
-  if (cmd == "export") return cairn::cli::ExportMain(argc - 1, argv + 1);
-  if (cmd == "inspect") return cairn::cli::InspectMain(argc - 1, argv + 1);
-  if (cmd == "gc") return cairn::cli::GcMain(argc - 1, argv + 1);
-  if (cmd == "trace-merge") {
-    if (argc < 4) {
-      std::printf(
-          "usage: cairn trace-merge OUT FILE...\n"
-          "Joins the Chrome trace-event files the ranks wrote (CAIRN_TRACE) into OUT, one\n"
-          "process per rank, for Perfetto or chrome://tracing.\n");
-      return 2;
-    }
-    cairn::Status st =
-        cairn::Trace::Merge(argv[2], std::vector<std::string>(argv + 3, argv + argc));
-    if (!st.ok()) {
-      std::fprintf(stderr, "cairn trace-merge: %s\n", st.ToString().c_str());
-      return 1;
-    }
+  if (argc < 2) {
+    std::fputs(app.help().c_str(), stdout);
+    return 2;
+  }
+  if (std::string(argv[1]) == "help") {
+    std::fputs(app.help().c_str(), stdout);
     return 0;
   }
-  if (cmd == "demo-worker") return cairn::cli::DemoWorkerMain(argc - 1, argv + 1);
-  std::fprintf(stderr, "cairn: unknown command '%s' (try `cairn --help`)\n", cmd.c_str());
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  for (auto& [sub, c] : subs) {
+    if (!sub->parsed()) continue;
+    std::vector<std::string> args = {std::string("cairn ") + c->name};
+    for (std::string& a : sub->remaining()) args.push_back(std::move(a));
+    std::vector<char*> sub_argv;
+    for (std::string& a : args) sub_argv.push_back(a.data());
+    return c->main(static_cast<int>(sub_argv.size()), sub_argv.data());
+  }
   return 2;
 }

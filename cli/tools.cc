@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/demo.h"
 #include "core/checksum.h"
 #include "core/clock.h"
@@ -73,8 +74,9 @@ std::vector<std::string> TierDirs(FileSystem* fs, const std::string& job_dir) {
 }
 
 std::string Age(int64_t created_wall_ns) {
-  const double s =
-      static_cast<double>(::time(nullptr)) - static_cast<double>(created_wall_ns) / 1e9;
+  // A version made within the last second, or stamped by a node whose clock runs ahead,
+  // is "0 s" old, never negative.
+  const double s = std::max(0.0, NanosToSeconds(WallNanos() - created_wall_ns));
   char buf[32];
   if (s < 120)
     std::snprintf(buf, sizeof buf, "%.0f s", s);
@@ -115,7 +117,7 @@ Status VerifySlot(FileSystem* fs, const std::string& dir, int slot, uint64_t* by
     for (uint32_t c = 0; c < s.num_chunks && st.ok(); ++c) {
       auto [b, e] = h->ChunkRange(s, c);
       buf.resize(e - b);
-      st = fs->ReadAt(fd, buf.data(), e - b, b);
+      st = fs->ReadAt(fd, buf.data(), e - b, b).WithContext(data_path);
       if (st.ok() && Checksum(buf.data(), e - b) != h->chunk_checksums[s.first_chunk + c])
         st = Status::Corruption("checksum mismatch in tensor '" + s.name + "' box " +
                                 s.box.ToString() + ", bytes [" + std::to_string(b) + ", " +
@@ -126,7 +128,7 @@ Status VerifySlot(FileSystem* fs, const std::string& dir, int slot, uint64_t* by
   for (const SlotBlob& b : h->blobs) {
     if (!st.ok()) break;
     buf.resize(b.nbytes);
-    st = fs->ReadAt(fd, buf.data(), b.nbytes, b.offset);
+    st = fs->ReadAt(fd, buf.data(), b.nbytes, b.offset).WithContext(data_path);
     if (st.ok() && Checksum(buf.data(), b.nbytes) != b.checksum)
       st = Status::Corruption("checksum mismatch in blob '" + b.name + "' of " + data_path);
   }
@@ -148,17 +150,16 @@ void Progress(const std::string& what, uint64_t done, uint64_t total) {
 }  // namespace
 
 int LsMain(int argc, char** argv) {
-  if (argc != 2 || !std::string(argv[1]).compare(0, 1, "-")) {
-    std::printf(
-        "usage: cairn ls PATH\n"
-        "Lists the versions under PATH: a PFS job directory (<CAIRN_PFS_ROOT>/<job>: committed\n"
-        "steps with their size, world size, age, and which one LATEST names) or a host-tier job\n"
-        "directory (<CAIRN_HOST_ROOT>/<job>: every rank's and replica's versions with state,\n"
-        "size and age).\n");
-    return argc == 2 ? 0 : 2;
-  }
+  CLI::App app(
+      "Lists the versions under PATH: a PFS job directory (<CAIRN_PFS_ROOT>/<job>: committed "
+      "steps with their size, world size, age, and which one LATEST names) or a host-tier job "
+      "directory (<CAIRN_HOST_ROOT>/<job>: every rank's and replica's versions with state, "
+      "size and age).",
+      "cairn ls");
+  std::string path;
+  app.add_option("PATH", path, "job directory")->required();
+  if (auto rc = Parse(app, argc, argv)) return *rc;
   FileSystem* fs = DefaultFileSystem();
-  const std::string path = argv[1];
   if (!fs->Exists(path)) {
     std::fprintf(stderr, "cairn ls: %s does not exist\n", path.c_str());
     return 1;
@@ -217,29 +218,18 @@ int LsMain(int argc, char** argv) {
 }
 
 int VerifyMain(int argc, char** argv) {
+  CLI::App app(
+      "Re-reads every byte of the versions under PATH (a PFS job directory or a host-tier job "
+      "directory) and checks every checksum: the MANIFEST's framing and checksum, every chunk "
+      "of every saved box and blob on the PFS; every chunk and blob of every version in the "
+      "host tiers and replicas. Names any corrupt tensor and file. Exit code 0: all verified; "
+      "1: something is corrupt or unreadable; 2: usage.",
+      "cairn verify");
   std::string path;
   int64_t step = -1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--step" && i + 1 < argc) {
-      step = std::atoll(argv[++i]);
-    } else if (a.compare(0, 1, "-") != 0 && path.empty()) {
-      path = a;
-    } else {
-      path.clear();
-      break;
-    }
-  }
-  if (path.empty()) {
-    std::printf(
-        "usage: cairn verify PATH [--step N]\n"
-        "Re-reads every byte of the versions under PATH (a PFS job directory or a host-tier\n"
-        "job directory) and checks every checksum: the MANIFEST's framing and checksum, every\n"
-        "chunk of every saved box and blob on the PFS; every chunk and blob of every version\n"
-        "in the host tiers and replicas. Names any corrupt tensor and file. Exit code 0: all\n"
-        "verified; 1: something is corrupt or unreadable; 2: usage.\n");
-    return 2;
-  }
+  app.add_option("PATH", path, "job directory")->required();
+  app.add_option("--step", step, "only this step (default: every one)")->check(WholeNumber());
+  if (auto rc = Parse(app, argc, argv)) return *rc;
   FileSystem* fs = DefaultFileSystem();
   int bad = 0, good = 0;
   if (IsPfsJobDir(fs, path)) {
@@ -367,34 +357,24 @@ Result<std::pair<std::string, pb::Manifest>> OpenStep(FileSystem* fs, const std:
 }  // namespace
 
 int ExportMain(int argc, char** argv) {
+  CLI::App app(
+      "Writes the whole (unsharded) tensors of a committed PFS step (default: the one LATEST "
+      "names) of the job directory PATH to OUT in the safetensors format: an 8-byte "
+      "little-endian header length, a JSON header with each tensor's dtype, shape and "
+      "data_offsets, then the data. Every byte read is verified.",
+      "cairn export");
   std::string path, out, format = "safetensors", pattern = ".*";
   int64_t step = -1;
-  bool bad = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--step" && i + 1 < argc)
-      step = std::atoll(argv[++i]);
-    else if (a == "--format" && i + 1 < argc)
-      format = argv[++i];
-    else if (a == "--tensors" && i + 1 < argc)
-      pattern = argv[++i];
-    else if (a.compare(0, 1, "-") != 0 && path.empty())
-      path = a;
-    else if (a.compare(0, 1, "-") != 0 && out.empty())
-      out = a;
-    else
-      bad = true;
-  }
-  if (bad || path.empty() || out.empty() || format != "safetensors") {
-    std::printf(
-        "usage: cairn export PATH [--step N] [--format safetensors] [--tensors REGEX] OUT\n"
-        "Writes the whole (unsharded) tensors of a committed PFS step (default: the one LATEST\n"
-        "names) of the job directory PATH to OUT in the safetensors format: an 8-byte\n"
-        "little-endian header length, a JSON header with each tensor's dtype, shape and\n"
-        "data_offsets, then the data. Every byte read is verified. --tensors keeps the tensors\n"
-        "whose full name matches REGEX (ECMAScript syntax).\n");
-    return 2;
-  }
+  app.add_option("PATH", path, "PFS job directory")->required();
+  app.add_option("OUT", out, "the file to write")->required();
+  app.add_option("--step", step, "the step (default: LATEST)")->check(WholeNumber());
+  app.add_option("--format", format, "output format")
+      ->check(CLI::IsMember({"safetensors"}))
+      ->capture_default_str();
+  app.add_option("--tensors", pattern,
+                 "keep the tensors whose full name matches REGEX (ECMAScript syntax)")
+      ->capture_default_str();
+  if (auto rc = Parse(app, argc, argv)) return *rc;
   std::regex re;
   try {
     re = std::regex(pattern);
@@ -409,7 +389,8 @@ int ExportMain(int argc, char** argv) {
     std::fprintf(stderr, "cairn export: %s\n", opened.status().ToString().c_str());
     return 1;
   }
-  const auto& [dir, m] = *opened;
+  const std::string& dir = opened->first;
+  const pb::Manifest& m = opened->second;  // not a structured binding: clang 14 cannot capture one
   // Header first: tensors in name order, laid end to end.
   std::vector<int> chosen;
   for (int t = 0; t < m.tensors_size(); ++t)
@@ -501,31 +482,21 @@ std::string Checksums(size_t n, Get get, bool all) {
 }  // namespace
 
 int InspectMain(int argc, char** argv) {
+  CLI::App app(
+      "Shows what a version holds: for a PFS job directory, the step's (default: LATEST) "
+      "tensors with dtype and shape, the shards each rank held, the files, and every saved box "
+      "with its file, offset, length, writer and chunk checksums; for a host-tier job "
+      "directory, every copy of step N (default: the newest) in the ranks' tiers and replicas "
+      "with its shard table, blobs and checksums.",
+      "cairn inspect");
   std::string path;
   int64_t step = -1;
-  bool all = false, bad = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--step" && i + 1 < argc)
-      step = std::atoll(argv[++i]);
-    else if (a == "--all-checksums")
-      all = true;
-    else if (a.compare(0, 1, "-") != 0 && path.empty())
-      path = a;
-    else
-      bad = true;
-  }
-  if (bad || path.empty()) {
-    std::printf(
-        "usage: cairn inspect PATH [--step N] [--all-checksums]\n"
-        "Shows what a version holds: for a PFS job directory, the step's (default: LATEST)\n"
-        "tensors with dtype and shape, the shards each rank held, the files, and every saved\n"
-        "box with its file, offset, length, writer and chunk checksums; for a host-tier job\n"
-        "directory, every copy of step N (default: the newest) in the ranks' tiers and\n"
-        "replicas with its shard table, blobs and checksums. Checksums are abbreviated to\n"
-        "the first two and the last unless --all-checksums.\n");
-    return 2;
-  }
+  bool all = false;
+  app.add_option("PATH", path, "job directory")->required();
+  app.add_option("--step", step, "the step")->check(WholeNumber());
+  app.add_flag("--all-checksums", all,
+               "print every checksum (default: the first two and the last)");
+  if (auto rc = Parse(app, argc, argv)) return *rc;
   FileSystem* fs = DefaultFileSystem();
   if (IsPfsJobDir(fs, path)) {
     auto opened = OpenStep(fs, path, step);
@@ -652,28 +623,18 @@ int InspectMain(int argc, char** argv) {
 }
 
 int GcMain(int argc, char** argv) {
+  CLI::App app(
+      "Deletes from the PFS job directory PATH every committed step but the N newest (never the "
+      "one LATEST names), step directories without a MANIFEST and temporary files of "
+      "interrupted commits. Run it only while no job writes to PATH: a step being drained has "
+      "no MANIFEST yet and would be deleted. (A running job collects its own garbage after "
+      "every commit, keeping CAIRN_KEEP_ON_PFS steps.)",
+      "cairn gc");
   std::string path;
-  int keep = -1;
-  bool bad = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--keep" && i + 1 < argc)
-      keep = std::atoi(argv[++i]);
-    else if (a.compare(0, 1, "-") != 0 && path.empty())
-      path = a;
-    else
-      bad = true;
-  }
-  if (bad || path.empty() || keep < 1) {
-    std::printf(
-        "usage: cairn gc PATH --keep N\n"
-        "Deletes from the PFS job directory PATH every committed step but the N newest (never\n"
-        "the one LATEST names), step directories without a MANIFEST and temporary files of\n"
-        "interrupted commits. Run it only while no job writes to PATH: a step being drained\n"
-        "has no MANIFEST yet and would be deleted. (A running job collects its own garbage\n"
-        "after every commit, keeping CAIRN_KEEP_ON_PFS steps.)\n");
-    return 2;
-  }
+  int keep = 0;
+  app.add_option("PATH", path, "PFS job directory")->required();
+  app.add_option("--keep", keep, "committed steps to keep")->required()->check(WholeNumber(true));
+  if (auto rc = Parse(app, argc, argv)) return *rc;
   FileSystem* fs = DefaultFileSystem();
   if (!IsPfsJobDir(fs, path)) {
     std::fprintf(stderr, "cairn gc: %s is not a PFS job directory (no LATEST, no step-*)\n",

@@ -1,4 +1,4 @@
-#include "core/box.h"
+#include "cairn/box.h"
 
 #include <algorithm>
 #include <cstring>
@@ -39,8 +39,10 @@ std::string Box::ToString() const {
     s += ":";
     if (has_off && has_len && !__builtin_add_overflow(offsets[i], lengths[i], &end))
       s += std::to_string(end);
+    else if (has_len)
+      s.append("+").append(std::to_string(lengths[i]));  // not "+" + ...: GCC 12 -O3 -Wrestrict
     else
-      s += has_len ? "+" + std::to_string(lengths[i]) : "?";
+      s += "?";
   }
   return s + "]";
 }

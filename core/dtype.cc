@@ -1,4 +1,4 @@
-#include "core/dtype.h"
+#include "cairn/dtype.h"
 
 #include <array>
 

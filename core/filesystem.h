@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/status.h"
+#include "cairn/status.h"
 
 namespace cairn {
 

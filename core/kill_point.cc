@@ -8,7 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
+
+#include "core/mutex.h"
 
 namespace cairn {
 
@@ -55,7 +56,7 @@ struct KillPoints {
   std::string target;
   long nth = 0;
   std::string census;
-  std::mutex mu;
+  Mutex mu;
   std::map<std::string, long> reached;
 };
 
@@ -83,7 +84,7 @@ KillPoints& State() {
       k->census = c;
       std::atexit([] {
         KillPoints& s = State();
-        std::lock_guard lk(s.mu);
+        MutexLock lk(s.mu);
         if (FILE* f = std::fopen(s.census.c_str(), "w")) {
           for (const auto& [name, n] : s.reached) std::fprintf(f, "%s %ld\n", name.c_str(), n);
           std::fclose(f);
@@ -102,7 +103,7 @@ void ReachKillPoint(const char* name) {
   if (s.target.empty() && s.census.empty()) return;
   long n;
   {
-    std::lock_guard lk(s.mu);
+    MutexLock lk(s.mu);
     n = ++s.reached[name];
   }
   if (n == s.nth && s.target == name) {

@@ -1,9 +1,10 @@
-#include "core/options.h"
+#include "cairn/options.h"
 
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -47,25 +48,6 @@ Status ParseBytes(const char* var, const char* text, uint64_t* out) {
   return Status::OK();
 }
 
-// One of a fixed set of words: `*out` gets the value paired with `text`; InvalidArgument
-// naming the variable and listing the words otherwise.
-template <typename T>
-Status ParseChoice(const char* var, const char* text,
-                   std::initializer_list<std::pair<const char*, T>> choices, T* out) {
-  std::string words;  // "a, b or c"
-  size_t i = 0;
-  for (const auto& [word, value] : choices) {
-    if (std::string_view(text) == word) {
-      *out = value;
-      return Status::OK();
-    }
-    if (i > 0) words += i + 1 == choices.size() ? " or " : ", ";
-    words += word;
-    ++i;
-  }
-  return Status::InvalidArgument(std::string(var) + "='" + text + "': use " + words);
-}
-
 }  // namespace
 
 Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what) {
@@ -74,166 +56,203 @@ Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what
   return v;
 }
 
-const std::vector<EnvSetting>& EnvSettings() {
-  static const std::vector<EnvSetting> kSettings = {
-      {"RANK", "0", "global rank of this process (torchrun / Slurm)"},
-      {"WORLD_SIZE", "1", "number of ranks in the job"},
-      {"LOCAL_RANK", "0", "rank within this node"},
-      {"LOCAL_WORLD_SIZE", "1", "ranks on this node"},
-      {"GROUP_RANK", "RANK / LOCAL_WORLD_SIZE", "node id, as torchrun sets it"},
-      {"CAIRN_RANK / CAIRN_WORLD_SIZE / CAIRN_LOCAL_RANK / CAIRN_LOCAL_WORLD_SIZE", "-",
-       "override the variables above"},
-      {"CAIRN_NODE", "GROUP_RANK", "node id: selects <host_root>/<job>/node-<n>"},
-      {"CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID, else 'default'",
-       "job name; separates the files of concurrent jobs"},
-      {"CAIRN_HOST_ROOT", "/dev/shm/cairn",
-       "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent memory)"},
-      {"CAIRN_SLOTS", "2", "host slots per rank (ring); at least 2"},
-      {"CAIRN_SLOT_BYTES", "0",
-       "pre-size and pre-fault every slot at open (K/M/G suffix); "
-       "0 sizes a slot at its first save, in the background"},
-      {"CAIRN_CHUNK_BYTES", "4M", "capture and checksum chunk size (64K..1G)"},
-      {"CAIRN_COPY_THREADS", "1",
-       "threads of the host copy engine (the CUDA engine checksums on at least 4)"},
-      {"CAIRN_COPY_ENGINE", "auto", "auto | host | cuda (auto: cuda when a device is usable)"},
-      {"CAIRN_FULL_POLICY", "skip",
-       "when no slot is free at save(): skip (count it, never stall) or block"},
-      {"CAIRN_LOG_LEVEL", "1", "0 errors, 1 warnings, 2 info, 3 debug"},
-      {"CAIRN_TRACE", "",
-       "write Chrome trace events (save, fence, copy, replicate, persist, restore) to this "
-       "file at exit; with several ranks <file>.rank-<r>.json (merge: cairn trace-merge)"},
-      {"CAIRN_PFS_ROOT", "cairn-pfs", "root on the filesystem every node shares"},
-      {"CAIRN_RENDEZVOUS_DIR", "<CAIRN_PFS_ROOT>/<job>/rendezvous",
-       "where ranks publish their UCX addresses and find the job token (shared by all nodes)"},
-      {"CAIRN_CONNECT_TIMEOUT_S", "120", "how long start-up waits for every rank to appear"},
-      {"CAIRN_OP_TIMEOUT_S", "300", "how long a collective waits for a silent peer"},
-      {"CAIRN_REPLICAS", "1", "copies of every version held in other nodes' memory (0: none)"},
-      {"CAIRN_REPLICATE_TIMEOUT_S", "30",
-       "a replica holder that does not answer this long counts as down (training never waits)"},
-      {"CAIRN_PLACEMENT", "ring",
-       "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold each other)"},
-      {"CAIRN_PERSIST_EVERY", "10",
-       "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"},
-      {"CAIRN_KEEP_ON_PFS", "3", "committed steps kept on the PFS; older ones are deleted"},
-      {"CAIRN_PERSIST_THREADS", "4",
-       "writer threads per rank for the PFS (each hashes a chunk, then writes it); also "
-       "the PFS reader threads of a restore"},
-      {"CAIRN_PERSIST_DIRECT", "0", "1: write PFS files with O_DIRECT (falls back if refused)"},
-      {"CAIRN_PERSIST_PRIORITY", "low",
-       "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
-       "nothing else wants; drains may crawl on a busy host) or normal"},
-      {"CAIRN_PERSIST_RATE", "0",
-       "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"},
+namespace {
+
+template <typename T>
+using Member = T Options::*;
+
+std::string ShowBytes(uint64_t v) {
+  if (v != 0 && v % (1ull << 30) == 0) return std::to_string(v >> 30) + "G";
+  if (v != 0 && v % (1ull << 20) == 0) return std::to_string(v >> 20) + "M";
+  if (v != 0 && v % (1ull << 10) == 0) return std::to_string(v >> 10) + "K";
+  return std::to_string(v);
+}
+
+std::string ShowSeconds(double v) {
+  std::string s = std::to_string(v);
+  while (s.find('.') != std::string::npos && (s.back() == '0' || s.back() == '.')) {
+    const bool dot = s.back() == '.';
+    s.pop_back();
+    if (dot) break;
+  }
+  return s;
+}
+
+Setting Text(const char* var, const char* fallback, Member<std::string> m, const char* meaning) {
+  return {var, fallback, meaning, [m](const Options& o) { return o.*m; },
+          [m](const char*, const char* t, Options& o) {
+            o.*m = t;
+            return Status::OK();
+          }};
+}
+
+Setting Int(const char* var, const char* fallback, Member<int> m, int64_t lo, int64_t hi,
+            const char* meaning) {
+  return {var, fallback, meaning, [m](const Options& o) { return std::to_string(o.*m); },
+          [m, lo, hi](const char* v, const char* t, Options& o) {
+            int64_t x = 0;
+            CAIRN_RETURN_IF_ERROR(ParseInt(v, t, lo, hi, &x));
+            o.*m = static_cast<int>(x);
+            return Status::OK();
+          }};
+}
+
+Setting Bytes(const char* var, Member<uint64_t> m, const char* meaning) {
+  return {var, nullptr, meaning, [m](const Options& o) { return ShowBytes(o.*m); },
+          [m](const char* v, const char* t, Options& o) { return ParseBytes(v, t, &(o.*m)); }};
+}
+
+Setting Seconds(const char* var, Member<double> m, const char* meaning) {
+  return {var, nullptr, meaning, [m](const Options& o) { return ShowSeconds(o.*m); },
+          [m](const char* v, const char* t, Options& o) {
+            char* end = nullptr;
+            errno = 0;
+            const double d = std::strtod(t, &end);
+            if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > 86400)
+              return Status::InvalidArgument(std::string(v) + "='" + t +
+                                             "' is not a number of seconds in (0, 86400]");
+            o.*m = d;
+            return Status::OK();
+          }};
+}
+
+template <typename T>
+Setting Choice(const char* var, Member<T> m, std::vector<std::pair<const char*, T>> words,
+               const char* meaning) {
+  return {var, nullptr, meaning,
+          [m, words](const Options& o) {
+            for (const auto& [w, v] : words)
+              if (v == o.*m) return std::string(w);
+            return std::string("?");
+          },
+          [m, words](const char* v, const char* t, Options& o) {
+            std::string list;  // "a, b or c"
+            for (size_t i = 0; i < words.size(); ++i) {
+              if (std::string_view(t) == words[i].first) {
+                o.*m = words[i].second;
+                return Status::OK();
+              }
+              if (i > 0) list += i + 1 == words.size() ? " or " : ", ";
+              list += words[i].first;
+            }
+            return Status::InvalidArgument(std::string(v) + "='" + t + "': use " + list);
+          }};
+}
+
+constexpr int64_t kMaxRanks = 1 << 24;
+
+std::vector<Setting> MakeSettings() {
+  std::vector<Setting> s = {
+      Int("CAIRN_RANK", "RANK", &Options::rank, 0, kMaxRanks,
+          "global rank of this process (torchrun and Slurm set RANK)"),
+      Int("CAIRN_WORLD_SIZE", "WORLD_SIZE", &Options::world_size, 1, kMaxRanks,
+          "number of ranks in the job"),
+      Int("CAIRN_LOCAL_RANK", "LOCAL_RANK", &Options::local_rank, 0, kMaxRanks,
+          "rank within this node"),
+      Int("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", &Options::local_world_size, 1, kMaxRanks,
+          "ranks on this node"),
+      Int("CAIRN_NODE", "GROUP_RANK", &Options::node, 0, kMaxRanks,
+          "node id: selects <host_root>/<job>/node-<n>"),
+      Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", &Options::job_id,
+           "job name; separates the files of concurrent jobs"),
+      Text("CAIRN_HOST_ROOT", nullptr, &Options::host_root,
+           "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent "
+           "memory)"),
+      Int("CAIRN_SLOTS", nullptr, &Options::slots, 2, 64, "host slots per rank (ring); at least 2"),
+      Bytes("CAIRN_SLOT_BYTES", &Options::slot_bytes,
+            "pre-size and pre-fault every slot at open (K/M/G suffix); 0 sizes a slot at its "
+            "first save, in the background"),
+      Bytes("CAIRN_CHUNK_BYTES", &Options::chunk_bytes,
+            "capture and checksum chunk size (64K..1G)"),
+      Int("CAIRN_COPY_THREADS", nullptr, &Options::copy_threads, 1, 256,
+          "threads of the host copy engine (the CUDA engine checksums on at least 4)"),
+      Choice<CopyEngineKind>("CAIRN_COPY_ENGINE", &Options::copy_engine,
+                             {{"auto", CopyEngineKind::kAuto},
+                              {"host", CopyEngineKind::kHost},
+                              {"cuda", CopyEngineKind::kCuda}},
+                             "auto | host | cuda (auto: cuda when a device is usable)"),
+      Choice<FullPolicy>("CAIRN_FULL_POLICY", &Options::full_policy,
+                         {{"skip", FullPolicy::kSkip}, {"block", FullPolicy::kBlock}},
+                         "when no slot is free at save(): skip (count it, never stall) or block"),
+      Int("CAIRN_LOG_LEVEL", nullptr, &Options::log_level, 0, 3,
+          "0 errors, 1 warnings, 2 info, 3 debug"),
+      Text("CAIRN_TRACE", nullptr, &Options::trace_path,
+           "write Chrome trace events (save, fence, copy, replicate, persist, restore) to this "
+           "file at exit; with several ranks <file>.rank-<r>.json (merge: cairn trace-merge)"),
+      Text("CAIRN_PFS_ROOT", nullptr, &Options::pfs_root,
+           "root on the filesystem every node shares"),
+      Text("CAIRN_RENDEZVOUS_DIR", nullptr, &Options::rendezvous_dir,
+           "where ranks publish their UCX addresses and find the job token (shared by all "
+           "nodes)"),
+      Seconds("CAIRN_CONNECT_TIMEOUT_S", &Options::connect_timeout_s,
+              "how long start-up waits for every rank to appear"),
+      Seconds("CAIRN_OP_TIMEOUT_S", &Options::op_timeout_s,
+              "how long a collective waits for a silent peer"),
+      Int("CAIRN_REPLICAS", nullptr, &Options::replicas, 0, 16,
+          "copies of every version held in other nodes' memory (0: none)"),
+      Seconds("CAIRN_REPLICATE_TIMEOUT_S", &Options::replicate_timeout_s,
+              "a replica holder that does not answer this long counts as down (training never "
+              "waits)"),
+      Choice<bool>("CAIRN_PLACEMENT", &Options::group_placement, {{"ring", false}, {"group", true}},
+                   "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold "
+                   "each other)"),
+      Int("CAIRN_PERSIST_EVERY", nullptr, &Options::persist_every, 0, 1 << 30,
+          "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"),
+      Int("CAIRN_KEEP_ON_PFS", nullptr, &Options::keep_on_pfs, 1, 1 << 20,
+          "committed steps kept on the PFS; older ones are deleted"),
+      Int("CAIRN_PERSIST_THREADS", nullptr, &Options::persist_threads, 1, 64,
+          "writer threads per rank for the PFS (each hashes a chunk, then writes it); also the "
+          "PFS reader threads of a restore"),
+      Choice<bool>("CAIRN_PERSIST_DIRECT", &Options::persist_direct, {{"0", false}, {"1", true}},
+                   "1: write PFS files with O_DIRECT (falls back if refused)"),
+      Choice<PersistPriority>(
+          "CAIRN_PERSIST_PRIORITY", &Options::persist_priority,
+          {{"idle", PersistPriority::kIdle},
+           {"low", PersistPriority::kLow},
+           {"normal", PersistPriority::kNormal}},
+          "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
+          "nothing else wants; drains may crawl on a busy host) or normal"),
+      Bytes("CAIRN_PERSIST_RATE", &Options::persist_rate,
+            "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"),
   };
+  for (Setting& e : s) {
+    if (std::string_view(e.variable) == "CAIRN_NODE") e.derived_default = "RANK / LOCAL_WORLD_SIZE";
+    if (std::string_view(e.variable) == "CAIRN_JOB_ID")
+      e.derived_default = "TORCHELASTIC_RUN_ID, else 'default'";
+    if (std::string_view(e.variable) == "CAIRN_RENDEZVOUS_DIR")
+      e.derived_default = "<CAIRN_PFS_ROOT>/<job>/rendezvous";
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string Setting::DefaultText() const {
+  return derived_default ? derived_default : show(Options{});
+}
+
+const std::vector<Setting>& Settings() {
+  static const std::vector<Setting> kSettings = MakeSettings();
   return kSettings;
 }
 
 Result<Options> Options::FromEnvironment(const std::function<const char*(const char*)>& getenv) {
   auto get = [&](const char* name) -> const char* {
+    if (!name) return nullptr;
     const char* v = getenv ? getenv(name) : std::getenv(name);
     return (v && *v) ? v : nullptr;
   };
-  auto first = [&](const char* a, const char* b) -> std::pair<const char*, const char*> {
-    if (const char* v = get(a)) return {a, v};
-    if (const char* v = get(b)) return {b, v};
-    return {nullptr, nullptr};
-  };
   Options o;
-  int64_t v = 0;
-  const int64_t kMaxRanks = 1 << 24;
-  if (auto [n, t] = first("CAIRN_RANK", "RANK"); t) {
-    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 0, kMaxRanks, &v));
-    o.rank = static_cast<int>(v);
+  bool node_given = false;
+  for (const Setting& s : Settings()) {
+    const char* var = s.variable;
+    const char* text = get(var);
+    if (!text && (text = get(s.fallback))) var = s.fallback;
+    if (!text) continue;
+    CAIRN_RETURN_IF_ERROR(s.parse(var, text, o));
+    if (std::string_view(s.variable) == "CAIRN_NODE") node_given = true;
   }
-  if (auto [n, t] = first("CAIRN_WORLD_SIZE", "WORLD_SIZE"); t) {
-    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 1, kMaxRanks, &v));
-    o.world_size = static_cast<int>(v);
-  }
-  if (auto [n, t] = first("CAIRN_LOCAL_RANK", "LOCAL_RANK"); t) {
-    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 0, kMaxRanks, &v));
-    o.local_rank = static_cast<int>(v);
-  }
-  if (auto [n, t] = first("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"); t) {
-    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 1, kMaxRanks, &v));
-    o.local_world_size = static_cast<int>(v);
-  }
-  o.node = o.rank / o.local_world_size;
-  if (auto [n, t] = first("CAIRN_NODE", "GROUP_RANK"); t) {
-    CAIRN_RETURN_IF_ERROR(ParseInt(n, t, 0, kMaxRanks, &v));
-    o.node = static_cast<int>(v);
-  }
-  if (auto [n, t] = first("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID"); t) o.job_id = t;
-  if (const char* t = get("CAIRN_HOST_ROOT")) o.host_root = t;
-  if (const char* t = get("CAIRN_SLOTS")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_SLOTS", t, 2, 64, &v));
-    o.slots = static_cast<int>(v);
-  }
-  if (const char* t = get("CAIRN_SLOT_BYTES"))
-    CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_SLOT_BYTES", t, &o.slot_bytes));
-  if (const char* t = get("CAIRN_CHUNK_BYTES"))
-    CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_CHUNK_BYTES", t, &o.chunk_bytes));
-  if (const char* t = get("CAIRN_COPY_THREADS")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_COPY_THREADS", t, 1, 256, &v));
-    o.copy_threads = static_cast<int>(v);
-  }
-  if (const char* t = get("CAIRN_COPY_ENGINE"))
-    CAIRN_RETURN_IF_ERROR(ParseChoice("CAIRN_COPY_ENGINE", t,
-                                      {std::pair{"auto", CopyEngineKind::kAuto},
-                                       {"host", CopyEngineKind::kHost},
-                                       {"cuda", CopyEngineKind::kCuda}},
-                                      &o.copy_engine));
-  if (const char* t = get("CAIRN_FULL_POLICY"))
-    CAIRN_RETURN_IF_ERROR(ParseChoice(
-        "CAIRN_FULL_POLICY", t,
-        {std::pair{"skip", FullPolicy::kSkip}, {"block", FullPolicy::kBlock}}, &o.full_policy));
-  if (const char* t = get("CAIRN_PFS_ROOT")) o.pfs_root = t;
-  if (const char* t = get("CAIRN_RENDEZVOUS_DIR")) o.rendezvous_dir = t;
-  for (auto [name, dst] : {std::pair{"CAIRN_CONNECT_TIMEOUT_S", &o.connect_timeout_s},
-                           std::pair{"CAIRN_OP_TIMEOUT_S", &o.op_timeout_s},
-                           std::pair{"CAIRN_REPLICATE_TIMEOUT_S", &o.replicate_timeout_s}}) {
-    if (const char* t = get(name)) {
-      char* end = nullptr;
-      double d = std::strtod(t, &end);
-      if (end == t || *end != '\0' || !(d > 0) || d > 86400)
-        return Status::InvalidArgument(std::string(name) + "='" + t +
-                                       "' is not a number of seconds in (0, 86400]");
-      *dst = d;
-    }
-  }
-  if (const char* t = get("CAIRN_REPLICAS")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_REPLICAS", t, 0, 16, &v));
-    o.replicas = static_cast<int>(v);
-  }
-  if (const char* t = get("CAIRN_PLACEMENT"))
-    CAIRN_RETURN_IF_ERROR(ParseChoice(
-        "CAIRN_PLACEMENT", t, {std::pair{"ring", false}, {"group", true}}, &o.group_placement));
-  if (const char* t = get("CAIRN_PERSIST_EVERY")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_EVERY", t, 0, 1 << 30, &v));
-    o.persist_every = static_cast<int>(v);
-  }
-  if (const char* t = get("CAIRN_KEEP_ON_PFS")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_KEEP_ON_PFS", t, 1, 1 << 20, &v));
-    o.keep_on_pfs = static_cast<int>(v);
-  }
-  if (const char* t = get("CAIRN_PERSIST_THREADS")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_THREADS", t, 1, 64, &v));
-    o.persist_threads = static_cast<int>(v);
-  }
-  if (const char* t = get("CAIRN_PERSIST_DIRECT")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_PERSIST_DIRECT", t, 0, 1, &v));
-    o.persist_direct = v == 1;
-  }
-  if (const char* t = get("CAIRN_PERSIST_PRIORITY"))
-    CAIRN_RETURN_IF_ERROR(ParseChoice("CAIRN_PERSIST_PRIORITY", t,
-                                      {std::pair{"idle", 0}, {"low", 1}, {"normal", 2}},
-                                      &o.persist_priority));
-  if (const char* t = get("CAIRN_PERSIST_RATE"))
-    CAIRN_RETURN_IF_ERROR(ParseBytes("CAIRN_PERSIST_RATE", t, &o.persist_rate));
-  if (const char* t = get("CAIRN_TRACE")) o.trace_path = t;
-  if (const char* t = get("CAIRN_LOG_LEVEL")) {
-    CAIRN_RETURN_IF_ERROR(ParseInt("CAIRN_LOG_LEVEL", t, 0, 3, &v));
-    o.log_level = static_cast<int>(v);
-  }
+  if (!node_given) o.node = o.rank / o.local_world_size;
   CAIRN_RETURN_IF_ERROR(o.Validate());
   return o;
 }
@@ -268,7 +287,6 @@ Status Options::Validate() const {
   if (persist_every < 0) return bad("persist_every must not be negative");
   if (keep_on_pfs < 1) return bad("keep_on_pfs must be at least 1");
   if (persist_threads < 1 || persist_threads > 64) return bad("persist threads must be 1..64");
-  if (persist_priority < 0 || persist_priority > 2) return bad("persist priority must be 0..2");
   return Status::OK();
 }
 

@@ -1,5 +1,7 @@
-#include "core/status.h"
+#include "cairn/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace cairn {
@@ -30,9 +32,17 @@ const char* StatusCodeName(StatusCode code) {
 
 Status Status::FromErrno(int err, const std::string& what) {
   std::string msg = what + ": " + std::strerror(err);
-  if (err == ENOSPC || err == EDQUOT) return NoSpace(msg);
-  if (err == ENOENT) return NotFound(msg);
-  return IOError(msg);
+  StatusCode code = StatusCode::kIOError;
+  if (err == ENOSPC || err == EDQUOT) code = StatusCode::kNoSpace;
+  if (err == ENOENT) code = StatusCode::kNotFound;
+  return Status(code, std::move(msg), err);
+}
+
+void DieOnBadResultAccess(const Status& status) {
+  std::fprintf(stderr, "cairn: Result::value() called on an error: %s\n",
+               status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
 }
 
 std::string Status::ToString() const {
@@ -42,7 +52,7 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(const std::string& context) const {
   if (ok()) return *this;
-  return Status(code_, context + ": " + message_);
+  return Status(code_, context + ": " + message_, errno_);
 }
 
 }  // namespace cairn

@@ -1,4 +1,4 @@
-#include "core/tensor.h"
+#include "cairn/tensor.h"
 
 namespace cairn {
 

@@ -1,12 +1,12 @@
 #include "core/trace.h"
 
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "core/clock.h"
 #include "core/filesystem.h"
+#include "core/mutex.h"
 
 namespace cairn {
 namespace {
@@ -19,7 +19,7 @@ struct Event {
   uint64_t tid;
 };
 
-std::mutex mu;
+Mutex mu;
 std::vector<Event>* events = nullptr;  // leaked on purpose: spans may end during exit
 int trace_pid = 0;
 
@@ -28,7 +28,7 @@ int trace_pid = 0;
 std::atomic<bool> Trace::enabled_{false};
 
 void Trace::Enable(int pid) {
-  std::lock_guard lk(mu);
+  MutexLock lk(mu);
   if (!events) events = new std::vector<Event>();
   trace_pid = pid;
   enabled_.store(true, std::memory_order_relaxed);
@@ -37,14 +37,14 @@ void Trace::Enable(int pid) {
 void Trace::Record(const char* name, const char* category, int64_t start_ns, int64_t end_ns) {
   if (!enabled()) return;
   const uint64_t tid = std::hash<std::thread::id>()(std::this_thread::get_id()) % 100000;
-  std::lock_guard lk(mu);
+  MutexLock lk(mu);
   if (events) events->push_back({name, category, start_ns, end_ns, tid});
 }
 
 Status Trace::Write(const std::string& path) {
   std::string out = "{\"traceEvents\":[";
   {
-    std::lock_guard lk(mu);
+    MutexLock lk(mu);
     bool first = true;
     if (events)
       for (const Event& e : *events) {

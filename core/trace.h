@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
+#include "cairn/status.h"
 
 namespace cairn {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "core/filesystem.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"

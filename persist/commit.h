@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
+#include "cairn/status.h"
 #include "core/filesystem.h"
 #include "core/log.h"
-#include "core/status.h"
 #include "persist/manifest.h"
 #include "persist/save_planner.h"
 

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cairn/tensor.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
-#include "core/tensor.h"
 
 namespace cairn {
 namespace {

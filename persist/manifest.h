@@ -12,8 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "cairn/status.h"
 #include "core/filesystem.h"
-#include "core/status.h"
 #include "persist/manifest.pb.h"
 
 namespace cairn {

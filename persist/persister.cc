@@ -12,6 +12,7 @@
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
+#include "core/mutex.h"
 #include "core/trace.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
@@ -125,36 +126,36 @@ Persister::Persister(PersistConfig config, HostTier* tier, Group* group, FileSys
 
 Persister::~Persister() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stopping_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   thread_.join();
 }
 
 void Persister::OnSave(uint64_t seq, int64_t step) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   ++saves_;
   if (config_.every > 0 && saves_ % static_cast<uint64_t>(config_.every) == 0) {
     marks_.push_back({++next_mark_, seq, step});
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
 Result<int64_t> Persister::Flush(uint64_t seq, int64_t step) {
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   const uint64_t id = ++next_mark_;
   marks_.push_back({id, seq, step});
-  cv_.notify_all();
-  cv_.wait(lk, [&] { return consumed_ >= id; });
+  cv_.NotifyAll();
+  cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return consumed_ >= id; });
   // The round that consumed this mark is the first one whose consumed id reaches it.
   for (const auto& [consumed, result] : results_)
     if (consumed >= id) return result;
   return Status::Internal("flush: the outcome of its round was lost");
 }
 
-PersistStats Persister::stats() const {
-  std::lock_guard lk(mu_);
+PersisterStats Persister::stats() const {
+  MutexLock lk(mu_);
   return stats_;
 }
 
@@ -173,19 +174,19 @@ void Persister::Loop() {
   for (;;) {
     uint64_t newest = 0, seq = 0;
     {
-      std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !marks_.empty(); });
+      MutexLock lk(mu_);
+      cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !marks_.empty(); });
       if (marks_.empty()) return;  // stopping with nothing queued
       newest = marks_.back().id;
       seq = marks_.back().settle_seq;
     }
     Outcome out = Round(newest, seq);
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     while (!marks_.empty() && marks_.front().id <= out.consumed) marks_.pop_front();
     consumed_ = std::max(consumed_, out.consumed);
     results_.emplace_back(out.consumed, out.step);
     if (results_.size() > 64) results_.erase(results_.begin());
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -237,7 +238,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   layouts_ = std::move(held);
   auto all = group_->AllGather(EncodeOffer(mine));
   auto fail = [&](const Status& st) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     ++stats_.rounds;
     ++stats_.failed;
     stats_.last_error = st.ToString();
@@ -257,7 +258,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   for (const Offer& o : offers) out.consumed = std::min(out.consumed, o.newest_mark);
   int64_t marked = -1;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     for (const Mark& m : marks_)
       if (m.id == out.consumed) marked = m.step;
   }
@@ -278,7 +279,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
     return fail(Status::Unavailable("no captured version is held by every rank" + why));
   }
   if (*step <= last_committed_) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     ++stats_.rounds;
     out.step = last_committed_;  // nothing newer to persist
     return out;
@@ -305,7 +306,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   last_committed_ = *step;
   Status st = tier_->SetState(*step, VersionState::kPersisted);
   if (!st.ok()) log_->Warning("persist: step committed, but its slot header: " + st.ToString());
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   ++stats_.rounds;
   ++stats_.persisted;
   stats_.newest_persisted_step = *step;
@@ -331,7 +332,7 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
                            group_->AllGather(first_of_hash ? my_layout : std::string()));
     CAIRN_ASSIGN_OR_RETURN(SavePlan plan, MakeSavePlan(layouts, hashes, config_.planner));
     plan_ = std::move(plan);
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     ++stats_.plans;
     stats_.max_writer_share = plan_->max_writer_share();
   }
@@ -449,7 +450,7 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
   CAIRN_RETURN_IF_ERROR(fs_->SyncDir(JoinPath(step_dir, "data")));
   CAIRN_KILL_POINT("persist.share_written");
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stats_.bytes += rep.bytes;
     stats_.write_seconds += NanosToSeconds(NowNanos() - t0);
   }

@@ -23,34 +23,26 @@
 // Thread-safety: OnSave/Flush from the training thread; stats() from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "cairn/group.h"
+#include "cairn/status.h"
 #include "core/filesystem.h"
-#include "core/group.h"
 #include "core/log.h"
-#include "core/status.h"
+#include "core/mutex.h"
 #include "persist/commit.h"
 #include "persist/save_planner.h"
 #include "persist/writer.h"
 #include "tiers/host_tier.h"
 
 namespace cairn {
-
-// CPU priority of the drain threads.
-enum class PersistPriority {
-  kIdle,    // SCHED_IDLE: only CPU time nothing else wants (can starve on a busy host)
-  kLow,     // nice +10 (the default)
-  kNormal,  // as the training threads
-};
 
 struct PersistConfig {
   std::string job;
@@ -63,7 +55,7 @@ struct PersistConfig {
   PlannerConfig planner;
 };
 
-struct PersistStats {
+struct PersisterStats {
   uint64_t rounds = 0;          // rounds run (each persists one step, or finds nothing new)
   uint64_t persisted = 0;       // steps committed
   uint64_t failed = 0;          // rounds that failed (the step is not on the PFS)
@@ -94,7 +86,7 @@ class Persister {
   // consumes it. Returns the step committed by that round, or the round's error.
   Result<int64_t> Flush(uint64_t seq, int64_t step);
 
-  PersistStats stats() const;
+  PersisterStats stats() const;
 
  private:
   struct Mark {
@@ -136,15 +128,16 @@ class Persister {
   int64_t last_committed_ = -1;            // the same on every rank (from the broadcast outcome)
   bool first_round_ = true;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Mark> marks_;
-  uint64_t saves_ = 0;
-  uint64_t next_mark_ = 0;
-  uint64_t consumed_ = 0;
-  std::vector<std::pair<uint64_t, Result<int64_t>>> results_;  // recent round outcomes
-  bool stopping_ = false;
-  PersistStats stats_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Mark> marks_ CAIRN_GUARDED_BY(mu_);
+  uint64_t saves_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t next_mark_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t consumed_ CAIRN_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<uint64_t, Result<int64_t>>> results_
+      CAIRN_GUARDED_BY(mu_);  // recent round outcomes
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
+  PersisterStats stats_ CAIRN_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

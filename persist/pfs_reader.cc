@@ -50,7 +50,8 @@ Status ReadVerified(FileSystem* fs, Files& files, const pb::Manifest& m, const p
                     std::vector<std::byte>* buf) {
   CAIRN_ASSIGN_OR_RETURN(int fd, files.Get(b.file()));
   buf->resize(b.length());
-  CAIRN_RETURN_IF_ERROR(fs->ReadAt(fd, buf->data(), b.length(), b.offset()));
+  CAIRN_RETURN_IF_ERROR(
+      fs->ReadAt(fd, buf->data(), b.length(), b.offset()).WithContext(files.Path(b.file())));
   const uint64_t chunk = m.chunk_bytes();
   for (uint64_t lo = 0; lo < b.length(); lo += chunk)
     CAIRN_RETURN_IF_ERROR(CheckSavedChunk(m, b, lo, buf->data() + lo, files.Path(b.file())));
@@ -63,7 +64,8 @@ Status ReadBlobs(FileSystem* fs, Files& files, const pb::Manifest& m, int rank,
     if (rank >= 0 && b.rank() != static_cast<uint32_t>(rank)) continue;
     CAIRN_ASSIGN_OR_RETURN(int fd, files.Get(b.file()));
     std::string bytes(b.length(), '\0');
-    CAIRN_RETURN_IF_ERROR(fs->ReadAt(fd, bytes.data(), b.length(), b.offset()));
+    CAIRN_RETURN_IF_ERROR(
+        fs->ReadAt(fd, bytes.data(), b.length(), b.offset()).WithContext(files.Path(b.file())));
     if (Checksum(bytes.data(), bytes.size()) != b.checksum())
       return Status::Corruption("checksum mismatch in blob '" + b.name() + "' of rank " +
                                 std::to_string(b.rank()) + " in " + files.Path(b.file()));

@@ -12,9 +12,9 @@
 #include <span>
 #include <string>
 
+#include "cairn/status.h"
+#include "cairn/tensor.h"
 #include "core/filesystem.h"
-#include "core/status.h"
-#include "core/tensor.h"
 #include "persist/manifest.h"
 
 namespace cairn {

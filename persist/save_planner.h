@@ -22,9 +22,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/box.h"
-#include "core/status.h"
-#include "core/tensor.h"
+#include "cairn/box.h"
+#include "cairn/status.h"
+#include "cairn/tensor.h"
 
 namespace cairn {
 

@@ -12,6 +12,7 @@
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
+#include "core/mutex.h"
 #include "persist/manifest.h"
 
 namespace cairn {
@@ -33,7 +34,7 @@ void RateLimiter::Acquire(uint64_t bytes) {
   if (rate_ == 0 || bytes == 0) return;
   int64_t wait_until;
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     const int64_t now = NowNanos();
     const int64_t start = std::max(now, next_ns_);
     next_ns_ =
@@ -75,7 +76,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   Result<int> fd = Status::Internal("not opened");
   if (direct) {
     fd = fs->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-    if (!fd.ok() && fd.status().message().find("Invalid argument") != std::string::npos) {
+    if (!fd.ok() && fd.status().error_number() == EINVAL) {
       if (log) log->Info(path + ": O_DIRECT refused by the filesystem; writing buffered");
       direct = false;
     }
@@ -93,20 +94,20 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
     if (!st.ok()) {
       (void)fs->Close(*fd);
       (void)fs->Unlink(path);
-      return st;
+      return st.WithContext(path);
     }
   }
 
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex err_mu;
+  Mutex err_mu;
   Status first;
   auto work = [&] {
     std::unique_ptr<void, FreeDeleter> bounce;
     if (direct) {
       void* p = nullptr;
       if (posix_memalign(&p, kPfsAlign, chunk) != 0) {
-        std::lock_guard lk(err_mu);
+        MutexLock lk(err_mu);
         if (first.ok()) first = Status::Internal(path + ": cannot allocate a write buffer");
         failed = true;
         return;
@@ -134,7 +135,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
       if (limiter) limiter->Acquire(write_n);
       Status st = fs->WriteAt(*fd, src, write_n, it.file_offset + b);
       if (!st.ok()) {
-        std::lock_guard lk(err_mu);
+        MutexLock lk(err_mu);
         if (first.ok()) first = st;
         failed = true;
         return;
@@ -155,7 +156,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   if (st.ok()) st = cl;
   if (!st.ok()) {
     (void)fs->Unlink(path);
-    return st;
+    return st.WithContext(path);  // "<file>: write: No space left on device"
   }
   return report;
 }

@@ -15,14 +15,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "cairn/status.h"
 #include "core/filesystem.h"
 #include "core/log.h"
-#include "core/status.h"
+#include "core/mutex.h"
 
 namespace cairn {
 
@@ -36,8 +36,8 @@ class RateLimiter {
 
  private:
   uint64_t rate_;
-  std::mutex mu_;
-  int64_t next_ns_ = 0;  // when the budget is next free (monotonic clock)
+  Mutex mu_;
+  int64_t next_ns_ CAIRN_GUARDED_BY(mu_) = 0;  // when the budget is next free (monotonic clock)
 };
 
 struct WriteItem {

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 
 namespace py = pybind11;
 
@@ -251,7 +251,23 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readwrite("persist_threads", &Options::persist_threads)
       .def_readwrite("persist_direct", &Options::persist_direct)
       .def_readwrite("persist_rate", &Options::persist_rate)
-      .def_readwrite("persist_priority", &Options::persist_priority);
+      .def_property(
+          "persist_priority",
+          [](const Options& o) {
+            return o.persist_priority == PersistPriority::kIdle  ? "idle"
+                   : o.persist_priority == PersistPriority::kLow ? "low"
+                                                                 : "normal";
+          },
+          [](Options& o, const std::string& v) {
+            if (v == "idle")
+              o.persist_priority = PersistPriority::kIdle;
+            else if (v == "low")
+              o.persist_priority = PersistPriority::kLow;
+            else if (v == "normal")
+              o.persist_priority = PersistPriority::kNormal;
+            else
+              throw py::value_error("persist_priority: idle, low or normal");
+          });
 
   py::class_<PyShard>(m, "Shard",
                       "One tensor's bytes to save or fill: the tensor's name, dtype name "
@@ -299,35 +315,46 @@ PYBIND11_MODULE(_cairn, m) {
                std::string(DTypeName(s.spec.meta.dtype)) + " " + s.spec.box.ToString() + ">";
       });
 
-  py::class_<Stats>(m, "Stats", "Counters of a Checkpointer (see api/checkpointer.h).")
-      .def_readonly("saves", &Stats::saves)
-      .def_readonly("skipped", &Stats::skipped)
-      .def_readonly("captured", &Stats::captured)
-      .def_readonly("failed", &Stats::failed)
-      .def_readonly("fences", &Stats::fences)
-      .def_readonly("fence_wait_total_s", &Stats::fence_wait_total_s)
-      .def_readonly("fence_wait_max_s", &Stats::fence_wait_max_s)
-      .def_readonly("save_call_total_s", &Stats::save_call_total_s)
-      .def_readonly("save_call_max_s", &Stats::save_call_max_s)
-      .def_readonly("bytes_copied", &Stats::bytes_copied)
-      .def_readonly("copy_seconds", &Stats::copy_seconds)
-      .def_readonly("copy_gbps", &Stats::copy_gbps)
-      .def_readonly("newest_captured_step", &Stats::newest_captured_step)
-      .def_readonly("copy_engine", &Stats::copy_engine)
-      .def_readonly("replicated", &Stats::replicated)
-      .def_readonly("replicate_failed", &Stats::replicate_failed)
-      .def_readonly("bytes_replicated", &Stats::bytes_replicated)
-      .def_readonly("replicate_gbps", &Stats::replicate_gbps)
-      .def_readonly("newest_replicated_step", &Stats::newest_replicated_step)
-      .def_readonly("replicas_received", &Stats::replicas_received)
-      .def_readonly("persisted", &Stats::persisted)
-      .def_readonly("persist_failed", &Stats::persist_failed)
-      .def_readonly("bytes_persisted", &Stats::bytes_persisted)
-      .def_readonly("persist_gbps", &Stats::persist_gbps)
-      .def_readonly("newest_persisted_step", &Stats::newest_persisted_step)
-      .def_readonly("last_persist_error", &Stats::last_persist_error);
+  py::class_<Stats>(m, "Stats",
+                    "Counters of a Checkpointer (include/cairn/stats.h; flat names here).")
+      .def_property_readonly("saves", [](const Stats& s) { return s.save.saves; })
+      .def_property_readonly("skipped", [](const Stats& s) { return s.save.skipped; })
+      .def_property_readonly("captured", [](const Stats& s) { return s.capture.captured; })
+      .def_property_readonly("failed", [](const Stats& s) { return s.capture.failed; })
+      .def_property_readonly("fences", [](const Stats& s) { return s.save.fences; })
+      .def_property_readonly("fence_wait_total_s",
+                             [](const Stats& s) { return s.save.fence_wait_total_s; })
+      .def_property_readonly("fence_wait_max_s",
+                             [](const Stats& s) { return s.save.fence_wait_max_s; })
+      .def_property_readonly("save_call_total_s",
+                             [](const Stats& s) { return s.save.save_call_total_s; })
+      .def_property_readonly("save_call_max_s",
+                             [](const Stats& s) { return s.save.save_call_max_s; })
+      .def_property_readonly("bytes_copied", [](const Stats& s) { return s.capture.bytes_copied; })
+      .def_property_readonly("copy_seconds", [](const Stats& s) { return s.capture.copy_seconds; })
+      .def_property_readonly("copy_gbps", [](const Stats& s) { return s.capture.copy_gbps; })
+      .def_property_readonly("newest_captured_step",
+                             [](const Stats& s) { return s.capture.newest_captured_step; })
+      .def_property_readonly("copy_engine", [](const Stats& s) { return s.capture.copy_engine; })
+      .def_property_readonly("replicated", [](const Stats& s) { return s.replication.replicated; })
+      .def_property_readonly("replicate_failed",
+                             [](const Stats& s) { return s.replication.failed; })
+      .def_property_readonly("bytes_replicated", [](const Stats& s) { return s.replication.bytes; })
+      .def_property_readonly("replicate_gbps", [](const Stats& s) { return s.replication.gbps; })
+      .def_property_readonly("newest_replicated_step",
+                             [](const Stats& s) { return s.replication.newest_replicated_step; })
+      .def_property_readonly("replicas_received",
+                             [](const Stats& s) { return s.replication.received; })
+      .def_property_readonly("persisted", [](const Stats& s) { return s.persist.persisted; })
+      .def_property_readonly("persist_failed", [](const Stats& s) { return s.persist.failed; })
+      .def_property_readonly("bytes_persisted", [](const Stats& s) { return s.persist.bytes; })
+      .def_property_readonly("persist_gbps", [](const Stats& s) { return s.persist.gbps; })
+      .def_property_readonly("newest_persisted_step",
+                             [](const Stats& s) { return s.persist.newest_persisted_step; })
+      .def_property_readonly("last_persist_error",
+                             [](const Stats& s) { return s.persist.last_error; });
 
-  py::class_<RestoreReport>(m, "RestoreReport", "What a restore did (see recovery/restore.h).")
+  py::class_<RestoreReport>(m, "RestoreReport", "What a restore did (include/cairn/restore.h).")
       .def_readonly("step", &RestoreReport::step)
       .def_readonly("tier", &RestoreReport::tier)
       .def_readonly("bytes", &RestoreReport::bytes)

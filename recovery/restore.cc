@@ -7,10 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -18,6 +16,7 @@
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "core/mutex.h"
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
@@ -599,8 +598,8 @@ Status Attempt::ReadRuns() {
     uint64_t off;  // from the run's lo
     uint64_t n;
   };
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::deque<Item> queue;
   bool stop = false;
   std::vector<uint64_t> left(nruns, 0);
@@ -626,8 +625,8 @@ Status Attempt::ReadRuns() {
     for (;;) {
       Item it;
       {
-        std::unique_lock lk(mu);
-        cv.wait(lk, [&] { return stop || !queue.empty(); });
+        MutexLock lk(mu);
+        cv.Wait(lk, [&] { return stop || !queue.empty(); });
         if (queue.empty()) return;
         it = queue.front();
         queue.pop_front();
@@ -636,23 +635,24 @@ Status Attempt::ReadRuns() {
       const pb::SavedBox& b = manifest->boxes(cat.pieces[r.piece].pfs_box);
       std::byte* dst = bufs[it.k] + it.off;
       const std::string path = JoinPath(step_dir, manifest->files(static_cast<int>(b.file())));
-      Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off);
+      Status s = env.pfs_fs->ReadAt(fds.at(b.file()), dst, it.n, b.offset() + r.lo + it.off)
+                     .WithContext(path);
       if (s.ok()) s = CheckSavedChunk(*manifest, b, r.lo + it.off, dst, path);
-      std::unique_lock lk(mu);
+      MutexLock lk(mu);
       if (s.code() == StatusCode::kCorruption)
         NoteCorrupt(s.WithContext(who));
       else if (!s.ok() && st.ok())
-        st = s.WithContext(who + ": reading " + path);
+        st = s.WithContext(who);
       if (--left[it.k] == 0) {
         if (env.host_targets && st.ok()) {
-          lk.unlock();
+          lk.Unlock();
           Status x = copy_run(it.k);
-          lk.lock();
+          lk.Lock();
           if (!x.ok() && copy_st.ok()) copy_st = x;
           copied[it.k] = true;
         }
         ready[it.k] = true;
-        cv.notify_all();
+        cv.NotifyAll();
       }
     }
   };
@@ -709,14 +709,14 @@ Status Attempt::ReadRuns() {
           pack_buf[s] = Staging(packed_bytes[s]);
         }
       }
-      std::lock_guard lk(mu);
+      MutexLock lk(mu);
       if (st.ok())  // after an error the bytes still go out, so no peer waits for them
         for (uint64_t o = 0; o < r.hi - r.lo; o += cat.chunk_bytes) {
           queue.push_back({k, o, std::min(cat.chunk_bytes, r.hi - r.lo - o)});
           ++left[k];
         }
       if (left[k] == 0) ready[k] = true;
-      cv.notify_all();
+      cv.NotifyAll();
       ++started;
     }
   };
@@ -724,13 +724,13 @@ Status Attempt::ReadRuns() {
     start_more();
     {
       // Keep the sends of earlier runs moving while waiting for this one.
-      std::unique_lock lk(mu);
-      while (!cv.wait_for(lk, std::chrono::microseconds(500),
-                          [&] { return k < started && ready[k]; })) {
-        lk.unlock();
+      MutexLock lk(mu);
+      while (!cv.WaitFor(lk, std::chrono::microseconds(500),
+                         [&] { return k < started && ready[k]; })) {
+        lk.Unlock();
         if (env.transport) env.transport->Progress();
         if (k >= started) start_more();
-        lk.lock();
+        lk.Lock();
       }
     }
     // Packs and fills, unless the reader that completed the run did them.
@@ -756,9 +756,9 @@ Status Attempt::ReadRuns() {
     if (slot_of[k]) sent.push_back(k);
   }
   {
-    std::lock_guard lk(mu);
+    MutexLock lk(mu);
     stop = true;
-    cv.notify_all();
+    cv.NotifyAll();
   }
   for (auto& t : threads) t.join();
   while (!sent.empty()) release_oldest();
@@ -913,7 +913,7 @@ Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> 
       std::string why;
       for (const auto& s : report.skipped) why += "\n  skipped: " + s;
       const std::string what =
-          options.step ? "step " + std::to_string(*options.step) + " is" : "no version is";
+          options.step ? "step " + std::to_string(*options.step) + " is not" : "no version is";
       if (!report.skipped.empty())
         return Status::Corruption(who + ": " + what + " restorable by every rank any more (" +
                                   DescribeInventory(inv) +

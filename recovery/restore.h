@@ -31,46 +31,16 @@
 #include <string>
 #include <vector>
 
+#include "cairn/group.h"
+#include "cairn/restore.h"
+#include "cairn/status.h"
+#include "cairn/tensor.h"
 #include "core/filesystem.h"
-#include "core/group.h"
 #include "core/log.h"
-#include "core/status.h"
-#include "core/tensor.h"
 #include "snapshot/copy_engine.h"
 #include "tiers/slot_header.h"
 
 namespace cairn {
-
-using Blobs = std::map<std::string, std::string>;
-
-struct RestoreOptions {
-  // The step to restore; unset: the newest step every rank can restore (falling back to
-  // older ones when a version fails verification).
-  std::optional<int64_t> step;
-  // Allow saved tensors that no rank restores (e.g. loading only the model weights);
-  // otherwise that is an error naming them.
-  bool partial = false;
-  // Device targets: the copies into them run after the work queued on this stream so far
-  // (kernels still writing the targets), and have finished when restore() returns.
-  CudaStream stream = nullptr;
-};
-
-struct RestoreReport {
-  int64_t step = -1;
-  // Where this rank's bytes came from: "host" (its own memory), "peer" (some from other
-  // ranks' memory over UCX), "pfs" (the parallel filesystem, maybe via other ranks).
-  std::string tier;
-  uint64_t bytes = 0;  // target bytes filled
-  double seconds = 0;
-  Blobs blobs;                           // the blobs this rank saved (of the same rank number)
-  std::vector<std::string> skipped;      // newer versions passed over, and why
-  bool resharded = false;                // some target differs from every saved box
-  uint64_t bytes_local = 0;              // copied from this rank's own memory
-  uint64_t bytes_received = 0;           // received from other ranks
-  uint64_t pfs_bytes_read = 0;           // read from the PFS by this rank
-  uint64_t job_pfs_bytes_read = 0;       // by the whole job
-  uint64_t job_unique_bytes_needed = 0;  // saved bytes some target of the job needs
-};
 
 // A version pinned in memory (a host slot or a replica): readable until destroyed.
 class PinnedVersion {

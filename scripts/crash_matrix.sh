@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 trials="${1:-200}"
 shift || true
 bash scripts/setup.sh >/dev/null  # the packages
-cmake -S . -B build-crash -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WITH_PYTHON=OFF \
+cmake -S . -B build-crash -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_WITH_PYTHON=OFF \
   -DCAIRN_BUILD_BENCH=OFF -DCAIRN_KILL_POINTS=ON >/dev/null
 cmake --build build-crash --target crash_matrix recovery_child
 exec build-crash/tests/crash_matrix --trials "$trials" "$@"

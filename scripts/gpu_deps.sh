@@ -24,6 +24,8 @@ PACKAGES=(
   protobuf-compiler zlib1g-dev
   # the tests, pkg-config, and pybind11 for a machine whose Python has none
   libgtest-dev libgmock-dev googletest pkgconf pkgconf-bin libpkgconf3 pybind11-dev
+  # header-only: CLI11 (command lines) and nlohmann-json (JSON)
+  libcli11-dev nlohmann-json3-dev
 )
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi

@@ -63,7 +63,7 @@ if [ -n "$missing" ]; then
 fi
 
 py=$(command -v python3)
-cmake_args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake_args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON
             -DCMAKE_PREFIX_PATH="$prefix/usr" -DPython_EXECUTABLE="$py"
             -DCAIRN_BUILD_BENCH=OFF)
 if pybind=$("$py" -m pybind11 --cmakedir 2>/dev/null); then

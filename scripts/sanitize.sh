@@ -22,7 +22,7 @@ dir="build-$kind"
 # GCC's -Wmaybe-uninitialized misfires under the sanitizers' instrumentation (std::regex,
 # std::variant): warnings stay errors, that one is off here.
 # -O1 -g1: quicker to build than -O2 -g, still fast enough to run and with line numbers.
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WITH_PYTHON=OFF \
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_WITH_PYTHON=OFF \
   -DCAIRN_BUILD_BENCH=OFF -DCAIRN_KILL_POINTS="$kill_points" -DCMAKE_CXX_FLAGS="$flags -Wno-maybe-uninitialized" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
 cmake --build "$dir"

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev
           libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev libbenchmark-dev
-          libucx-dev ucx-utils python3-numpy python3-dev pybind11-dev python3-torch)
+          libucx-dev ucx-utils python3-numpy python3-dev pybind11-dev python3-torch
+          libcli11-dev nlohmann-json3-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,5 +23,5 @@ if ((${#missing[@]})); then
 fi
 
 build="${CAIRN_BUILD_DIR:-build}"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON >/dev/null
 cmake --build "$build"

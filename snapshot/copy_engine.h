@@ -25,9 +25,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/options.h"
-#include "core/status.h"
-#include "core/tensor.h"
+#include "cairn/options.h"
+#include "cairn/status.h"
+#include "cairn/tensor.h"
 
 namespace cairn {
 

@@ -14,11 +14,11 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/kill_point.h"
+#include "core/mutex.h"
 #include "snapshot/copy_engine.h"
 
 namespace cairn {
@@ -261,7 +261,7 @@ class CudaCopyEngine final : public CopyEngine {
  private:
   // The copy stream and events of `device`, made on first use.
   Result<DeviceState*> State(int device) {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     auto it = states_.find(device);
     if (it != states_.end()) return it->second.get();
     DeviceGuard guard;
@@ -342,8 +342,8 @@ class CudaCopyEngine final : public CopyEngine {
   int copy_device_;  // Copy()'s device: the engine's, or the last OrderAfter's
   const size_t batch_max_;
   std::unique_ptr<CopyEngine> host_;  // host chunks, checksums
-  std::mutex mu_;                     // guards states_ (MarkStream runs on another thread)
-  std::map<int, std::unique_ptr<DeviceState>> states_;
+  Mutex mu_;                          // guards states_ (MarkStream runs on another thread)
+  std::map<int, std::unique_ptr<DeviceState>> states_ CAIRN_GUARDED_BY(mu_);
 };
 
 Status OpenDevice(int* device) {

@@ -1,5 +1,7 @@
 #include "snapshot/worker_pool.h"
 
+#include "core/mutex.h"
+
 namespace cairn {
 
 WorkerPool::WorkerPool(int threads) {
@@ -8,10 +10,10 @@ WorkerPool::WorkerPool(int threads) {
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : helpers_) t.join();
 }
 
@@ -21,16 +23,16 @@ void WorkerPool::Drain() {
 
 void WorkerPool::HelperLoop() {
   uint64_t seen = 0;
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   for (;;) {
-    cv_.wait(lk, [&] { return stop_ || (open_ && generation_ != seen); });
+    cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stop_ || (open_ && generation_ != seen); });
     if (stop_) return;
     seen = generation_;
     ++active_;
-    lk.unlock();
+    lk.Unlock();
     Drain();
-    lk.lock();
-    if (--active_ == 0) cv_.notify_all();
+    lk.Lock();
+    if (--active_ == 0) cv_.NotifyAll();
   }
 }
 
@@ -40,18 +42,18 @@ void WorkerPool::ParallelFor(size_t n, const std::function<void(size_t)>& f) {
     return;
   }
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     job_ = &f;
     n_ = n;
     next_.store(0);
     ++generation_;
     open_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   Drain();
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   open_ = false;  // late wakers must not touch `f` after we return
-  cv_.wait(lk, [&] { return active_ == 0; });
+  cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return active_ == 0; });
   job_ = nullptr;
 }
 

@@ -7,13 +7,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace cairn {
 
@@ -32,16 +32,18 @@ class WorkerPool {
   void HelperLoop();
   void Drain();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::vector<std::thread> helpers_;
+  // Set under mu_ before a job opens, read by Drain() without it: no helper is inside a
+  // job (active_ == 0) while they change, and opening the job publishes them.
   const std::function<void(size_t)>* job_ = nullptr;
   size_t n_ = 0;
   std::atomic<size_t> next_{0};
-  uint64_t generation_ = 0;
-  bool open_ = false;  // helpers may join the current job
-  int active_ = 0;     // helpers inside the current job
-  bool stop_ = false;
+  uint64_t generation_ CAIRN_GUARDED_BY(mu_) = 0;
+  bool open_ CAIRN_GUARDED_BY(mu_) = false;  // helpers may join the current job
+  int active_ CAIRN_GUARDED_BY(mu_) = 0;     // helpers inside the current job
+  bool stop_ CAIRN_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cairn

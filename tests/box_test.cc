@@ -5,8 +5,8 @@
 #include <random>
 #include <set>
 
-#include "core/box.h"
-#include "core/tensor.h"
+#include "cairn/box.h"
+#include "cairn/tensor.h"
 
 namespace cairn {
 namespace {

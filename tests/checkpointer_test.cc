@@ -13,7 +13,7 @@
 #include <future>
 #include <mutex>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "core/fault_injection_filesystem.h"
 #include "persist/manifest.h"
 #include "tests/test_util.h"
@@ -106,12 +106,12 @@ TEST_F(CheckpointerTest, RestoresBitExactWithBlobs) {
   ASSERT_TRUE(c->restore(r4.Shards(), o).ok());
   EXPECT_TRUE(r4.Holds(400));
   Stats st = c->stats();
-  EXPECT_EQ(st.saves, 5u);
-  EXPECT_EQ(st.captured, 5u);
-  EXPECT_EQ(st.skipped, 0u);
-  EXPECT_GT(st.bytes_copied, 5u * (9u << 20));
-  EXPECT_GT(st.copy_gbps, 0.0);
-  EXPECT_EQ(st.newest_captured_step, 5);
+  EXPECT_EQ(st.save.saves, 5u);
+  EXPECT_EQ(st.capture.captured, 5u);
+  EXPECT_EQ(st.save.skipped, 0u);
+  EXPECT_GT(st.capture.bytes_copied, 5u * (9u << 20));
+  EXPECT_GT(st.capture.copy_gbps, 0.0);
+  EXPECT_EQ(st.capture.newest_captured_step, 5);
   // A new process (here: a new Checkpointer on the same directory) finds it.
   c.reset();
   auto c2 = Open();
@@ -299,7 +299,7 @@ TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
   auto out = c->save(3, s.Shards());
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(*out, SaveOutcome::kSkipped);
-  EXPECT_EQ(c->stats().skipped, 1u);
+  EXPECT_EQ(c->stats().save.skipped, 1u);
   gate.Open_();
   ASSERT_TRUE(c->fence().ok());
   ASSERT_TRUE(c->wait_captured().ok());
@@ -326,7 +326,7 @@ TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
   EXPECT_EQ(*out, SaveOutcome::kQueued);
   ASSERT_TRUE(c->wait_captured().ok());
   EXPECT_EQ(c->versions().front().step, 3);
-  EXPECT_EQ(c->stats().skipped, 0u);
+  EXPECT_EQ(c->stats().save.skipped, 0u);
 }
 
 // Out of host-tier space (and other I/O errors) while a slot grows: the version fails with
@@ -349,7 +349,7 @@ TEST_F(CheckpointerTest, FailedCaptureKeepsOlderVersion) {
   EXPECT_NE(f.message().find("step 2"), std::string::npos) << f.message();
   EXPECT_EQ(c->wait_captured().code(), StatusCode::kNoSpace);
   fs.Disarm();
-  EXPECT_EQ(c->stats().failed, 1u);
+  EXPECT_EQ(c->stats().capture.failed, 1u);
   State r;
   r.big.resize(1000);
   auto rep = c->restore(r.Shards());

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 
 namespace cairn::testing {
 

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
 #include "tests/test_util.h"
@@ -54,6 +54,36 @@ TEST(Cli, UnknownCommandsAndOptionsFail) {
   EXPECT_EQ(RunCli("frobnicate").code, 2);
   EXPECT_EQ(RunCli("demo --steps").code, 2);
   EXPECT_EQ(RunCli("demo --bogus").code, 2);
+  // Numbers are numbers: garbage, trailing characters and negative counts are refused
+  // (they were read with atoi: "2x" was 2, "abc" was 0).
+  for (const char* bad :
+       {"gc /nonexistent --keep 2x", "gc /nonexistent --keep 0", "gc /nonexistent --keep -1",
+        "verify /nonexistent --step abc", "verify /nonexistent --step 12abc",
+        "export /nonexistent out --step -3", "inspect /nonexistent --step 1e3",
+        "placement --nodes two", "launch --nodes 2x -- true"}) {
+    CliRun r = RunCli(bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("try --help"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(Cli, SettingsDocumentIsTheSettingsTable) {
+  // docs/settings.md holds `cairn settings --markdown` verbatim between its markers, so the
+  // parser, --help and the document cannot drift apart.
+  CliRun r = RunCli("settings --markdown");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto doc = ReadWholeFile(DefaultFileSystem(), std::string(CAIRN_SOURCE_DIR) + "/docs/settings.md",
+                           1 << 20);
+  ASSERT_TRUE(doc.ok()) << doc.status().ToString();
+  const std::string begin = "<!-- settings: begin (cairn settings --markdown) -->\n";
+  const std::string end = "<!-- settings: end -->";
+  const size_t b = doc->find(begin), e = doc->find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(doc->substr(b + begin.size(), e - b - begin.size()), r.out)
+      << "regenerate the table in docs/settings.md with `cairn settings --markdown`";
+  // The documented default of the drain priority is the one Options has.
+  EXPECT_NE(r.out.find("| `CAIRN_PERSIST_PRIORITY` | `low` |"), std::string::npos) << r.out;
 }
 
 TEST(Cli, PlacementTable) {

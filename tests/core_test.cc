@@ -7,11 +7,11 @@
 
 #include <map>
 
-#include "core/dtype.h"
+#include "cairn/dtype.h"
+#include "cairn/options.h"
+#include "cairn/status.h"
 #include "core/fault_injection_filesystem.h"
 #include "core/filesystem.h"
-#include "core/options.h"
-#include "core/status.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -116,7 +116,7 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
   EXPECT_EQ(o->keep_on_pfs, 2);
   EXPECT_EQ(o->persist_threads, 3);
   EXPECT_TRUE(o->persist_direct);
-  EXPECT_EQ(o->persist_priority, 1);
+  EXPECT_EQ(o->persist_priority, PersistPriority::kLow);
   EXPECT_EQ(o->persist_rate, 200ull << 20);
   env.vars["CAIRN_RANK"] = "6";
   env.vars["CAIRN_NODE"] = "3";

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "tests/crash_state.h"
 
 using namespace cairn;
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     s.Fill(t);
     auto out = c.save(t, s.Shards(), {{"step", std::to_string(t)}});
     if (!out.ok()) return 1;
-    const int64_t captured = c.stats().newest_captured_step;
+    const int64_t captured = c.stats().capture.newest_captured_step;
     if (captured > reported) {
       reported = captured;
       std::printf("captured %lld\n", static_cast<long long>(captured));

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/tensor.h"
+#include "cairn/tensor.h"
 #include "tests/test_util.h"
 
 namespace cairn::testing {

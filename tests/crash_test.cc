@@ -10,7 +10,8 @@
 #include <random>
 #include <thread>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
+#include "core/filesystem.h"
 #include "tests/crash_state.h"
 #include "tests/test_util.h"
 

@@ -2,7 +2,7 @@
 // `auto` must fall back to the host engine. With a device, tests/gpu_test.cc (label gpu).
 #include <gtest/gtest.h>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "snapshot/copy_engine.h"
 #include "tests/test_util.h"
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "snapshot/copy_engine.h"
 #include "tests/recovery_process_util.h"
 #include "tests/test_util.h"

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "core/options.h"
+#include "cairn/options.h"
 #include "transport/ucx_comm.h"
 #include "transport/ucx_group.h"
 

@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "tests/child_util.h"
 #include "tests/persist_state.h"
 
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     }
     Stats st = c.stats();
     std::printf("committed %lld share %.4f bytes %llu\n", static_cast<long long>(*r),
-                st.persist_max_writer_share, static_cast<unsigned long long>(st.bytes_persisted));
+                st.persist.max_writer_share, static_cast<unsigned long long>(st.persist.bytes));
     return *r == first ? 0 : 1;
   }
   if (mode == "many") {
@@ -65,9 +65,9 @@ int main(int argc, char** argv) {
     }
     Stats st = c.stats();
     std::printf("committed %lld persisted %llu failed %llu replicated %llu\n",
-                static_cast<long long>(*r), static_cast<unsigned long long>(st.persisted),
-                static_cast<unsigned long long>(st.persist_failed),
-                static_cast<unsigned long long>(st.replicated));
+                static_cast<long long>(*r), static_cast<unsigned long long>(st.persist.persisted),
+                static_cast<unsigned long long>(st.persist.failed),
+                static_cast<unsigned long long>(st.replication.replicated));
     return *r == first + 19 ? 0 : 1;
   }
   if (mode == "loop") {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cairn/tensor.h"
 #include "core/filesystem.h"
-#include "core/tensor.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
 #include "tests/test_util.h"

@@ -12,7 +12,7 @@
 #include <random>
 #include <set>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/fault_injection_filesystem.h"
@@ -381,9 +381,9 @@ TEST(Persist, FlushCommitsAStepThatReadsBackBitExactInAnyLayout) {
   const std::string step_dir = JoinPath(JobDir(o), StepDirName(5));
   EXPECT_EQ(s.Check(fs, step_dir, 5, 0), "");
   Stats st = (*ck)->stats();
-  EXPECT_EQ(st.persisted, 1u);
-  EXPECT_EQ(st.newest_persisted_step, 5);
-  EXPECT_GE(st.bytes_persisted, s.bytes());
+  EXPECT_EQ(st.persist.persisted, 1u);
+  EXPECT_EQ(st.persist.newest_persisted_step, 5);
+  EXPECT_GE(st.persist.bytes, s.bytes());
   EXPECT_EQ((*ck)->versions().front().state, VersionState::kPersisted);
 
   // Resharded read: "embed.weight" as 3 uneven row blocks and a column block.
@@ -437,7 +437,7 @@ TEST(Persist, EveryKthSaveIsDrainedAndTheDestructorFinishesTheDueOnes) {
   // A marked version that a fast loop pushed out of the ring before its drain started is
   // replaced by the newest one held, so the steps need not be multiples of 3.
   for (int64_t d : dirs) EXPECT_EQ(s.Check(fs, JoinPath(JobDir(o), StepDirName(d)), d, 0), "");
-  EXPECT_EQ(ck_stats->persist_failed, 0u);
+  EXPECT_EQ(ck_stats->persist.failed, 0u);
   EXPECT_TRUE(TempFiles(JobDir(o)).empty());
 }
 
@@ -466,7 +466,7 @@ TEST(Persist, OnlyTheNewestKeepStepsStayAndLeftoversAreCollected) {
   EXPECT_EQ(StepDirs(JobDir(o)), (std::vector<int64_t>{3, 4}));
   EXPECT_TRUE(TempFiles(JobDir(o)).empty());
   EXPECT_EQ(*ReadLatest(fs, JobDir(o)), 4);
-  EXPECT_EQ((*ck)->stats().persisted, 4u);
+  EXPECT_EQ((*ck)->stats().persist.persisted, 4u);
 }
 
 TEST(Persist, FailedFilesystemCallsNeverLoseTheCommittedStep) {
@@ -515,9 +515,11 @@ TEST(Persist, FailedFilesystemCallsNeverLoseTheCommittedStep) {
           else
             EXPECT_EQ(*latest, 1) << r.status().ToString();
           EXPECT_NE(r.status().message().find("step 2"), std::string::npos) << r.status().message();
+          // ... and the file or directory whose call failed (under the job's directory).
+          EXPECT_NE(r.status().message().find(job), std::string::npos) << r.status().message();
           Stats st = c.stats();
-          EXPECT_EQ(st.persist_failed, 1u);
-          EXPECT_FALSE(st.last_persist_error.empty());
+          EXPECT_EQ(st.persist.failed, 1u);
+          EXPECT_FALSE(st.persist.last_error.empty());
           if (!persistent) {
             EXPECT_TRUE(TempFiles(job).empty());
           }
@@ -649,7 +651,7 @@ TEST(Persist, TrainingGoesOnWhileThePfsIsStuck) {
     ASSERT_TRUE(c.fence().ok());
   }
   EXPECT_GT(queued, 10);
-  EXPECT_EQ(c.stats().persisted, 0u);
+  EXPECT_EQ(c.stats().persist.persisted, 0u);
   stuck.Release();
   ASSERT_TRUE(c.wait_captured().ok());
   const int64_t newest = c.versions().front().step;

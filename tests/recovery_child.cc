@@ -28,7 +28,7 @@
 #include <string>
 #include <thread>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "tests/child_util.h"
 #include "tests/recovery_state.h"
 
@@ -140,14 +140,15 @@ int main(int argc, char** argv) {
       const Stats s = c.stats();
       if (!matrix) {
         std::printf("saved %lld replicated %lld\n", static_cast<long long>(t),
-                    static_cast<long long>(s.newest_replicated_step));
+                    static_cast<long long>(s.replication.newest_replicated_step));
       } else if (*out == SaveOutcome::kSkipped) {
         std::printf("skipped %lld\n", static_cast<long long>(t));
       } else {
         std::printf("saved %lld captured %lld replicated %lld persisted %lld\n",
-                    static_cast<long long>(t), static_cast<long long>(s.newest_captured_step),
-                    static_cast<long long>(s.newest_replicated_step),
-                    static_cast<long long>(s.newest_persisted_step));
+                    static_cast<long long>(t),
+                    static_cast<long long>(s.capture.newest_captured_step),
+                    static_cast<long long>(s.replication.newest_replicated_step),
+                    static_cast<long long>(s.persist.newest_persisted_step));
       }
       std::fflush(stdout);
       if (every > 0 && t % every == 0 && *out == SaveOutcome::kQueued) {
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
         // other node's memory.
         Status cap = c.wait_captured();
         Status rep = cap.ok() ? c.wait_replicated(30) : cap;
-        if (rep.ok() && c.stats().newest_replicated_step >= t) {
+        if (rep.ok() && c.stats().replication.newest_replicated_step >= t) {
           std::printf("complete %lld\n", static_cast<long long>(t));
           std::fflush(stdout);
         }

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/box.h"
-#include "core/tensor.h"
+#include "cairn/box.h"
+#include "cairn/tensor.h"
 
 namespace cairn::testing {
 

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "core/clock.h"
 #include "tests/child_util.h"
 #include "tests/crash_state.h"
@@ -45,18 +45,18 @@ int main(int argc, char** argv) {
     Stats st = c.stats();
     std::printf("step %lld stall_ms %.3f replicated %llu failed %llu\n", static_cast<long long>(t),
                 NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3,
-                static_cast<unsigned long long>(st.replicated),
-                static_cast<unsigned long long>(st.replicate_failed));
+                static_cast<unsigned long long>(st.replication.replicated),
+                static_cast<unsigned long long>(st.replication.failed));
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   }
   Status w = c.wait_replicated(60);
   Stats st = c.stats();
   std::printf("final replicated %llu failed %llu newest %lld received %llu status %s\n",
-              static_cast<unsigned long long>(st.replicated),
-              static_cast<unsigned long long>(st.replicate_failed),
-              static_cast<long long>(st.newest_replicated_step),
-              static_cast<unsigned long long>(st.replicas_received), w.ToString().c_str());
+              static_cast<unsigned long long>(st.replication.replicated),
+              static_cast<unsigned long long>(st.replication.failed),
+              static_cast<long long>(st.replication.newest_replicated_step),
+              static_cast<unsigned long long>(st.replication.received), w.ToString().c_str());
   std::fflush(stdout);
   // Stay until every rank is done, so nobody's last push meets a closed endpoint.
   if (Group* g = c.group()) (void)g->Barrier();

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "api/checkpointer.h"
+#include "cairn/checkpointer.h"
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 #include "tests/child_util.h"
@@ -91,11 +91,13 @@ int Child(int64_t versions, uint64_t bytes) {
   }
   auto fl = ck->flush();
   const Stats st = ck->stats();
-  std::printf(
-      "stats %llu %llu %llu %llu %llu %lld\n", static_cast<unsigned long long>(st.captured),
-      static_cast<unsigned long long>(st.skipped), static_cast<unsigned long long>(st.replicated),
-      static_cast<unsigned long long>(st.replicate_failed),
-      static_cast<unsigned long long>(st.persisted), static_cast<long long>(fl.ok() ? *fl : -1));
+  std::printf("stats %llu %llu %llu %llu %llu %lld\n",
+              static_cast<unsigned long long>(st.capture.captured),
+              static_cast<unsigned long long>(st.save.skipped),
+              static_cast<unsigned long long>(st.replication.replicated),
+              static_cast<unsigned long long>(st.replication.failed),
+              static_cast<unsigned long long>(st.persist.persisted),
+              static_cast<long long>(fl.ok() ? *fl : -1));
   return fl.ok() ? 0 : 1;
 }
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/options.h"
+#include "cairn/options.h"
 
 namespace cairn::testing {
 

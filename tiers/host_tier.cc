@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "core/kill_point.h"
+#include "core/mutex.h"
 
 namespace cairn {
 namespace {
@@ -178,7 +179,7 @@ std::string HostTier::StepsHeldLocked() const {
 }
 
 Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   for (;;) {
     const int newest = NewestLocked();
     int pick = -1;
@@ -202,7 +203,7 @@ Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
       return Status::Unavailable("no host slot is free for step " + std::to_string(step) +
                                  " (all " + std::to_string(slots_.size()) +
                                  " slots are capturing, pinned or hold the newest version)");
-    cv_.wait(lk);
+    cv_.Wait(lk);
   }
 }
 
@@ -239,7 +240,7 @@ Result<std::byte*> HostTier::Prepare(int slot, int64_t step, uint64_t bytes,
                                      const SlotHeader& base) {
   Slot& s = slots_.at(static_cast<size_t>(slot));
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     if (s.use != Use::kReserved) return Status::Internal("Prepare of a slot not reserved");
   }
   SlotHeader h = base;
@@ -251,7 +252,7 @@ Result<std::byte*> HostTier::Prepare(int slot, int64_t step, uint64_t bytes,
   h.data_bytes = 0;
   Status st = WriteFileAtomic(fs_, s.header_path, EncodeSlotHeader(h));
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     // Whether or not the write got as far as its rename, the old version of this slot is
     // no longer ours to serve: the caller aborts and the slot reads as empty. (If the old
     // header survived on disk, its version is still whole and a restart lists it again.)
@@ -265,10 +266,10 @@ Result<std::byte*> HostTier::Prepare(int slot, int64_t step, uint64_t bytes,
 }
 
 void HostTier::MarkCopied(int slot) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   Slot& s = slots_.at(static_cast<size_t>(slot));
   if (s.use == Use::kCapturing) s.use = Use::kCommitting;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Status HostTier::Commit(int slot, SlotHeader header) {
@@ -281,26 +282,26 @@ Status HostTier::Commit(int slot, SlotHeader header) {
   CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs_, s.header_path, EncodeSlotHeader(header))
                             .WithContext("publishing step " + std::to_string(header.step)));
   CAIRN_KILL_POINT("tier.published");
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   s.header = std::move(header);
   s.use = Use::kCaptured;
-  cv_.notify_all();
+  cv_.NotifyAll();
   return Status::OK();
 }
 
 void HostTier::Abort(int slot) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   Slot& s = slots_.at(static_cast<size_t>(slot));
   s.header.reset();
   s.use = Use::kEmpty;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Status HostTier::SetState(int64_t step, VersionState state) {
   // One header rewrite at a time: the replicator and the persister may both record a
   // stage of the same version, and neither may lose the other's.
-  std::lock_guard serial(state_mu_);
-  std::unique_lock lk(mu_);
+  MutexLock serial(state_mu_);
+  MutexLock lk(mu_);
   Slot* slot = nullptr;
   for (Slot& s : slots_)
     if (s.use == Use::kCaptured && s.header->step == step) slot = &s;
@@ -309,18 +310,18 @@ Status HostTier::SetState(int64_t step, VersionState state) {
   SlotHeader h = *slot->header;
   h.state = WithStage(h.state, state);
   ++slot->pins;  // keep the slot while the header is rewritten without the lock
-  lk.unlock();
+  lk.Unlock();
   Status st = WriteFileAtomic(fs_, slot->header_path, EncodeSlotHeader(h));
   if (st.ok()) CAIRN_KILL_POINT("tier.state_recorded");
-  lk.lock();
+  lk.Lock();
   --slot->pins;
   if (st.ok()) slot->header = std::move(h);
-  cv_.notify_all();
+  cv_.NotifyAll();
   return st;
 }
 
 std::vector<VersionInfo> HostTier::Versions() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   std::vector<VersionInfo> out;
   for (const Slot& s : slots_)
     if (s.use == Use::kCaptured) out.push_back(InfoOf(*s.header, s.index));
@@ -331,7 +332,7 @@ std::vector<VersionInfo> HostTier::Versions() const {
 }
 
 Result<std::unique_ptr<HostTier::View>> HostTier::Pin(int64_t step) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   Slot* best = nullptr;
   for (Slot& s : slots_) {
     if (s.use != Use::kCaptured || s.header->step != step) continue;
@@ -346,9 +347,9 @@ Result<std::unique_ptr<HostTier::View>> HostTier::Pin(int64_t step) {
 }
 
 HostTier::View::~View() {
-  std::lock_guard lk(tier_->mu_);
+  MutexLock lk(tier_->mu_);
   --tier_->slots_[static_cast<size_t>(slot_)].pins;
-  tier_->cv_.notify_all();
+  tier_->cv_.NotifyAll();
 }
 
 }  // namespace cairn

@@ -19,19 +19,18 @@
 // open a rank's directory (an flock on ".lock" enforces it).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "cairn/options.h"
+#include "cairn/status.h"
 #include "core/filesystem.h"
 #include "core/log.h"
-#include "core/options.h"
-#include "core/status.h"
+#include "core/mutex.h"
 #include "tiers/mapped_file.h"
 #include "tiers/slot_header.h"
 
@@ -48,18 +47,6 @@ struct HostTierConfig {
 };
 
 // A version as listed from a tier.
-struct VersionInfo {
-  int64_t step = 0;
-  VersionState state = VersionState::kCapturing;
-  int slot = -1;
-  uint64_t data_bytes = 0;
-  int64_t created_wall_ns = 0;
-  size_t shards = 0;
-  size_t blobs = 0;
-  uint32_t rank = 0;        // the rank that saved it
-  uint32_t world_size = 1;  // of the job that saved it
-};
-
 class HostTier {
  public:
   // "<host_root>/<job>/node-<node>/rank-<rank>"
@@ -151,16 +138,19 @@ class HostTier {
   Status EnsureMapped(Slot& s, uint64_t bytes);
   void Unregister(Slot& s);
   // Index of the slot with the newest restorable version, -1 if none. Caller holds mu_.
-  int NewestLocked() const;
-  std::string StepsHeldLocked() const;
+  int NewestLocked() const CAIRN_REQUIRES(mu_);
+  std::string StepsHeldLocked() const CAIRN_REQUIRES(mu_);
 
   HostTierConfig config_;
   FileSystem* fs_;
   const Logger* log_;
   int lock_fd_;
-  mutable std::mutex mu_;
-  std::mutex state_mu_;  // serialises SetState's header rewrites
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  Mutex state_mu_;  // serialises SetState's header rewrites
+  CondVar cv_;
+  // Sized by Load() and fixed afterwards. A slot's use, header and pins are read and
+  // written with mu_ held; its file and mapping belong to whoever moved it out of
+  // kEmpty/kCaptured (the capture thread while kCapturing/kCommitting).
   std::vector<Slot> slots_;
 };
 

@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "cairn/status.h"
 #include "core/filesystem.h"
-#include "core/status.h"
 
 struct pmem2_map;
 

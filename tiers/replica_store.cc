@@ -1,6 +1,7 @@
 #include "tiers/replica_store.h"
 
 #include "core/checksum.h"
+#include "core/mutex.h"
 
 namespace cairn {
 
@@ -9,7 +10,7 @@ std::string ReplicaStore::SourceDir(const std::string& node_dir, int source_rank
 }
 
 Result<HostTier*> ReplicaStore::TierFor(int source_rank) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   auto it = tiers_.find(source_rank);
   if (it != tiers_.end()) return it->second.get();
   HostTierConfig c;

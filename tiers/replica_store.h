@@ -10,11 +10,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "core/filesystem.h"
 #include "core/log.h"
+#include "core/mutex.h"
 #include "tiers/host_tier.h"
 
 namespace cairn {
@@ -45,8 +45,8 @@ class ReplicaStore {
   FileSystem* fs_;
   const Logger* log_;
   int slots_;
-  std::mutex mu_;
-  std::map<int, std::unique_ptr<HostTier>> tiers_;
+  Mutex mu_;
+  std::map<int, std::unique_ptr<HostTier>> tiers_ CAIRN_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn

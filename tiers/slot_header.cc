@@ -2,9 +2,9 @@
 
 #include <cstring>
 
+#include "cairn/tensor.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
-#include "core/tensor.h"
 
 namespace cairn {
 namespace {

@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "core/box.h"
-#include "core/dtype.h"
-#include "core/status.h"
-#include "core/version.h"
+#include "cairn/box.h"
+#include "cairn/dtype.h"
+#include "cairn/status.h"
+#include "cairn/version.h"
 
 namespace cairn {
 

@@ -4,6 +4,7 @@
 
 #include "core/clock.h"
 #include "core/kill_point.h"
+#include "core/mutex.h"
 #include "core/trace.h"
 
 namespace cairn {
@@ -45,25 +46,26 @@ Replicator::Replicator(UcxComm* comm, Placement placement, HostTier* local, Repl
 
 Replicator::~Replicator() {
   {
-    std::lock_guard lk(mu_);
+    MutexLock lk(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   sender_.join();
   service_.join();
 }
 
 void Replicator::Notify(int64_t step) {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   pending_ = std::max(pending_, step);
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
-  std::unique_lock lk(mu_);
-  const bool done = cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] {
-    return stats_.newest_replicated >= step || attempted_ >= step || stop_;
-  });
+  MutexLock lk(mu_);
+  const bool done =
+      cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s), [&]() CAIRN_REQUIRES(mu_) {
+        return stats_.newest_replicated >= step || attempted_ >= step || stop_;
+      });
   if (stats_.newest_replicated >= step) return Status::OK();
   if (!done)
     return Status::Unavailable("step " + std::to_string(step) + " not replicated within " +
@@ -74,18 +76,18 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
 }
 
 ReplicatorStats Replicator::stats() const {
-  std::lock_guard lk(mu_);
+  MutexLock lk(mu_);
   return stats_;
 }
 
 void Replicator::SenderLoop() {
   const int me = comm_->rank();
   const std::vector<int>& holders = placement_.holders_of(me);
-  std::unique_lock lk(mu_);
+  MutexLock lk(mu_);
   for (;;) {
-    cv_.wait(lk, [&] { return stop_ || pending_ > attempted_; });
+    cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stop_ || pending_ > attempted_; });
     if (stop_) return;
-    lk.unlock();
+    lk.Unlock();
     // A holder that failed recently is retried after a back-off, or at once when it
     // greeted the job again (restarted). Wait without pinning anything, so training can
     // keep reusing slots meanwhile.
@@ -93,7 +95,7 @@ void Replicator::SenderLoop() {
       for (;;) {
         HolderState hs;
         {
-          std::lock_guard g(mu_);
+          MutexLock g(mu_);
           if (stop_) return;
           hs = holders_[h];
         }
@@ -101,9 +103,9 @@ void Replicator::SenderLoop() {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
-    lk.lock();
+    lk.Lock();
     const int64_t pending = pending_, attempted = attempted_;
-    lk.unlock();
+    lk.Unlock();
     std::vector<int64_t> held;
     if (pending - attempted > 1)
       for (const VersionInfo& v : local_->Versions()) held.push_back(v.step);
@@ -119,7 +121,7 @@ void Replicator::SenderLoop() {
         const uint64_t epoch = comm_->peer_epoch(h);
         const int64_t t0 = NowNanos();
         Status st = Push(h, **view);
-        std::lock_guard g(mu_);
+        MutexLock g(mu_);
         HolderState& cur = holders_[h];
         if (st.ok()) {
           if (cur.down && log_) log_->Info("replication to rank " + std::to_string(h) + " resumed");
@@ -151,7 +153,7 @@ void Replicator::SenderLoop() {
       }
       view->reset();
     }
-    lk.lock();
+    lk.Lock();
     attempted_ = std::max(attempted_, step);
     if (all_ok) {
       ++stats_.replicated;
@@ -159,7 +161,7 @@ void Replicator::SenderLoop() {
     } else {
       last_error_ = last;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -198,7 +200,7 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   auto ack = comm_->Recv(holder, MakeTag(MsgKind::kReplAck, holder, offer), timeout_s_);
   if (!ack.ok()) return ack.status().WithContext(who);
   if (*ack != "ok") return Status::Unavailable(who + ": " + *ack);
-  std::lock_guard g(mu_);
+  MutexLock g(mu_);
   stats_.last_ack_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
   return Status::OK();
 }
@@ -206,7 +208,7 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
 void Replicator::ServiceLoop() {
   for (;;) {
     {
-      std::lock_guard lk(mu_);
+      MutexLock lk(mu_);
       if (stop_) return;
     }
     comm_->ServiceHellos();
@@ -223,7 +225,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   };
   auto refuse = [&](const std::string& why) {
     {
-      std::lock_guard g(mu_);
+      MutexLock g(mu_);
       ++stats_.refused;
     }
     if (log_) log_->Info("refused a replica from rank " + std::to_string(src) + ": " + why);
@@ -262,8 +264,8 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   // Verify while receiving: a helper thread checks every checksum chunk as soon as the
   // transfer chunk that completes it has arrived (still warm in cache), so only the tail is
   // left when the last byte lands.
-  std::mutex vmu;
-  std::condition_variable vcv;
+  Mutex vmu;
+  CondVar vcv;
   size_t arrived = 0;
   bool abort = false;
   Status verified;
@@ -271,8 +273,8 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   std::thread verifier([&] {
     for (uint32_t i = 0; i < chunks && verified.ok(); ++i) {
       {
-        std::unique_lock vl(vmu);
-        vcv.wait(vl, [&] { return abort || arrived > i; });
+        MutexLock vl(vmu);
+        vcv.Wait(vl, [&] { return abort || arrived > i; });
         if (abort) return;
       }
       const int64_t t0 = NowNanos();
@@ -291,12 +293,12 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
     }
     st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
     if (st.ok() && c + kWindow < chunks) post(c + kWindow);
-    std::lock_guard vl(vmu);
+    MutexLock vl(vmu);
     if (st.ok())
       ++arrived;
     else
       abort = true;
-    vcv.notify_all();
+    vcv.NotifyAll();
   }
   if (st.ok()) CAIRN_KILL_POINT("replicate.received");
   verifier.join();
@@ -307,7 +309,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   if (!st.ok()) {
     (*tier)->Abort(*slot);
     {
-      std::lock_guard g(mu_);
+      MutexLock g(mu_);
       ++stats_.refused;
     }
     if (log_)
@@ -317,7 +319,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
     return;
   }
   {
-    std::lock_guard g(mu_);
+    MutexLock g(mu_);
     ++stats_.received;
   }
   CAIRN_KILL_POINT("replicate.published");

@@ -24,14 +24,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "core/log.h"
+#include "core/mutex.h"
 #include "tiers/host_tier.h"
 #include "tiers/replica_store.h"
 #include "transport/placement.h"
@@ -87,19 +86,19 @@ class Replicator {
   const Logger* log_;
   double timeout_s_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  int64_t pending_ = -1;    // newest step announced
-  int64_t attempted_ = -1;  // newest step whose pushes have all been tried
-  Status last_error_;
-  ReplicatorStats stats_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ CAIRN_GUARDED_BY(mu_) = false;
+  int64_t pending_ CAIRN_GUARDED_BY(mu_) = -1;    // newest step announced
+  int64_t attempted_ CAIRN_GUARDED_BY(mu_) = -1;  // newest step whose pushes have all been tried
+  Status last_error_ CAIRN_GUARDED_BY(mu_);
+  ReplicatorStats stats_ CAIRN_GUARDED_BY(mu_);
   struct HolderState {
     bool down = false;
     uint64_t epoch = 0;    // comm epoch when it went down
     int64_t retry_at = 0;  // NowNanos after which to try again anyway
   };
-  std::map<int, HolderState> holders_;
+  std::map<int, HolderState> holders_ CAIRN_GUARDED_BY(mu_);
   std::atomic<uint32_t> next_offer_{1};
   std::thread sender_;
   std::thread service_;

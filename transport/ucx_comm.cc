@@ -198,7 +198,8 @@ void UcxComm::Progress() {
   }
 }
 
-Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s, const char* what) {
+Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
+                            const char* what) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   if (request == nullptr) return Status::OK();
   if (UCS_PTR_IS_ERR(request))
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
@@ -208,9 +209,9 @@ Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
   ucs_status_t st;
   while ((st = ucp_request_check_status(request)) == UCS_INPROGRESS) {
     if (ucp_worker_progress(worker_) == 0) {
-      lk.unlock();
+      lk.Unlock();
       Backoff(spins);
-      lk.lock();
+      lk.Lock();
     }
     if (peer_failed(peer) || NowNanos() > deadline) {
       ucp_request_cancel(worker_, request);
@@ -308,7 +309,8 @@ Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
 }
 
 Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
-                             bool gentle, uint64_t* sender_tag, std::string* out) {
+                             bool gentle, uint64_t* sender_tag,
+                             std::string* out) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
   for (;;) {
@@ -333,14 +335,14 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
                                  (peer >= 0 ? Who(peer) : std::string("from any rank")) +
                                  ": nothing arrived within " + std::to_string(timeout_s) + " s");
     if (gentle || idle) {
-      lk.unlock();
+      lk.Unlock();
       // A service loop waits here most of the time: it polls gently, so that it never
       // competes with a transfer in flight for the worker's lock or for a core.
       if (gentle)
         std::this_thread::sleep_for(std::chrono::microseconds(500));
       else
         Backoff(spins);
-      lk.lock();
+      lk.Lock();
     }
   }
 }
@@ -453,7 +455,7 @@ Status ParseAddressFile(std::string_view b, int p, int world, std::string* addre
   return Status::OK();
 }
 
-void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) {
+void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   (void)lk;
   if (!peer.ep) return;
   ucp_request_param_t prm{};
@@ -467,7 +469,8 @@ void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) {
   peer.ep = nullptr;
 }
 
-Status UcxComm::Greet(Lock& lk, int p, const std::string& address, const std::string& nonce) {
+Status UcxComm::Greet(Lock& lk, int p, const std::string& address,
+                      const std::string& nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   Peer& peer = *peers_[static_cast<size_t>(p)];
   CloseEndpoint(lk, peer);  // an endpoint to an earlier incarnation, if any
   peer.error = 0;
@@ -480,7 +483,8 @@ Status UcxComm::Greet(Lock& lk, int p, const std::string& address, const std::st
   return WaitRequest(lk, req, p, 5.0, "hello");
 }
 
-Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
+Status UcxComm::Reconnect(Lock& lk, int p,
+                          const std::string& nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   Peer& peer = *peers_[static_cast<size_t>(p)];
   std::string address, file_nonce;
   // The restarted peer wrote its address file before greeting us; allow for a slow reader.
@@ -490,9 +494,9 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce) {
     if (attempt > 100)
       return Status::Unavailable("rank " + std::to_string(p) +
                                  " greeted us, but its address file does not match");
-    lk.unlock();
+    lk.Unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    lk.lock();
+    lk.Lock();
   }
   CAIRN_RETURN_IF_ERROR(Greet(lk, p, address, nonce));
   peer.epoch.fetch_add(1);
@@ -560,7 +564,8 @@ Status UcxComm::Connected(int peer, const std::string& address) {
   return Status::OK();
 }
 
-Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
+Status UcxComm::Bootstrap(Lock& lk,
+                          const std::string& token_override) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   FileSystem* fs = DefaultFileSystem();
   token_ = token_override;
   if (token_.empty()) {
@@ -625,9 +630,9 @@ Status UcxComm::Bootstrap(Lock& lk, const std::string& token_override) {
                                  std::to_string(options_.connect_timeout_s) + " s" + why);
     }
     ucp_worker_progress(worker_);
-    lk.unlock();
+    lk.Unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    lk.lock();
+    lk.Lock();
   }
   // Every peer must greet us with the job token before we accept anything from it.
   for (int p = 0; p < size_; ++p) {

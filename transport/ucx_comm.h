@@ -19,13 +19,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "cairn/options.h"
+#include "cairn/status.h"
 #include "core/log.h"
-#include "core/options.h"
-#include "core/status.h"
+#include "core/mutex.h"
 
 namespace cairn {
 
@@ -158,30 +158,35 @@ class UcxComm {
     std::string nonce;  // of the address this endpoint was made from
     std::atomic<uint64_t> epoch{0};
   };
-  using Lock = std::unique_lock<std::mutex>;
+  // The functions taking a Lock hold mu_ through `lk` on entry and on return, releasing it
+  // around blocking UCX progress (the analysis cannot follow a lock passed by reference:
+  // they are CAIRN_REQUIRES(mu_) to their callers and unchecked inside).
+  using Lock = MutexLock;
   UcxComm(const Options& o, const Logger* log);
-  Status Init();
-  Status Bootstrap(Lock& lk, const std::string& token_override);
+  Status Init() CAIRN_NO_THREAD_SAFETY_ANALYSIS;  // before the object is shared
+  Status Bootstrap(Lock& lk, const std::string& token_override) CAIRN_REQUIRES(mu_);
   // Waits for a request with the lock held except while backing off.
-  Status WaitRequest(Lock& lk, void* request, int peer, double timeout_s, const char* what);
-  Status Connected(int peer, const std::string& address);
+  Status WaitRequest(Lock& lk, void* request, int peer, double timeout_s, const char* what)
+      CAIRN_REQUIRES(mu_);
+  Status Connected(int peer, const std::string& address) CAIRN_REQUIRES(mu_);
   // Reads `peer`'s address file: OK with the address and its nonce, or why not.
   Status ReadAddress(int peer, std::string* address, std::string* nonce);
-  void CloseEndpoint(Lock& lk, Peer& p);
+  void CloseEndpoint(Lock& lk, Peer& p) CAIRN_REQUIRES(mu_);
   // Replaces the endpoint to `peer` by one to `address` and sends it our hello.
-  Status Greet(Lock& lk, int peer, const std::string& address, const std::string& nonce);
+  Status Greet(Lock& lk, int peer, const std::string& address, const std::string& nonce)
+      CAIRN_REQUIRES(mu_);
   // Probes for a message matching `tag` under `mask` (from `peer`, or any rank if -1) and
   // receives it into *out, waiting up to `timeout_s` (0: look once). `gentle` polls every
   // 0.5 ms instead of spinning. *sender_tag is set only when a message was found.
   Status ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
-                      bool gentle, uint64_t* sender_tag, std::string* out);
+                      bool gentle, uint64_t* sender_tag, std::string* out) CAIRN_REQUIRES(mu_);
   Status CheckPeer(int peer, const char* what) const;
   // Counts a request UCX returned (a pointer: neither NULL, done at once, nor an error).
   void* Track(void* request);
   // Frees a counted request.
   void Release(void* request);
   PendingSend Started(int peer, void* request, const char* what);
-  Status Reconnect(Lock& lk, int peer, const std::string& nonce);
+  Status Reconnect(Lock& lk, int peer, const std::string& nonce) CAIRN_REQUIRES(mu_);
   std::string Who(int peer) const;
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -191,15 +196,17 @@ class UcxComm {
   int size_;
   double op_timeout_s_;
   std::string rdv_dir_;
-  std::mutex mu_;
+  Mutex mu_;
   ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  std::string address_;  // this worker's address
+  ucp_worker_h worker_ CAIRN_GUARDED_BY(mu_) = nullptr;  // UCX worker calls hold mu_
+  std::string address_;                                  // this worker's address
   std::string token_;
   std::string nonce_;  // of this process's address file
-  bool warned_no_peer_errors_ = false;
+  bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;
   std::atomic<bool> closing_{false};  // peer errors while shutting down are expected
   std::atomic<int64_t> requests_{0};  // Track()ed and not yet Release()d
+  // Sized by Init() and fixed afterwards; a Peer's endpoint changes with mu_ held, its
+  // error and epoch are atomics (set by UCX callbacks).
   std::vector<std::unique_ptr<Peer>> peers_;
 };
 

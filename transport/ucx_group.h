@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "core/group.h"
+#include "cairn/group.h"
 #include "transport/ucx_comm.h"
 
 namespace cairn {

@@ -30,7 +30,8 @@ const char* StatusCodeName(StatusCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message, int error_number = 0)
+      : code_(code), message_(std::move(message)), errno_(error_number) {}
 
   static Status OK() { return Status(); }
   static Status InvalidArgument(std::string m) {
@@ -46,12 +47,15 @@ class [[nodiscard]] Status {
   }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
   // Maps an errno value to a Status (ENOSPC/EDQUOT -> kNoSpace, ENOENT -> kNotFound, others
-  // kIOError); the message is "<what>: <strerror(err)>".
+  // kIOError) that keeps it (error_number()); the message is "<what>: <strerror(err)>".
   static Status FromErrno(int err, const std::string& what);
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The errno of the system call that failed (FromErrno), 0 when the error has none: for
+  // callers that react to one cause (EINVAL from O_DIRECT, EEXIST) without reading text.
+  int error_number() const { return errno_; }
   // "IOError: fsync /x/y: Input/output error" or "OK".
   std::string ToString() const;
   // Returns a copy whose message is "<context>: <message>" (OK stays OK).
@@ -60,7 +64,13 @@ class [[nodiscard]] Status {
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  int errno_ = 0;
 };
+
+// Called by Result<T>::value() on an error: prints the status and aborts. Reading the value
+// of a failed call is a bug in the caller; it must not pass silently or as an exception
+// that names nothing.
+[[noreturn]] void DieOnBadResultAccess(const Status& status);
 
 // Either a value or a non-OK Status.
 template <typename T>
@@ -73,9 +83,19 @@ class [[nodiscard]] Result {
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   Status status() const { return ok() ? Status::OK() : std::get<Status>(v_); }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  // The value; on an error, aborts with the status on stderr (check ok() first).
+  T& value() & {
+    if (!ok()) DieOnBadResultAccess(std::get<Status>(v_));
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    if (!ok()) DieOnBadResultAccess(std::get<Status>(v_));
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    if (!ok()) DieOnBadResultAccess(std::get<Status>(v_));
+    return std::get<T>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }

@@ -1,7 +1,8 @@
-// Version states (ARCHITECTURE.md section 1). The numeric values are stored in slot
-// headers: never renumber, only append.
+// Version states (docs/architecture.md, "The life of a version") and what versions() lists.
+// The numeric values are stored in slot headers: never renumber, only append.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace cairn {
@@ -53,5 +54,18 @@ inline VersionState WithStage(VersionState now, VersionState reached) {
   if (per) return VersionState::kPersisted;
   return now;
 }
+
+// One version in a rank's host tier, as Checkpointer::versions() lists it.
+struct VersionInfo {
+  int64_t step = 0;
+  VersionState state = VersionState::kCapturing;
+  int slot = -1;
+  uint64_t data_bytes = 0;
+  int64_t created_wall_ns = 0;
+  size_t shards = 0;
+  size_t blobs = 0;
+  uint32_t rank = 0;        // the rank that saved it
+  uint32_t world_size = 1;  // of the job that saved it
+};
 
 }  // namespace cairn

@@ -3,7 +3,8 @@
 //
 // torchrun / Slurm style variables give the rank layout (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK); CAIRN_* variables override them and set everything else.
-// The table in README.md lists every variable; keep it in sync with kEnvSettings below.
+// Settings() is the one table of them: the parser, `cairn --help`, `cairn settings` and
+// docs/settings.md (checked by a test) all come from it.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
+#include "cairn/status.h"
 
 namespace cairn {
 
@@ -20,6 +21,13 @@ class FileSystem;
 // What save() does when every host slot is still needed (capturing, or holding the newest
 // complete version): skip this version (count it, never stall) or block until one frees.
 enum class FullPolicy { kSkip, kBlock };
+
+// CPU priority of the PFS drain threads.
+enum class PersistPriority {
+  kIdle,    // SCHED_IDLE: only CPU time nothing else wants (can starve on a busy host)
+  kLow,     // nice +10
+  kNormal,  // as the training threads
+};
 
 // Which engine copies tensors into host slots.
 enum class CopyEngineKind { kAuto, kHost, kCuda };
@@ -52,9 +60,9 @@ struct Options {
   int persist_threads = 4;             // writer threads per rank
   bool persist_direct = false;         // O_DIRECT writes
   uint64_t persist_rate = 0;           // bytes/s cap per rank (0: unlimited)
-  int persist_priority = 0;      // drain threads: 0 idle (SCHED_IDLE), 1 low (nice 10), 2 normal
-  FileSystem* fs = nullptr;      // nullptr: the POSIX filesystem
-  FileSystem* pfs_fs = nullptr;  // for the PFS tier; nullptr: `fs`
+  PersistPriority persist_priority = PersistPriority::kLow;  // of the drain threads
+  FileSystem* fs = nullptr;                                  // nullptr: the POSIX filesystem
+  FileSystem* pfs_fs = nullptr;                              // for the PFS tier; nullptr: `fs`
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value
@@ -72,12 +80,21 @@ struct Options {
 // InvalidArgument naming `what` otherwise.
 Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what);
 
-// One documented setting: its variable, default and meaning (for --help and the README).
-struct EnvSetting {
-  const char* name;
-  const char* default_value;
+// One setting: the variable that sets it (and the launcher's variable read when it is
+// unset), what it means, its value in an Options as the variable would spell it, and the
+// parser that sets it from that text.
+struct Setting {
+  const char* variable;  // "CAIRN_SLOTS"
+  const char* fallback;  // "RANK" for CAIRN_RANK; nullptr when none
   const char* meaning;
+  std::function<std::string(const Options&)> show;
+  std::function<Status(const char* variable, const char* text, Options& o)> parse;
+  // Printed instead of show(Options{}) when the default is derived from other settings.
+  const char* derived_default = nullptr;
+
+  // The default as --help prints it.
+  std::string DefaultText() const;
 };
-const std::vector<EnvSetting>& EnvSettings();
+const std::vector<Setting>& Settings();
 
 }  // namespace cairn

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/status.h"
+#include "cairn/status.h"
 
 namespace cairn {
 

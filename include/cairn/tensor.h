@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/box.h"
-#include "core/dtype.h"
-#include "core/status.h"
+#include "cairn/box.h"
+#include "cairn/dtype.h"
+#include "cairn/status.h"
 
 namespace cairn {
 

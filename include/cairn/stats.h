@@ -1,0 +1,68 @@
+// Stats: what a Checkpointer counted, grouped by the stage that counts it (the life of a
+// version: save -> capture -> replication -> persistence; docs/architecture.md).
+// Thread-safety: plain values (Checkpointer::stats() returns a consistent copy).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cairn {
+
+// The training thread's calls.
+struct SaveStats {
+  uint64_t saves = 0;    // versions accepted by save()
+  uint64_t skipped = 0;  // versions skipped because no slot was free
+  uint64_t fences = 0;
+  double fence_wait_total_s = 0;  // time the training thread spent inside fence()
+  double fence_wait_max_s = 0;
+  double save_call_total_s = 0;  // time the training thread spent inside save()
+  double save_call_max_s = 0;
+};
+
+// Device/host memory -> a host slot (CAPTURED).
+struct CaptureStats {
+  uint64_t captured = 0;      // versions that reached CAPTURED
+  uint64_t failed = 0;        // versions whose capture failed (slot I/O, copy)
+  uint64_t bytes_copied = 0;  // tensor and blob bytes captured
+  double copy_seconds = 0;    // time the copy engine spent copying them
+  double copy_gbps = 0;       // bytes_copied / copy_seconds / 1e9
+  int64_t newest_captured_step = -1;
+  std::string copy_engine;  // "host" or "cuda"
+};
+
+// A host slot -> other nodes' memory (REPLICATED); zero when the job has one node or
+// CAIRN_REPLICAS=0.
+struct ReplicationStats {
+  uint64_t replicated = 0;  // versions acknowledged by every replica holder
+  uint64_t failed = 0;      // pushes that failed (holder dead, slow or refusing)
+  uint64_t bytes = 0;
+  double gbps = 0;     // bytes / time in acknowledged pushes
+  double ack_ms = 0;   // last data sent -> its acknowledgement, last push
+  double push_ms = 0;  // offer -> acknowledgement, last acknowledged push
+  int64_t newest_replicated_step = -1;
+  uint64_t received = 0;  // versions of other ranks this rank holds
+};
+
+// Host slots -> the PFS (PERSISTED; CAIRN_PERSIST_EVERY, flush()).
+struct PersistStats {
+  uint64_t persisted = 0;       // steps committed to the PFS (job-wide rounds)
+  uint64_t failed = 0;          // rounds that failed (previous committed step intact)
+  uint64_t bytes = 0;           // bytes this rank wrote to the PFS
+  double gbps = 0;              // bytes / time this rank spent writing them
+  double round_ms = 0;          // duration of the last committed round
+  double max_writer_share = 0;  // busiest writer's bytes over the mean, last plan
+  int64_t newest_persisted_step = -1;
+  std::string last_error;  // of the last failed round ("" if none)
+};
+
+struct Stats {
+  SaveStats save;
+  CaptureStats capture;
+  ReplicationStats replication;
+  PersistStats persist;
+  // UCX requests this rank started and has not yet completed and released (0 without
+  // UCX); bounded by the transfers in flight, never growing with the versions saved.
+  int64_t ucx_requests_in_flight = 0;
+};
+
+}  // namespace cairn
