@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +21,8 @@
 #include "cairn/options.h"
 #include "cairn/tensor.h"
 #include "core/clock.h"
+
+#include <nlohmann/json.hpp>
 
 namespace cairn::bench {
 
@@ -67,6 +70,14 @@ struct Buffer {
   std::byte* p;
   size_t size;
 };
+
+// `x` rounded to `digits` decimals, for the JSON lines (nlohmann-json prints the shortest
+// form that reads back the same double). Infinity and NaN stay as they are.
+inline double Round(double x, int digits) {
+  if (!std::isfinite(x)) return x;
+  const double f = std::pow(10.0, digits);
+  return std::round(x * f) / f;
+}
 
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -28,6 +28,7 @@
 
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
+#include "cli/args.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
 
@@ -197,32 +198,26 @@ Result1 RunSize(const Args& a, uint64_t state_bytes) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "capture: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--sizes") {
-      a.sizes = cairn::bench::ParseSizes(val());
-    } else if (k == "--rounds") {
-      a.rounds = std::atoi(val().c_str());
-    } else if (k == "--iters") {
-      a.iters = std::atoi(val().c_str());
-    } else if (k == "--threads") {
-      a.threads = std::atoi(val().c_str());
-    } else if (k == "--host-root") {
-      a.host_root = val();
-    } else {
-      std::fprintf(stderr,
-                   "usage: capture [--sizes 256M,1G] [--rounds 6] [--iters 4] [--threads 1] "
-                   "[--host-root DIR]\n");
-      return k == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app(
+      "Training-thread stall of a lazy cairn capture against a blocking copy, with the memcpy "
+      "of the same bytes as the physical reference (arms alternated per round). Prints one "
+      "JSON line per state size last.",
+      "bench_capture");
+  std::string sizes = "256M,1G";
+  app.add_option("--sizes", sizes, "state sizes (K/M/G suffix, comma-separated)")
+      ->capture_default_str();
+  app.add_option("--rounds", a.rounds, "rounds (each runs every arm)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--iters", a.iters, "iterations per arm and round")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--threads", a.threads, "host copy threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--host-root", a.host_root, "host-tier root")->capture_default_str();
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  a.sizes = cairn::bench::ParseSizes(sizes);
   std::vector<std::string> json;
   for (uint64_t size : a.sizes) {
     Result1 r = RunSize(a, size);
@@ -242,20 +237,24 @@ int main(int argc, char** argv) {
         (r.iter_lazy / r.iter_none - 1) * 100, r.stall_save * 1e3, r.stall_fence * 1e3,
         r.max_stall_lazy * 1e3, reduction, static_cast<unsigned long long>(r.skipped),
         static_cast<unsigned long long>(r.saves));
-    char buf[1024];
-    std::snprintf(buf, sizeof buf,
-                  "{\"bench\":\"capture\",\"state_bytes\":%llu,\"copy_threads\":%d,"
-                  "\"iter_ms_no_ckpt\":%.3f,\"iter_ms_blocking\":%.3f,\"iter_ms_lazy\":%.3f,"
-                  "\"lazy_iter_overhead\":%.4f,\"stall_ms_blocking\":%.3f,\"stall_ms_lazy\":%.4f,"
-                  "\"stall_ms_lazy_save\":%.4f,\"stall_ms_lazy_fence\":%.4f,\"stall_reduction\":%."
-                  "1f,\"copy_gbps\":%.3f,\"memcpy_gbps\":%.3f,"
-                  "\"copy_vs_memcpy\":%.3f,\"skipped\":%llu}",
-                  static_cast<unsigned long long>(r.state_bytes), a.threads, r.iter_none * 1e3,
-                  r.iter_blocking * 1e3, r.iter_lazy * 1e3, r.iter_lazy / r.iter_none - 1,
-                  r.stall_blocking * 1e3, r.stall_lazy * 1e3, r.stall_save * 1e3,
-                  r.stall_fence * 1e3, reduction, r.copy_gbps, r.memcpy_gbps,
-                  r.copy_gbps / r.memcpy_gbps, static_cast<unsigned long long>(r.skipped));
-    json.push_back(buf);
+    using cairn::bench::Round;
+    nlohmann::ordered_json j = {{"bench", "capture"},
+                                {"state_bytes", r.state_bytes},
+                                {"copy_threads", a.threads},
+                                {"iter_ms_no_ckpt", Round(r.iter_none * 1e3, 3)},
+                                {"iter_ms_blocking", Round(r.iter_blocking * 1e3, 3)},
+                                {"iter_ms_lazy", Round(r.iter_lazy * 1e3, 3)},
+                                {"lazy_iter_overhead", Round(r.iter_lazy / r.iter_none - 1, 4)},
+                                {"stall_ms_blocking", Round(r.stall_blocking * 1e3, 3)},
+                                {"stall_ms_lazy", Round(r.stall_lazy * 1e3, 4)},
+                                {"stall_ms_lazy_save", Round(r.stall_save * 1e3, 4)},
+                                {"stall_ms_lazy_fence", Round(r.stall_fence * 1e3, 4)},
+                                {"stall_reduction", Round(reduction, 1)},
+                                {"copy_gbps", Round(r.copy_gbps, 3)},
+                                {"memcpy_gbps", Round(r.memcpy_gbps, 3)},
+                                {"copy_vs_memcpy", Round(r.copy_gbps / r.memcpy_gbps, 3)},
+                                {"skipped", r.skipped}};
+    json.push_back(j.dump());
   }
   for (const auto& j : json) std::printf("%s\n", j.c_str());
   return 0;

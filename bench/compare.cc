@@ -36,6 +36,7 @@
 
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
+#include "cli/args.h"
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 
@@ -95,33 +96,19 @@ int main(int argc, char** argv) {
   int iters = 8;
   std::string dir = "/var/tmp", out = ".";
   bool partner = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (k == "--partner") {
-      partner = true;
-    } else if (k == "--bytes" && v) {
-      auto b = ParseByteCount(argv[++i], "--bytes");
-      if (!b.ok()) {
-        std::fprintf(stderr, "%s\n", b.status().message().c_str());
-        return 2;
-      }
-      bytes = *b;
-    } else if (k == "--iters" && v) {
-      iters = std::atoi(argv[++i]);
-    } else if (k == "--dir" && v) {
-      dir = argv[++i];
-    } else if (k == "--out" && v) {
-      out = argv[++i];
-    } else {
-      std::printf(
-          "usage: compare [--bytes 1G] [--iters 8] [--dir /var/tmp] [--out .]\n"
-          "Stall per iteration of a training loop that checkpoints every iteration: sync\n"
-          "write+fsync to --dir, snapshot-then-background-write, and cairn. Writes\n"
-          "compare.json, compare.md and compare.svg to --out. Prints one JSON line last.\n");
-      return k == "--help" || k == "-h" ? 0 : 2;
-    }
-  }
+  CLI::App app(
+      "Stall per iteration of a training loop that checkpoints every iteration: sync "
+      "write+fsync to --dir, snapshot-then-background-write, and cairn. Writes compare.json, "
+      "compare.md and compare.svg to --out. Prints one JSON line last.",
+      "bench_compare");
+  cairn::cli::AddByteCount(app, "--bytes", &bytes, "state size (default 1G)");
+  app.add_option("--iters", iters, "iterations per arm")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--dir", dir, "directory the writes go to")->capture_default_str();
+  app.add_option("--out", out, "where the report files go")->capture_default_str();
+  app.add_flag("--partner", partner, "internal: the replica partner process")->group("");
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   if (partner) return Partner(iters);
   if (iters < 2 || bytes < (kTensors << 12)) {
     std::fprintf(stderr, "compare: --iters must be >= 2 and --bytes >= 32K\n");
@@ -254,20 +241,26 @@ int main(int argc, char** argv) {
   const double gb = static_cast<double>(bytes) / 1e9;
   const double m_sync = Median(sync_ms), m_snap = Median(snap_ms), m_cairn = Median(cairn_ms);
   const double compute_ms = 1.5 * Median(mc) * 1e3;
-  char json[1024];
-  std::snprintf(json, sizeof json,
-                "{\"bench\":\"compare\",\"state_bytes\":%llu,\"iters\":%d,\"compute_ms\":%.1f,"
-                "\"memcpy_gbps\":%.3f,\"raw_write_fsync_gbps\":%.3f,\"stall_ms_sync\":%.2f,"
-                "\"stall_ms_snapshot\":%.2f,\"stall_ms_cairn\":%.4f,\"cairn_vs_sync\":%.0f,"
-                "\"cairn_vs_snapshot\":%.0f,\"cairn_saves\":%llu,\"cairn_skipped\":%llu,"
-                "\"cairn_replicated\":%llu,\"cairn_replicate_failed\":%llu,"
-                "\"cairn_replicate_gbps\":%.3f,\"cairn_persisted\":%llu}",
-                static_cast<unsigned long long>(bytes), iters, compute_ms, gb / Median(mc),
-                gb / Median(raw), m_sync, m_snap, m_cairn, m_sync / m_cairn, m_snap / m_cairn,
-                static_cast<unsigned long long>(saves), static_cast<unsigned long long>(skipped),
-                static_cast<unsigned long long>(replicated),
-                static_cast<unsigned long long>(replicate_failed), replicate_gbps,
-                static_cast<unsigned long long>(persisted));
+  using cairn::bench::Round;
+  const std::string json = nlohmann::ordered_json{
+      {"bench", "compare"},
+      {"state_bytes", bytes},
+      {"iters", iters},
+      {"compute_ms", Round(compute_ms, 1)},
+      {"memcpy_gbps", Round(gb / Median(mc), 3)},
+      {"raw_write_fsync_gbps", Round(gb / Median(raw), 3)},
+      {"stall_ms_sync", Round(m_sync, 2)},
+      {"stall_ms_snapshot", Round(m_snap, 2)},
+      {"stall_ms_cairn", Round(m_cairn, 4)},
+      {"cairn_vs_sync", Round(m_sync / m_cairn, 0)},
+      {"cairn_vs_snapshot", Round(m_snap / m_cairn, 0)},
+      {"cairn_saves", saves},
+      {"cairn_skipped", skipped},
+      {"cairn_replicated", replicated},
+      {"cairn_replicate_failed", replicate_failed},
+      {"cairn_replicate_gbps", Round(replicate_gbps, 3)},
+      {"cairn_persisted",
+       persisted}}.dump();
   char md[2048];
   std::snprintf(
       md, sizeof md,
@@ -299,10 +292,10 @@ int main(int argc, char** argv) {
     svg += bar;
   }
   svg += "</svg>\n";
-  Write(JoinPath(out, "compare.json"), std::string(json) + "\n");
+  Write(JoinPath(out, "compare.json"), json + "\n");
   Write(JoinPath(out, "compare.md"), md);
   Write(JoinPath(out, "compare.svg"), svg);
   std::printf("%s", md);
-  std::printf("%s\n", json);
+  std::printf("%s\n", json.c_str());
   return 0;
 }

@@ -35,6 +35,7 @@
 
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
+#include "cli/args.h"
 #include "cli/launcher.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
@@ -216,41 +217,30 @@ std::vector<std::string> RunJob(const std::string& root, int n,
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (k == "--bytes") {
-      auto v = ParseByteCount(val(), "--bytes");
-      if (!v.ok() || *v < (64ull << 20)) {
-        std::fprintf(stderr, "persist: --bytes must be at least 64M\n");
-        return 2;
-      }
-      a.bytes = *v;
-    } else if (k == "--ranks")
-      a.ranks = val();
-    else if (k == "--rounds")
-      a.rounds = std::max(1, std::atoi(val().c_str()));
-    else if (k == "--dir")
-      a.dir = val();
-    else if (k == "--threads")
-      a.threads = std::max(1, std::atoi(val().c_str()));
-    else if (k == "--stall-iters")
-      a.stall_iters = std::max(4, std::atoi(val().c_str()));
-    else if (k == "--child")
-      a.child = true;
-    else if (k == "--stall")
-      a.stall = true;
-    else if (k == "--direct")
-      a.direct = true;
-    else {
-      std::printf(
-          "usage: persist [--bytes 1G] [--ranks 1,2,4] [--rounds 3] [--dir /var/tmp]\n"
-          "               [--threads 4] [--stall-iters 48]\n"
-          "Raw sequential writes (buffered+fsync and O_DIRECT) against cairn persisting the\n"
-          "same bytes from N data-parallel ranks into --dir, and the training stall while\n"
-          "drains run. Prints one JSON line last.\n");
-      return k == "--help" || k == "-h" ? 0 : 2;
-    }
+  CLI::App app(
+      "Raw sequential writes (buffered+fsync and O_DIRECT) against cairn persisting the same "
+      "bytes from N data-parallel ranks into --dir, and the training stall while drains run. "
+      "Prints one JSON line last.",
+      "bench_persist");
+  cairn::cli::AddByteCount(app, "--bytes", &a.bytes, "state per rank (at least 64M; default 1G)");
+  app.add_option("--ranks", a.ranks, "rank counts to run, comma-separated")->capture_default_str();
+  app.add_option("--rounds", a.rounds, "rounds per rank count")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--dir", a.dir, "the filesystem to write to")->capture_default_str();
+  app.add_option("--threads", a.threads, "writer threads per rank")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--stall-iters", a.stall_iters, "iterations of the stall measurement")
+      ->check(CLI::Range(4, 100000))
+      ->capture_default_str();
+  app.add_flag("--child", a.child, "internal: a rank")->group("");
+  app.add_flag("--stall", a.stall, "internal: the stall rank")->group("");
+  app.add_flag("--direct", a.direct, "internal: the raw reference's mode")->group("");
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  if (a.bytes < (64ull << 20)) {
+    std::fprintf(stderr, "bench_persist: --bytes must be at least 64M (try --help)\n");
+    return 2;
   }
   a.bytes = a.bytes / (kTensors * 4096) * (kTensors * 4096);
   if (a.child) return a.stall ? StallChild(a) : PersistChild(a);
@@ -284,7 +274,7 @@ int main(int argc, char** argv) {
   const std::string self = "/proc/self/exe";
   std::vector<std::string> common = {
       self, "--child", "--bytes", std::to_string(a.bytes), "--rounds", std::to_string(a.rounds)};
-  std::string per_ranks;
+  nlohmann::ordered_json per_ranks = nlohmann::ordered_json::object();
   double persist_gbps = 0, share = 0;
   int last_n = 0;
   for (const std::string& item : cairn::bench::SplitList(a.ranks)) {
@@ -322,11 +312,9 @@ int main(int argc, char** argv) {
         "cairn persist, %d rank(s): %.2f GB/s (%.2f of raw %.2f GB/s alternated with it), "
         "busiest writer %.3f x mean\n",
         n, gbps, gbps / raw_gbps, raw_gbps, sh);
-    char buf[200];
-    std::snprintf(buf, sizeof buf,
-                  "%s\"%d\":{\"raw_gbps\":%.3f,\"persist_gbps\":%.3f,\"max_writer_share\":%.4f}",
-                  per_ranks.empty() ? "" : ",", n, raw_gbps, gbps, sh);
-    per_ranks += buf;
+    per_ranks[std::to_string(n)] = {{"raw_gbps", cairn::bench::Round(raw_gbps, 3)},
+                                    {"persist_gbps", cairn::bench::Round(gbps, 3)},
+                                    {"max_writer_share", cairn::bench::Round(sh, 4)}};
     persist_gbps = gbps;
     share = sh;
     last_n = n;
@@ -359,15 +347,25 @@ int main(int argc, char** argv) {
   (void)DefaultFileSystem()->RemoveAll(pfs);
   (void)DefaultFileSystem()->RemoveAll(host);
 
-  std::printf(
-      "{\"bench\":\"persist\",\"bytes\":%llu,\"ranks\":%d,\"persist_direct\":%s,\"threads\":%d,"
-      "\"raw_buffered_gbps\":%.3f,\"raw_direct_gbps\":%.3f,\"raw_write_gbps\":%.3f,"
-      "\"persist_gbps\":%.3f,\"persist_vs_raw\":%.3f,\"max_writer_share\":%.4f,"
-      "\"by_ranks\":{%s},\"stall_ms_no_drain\":%.4f,\"stall_ms_during_drain\":%.4f,"
-      "\"iter_ms_no_drain\":%.2f,\"iter_ms_during_drain\":%.2f,\"drains\":%llu,"
-      "\"skipped_during_drain\":%llu}\n",
-      static_cast<unsigned long long>(a.bytes), last_n, direct ? "true" : "false", a.threads,
-      raw_buffered, raw_direct, raw_gbps, persist_gbps, persist_gbps / raw_gbps, share,
-      per_ranks.c_str(), st_none, st_drain, it_none, it_drain, drains, skipped);
+  using cairn::bench::Round;
+  const nlohmann::ordered_json j = {{"bench", "persist"},
+                                    {"bytes", a.bytes},
+                                    {"ranks", last_n},
+                                    {"persist_direct", direct},
+                                    {"threads", a.threads},
+                                    {"raw_buffered_gbps", Round(raw_buffered, 3)},
+                                    {"raw_direct_gbps", Round(raw_direct, 3)},
+                                    {"raw_write_gbps", Round(raw_gbps, 3)},
+                                    {"persist_gbps", Round(persist_gbps, 3)},
+                                    {"persist_vs_raw", Round(persist_gbps / raw_gbps, 3)},
+                                    {"max_writer_share", Round(share, 4)},
+                                    {"by_ranks", per_ranks},
+                                    {"stall_ms_no_drain", Round(st_none, 4)},
+                                    {"stall_ms_during_drain", Round(st_drain, 4)},
+                                    {"iter_ms_no_drain", Round(it_none, 2)},
+                                    {"iter_ms_during_drain", Round(it_drain, 2)},
+                                    {"drains", drains},
+                                    {"skipped_during_drain", skipped}};
+  std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -21,8 +21,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "bench/bench_util.h"
+#include "cli/args.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "persist/commit.h"
@@ -95,37 +98,23 @@ RankLayout StageLayout(const Args& a, int tp_size, int layers, int tp, int pp, i
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (k == "--tp")
-      a.tp = next();
-    else if (k == "--pp")
-      a.pp = next();
-    else if (k == "--dp")
-      a.dp = next();
-    else if (k == "--layers-per-stage")
-      a.layers_per_stage = next();
-    else if (k == "--repeats")
-      a.repeats = next();
-    else if (k == "--load-tp")
-      a.load_tp = next();
-    else if (k == "--load-pp")
-      a.load_pp = next();
-    else if (k == "--load-dp")
-      a.load_dp = next();
-    else {
-      std::printf(
-          "usage: plan [--tp 8] [--pp 10] [--dp 125] [--layers-per-stage 20] [--repeats 3]\n"
-          "            [--load-tp 4] [--load-pp 20] [--load-dp 100]\n"
-          "Times the save planner and MANIFEST building for a simulated TP x PP x DP job\n"
-          "(each rank: 48 tensors per layer + 40 buffers = 1000 shards), and the load\n"
-          "planner restoring it onto a LOAD-TP x LOAD-PP x LOAD-DP job (LOAD-PP must divide\n"
-          "the PP x layers-per-stage layers; its even stages take the buffers). Prints one\n"
-          "JSON line.\n");
-      return k == "--help" || k == "-h" ? 0 : 2;
-    }
-  }
+  CLI::App app(
+      "Times the save planner and MANIFEST building for a simulated TP x PP x DP job (each "
+      "rank: 48 tensors per layer + 40 buffers = 1000 shards), and the load planner restoring "
+      "it onto a LOAD-TP x LOAD-PP x LOAD-DP job (LOAD-PP must divide the PP x "
+      "layers-per-stage layers; its even stages take the buffers). Prints one JSON line.",
+      "bench_plan");
+  for (auto [name, field, what] :
+       {std::tuple{"--tp", &a.tp, "tensor-parallel ranks of the saving job"},
+        {"--pp", &a.pp, "pipeline stages of the saving job"},
+        {"--dp", &a.dp, "data-parallel ranks of the saving job"},
+        {"--layers-per-stage", &a.layers_per_stage, "layers per stage (1..20)"},
+        {"--repeats", &a.repeats, "timed repetitions (the median is reported)"},
+        {"--load-tp", &a.load_tp, "tensor-parallel ranks of the loading job"},
+        {"--load-pp", &a.load_pp, "pipeline stages of the loading job"},
+        {"--load-dp", &a.load_dp, "data-parallel ranks of the loading job"}})
+    app.add_option(name, *field, what)->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   if (a.tp < 1 || a.pp < 1 || a.dp < 1 || a.layers_per_stage < 1 || a.layers_per_stage > 20 ||
       a.repeats < 1 || a.load_tp < 1 || a.load_pp < 1 || a.load_dp < 1 ||
       (a.pp * a.layers_per_stage) % a.load_pp != 0 || a.load_pp % a.pp != 0) {
@@ -272,16 +261,28 @@ int main(int argc, char** argv) {
                "runs, receives %zu spans, sends %zu\n",
                load_world, targets, lp.spans.size(), lp.runs.size(), mine.my_runs.size(),
                mine.gets.size() - mine.my_runs.size(), mine.puts.size());
-  std::printf(
-      "{\"bench\":\"plan\",\"ranks\":%d,\"shards\":%zu,\"entries\":%zu,\"distinct_layouts\":%zu,"
-      "\"unique_boxes\":%zu,\"pieces\":%zu,\"unique_tb\":%.3f,\"plan_s\":%.4f,"
-      "\"cached_plan_s\":%.6f,\"manifest_s\":%.4f,\"manifest_bytes\":%llu,"
-      "\"max_writer_share\":%.4f,\"load_ranks\":%d,\"load_distinct_targets\":%zu,"
-      "\"load_runs\":%zu,\"load_plan_s\":%.4f,\"load_read_over_needed\":%.4f}\n",
-      world, shards, static_cast<size_t>(world) * shards, plan.lists.size(), plan.shards.size(),
-      plan.pieces.size(), static_cast<double>(plan.unique_bytes) / 1e12, med(plan_t), med(cached_t),
-      med(manifest_t), static_cast<unsigned long long>(manifest_bytes), plan.max_writer_share(),
-      load_world, targets, lp.runs.size(), med(load_t),
-      static_cast<double>(lp.pfs_bytes_to_read) / static_cast<double>(lp.unique_bytes_needed));
+  using cairn::bench::Round;
+  const nlohmann::ordered_json j = {
+      {"bench", "plan"},
+      {"ranks", world},
+      {"shards", shards},
+      {"entries", static_cast<size_t>(world) * shards},
+      {"distinct_layouts", plan.lists.size()},
+      {"unique_boxes", plan.shards.size()},
+      {"pieces", plan.pieces.size()},
+      {"unique_tb", Round(static_cast<double>(plan.unique_bytes) / 1e12, 3)},
+      {"plan_s", Round(med(plan_t), 4)},
+      {"cached_plan_s", Round(med(cached_t), 6)},
+      {"manifest_s", Round(med(manifest_t), 4)},
+      {"manifest_bytes", manifest_bytes},
+      {"max_writer_share", Round(plan.max_writer_share(), 4)},
+      {"load_ranks", load_world},
+      {"load_distinct_targets", targets},
+      {"load_runs", lp.runs.size()},
+      {"load_plan_s", Round(med(load_t), 4)},
+      {"load_read_over_needed", Round(static_cast<double>(lp.pfs_bytes_to_read) /
+                                          static_cast<double>(lp.unique_bytes_needed),
+                                      4)}};
+  std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -33,6 +33,7 @@
 
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
+#include "cli/args.h"
 #include "cli/launcher.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
@@ -200,26 +201,26 @@ int Child(const std::vector<uint64_t>& sizes) {
 int main(int argc, char** argv) {
   std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm";
   bool child = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--child")
-      child = true;
-    else if (k == "--sizes" && i + 1 < argc)
-      sizes_arg = argv[++i];
-    else if (k == "--transports" && i + 1 < argc)
-      transports_arg = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: replicate [--sizes 256M,1G] [--transports tcp,shm]\n");
-      return k == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app(
+      "Replication of a captured version to another node's memory over UCX against raw UCX "
+      "transfers of the same bytes between the same processes (tagged sends and puts + "
+      "flush, alternated with cairn's rounds). Prints one JSON line per size and transport, "
+      "then the summary line last.",
+      "bench_replicate");
+  app.add_option("--sizes", sizes_arg, "version sizes (K/M/G suffix, comma-separated)")
+      ->capture_default_str();
+  app.add_option("--transports", transports_arg, "tcp and/or shm, comma-separated")
+      ->capture_default_str();
+  app.add_flag("--child", child, "internal: one of the two ranks")->group("");
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   const std::vector<uint64_t> sizes = cairn::bench::ParseSizes(sizes_arg);
   if (child) return Child(sizes);
 
   char tmpl[] = "/dev/shm/cairn-bench-replicate-XXXXXX";
   if (!::mkdtemp(tmpl)) return 1;
   const std::string root = tmpl;
-  std::string json_all = "{\"bench\":\"replicate\"";
+  nlohmann::ordered_json json_all = {{"bench", "replicate"}};
+  using cairn::bench::Round;
   double lowest = 1e9, lowest_all = 1e9;
   std::vector<std::string> lines;
   for (const std::string& t : SplitList(transports_arg)) {
@@ -259,30 +260,27 @@ int main(int argc, char** argv) {
           "%-4s %5llu MiB  raw UCX tag %5.2f / put+flush %5.2f GB/s  cairn replication "
           "%5.2f GB/s (%.2f of the best)  ack %.1f ms\n",
           t.c_str(), size >> 20, tag, put, rep, rep / raw, ack);
-      char buf[320];
-      std::snprintf(buf, sizeof buf,
-                    "{\"transport\":\"%s\",\"bytes\":%llu,\"raw_gbps\":%.3f,"
-                    "\"raw_tag_gbps\":%.3f,\"raw_put_gbps\":%.3f,\"replicate_gbps\":%.3f,"
-                    "\"ack_latency_ms\":%.2f}",
-                    t.c_str(), size, raw, tag, put, rep, ack);
       lowest_all = std::min(lowest_all, rep / raw);
-      lines.push_back(buf);
+      lines.push_back(nlohmann::ordered_json{
+          {"transport", t},
+          {"bytes", size},
+          {"raw_gbps", Round(raw, 3)},
+          {"raw_tag_gbps", Round(tag, 3)},
+          {"raw_put_gbps", Round(put, 3)},
+          {"replicate_gbps", Round(rep, 3)},
+          {"ack_latency_ms",
+           Round(ack, 2)}}.dump());
     }
     // The largest size decides.
     lowest = std::min(lowest, rep / raw);
-    char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  ",\"%s\":{\"raw_gbps\":%.3f,\"replicate_gbps\":%.3f,"
-                  "\"ack_latency_ms\":%.2f}",
-                  t.c_str(), raw, rep, ack);
-    json_all += buf;
+    json_all[t] = {{"raw_gbps", Round(raw, 3)},
+                   {"replicate_gbps", Round(rep, 3)},
+                   {"ack_latency_ms", Round(ack, 2)}};
   }
   (void)DefaultFileSystem()->RemoveAll(root);
-  char buf[128];
-  std::snprintf(buf, sizeof buf, ",\"replicate_vs_raw\":%.3f,\"replicate_vs_raw_all_sizes\":%.3f}",
-                lowest, lowest_all);
-  json_all += buf;
+  json_all["replicate_vs_raw"] = Round(lowest, 3);
+  json_all["replicate_vs_raw_all_sizes"] = Round(lowest_all, 3);
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
-  std::printf("%s\n", json_all.c_str());
+  std::printf("%s\n", json_all.dump().c_str());
   return 0;
 }

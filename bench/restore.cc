@@ -48,6 +48,7 @@
 
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
+#include "cli/args.h"
 #include "cli/launcher.h"
 #include "core/bytes.h"
 #include "core/clock.h"
@@ -373,34 +374,22 @@ std::vector<std::string> Lines(const std::string& root, int r, const std::string
 int main(int argc, char** argv) {
   Args a;
   bool child = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (k == "--child") {
-      child = true;
-      a.mode = next();
-    } else if (k == "--bytes") {
-      auto v = ParseByteCount(next(), "--bytes");
-      if (!v.ok()) Die("arguments", v.status());
-      a.bytes = *v;
-    } else if (k == "--rounds") {
-      a.rounds = std::atoi(next().c_str());
-    } else if (k == "--dir") {
-      a.dir = next();
-    } else if (k == "--round") {
-      a.round = std::atoi(next().c_str());
-    } else if (k == "--tls") {
-      a.tls = next();
-    } else {
-      std::printf(
-          "usage: restore [--bytes 1G] [--rounds 4] [--dir /var/tmp] [--tls <UCX_TLS>]\n"
-          "Restore time from the local host tier, a peer's replica over UCX and the PFS (--dir)\n"
-          "for two ranks holding --bytes each, each beside its raw reference (memcpy, UCX\n"
-          "tagged sends, sequential reads), and a resharded PFS restore beside a same-layout\n"
-          "one. Prints one JSON line last.\n");
-      return k == "--help" || k == "-h" ? 0 : 2;
-    }
-  }
+  CLI::App app(
+      "Restore time from the local host tier, a peer's replica over UCX and the PFS (--dir) "
+      "for two ranks holding --bytes each, each beside its raw reference (memcpy, UCX tagged "
+      "sends, sequential reads), and a resharded PFS restore beside a same-layout one. Prints "
+      "one JSON line last.",
+      "bench_restore");
+  cairn::cli::AddByteCount(app, "--bytes", &a.bytes, "state per rank (default 1G)");
+  app.add_option("--rounds", a.rounds, "rounds (medians reported)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--dir", a.dir, "the PFS directory")->capture_default_str();
+  app.add_option("--tls", a.tls, "UCX_TLS for the ranks (default: UCX's choice)");
+  app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
+  app.add_option("--round", a.round, "internal: the child's PFS round")->group("");
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  child = !a.mode.empty();
   if (a.bytes < (kTensors * kCols * 4 * 2) || a.rounds < 1) {
     std::fprintf(stderr, "restore: --bytes too small or --rounds < 1\n");
     return 2;
@@ -513,16 +502,24 @@ int main(int argc, char** argv) {
       "pfs   : raw read %.3f s (%.2f GB/s per rank)  cairn same layout %.3f s  "
       "resharded: transposed %.3f s, row blocks %.3f s\n",
       rr, gb / rr, sa, re, r4);
-  std::printf(
-      "{\"bench\":\"restore\",\"bytes_per_rank\":%llu,\"ranks\":2,\"rounds\":%d,"
-      "\"local\":{\"memcpy_gbps\":%.3f,\"restore_gbps\":%.3f},"
-      "\"peer\":{\"raw_gbps\":%.3f,\"restore_gbps\":%.3f},"
-      "\"pfs\":{\"raw_read_gbps\":%.3f,\"same_layout_gbps\":%.3f,\"resharded_gbps\":%.3f},"
-      "\"local_vs_memcpy\":%.3f,\"peer_vs_raw\":%.3f,\"pfs_vs_raw_read\":%.3f,"
-      "\"reshard_over_same_layout\":%.3f,\"reshard_row_blocks_over_same_layout\":%.3f,"
-      "\"pfs_bytes_read_over_needed\":%.3f}\n",
-      static_cast<unsigned long long>(a.bytes), a.rounds, gb / mc, gb / lo, gb / ru, gb / pe,
-      gb / rr, gb / sa, gb / re, mc / lo, ru / pe, rr / sa, re / sa, r4 / sa,
-      std::max(read_over_needed, rows4_read_over_needed));
+  using cairn::bench::Round;
+  const nlohmann::ordered_json j = {
+      {"bench", "restore"},
+      {"bytes_per_rank", a.bytes},
+      {"ranks", 2},
+      {"rounds", a.rounds},
+      {"local", {{"memcpy_gbps", Round(gb / mc, 3)}, {"restore_gbps", Round(gb / lo, 3)}}},
+      {"peer", {{"raw_gbps", Round(gb / ru, 3)}, {"restore_gbps", Round(gb / pe, 3)}}},
+      {"pfs",
+       {{"raw_read_gbps", Round(gb / rr, 3)},
+        {"same_layout_gbps", Round(gb / sa, 3)},
+        {"resharded_gbps", Round(gb / re, 3)}}},
+      {"local_vs_memcpy", Round(mc / lo, 3)},
+      {"peer_vs_raw", Round(ru / pe, 3)},
+      {"pfs_vs_raw_read", Round(rr / sa, 3)},
+      {"reshard_over_same_layout", Round(re / sa, 3)},
+      {"reshard_row_blocks_over_same_layout", Round(r4 / sa, 3)},
+      {"pfs_bytes_read_over_needed", Round(std::max(read_over_needed, rows4_read_over_needed), 3)}};
+  std::printf("%s\n", j.dump().c_str());
   return 0;
 }

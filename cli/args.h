@@ -8,7 +8,24 @@
 #include <string>
 #include <vector>
 
+#include "cairn/options.h"
+
 namespace cairn::cli {
+
+// An option taking a byte count with an optional K/M/G suffix (ParseByteCount).
+inline CLI::Option* AddByteCount(CLI::App& app, const std::string& name, uint64_t* out,
+                                 const std::string& description) {
+  return app
+      .add_option_function<std::string>(
+          name,
+          [out, name](const std::string& v) {
+            auto b = ParseByteCount(v, name);
+            if (!b.ok()) throw CLI::ValidationError(b.status().message());
+            *out = *b;
+          },
+          description)
+      ->type_name("BYTES");
+}
 
 // A whole number >= 0 (>= 1 with `positive`), for counts and steps; garbage and trailing
 // characters are refused by the option's integer type itself.

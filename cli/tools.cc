@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/args.h"
 #include "cli/demo.h"
 #include "core/checksum.h"
@@ -326,23 +328,6 @@ const char* SafetensorsDType(DType d) {
   return "U8";
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 // The committed step `step` (or LATEST when < 0) of a PFS job directory.
 Result<std::pair<std::string, pb::Manifest>> OpenStep(FileSystem* fs, const std::string& job_dir,
                                                       int64_t step) {
@@ -391,7 +376,6 @@ int ExportMain(int argc, char** argv) {
   }
   const std::string& dir = opened->first;
   const pb::Manifest& m = opened->second;  // not a structured binding: clang 14 cannot capture one
-  // Header first: tensors in name order, laid end to end.
   std::vector<int> chosen;
   for (int t = 0; t < m.tensors_size(); ++t)
     if (std::regex_match(m.tensors(t).name(), re)) chosen.push_back(t);
@@ -402,22 +386,27 @@ int ExportMain(int argc, char** argv) {
                  static_cast<long long>(m.step()), pattern.c_str());
     return 1;
   }
-  std::string header =
-      "{\"__metadata__\":{\"format\":\"pt\",\"cairn_step\":\"" + std::to_string(m.step()) + "\"}";
+  // The header: tensors in name order, laid end to end (ordered_json keeps that order).
+  nlohmann::ordered_json h;
+  h["__metadata__"] = {{"format", "pt"}, {"cairn_step", std::to_string(m.step())}};
   uint64_t offset = 0;
   for (int t : chosen) {
     const pb::Tensor& x = m.tensors(t);
     const Shape shape(x.shape().begin(), x.shape().end());
     const uint64_t n =
         static_cast<uint64_t>(NumElements(shape)) * DTypeSize(static_cast<DType>(x.dtype()));
-    header += "," + JsonString(x.name()) + ":{\"dtype\":\"" +
-              SafetensorsDType(static_cast<DType>(x.dtype())) + "\",\"shape\":[";
-    for (size_t d = 0; d < shape.size(); ++d) header += (d ? "," : "") + std::to_string(shape[d]);
-    header +=
-        "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + n) + "]}";
+    h[x.name()] = {{"dtype", SafetensorsDType(static_cast<DType>(x.dtype()))},
+                   {"shape", shape},
+                   {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
-  header += "}";
+  std::string header;
+  try {
+    header = h.dump();
+  } catch (const nlohmann::json::type_error& e) {  // names that are not UTF-8
+    std::fprintf(stderr, "cairn export: safetensors needs UTF-8 tensor names: %s\n", e.what());
+    return 1;
+  }
   while (header.size() % 8) header += ' ';
   const std::string tmp = out + ".tmp." + std::to_string(::getpid());
   auto fd = fs->Open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -4,6 +4,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "core/mutex.h"
@@ -72,25 +74,18 @@ std::string Trace::RankPath(const std::string& path, int rank, int world_size) {
 }
 
 Status Trace::Merge(const std::string& out, const std::vector<std::string>& inputs) {
-  std::string merged = "{\"traceEvents\":[";
-  bool first = true;
+  nlohmann::json events = nlohmann::json::array();
   for (const std::string& in : inputs) {
     CAIRN_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(DefaultFileSystem(), in, 1ull << 32));
-    const size_t open = text.find('[');
-    const size_t close = text.rfind(']');
-    if (text.rfind("{\"traceEvents\":[", 0) != 0 || open == std::string::npos ||
-        close == std::string::npos || close < open)
-      return Status::InvalidArgument(in + " is not a cairn trace file");
-    std::string body = text.substr(open + 1, close - open - 1);
-    while (!body.empty() && (body.back() == '\n' || body.back() == ' ')) body.pop_back();
-    size_t start = body.find_first_not_of("\n ");
-    if (start == std::string::npos) continue;
-    body = body.substr(start);
-    merged += (first ? "\n" : ",\n") + body;
-    first = false;
+    const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded() || !doc.is_object() || !doc.contains("traceEvents") ||
+        !doc["traceEvents"].is_array())
+      return Status::InvalidArgument(in + " is not a cairn trace file (no JSON traceEvents array)");
+    for (const nlohmann::json& e : doc["traceEvents"]) events.push_back(e);
   }
-  merged += "\n]}\n";
-  return WriteFileAtomic(DefaultFileSystem(), out, merged).WithContext("writing " + out);
+  const nlohmann::json merged = {{"traceEvents", std::move(events)}};
+  return WriteFileAtomic(DefaultFileSystem(), out, merged.dump() + "\n")
+      .WithContext("writing " + out);
 }
 
 TraceSpan::TraceSpan(const char* name, const char* category) : name_(name), category_(category) {

@@ -14,8 +14,8 @@
 #include <mutex>
 
 #include "cairn/checkpointer.h"
-#include "core/fault_injection_filesystem.h"
 #include "persist/manifest.h"
+#include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 
 namespace cairn {

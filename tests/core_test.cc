@@ -10,8 +10,8 @@
 #include "cairn/dtype.h"
 #include "cairn/options.h"
 #include "cairn/status.h"
-#include "core/fault_injection_filesystem.h"
 #include "core/filesystem.h"
+#include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 
 namespace cairn {

@@ -7,7 +7,7 @@
 #include <future>
 #include <thread>
 
-#include "core/fault_injection_filesystem.h"
+#include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
 

@@ -1,4 +1,4 @@
-#include "core/fault_injection_filesystem.h"
+#include "testing/fault_injection_filesystem.h"
 
 namespace cairn {
 
