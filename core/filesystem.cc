@@ -77,6 +77,16 @@ class PosixFileSystem final : public FileSystem {
       return Status::FromErrno(errno, "rename " + from + " -> " + to);
     return Status::OK();
   }
+  Status Link(const std::string& from, const std::string& to) override {
+    if (::link(from.c_str(), to.c_str()) != 0) return Status::FromErrno(errno, "link " + to);
+    return Status::OK();
+  }
+  Result<FileInfo> Stat(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
+    return FileInfo{static_cast<uint32_t>(st.st_uid), static_cast<uint32_t>(st.st_mode),
+                    static_cast<uint64_t>(st.st_size)};
+  }
   Status Unlink(const std::string& path) override {
     if (::unlink(path.c_str()) != 0) return Status::FromErrno(errno, "unlink " + path);
     return Status::OK();

@@ -18,6 +18,13 @@
 
 namespace cairn {
 
+// What Stat() reports of a path.
+struct FileInfo {
+  uint32_t uid = 0;   // owner
+  uint32_t mode = 0;  // permission bits and type (st_mode)
+  uint64_t size = 0;
+};
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -36,6 +43,10 @@ class FileSystem {
   virtual Status Allocate(int fd, uint64_t size) = 0;
   virtual Result<uint64_t> FileSize(int fd) = 0;
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Hard link: fails with EEXIST (Status::error_number()) when `to` exists.
+  virtual Status Link(const std::string& from, const std::string& to) = 0;
+  // NotFound when `path` does not exist.
+  virtual Result<FileInfo> Stat(const std::string& path) = 0;
   virtual Status Unlink(const std::string& path) = 0;
   // Creates `path` and its missing parents with `mode`; OK if it exists as a directory.
   virtual Status MakeDirs(const std::string& path, mode_t mode) = 0;
@@ -70,6 +81,10 @@ class ForwardingFileSystem : public FileSystem {
   Status Rename(const std::string& from, const std::string& to) override {
     return base_->Rename(from, to);
   }
+  Status Link(const std::string& from, const std::string& to) override {
+    return base_->Link(from, to);
+  }
+  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
   Status Unlink(const std::string& p) override { return base_->Unlink(p); }
   Status MakeDirs(const std::string& p, mode_t mode) override { return base_->MakeDirs(p, mode); }
   Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }

@@ -53,6 +53,11 @@ Status FaultInjectionFileSystem::Allocate(int fd, uint64_t size) {
   CAIRN_RETURN_IF_ERROR(Check(kFsAllocate, "fallocate"));
   return base_->Allocate(fd, size);
 }
+Status FaultInjectionFileSystem::Link(const std::string& from, const std::string& to) {
+  CAIRN_RETURN_IF_ERROR(Check(kFsRename, "link " + to));
+  return base_->Link(from, to);
+}
+
 Status FaultInjectionFileSystem::Rename(const std::string& from, const std::string& to) {
   CAIRN_RETURN_IF_ERROR(Check(kFsRename, "rename " + from));
   return base_->Rename(from, to);

@@ -51,6 +51,7 @@ class FaultInjectionFileSystem final : public ForwardingFileSystem {
   Status Truncate(int fd, uint64_t size) override;
   Status Allocate(int fd, uint64_t size) override;
   Status Rename(const std::string& from, const std::string& to) override;
+  Status Link(const std::string& from, const std::string& to) override;  // counts as a rename
   Status Unlink(const std::string& path) override;
   Status MakeDirs(const std::string& path, mode_t mode) override;
   Status SyncDir(const std::string& path) override;

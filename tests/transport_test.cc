@@ -8,6 +8,7 @@
 
 #include "cli/launcher.h"
 #include "core/filesystem.h"
+#include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 #include "transport/ucx_comm.h"
 
@@ -74,6 +75,39 @@ TEST(Bootstrap, MissingRanksAreNamed) {
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(c.status().message().find("ranks 1 2 never appeared"), std::string::npos)
       << c.status().message();
+}
+
+TEST(Bootstrap, FailedRendezvousCallsAreErrorsNamingTheDirectory) {
+  // The rendezvous goes through the FileSystem seam: fail its 1st, 2nd, ... publishing call
+  // (creating the directory, writing the token, linking it, writing the address): every failure
+  // is an error naming the rendezvous directory, returned at once, never a hang or a
+  // crash; once no call is left to fail, the only error is the missing peer.
+  int failed = 0;
+  for (uint64_t nth = 1;; ++nth) {
+    SCOPED_TRACE("call " + std::to_string(nth));
+    testing::TempDir pfs("rdvfault");
+    FaultInjectionFileSystem fault(DefaultFileSystem());
+    Options o;
+    o.job_id = testing::UniqueJobId("rdvfault");
+    o.pfs_root = pfs.path();
+    o.pfs_fs = &fault;
+    o.world_size = 2;
+    o.connect_timeout_s = 0.3;
+    // The calls that publish something (the polling of the peers' files is not counted).
+    fault.FailNth(nth, EIO, /*persistent=*/false, kFsMkdir | kFsWrite | kFsSync | kFsRename);
+    Logger log("test", 0);
+    auto c = UcxComm::Connect(o, &log);
+    ASSERT_FALSE(c.ok());
+    if (fault.failures() == 0) {
+      EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+      break;
+    }
+    ++failed;
+    EXPECT_NE(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+    EXPECT_NE(c.status().message().find(o.RendezvousDir()), std::string::npos)
+        << c.status().ToString();
+  }
+  EXPECT_GE(failed, 3);  // at least: the directory, the token, the address file
 }
 
 TEST(Bootstrap, TokenIsPrivateAndStable) {

@@ -12,39 +12,13 @@
 
 #include "core/clock.h"
 #include "core/filesystem.h"
+#include "transport/rendezvous.h"
 
 namespace cairn {
 namespace {
 
-constexpr char kAddrMagic[8] = {'C', 'A', 'I', 'R', 'N', 'A', 'D', 'R'};
-constexpr size_t kTokenHexBytes = 64;
-
 std::string UcsError(ucs_status_t st) {
   return ucs_status_string(st);
-}
-
-std::string Hex(const unsigned char* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s.push_back(d[p[i] >> 4]);
-    s.push_back(d[p[i] & 15]);
-  }
-  return s;
-}
-
-Result<std::string> RandomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open /dev/urandom");
-  ssize_t n = ::read(fd, raw.data(), raw.size());
-  ::close(fd);
-  if (n != static_cast<ssize_t>(raw.size())) return Status::IOError("short read of /dev/urandom");
-  return Hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
-}
-
-std::string AddrPath(const std::string& dir, int rank) {
-  return JoinPath(dir, "rank-" + std::to_string(rank) + ".addr");
 }
 
 void Backoff(int& spins) {
@@ -53,45 +27,15 @@ void Backoff(int& spins) {
 
 }  // namespace
 
-Result<std::string> LoadOrCreateJobToken(const std::string& dir) {
-  FileSystem* fs = DefaultFileSystem();
-  CAIRN_RETURN_IF_ERROR(fs->MakeDirs(dir, 0700).WithContext("rendezvous directory"));
-  const std::string path = JoinPath(dir, "token");
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0) {
-      if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0)
-        return Status::FailedPrecondition("job token " + path +
-                                          " must be a 0600 file of this user; refusing to use it");
-      CAIRN_ASSIGN_OR_RETURN(std::string token, ReadWholeFile(fs, path, 4096));
-      if (token.size() != kTokenHexBytes)
-        return Status::Corruption("job token " + path +
-                                  " is malformed; delete it to make a new one");
-      return token;
-    }
-    // Create it atomically: a complete temporary file hard-linked into place, so racing
-    // ranks all end up reading the one that won.
-    CAIRN_ASSIGN_OR_RETURN(std::string token, RandomHex(kTokenHexBytes / 2));
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, tmp, token));
-    if (::link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
-      int err = errno;
-      (void)fs->Unlink(tmp);
-      return Status::FromErrno(err, "link " + path);
-    }
-    (void)fs->Unlink(tmp);
-    (void)fs->SyncDir(dir);
-  }
-  return Status::Internal("job token " + path + " vanished while being created");
-}
-
 UcxComm::UcxComm(const Options& o, const Logger* log)
     : options_(o),
       log_(log),
       rank_(o.rank),
       size_(o.world_size),
       op_timeout_s_(o.op_timeout_s),
-      rdv_dir_(o.RendezvousDir()) {}
+      rdv_dir_(o.RendezvousDir()),
+      rdv_(o.pfs_fs ? o.pfs_fs : (o.fs ? o.fs : DefaultFileSystem()), rdv_dir_, o.rank,
+           o.world_size) {}
 
 Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const Logger* log,
                                                   const std::string& token) {
@@ -172,7 +116,7 @@ UcxComm::~UcxComm() {
     // UCX; leaving them to process exit is the lesser evil.
     log_->Warning("UCX endpoints did not close within 5 s; leaving them to process exit");
   }
-  if (!rdv_dir_.empty()) (void)DefaultFileSystem()->Unlink(AddrPath(rdv_dir_, rank_));
+  if (!rdv_dir_.empty()) rdv_.Withdraw();
 }
 
 std::string UcxComm::Who(int peer) const {
@@ -430,31 +374,6 @@ uint64_t UcxComm::peer_epoch(int peer) const {
   return peers_.at(static_cast<size_t>(peer))->epoch.load();
 }
 
-Status UcxComm::ReadAddress(int p, std::string* address, std::string* nonce) {
-  CAIRN_ASSIGN_OR_RETURN(std::string b,
-                         ReadWholeFile(DefaultFileSystem(), AddrPath(rdv_dir_, p), 1 << 20));
-  return ParseAddressFile(b, p, size_, address, nonce);
-}
-
-Status ParseAddressFile(std::string_view b, int p, int world, std::string* address,
-                        std::string* nonce) {
-  uint32_t r = 0, w = 0, len = 0;
-  if (b.size() < 36 || std::memcmp(b.data(), kAddrMagic, 8) != 0)
-    return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
-  std::memcpy(&r, b.data() + 8, 4);
-  std::memcpy(&w, b.data() + 12, 4);
-  std::memcpy(&len, b.data() + 32, 4);
-  if (r != static_cast<uint32_t>(p) || len != b.size() - 36)
-    return Status::Corruption("address file of rank " + std::to_string(p) + " is malformed");
-  if (w != static_cast<uint32_t>(world))
-    return Status::FailedPrecondition("rank " + std::to_string(p) + " runs with world size " +
-                                      std::to_string(w) + " but this rank with " +
-                                      std::to_string(world) + " (stale rendezvous files?)");
-  *nonce = std::string(b.substr(16, 16));
-  *address = std::string(b.substr(36));
-  return Status::OK();
-}
-
 void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   (void)lk;
   if (!peer.ep) return;
@@ -489,7 +408,7 @@ Status UcxComm::Reconnect(Lock& lk, int p,
   std::string address, file_nonce;
   // The restarted peer wrote its address file before greeting us; allow for a slow reader.
   for (int attempt = 0;; ++attempt) {
-    CAIRN_RETURN_IF_ERROR(ReadAddress(p, &address, &file_nonce));
+    CAIRN_RETURN_IF_ERROR(rdv_.Read(p, &address, &file_nonce));
     if (file_nonce == nonce) break;
     if (attempt > 100)
       return Status::Unavailable("rank " + std::to_string(p) +
@@ -566,23 +485,13 @@ Status UcxComm::Connected(int peer, const std::string& address) {
 
 Status UcxComm::Bootstrap(Lock& lk,
                           const std::string& token_override) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  FileSystem* fs = DefaultFileSystem();
   token_ = token_override;
   if (token_.empty()) {
-    CAIRN_ASSIGN_OR_RETURN(token_, LoadOrCreateJobToken(rdv_dir_));
+    CAIRN_ASSIGN_OR_RETURN(token_, rdv_.LoadOrCreateToken());
   } else {
-    CAIRN_RETURN_IF_ERROR(fs->MakeDirs(rdv_dir_, 0700));
+    CAIRN_RETURN_IF_ERROR(rdv_.MakeDir());
   }
-  // Publish this rank's address: magic, rank, world size, nonce (16 hex), length, address.
-  CAIRN_ASSIGN_OR_RETURN(nonce_, RandomHex(8));
-  std::string rec(kAddrMagic, sizeof kAddrMagic);
-  auto put32 = [&](uint32_t v) { rec.append(reinterpret_cast<const char*>(&v), 4); };
-  put32(static_cast<uint32_t>(rank_));
-  put32(static_cast<uint32_t>(size_));
-  rec += nonce_;
-  put32(static_cast<uint32_t>(address_.size()));
-  rec += address_;
-  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs, AddrPath(rdv_dir_, rank_), rec));
+  CAIRN_ASSIGN_OR_RETURN(nonce_, rdv_.Publish(address_));
 
   // Read every peer's address and send it a hello with the token; a peer whose hello
   // fails (a stale address of a dead process) is retried when its file changes.
@@ -597,7 +506,7 @@ Status UcxComm::Bootstrap(Lock& lk,
       if (connected[static_cast<size_t>(p)]) continue;
       all = false;
       std::string address, nonce;
-      Status rs = ReadAddress(p, &address, &nonce);
+      Status rs = rdv_.Read(p, &address, &nonce);
       if (rs.code() == StatusCode::kNotFound || (rs.ok() && nonce == tried[static_cast<size_t>(p)]))
         continue;
       CAIRN_RETURN_IF_ERROR(rs);

@@ -26,6 +26,7 @@
 #include "cairn/status.h"
 #include "core/log.h"
 #include "core/mutex.h"
+#include "transport/rendezvous.h"
 
 namespace cairn {
 
@@ -170,7 +171,6 @@ class UcxComm {
       CAIRN_REQUIRES(mu_);
   Status Connected(int peer, const std::string& address) CAIRN_REQUIRES(mu_);
   // Reads `peer`'s address file: OK with the address and its nonce, or why not.
-  Status ReadAddress(int peer, std::string* address, std::string* nonce);
   void CloseEndpoint(Lock& lk, Peer& p) CAIRN_REQUIRES(mu_);
   // Replaces the endpoint to `peer` by one to `address` and sends it our hello.
   Status Greet(Lock& lk, int peer, const std::string& address, const std::string& nonce)
@@ -196,6 +196,7 @@ class UcxComm {
   int size_;
   double op_timeout_s_;
   std::string rdv_dir_;
+  Rendezvous rdv_;
   Mutex mu_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ CAIRN_GUARDED_BY(mu_) = nullptr;  // UCX worker calls hold mu_
@@ -209,15 +210,5 @@ class UcxComm {
   // error and epoch are atomics (set by UCX callbacks).
   std::vector<std::unique_ptr<Peer>> peers_;
 };
-
-// Parses rank `rank`'s address file (tiers/FORMAT.md: magic CAIRNADR, rank, world size,
-// nonce, address length, UCX worker address) for a job of `world` ranks. Corruption when
-// it is malformed or names another rank; FailedPrecondition when its world size differs.
-Status ParseAddressFile(std::string_view bytes, int rank, int world, std::string* address,
-                        std::string* nonce);
-
-// Reads or creates the job token in `dir` (created 0700 if missing). The token file is
-// 0600 and must belong to this user; anything else is an error naming the file.
-Result<std::string> LoadOrCreateJobToken(const std::string& dir);
 
 }  // namespace cairn

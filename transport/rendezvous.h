@@ -1,0 +1,65 @@
+// Rendezvous: how the ranks of a job find each other before UCX connects them. A directory
+// every node shares (CAIRN_RENDEZVOUS_DIR, default <CAIRN_PFS_ROOT>/<job>/rendezvous)
+// holds the job token (a 0600 file of this user in a 0700 directory: a process of another
+// user cannot read it, and a hello without it is refused) and one address file per rank
+// (tiers/FORMAT.md: magic CAIRNADR, rank, world size, nonce, address length, the UCX
+// worker address). Every file access goes through the FileSystem seam, so bootstrap
+// failures can be injected (tests/transport_test.cc).
+// Thread-safety: one bootstrap at a time per object; the files are shared with the other
+// ranks through atomic publication (temporary file, fsync, rename or link).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "cairn/status.h"
+#include "core/filesystem.h"
+
+namespace cairn {
+
+// Length of the job token, in hex characters.
+inline constexpr size_t kTokenHexBytes = 64;
+
+class Rendezvous {
+ public:
+  Rendezvous(FileSystem* fs, std::string dir, int rank, int world)
+      : fs_(fs), dir_(std::move(dir)), rank_(rank), world_(world) {}
+
+  // The job token, created (0600, atomically: racing ranks all read the winner's) when the
+  // directory has none. FailedPrecondition when the file is not this user's 0600 file.
+  Result<std::string> LoadOrCreateToken();
+  // Creates the directory (0700) without a token (a token given by the caller).
+  Status MakeDir();
+  // Publishes this rank's address with a fresh nonce (returned), replacing an older file.
+  Result<std::string> Publish(std::string_view address);
+  // Rank `peer`'s address and nonce: NotFound until its file appears; Corruption or
+  // FailedPrecondition naming the file when it is malformed or of another world size.
+  Status Read(int peer, std::string* address, std::string* nonce);
+  // Removes this rank's address file (at shutdown; errors ignored).
+  void Withdraw();
+
+  const std::string& dir() const { return dir_; }
+  std::string AddressPath(int rank) const;
+
+ private:
+  FileSystem* fs_;
+  std::string dir_;
+  int rank_;
+  int world_;
+};
+
+// LoadOrCreateToken on the POSIX filesystem.
+Result<std::string> LoadOrCreateJobToken(const std::string& dir);
+
+// The bytes of an address file, and back. ParseAddressFile: Corruption when malformed or
+// naming another rank; FailedPrecondition when its world size differs from `world`.
+std::string EncodeAddressFile(int rank, int world, std::string_view nonce,
+                              std::string_view address);
+Status ParseAddressFile(std::string_view bytes, int rank, int world, std::string* address,
+                        std::string* nonce);
+
+// `bytes` random bytes from /dev/urandom, in hex.
+Result<std::string> RandomHex(size_t bytes);
+
+}  // namespace cairn
