@@ -3,10 +3,14 @@
 # temporary prefix, then a program (tests/consumer) built against that prefix alone, once
 # with find_package(cairn CONFIG) and once with pkg-config, run, its restored bytes
 # checked; and the public headers checked for internal dependencies.
-#   install_test.sh BUILD_DIR SOURCE_DIR
+#   install_test.sh BUILD_DIR SOURCE_DIR [CXXFLAGS [LDFLAGS]]
+# CXXFLAGS/LDFLAGS: the build's own (a sanitizer build's library needs a consumer built
+# with the same sanitizer).
 set -euo pipefail
 build=$1
 src=$2
+cxxflags=${3:-}
+ldflags=${4:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cairn-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
@@ -24,7 +28,8 @@ for h in "$inc"/*.h; do
 done
 # 1. CMake package.
 cmake -S "$src/tests/consumer" -B "$tmp/consumer" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+  -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_CXX_FLAGS="$cxxflags" \
+  -DCMAKE_EXE_LINKER_FLAGS="$ldflags" >/dev/null
 cmake --build "$tmp/consumer" >/dev/null
 run() {
   local job="install-test-$$-$1"
@@ -34,8 +39,9 @@ run cmake "$tmp/consumer/consumer"
 # 2. pkg-config.
 libdir=$(ls -d "$tmp/prefix"/lib*/pkgconfig | head -1)
 export PKG_CONFIG_PATH="$libdir"
-# shellcheck disable=SC2046
-c++ -o "$tmp/consumer-pc" "$src/tests/consumer/main.cc" $(pkg-config --cflags --libs cairn) \
+# shellcheck disable=SC2046,SC2086
+c++ $cxxflags $ldflags -o "$tmp/consumer-pc" "$src/tests/consumer/main.cc" \
+  $(pkg-config --cflags --libs cairn) \
   -Wl,-rpath,"$(pkg-config --variable=libdir cairn)"
 run pkgconfig "$tmp/consumer-pc"
 # The library keeps the internal modules' symbols to itself.
