@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/plan_util.h"
 #include "cairn/box.h"
 #include "core/checksum.h"
 #include "persist/commit.h"
@@ -121,16 +122,8 @@ struct Saved {
   SavePlan plan;
   pb::Manifest manifest;
   Saved() : plan(*MakeSavePlan(Job(8, 4, 100).layouts)) {
-    std::vector<LocationTable> tables(static_cast<size_t>(plan.world_size()));
-    std::vector<uint64_t> off(tables.size(), 0);
-    for (const PlannedPiece& pc : plan.pieces) {
-      LocationTable::Piece loc;
-      loc.offset = off[static_cast<size_t>(pc.writer)];
-      off[static_cast<size_t>(pc.writer)] += (pc.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
-      loc.chunk_checksums.assign((pc.nbytes + kChunk - 1) / kChunk, 0x1234567890abcdefull);
-      tables[static_cast<size_t>(pc.writer)].pieces.push_back(std::move(loc));
-    }
-    manifest = *BuildManifest(plan, tables, "bench", 1000, kChunk);
+    manifest =
+        *BuildManifest(plan, bench::SimulatedLocationTables(plan, kChunk), "bench", 1000, kChunk);
   }
 };
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/plan_util.h"
 #include "cli/args.h"
 #include "core/checksum.h"
 #include "core/clock.h"
@@ -170,18 +171,8 @@ int main(int argc, char** argv) {
 
     // Location tables as the writers would report them.
     const uint64_t chunk = 4ull << 20;  // CAIRN_CHUNK_BYTES default
-    std::vector<LocationTable> tables(static_cast<size_t>(world));
-    std::vector<uint64_t> off(static_cast<size_t>(world), 0);
-    for (const PlannedPiece& pc : plan.pieces) {
-      LocationTable::Piece loc;
-      loc.offset = off[static_cast<size_t>(pc.writer)];
-      off[static_cast<size_t>(pc.writer)] += (pc.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
-      loc.chunk_checksums.assign((pc.nbytes + chunk - 1) / chunk, 0x1234567890abcdefull);
-      tables[static_cast<size_t>(pc.writer)].pieces.push_back(std::move(loc));
-    }
-    for (int r = 0; r < world; ++r)
-      tables[static_cast<size_t>(r)].blobs.push_back(
-          {"rng", off[static_cast<size_t>(r)], 5000, 42});
+    const std::vector<LocationTable> tables =
+        cairn::bench::SimulatedLocationTables(plan, chunk, 5000);
     t0 = NowNanos();
     auto m = BuildManifest(plan, tables, "bench", 1000, chunk);
     if (!m.ok()) {

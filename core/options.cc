@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -69,12 +70,14 @@ std::string ShowBytes(uint64_t v) {
 }
 
 std::string ShowSeconds(double v) {
-  std::string s = std::to_string(v);
-  while (s.find('.') != std::string::npos && (s.back() == '0' || s.back() == '.')) {
-    const bool dot = s.back() == '.';
-    s.pop_back();
-    if (dot) break;
-  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);  // 120, 0.5
+  return buf;
+}
+
+// `s` with a default that is derived from other settings (printed instead of its value).
+Setting Derived(Setting s, const char* derived_default) {
+  s.derived_default = derived_default;
   return s;
 }
 
@@ -142,7 +145,7 @@ Setting Choice(const char* var, Member<T> m, std::vector<std::pair<const char*, 
 constexpr int64_t kMaxRanks = 1 << 24;
 
 std::vector<Setting> MakeSettings() {
-  std::vector<Setting> s = {
+  return {
       Int("CAIRN_RANK", "RANK", &Options::rank, 0, kMaxRanks,
           "global rank of this process (torchrun and Slurm set RANK)"),
       Int("CAIRN_WORLD_SIZE", "WORLD_SIZE", &Options::world_size, 1, kMaxRanks,
@@ -151,10 +154,12 @@ std::vector<Setting> MakeSettings() {
           "rank within this node"),
       Int("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", &Options::local_world_size, 1, kMaxRanks,
           "ranks on this node"),
-      Int("CAIRN_NODE", "GROUP_RANK", &Options::node, 0, kMaxRanks,
-          "node id: selects <host_root>/<job>/node-<n>"),
-      Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", &Options::job_id,
-           "job name; separates the files of concurrent jobs"),
+      Derived(Int("CAIRN_NODE", "GROUP_RANK", &Options::node, 0, kMaxRanks,
+                  "node id: selects <host_root>/<job>/node-<n>"),
+              "RANK / LOCAL_WORLD_SIZE"),
+      Derived(Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", &Options::job_id,
+                   "job name; separates the files of concurrent jobs"),
+              "TORCHELASTIC_RUN_ID, else 'default'"),
       Text("CAIRN_HOST_ROOT", nullptr, &Options::host_root,
            "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent "
            "memory)"),
@@ -181,9 +186,10 @@ std::vector<Setting> MakeSettings() {
            "file at exit; with several ranks <file>.rank-<r>.json (merge: cairn trace-merge)"),
       Text("CAIRN_PFS_ROOT", nullptr, &Options::pfs_root,
            "root on the filesystem every node shares"),
-      Text("CAIRN_RENDEZVOUS_DIR", nullptr, &Options::rendezvous_dir,
-           "where ranks publish their UCX addresses and find the job token (shared by all "
-           "nodes)"),
+      Derived(Text("CAIRN_RENDEZVOUS_DIR", nullptr, &Options::rendezvous_dir,
+                   "where ranks publish their UCX addresses and find the job token (shared by "
+                   "all nodes)"),
+              "<CAIRN_PFS_ROOT>/<job>/rendezvous"),
       Seconds("CAIRN_CONNECT_TIMEOUT_S", &Options::connect_timeout_s,
               "how long start-up waits for every rank to appear"),
       Seconds("CAIRN_OP_TIMEOUT_S", &Options::op_timeout_s,
@@ -215,14 +221,6 @@ std::vector<Setting> MakeSettings() {
       Bytes("CAIRN_PERSIST_RATE", &Options::persist_rate,
             "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"),
   };
-  for (Setting& e : s) {
-    if (std::string_view(e.variable) == "CAIRN_NODE") e.derived_default = "RANK / LOCAL_WORLD_SIZE";
-    if (std::string_view(e.variable) == "CAIRN_JOB_ID")
-      e.derived_default = "TORCHELASTIC_RUN_ID, else 'default'";
-    if (std::string_view(e.variable) == "CAIRN_RENDEZVOUS_DIR")
-      e.derived_default = "<CAIRN_PFS_ROOT>/<job>/rendezvous";
-  }
-  return s;
 }
 
 }  // namespace

@@ -198,6 +198,23 @@ class PyCheckpointer {
   std::deque<std::pair<uint64_t, std::vector<py::object>>> pinned_;
 };
 
+// Word-valued options (full_policy, persist_priority) read and written through the settings
+// table, so that Python accepts and shows the same words as the environment variable.
+const Setting& SettingNamed(const char* variable) {
+  for (const Setting& s : Settings())
+    if (std::string_view(s.variable) == variable) return s;
+  throw std::logic_error(std::string("no setting ") + variable);
+}
+auto SettingGetter(const char* variable) {
+  return [&s = SettingNamed(variable)](const Options& o) { return s.show(o); };
+}
+auto SettingSetter(const char* variable) {
+  return [&s = SettingNamed(variable)](Options& o, const std::string& v) {
+    Status st = s.parse(s.variable, v.c_str(), o);
+    if (!st.ok()) Throw(st);
+  };
+}
+
 }  // namespace
 }  // namespace cairn
 
@@ -232,13 +249,8 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readwrite("copy_threads", &Options::copy_threads)
       .def_readwrite("chunk_bytes", &Options::chunk_bytes)
       .def_readwrite("slot_bytes", &Options::slot_bytes)
-      .def_property(
-          "full_policy",
-          [](const Options& o) { return o.full_policy == FullPolicy::kBlock ? "block" : "skip"; },
-          [](Options& o, const std::string& v) {
-            if (v != "skip" && v != "block") throw py::value_error("full_policy: skip or block");
-            o.full_policy = v == "block" ? FullPolicy::kBlock : FullPolicy::kSkip;
-          })
+      .def_property("full_policy", SettingGetter("CAIRN_FULL_POLICY"),
+                    SettingSetter("CAIRN_FULL_POLICY"))
       .def_readwrite("log_level", &Options::log_level)
       .def_readwrite("trace_path", &Options::trace_path)
       .def_readwrite("connect_timeout_s", &Options::connect_timeout_s)
@@ -251,23 +263,8 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readwrite("persist_threads", &Options::persist_threads)
       .def_readwrite("persist_direct", &Options::persist_direct)
       .def_readwrite("persist_rate", &Options::persist_rate)
-      .def_property(
-          "persist_priority",
-          [](const Options& o) {
-            return o.persist_priority == PersistPriority::kIdle  ? "idle"
-                   : o.persist_priority == PersistPriority::kLow ? "low"
-                                                                 : "normal";
-          },
-          [](Options& o, const std::string& v) {
-            if (v == "idle")
-              o.persist_priority = PersistPriority::kIdle;
-            else if (v == "low")
-              o.persist_priority = PersistPriority::kLow;
-            else if (v == "normal")
-              o.persist_priority = PersistPriority::kNormal;
-            else
-              throw py::value_error("persist_priority: idle, low or normal");
-          });
+      .def_property("persist_priority", SettingGetter("CAIRN_PERSIST_PRIORITY"),
+                    SettingSetter("CAIRN_PERSIST_PRIORITY"));
 
   py::class_<PyShard>(m, "Shard",
                       "One tensor's bytes to save or fill: the tensor's name, dtype name "

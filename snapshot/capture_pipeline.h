@@ -27,8 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "cairn/checkpointer.h"
 #include "cairn/options.h"
+#include "cairn/restore.h"
+#include "cairn/save.h"
 #include "cairn/stats.h"
 #include "cairn/status.h"
 #include "cairn/tensor.h"

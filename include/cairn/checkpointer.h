@@ -38,17 +38,13 @@
 #include "cairn/group.h"
 #include "cairn/options.h"
 #include "cairn/restore.h"
+#include "cairn/save.h"
 #include "cairn/stats.h"
 #include "cairn/status.h"
 #include "cairn/tensor.h"
 #include "cairn/version.h"
 
 namespace cairn {
-
-enum class SaveOutcome {
-  kQueued,   // the version will be captured (check fence() / wait_captured() for errors)
-  kSkipped,  // no slot was free under the skip policy; counted in Stats::save.skipped
-};
 
 class Checkpointer {
  public:
