@@ -190,41 +190,40 @@ void Persister::Loop() {
   }
 }
 
-Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
-  TraceSpan span("persist round", "persist");
-  Outcome out;
-  out.consumed = newest;  // if the collective fails, these marks are given up
-  settle_(seq);
-  const int me = group_->rank();
-  if (first_round_ && me == 0) CollectPfsGarbage(fs_, config_.job_dir, config_.keep, -1, log_);
-  first_round_ = false;
-
-  // 1. Agree on the step. Only the newest version held is pinned while the ranks gather
-  // (pinning all would keep this rank from capturing while it waits for a slow rank);
-  // the newest common step is usually it. Layouts are computed once per version held.
+// Pins the newest version held and the one this rank's newest mark asks for (so that a
+// capture cannot take the marked version's slot while the ranks agree; pinning every
+// version would keep this rank from capturing while it waits for a slow rank), and
+// returns the encoded offer of every version held with its layout hash. Layouts are
+// computed once per version.
+std::string Persister::OfferHeld(uint64_t newest,
+                                 std::map<int64_t, std::unique_ptr<HostTier::View>>* pinned) {
   Offer mine;
   mine.newest_mark = newest;
-  std::map<int64_t, HeldLayout> held;
-  std::unique_ptr<HostTier::View> newest_view;
-  int64_t newest_step = -1;
-  const std::vector<VersionInfo> versions = tier_->Versions();
-  if (!versions.empty()) {
-    if (auto v = tier_->Pin(versions.front().step); v.ok()) {
-      newest_view = std::move(*v);
-      newest_step = versions.front().step;
-    }
+  int64_t marked_step = -1;
+  {
+    MutexLock lk(mu_);
+    for (const Mark& m : marks_)
+      if (m.id == newest) marked_step = m.step;
   }
+  const std::vector<VersionInfo> versions = tier_->Versions();
+  for (const VersionInfo& v : versions) {
+    if (v.step != versions.front().step && v.step != marked_step) continue;
+    if (auto view = tier_->Pin(v.step); view.ok()) (*pinned)[v.step] = std::move(*view);
+  }
+  std::map<int64_t, HeldLayout> held;
   for (const VersionInfo& v : versions) {
     auto it = layouts_.find(v.step);
     if (it != layouts_.end() && it->second.created_wall_ns == v.created_wall_ns) {
       held[v.step] = std::move(it->second);
     } else {
       std::unique_ptr<HostTier::View> other;
-      const HostTier::View* view = v.step == newest_step ? newest_view.get() : nullptr;
-      if (!view) {
-        auto pinned = tier_->Pin(v.step);
-        if (!pinned.ok()) continue;
-        other = std::move(*pinned);
+      const HostTier::View* view = nullptr;
+      if (auto p = pinned->find(v.step); p != pinned->end()) {
+        view = p->second.get();
+      } else {
+        auto pin = tier_->Pin(v.step);
+        if (!pin.ok()) continue;
+        other = std::move(*pin);
         view = other.get();
       }
       HeldLayout l;
@@ -236,7 +235,22 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
     mine.held[v.step] = held[v.step].hash;
   }
   layouts_ = std::move(held);
-  auto all = group_->AllGather(EncodeOffer(mine));
+  return EncodeOffer(mine);
+}
+
+Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
+  TraceSpan span("persist round", "persist");
+  Outcome out;
+  out.consumed = newest;  // if the collective fails, these marks are given up
+  settle_(seq);
+  const int me = group_->rank();
+  if (first_round_ && me == 0) CollectPfsGarbage(fs_, config_.job_dir, config_.keep, -1, log_);
+  first_round_ = false;
+
+  // 1. Agree on the step.
+  std::map<int64_t, std::unique_ptr<HostTier::View>> pinned;
+  const std::string mine = OfferHeld(newest, &pinned);
+  auto all = group_->AllGather(mine);
   auto fail = [&](const Status& st) {
     MutexLock lk(mu_);
     ++stats_.rounds;
@@ -286,16 +300,16 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   }
   std::vector<uint64_t> hashes;
   for (const Offer& o : offers) hashes.push_back(o.held.at(*step));
-  // Held against reuse from here until written; unless it is the pinned newest, a capture
-  // may have taken its slot since the offer (then this rank reports it, the round fails).
+  // Held against reuse from here until written; unless it was pinned for the offer, a
+  // capture may have taken its slot since (then this rank reports it, the round fails).
   const HeldLayout& layout = layouts_.at(*step);
   std::unique_ptr<HostTier::View> view;
-  if (*step == newest_step) {
-    view = std::move(newest_view);
+  if (auto it = pinned.find(*step); it != pinned.end()) {
+    view = std::move(it->second);
   } else if (auto v = tier_->Pin(*step); v.ok()) {
     view = std::move(*v);
   }
-  newest_view.reset();
+  pinned.clear();
   if (view && view->header().created_wall_ns != layout.created_wall_ns) view.reset();
 
   const int64_t t0 = NowNanos();

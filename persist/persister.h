@@ -3,12 +3,13 @@
 // Every `every`-th save() (counted identically on every rank, skipped saves included) and
 // every flush() queue a *mark*. A background thread turns marks into *rounds*; a round is
 // collective over the Group, so every rank runs the same rounds in the same order:
-//   1. settle the captures queued so far, pin the newest version held, and allgather
-//      (newest mark, held steps with their layout hashes). The round consumes the marks
-//      up to the smallest newest mark (the same on every rank) and persists that mark's
-//      step if every rank holds it, else the newest step every rank holds, unless it was
-//      already committed (a rank whose copy of it was reused meanwhile makes the round
-//      fail; the next mark tries again);
+//   1. settle the captures queued so far, pin the newest version held and the one the
+//      newest mark asks for, and allgather (newest mark, held steps with their layout
+//      hashes). The round consumes the marks up to the smallest newest mark (the same on
+//      every rank) and persists that mark's step if every rank holds it, else the newest
+//      step every rank holds, unless it was already committed (a rank whose copy of it
+//      was reused meanwhile, possible only when the step is neither pinned one, makes the
+//      round fail; the next mark tries again);
 //   2. plan (SavePlanner), reusing the cached plan when every layout hash is unchanged
 //      (otherwise one more allgather carries the layouts);
 //   3. each rank writes its planned boxes and its blobs to step-<N>/data/<rank>.bin,
@@ -99,6 +100,10 @@ class Persister {
     Result<int64_t> step = Status::Internal("no round yet");
   };
   void Loop();
+  // Pins the versions held against reuse while the ranks agree (into *pinned), updates
+  // layouts_, and returns this rank's encoded offer for the round of marks up to `newest`.
+  std::string OfferHeld(uint64_t newest,
+                        std::map<int64_t, std::unique_ptr<HostTier::View>>* pinned);
   // Runs one round for the marks queued (newest id `newest`, captures up to `seq`).
   Outcome Round(uint64_t newest, uint64_t seq);
   // Steps 2-5 of a round for `step`: `view` pins this rank's copy (nullptr if it was lost

@@ -17,6 +17,7 @@
 #include "core/clock.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
+#include "persist/persister.h"
 #include "persist/pfs_reader.h"
 #include "persist/save_planner.h"
 #include "persist/writer.h"
@@ -437,8 +438,92 @@ TEST(Persist, EveryKthSaveIsDrainedAndTheDestructorFinishesTheDueOnes) {
   // A marked version that a fast loop pushed out of the ring before its drain started is
   // replaced by the newest one held, so the steps need not be multiples of 3.
   for (int64_t d : dirs) EXPECT_EQ(s.Check(fs, JoinPath(JobDir(o), StepDirName(d)), d, 0), "");
-  EXPECT_EQ(ck_stats->persist.failed, 0u);
+  EXPECT_EQ(ck_stats->persist.failed, 0u) << ck_stats->persist.last_error;
   EXPECT_TRUE(TempFiles(JobDir(o)).empty());
+}
+
+// A one-rank group whose first allgather first runs `during` (what the training thread
+// does while the ranks agree on a round).
+class AgreeingSlowly final : public Group {
+ public:
+  explicit AgreeingSlowly(std::function<void()> during) : during_(std::move(during)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Status Barrier() override { return Status::OK(); }
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override {
+    if (during_) std::exchange(during_, nullptr)();
+    return std::vector<std::string>{std::string(mine)};
+  }
+  Result<std::string> Broadcast(int, std::string_view data) override { return std::string(data); }
+
+ private:
+  std::function<void()> during_;
+};
+
+// Captures a version of `step` into `tier` (one 64 KiB shard filled with the step number);
+// false when no slot is free.
+bool CaptureInto(HostTier& tier, int64_t step) {
+  auto slot = tier.Reserve(step, FullPolicy::kSkip);
+  if (!slot.ok()) return false;
+  std::vector<std::byte> bytes(64 << 10, static_cast<std::byte>(step));
+  SlotHeader h;
+  h.step = step;
+  h.chunk_bytes = bytes.size();
+  h.data_bytes = bytes.size();
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  h.shards.push_back({"w", DType::kU8, {n}, Box{{0}, {n}}, 0, bytes.size(), 0, 1});
+  h.chunk_checksums = {Checksum(bytes.data(), bytes.size())};
+  auto base = tier.Prepare(*slot, step, h.data_bytes, h);
+  EXPECT_TRUE(base.ok()) << base.status().ToString();
+  if (!base.ok()) return false;
+  std::memcpy(*base, bytes.data(), bytes.size());
+  tier.MarkCopied(*slot);
+  EXPECT_TRUE(tier.Commit(*slot, h).ok());
+  return true;
+}
+
+// The version a mark asks for is pinned from the offer on: a training loop that captures
+// two more versions while the ranks agree cannot take its slot, so the round writes it
+// instead of failing (this failed a CI run under ASan: "step 2 was replaced in the host
+// tier by a newer capture before it could be written").
+TEST(Persist, TheMarkedVersionIsHeldFromTheOfferUntilItIsWritten) {
+  TempDir root("persist");
+  const std::string job = testing::UniqueJobId("pin");
+  Logger log("test", 0);
+  HostTierConfig tc;
+  tc.dir = HostTier::RankDir(root.path() + "/host", job, 0, 0);
+  tc.slots = 3;
+  auto tier = HostTier::Open(tc, DefaultFileSystem(), &log);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  for (int64_t t = 1; t <= 3; ++t) ASSERT_TRUE(CaptureInto(**tier, t));
+  // While the ranks agree on the round for the mark at step 2, the loop captures steps 4
+  // and 5: step 4 takes step 1's slot, step 5 would take step 2's (3 is the pinned newest).
+  std::vector<int64_t> captured;
+  AgreeingSlowly group([&] {
+    for (int64_t t = 4; t <= 5; ++t)
+      if (CaptureInto(**tier, t)) captured.push_back(t);
+  });
+  PersistConfig pc;
+  pc.job = job;
+  pc.job_dir = PfsJobDir(root.path() + "/pfs", job);
+  pc.every = 2;
+  pc.writer.chunk_bytes = 64 << 10;
+  PersisterStats st;
+  {
+    Persister p(pc, tier->get(), &group, DefaultFileSystem(), &log, [](uint64_t) {});
+    p.OnSave(1, 1);
+    p.OnSave(2, 2);  // the mark
+    const int64_t deadline = NowNanos() + int64_t{60} * 1000 * 1000 * 1000;
+    while (p.stats().rounds == 0 && NowNanos() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    st = p.stats();
+  }
+  EXPECT_EQ(captured, std::vector<int64_t>{4}) << "step 5 took the marked version's slot";
+  EXPECT_EQ(st.failed, 0u) << st.last_error;
+  EXPECT_GE(st.persisted, 1u);
+  auto steps = StepDirs(pc.job_dir);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front(), 2);
 }
 
 TEST(Persist, OnlyTheNewestKeepStepsStayAndLeftoversAreCollected) {
