@@ -112,14 +112,14 @@ Status VerifySlot(FileSystem* fs, const std::string& dir, int slot, uint64_t* by
   CAIRN_ASSIGN_OR_RETURN(std::string raw, ReadWholeFile(fs, hdr_path, kMaxSlotHeaderBytes));
   auto h = DecodeSlotHeader(raw);
   if (!h.ok()) return h.status().WithContext(hdr_path);
-  CAIRN_ASSIGN_OR_RETURN(int fd, fs->Open(data_path, O_RDONLY | O_CLOEXEC, 0));
+  CAIRN_ASSIGN_OR_RETURN(File data, fs->OpenFile(data_path, O_RDONLY | O_CLOEXEC, 0));
   std::vector<std::byte> buf;
   Status st;
   for (const SlotShard& s : h->shards) {
     for (uint32_t c = 0; c < s.num_chunks && st.ok(); ++c) {
       auto [b, e] = h->ChunkRange(s, c);
       buf.resize(e - b);
-      st = fs->ReadAt(fd, buf.data(), e - b, b).WithContext(data_path);
+      st = data.ReadAt(buf.data(), e - b, b).WithContext(data_path);
       if (st.ok() && Checksum(buf.data(), e - b) != h->chunk_checksums[s.first_chunk + c])
         st = Status::Corruption("checksum mismatch in tensor '" + s.name + "' box " +
                                 s.box.ToString() + ", bytes [" + std::to_string(b) + ", " +
@@ -130,11 +130,10 @@ Status VerifySlot(FileSystem* fs, const std::string& dir, int slot, uint64_t* by
   for (const SlotBlob& b : h->blobs) {
     if (!st.ok()) break;
     buf.resize(b.nbytes);
-    st = fs->ReadAt(fd, buf.data(), b.nbytes, b.offset).WithContext(data_path);
+    st = data.ReadAt(buf.data(), b.nbytes, b.offset).WithContext(data_path);
     if (st.ok() && Checksum(buf.data(), b.nbytes) != b.checksum)
       st = Status::Corruption("checksum mismatch in blob '" + b.name + "' of " + data_path);
   }
-  (void)fs->Close(fd);
   return st;
 }
 
@@ -409,16 +408,17 @@ int ExportMain(int argc, char** argv) {
   }
   while (header.size() % 8) header += ' ';
   const std::string tmp = out + ".tmp." + std::to_string(::getpid());
-  auto fd = fs->Open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (!fd.ok()) {
-    std::fprintf(stderr, "cairn export: %s\n", fd.status().ToString().c_str());
+  auto file = fs->OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (!file.ok()) {
+    std::fprintf(stderr, "cairn export: %s\n", file.status().ToString().c_str());
     return 1;
   }
+  File& f = *file;
   Status st;
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  st = fs->WriteAt(*fd, len, 8, 0);
-  if (st.ok()) st = fs->WriteAt(*fd, header.data(), header.size(), 8);
+  st = f.WriteAt(len, 8, 0);
+  if (st.ok()) st = f.WriteAt(header.data(), header.size(), 8);
   uint64_t at = 8 + header.size();
   for (int t : chosen) {
     if (!st.ok()) break;
@@ -429,12 +429,12 @@ int ExportMain(int argc, char** argv) {
                                DTypeSize(meta.dtype));
     ShardSpec whole = ShardSpec::Whole(meta, buf.data());
     st = ReadShards(fs, dir, m, std::span<const ShardSpec>(&whole, 1));
-    if (st.ok()) st = fs->WriteAt(*fd, buf.data(), buf.size(), at);
+    if (st.ok()) st = f.WriteAt(buf.data(), buf.size(), at);
     at += buf.size();
     Progress("export", at, 8 + header.size() + offset);
   }
-  if (st.ok()) st = fs->Sync(*fd);
-  (void)fs->Close(*fd);
+  if (st.ok()) st = f.Sync();
+  if (Status cl = f.Close(); st.ok()) st = cl;
   if (st.ok()) st = fs->Rename(tmp, out);
   if (!st.ok()) {
     (void)fs->Unlink(tmp);

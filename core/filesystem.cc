@@ -168,13 +168,33 @@ std::string DirName(const std::string& path) {
   return path.substr(0, pos);
 }
 
+Result<File> FileSystem::OpenFile(const std::string& path, int flags, mode_t mode) {
+  CAIRN_ASSIGN_OR_RETURN(int fd, Open(path, flags, mode));
+  return File(this, fd, path);
+}
+
+File& File::operator=(File&& o) noexcept {
+  if (this != &o) {
+    (void)Close();
+    fs_ = std::exchange(o.fs_, nullptr);
+    fd_ = std::exchange(o.fd_, -1);
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
+Status File::Close() {
+  if (fd_ < 0) return Status::OK();
+  const int fd = std::exchange(fd_, -1);
+  return fs_->Close(fd).WithContext(path_);
+}
+
 Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  auto fd = fs->Open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (!fd.ok()) return fd.status();
-  Status st = fs->WriteAt(*fd, bytes.data(), bytes.size(), 0).WithContext(tmp);
-  if (st.ok()) st = fs->Sync(*fd).WithContext(tmp);
-  Status cst = fs->Close(*fd).WithContext(tmp);
+  CAIRN_ASSIGN_OR_RETURN(File f, fs->OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+  Status st = f.WriteAt(bytes.data(), bytes.size(), 0).WithContext(tmp);
+  if (st.ok()) st = f.Sync().WithContext(tmp);
+  Status cst = f.Close();
   if (st.ok()) st = cst;
   if (st.ok()) CAIRN_KILL_POINT("atomic.tmp_synced");
   if (st.ok()) st = fs->Rename(tmp, path);
@@ -187,21 +207,14 @@ Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view
 }
 
 Result<std::string> ReadWholeFile(FileSystem* fs, const std::string& path, uint64_t max_bytes) {
-  CAIRN_ASSIGN_OR_RETURN(int fd, fs->Open(path, O_RDONLY, 0));
-  auto size = fs->FileSize(fd);
-  if (!size.ok()) {
-    (void)fs->Close(fd);
-    return size.status().WithContext(path);
-  }
-  if (*size > max_bytes) {
-    (void)fs->Close(fd);
+  CAIRN_ASSIGN_OR_RETURN(File f, fs->OpenFile(path, O_RDONLY, 0));
+  auto size = f.Size();
+  if (!size.ok()) return size.status().WithContext(path);
+  if (*size > max_bytes)
     return Status::Corruption(path + ": file of " + std::to_string(*size) +
                               " bytes is larger than the limit of " + std::to_string(max_bytes));
-  }
   std::string out(*size, '\0');
-  Status st = fs->ReadAt(fd, out.data(), out.size(), 0);
-  (void)fs->Close(fd);
-  if (!st.ok()) return st.WithContext(path);
+  CAIRN_RETURN_IF_ERROR(f.ReadAt(out.data(), out.size(), 0).WithContext(path));
   return out;
 }
 

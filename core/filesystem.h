@@ -2,8 +2,10 @@
 //
 // All file access of the tiers and (later) the PFS writers goes through this interface, so
 // tests can wrap it (FaultInjectionFileSystem) to fail the Nth call or run out of space.
-// Paths are absolute or relative to the working directory; descriptors are POSIX fds so
-// that a tier can map them with libpmem2.
+// Paths are absolute or relative to the working directory. Code opens files with
+// OpenFile(), which hands out a File that closes itself; the descriptor calls below are
+// the primitives a wrapper overrides (descriptors are POSIX fds so that a tier can map
+// them with libpmem2).
 // Thread-safety: implementations must be safe to call from several threads at once.
 #pragma once
 
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cairn/status.h"
@@ -25,9 +28,15 @@ struct FileInfo {
   uint64_t size = 0;
 };
 
+class File;
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
+
+  // Opens `path` with open(2) flags and mode (through Open below). The File closes the
+  // descriptor when it goes.
+  Result<File> OpenFile(const std::string& path, int flags, mode_t mode);
 
   // Opens `path` with open(2) flags and mode; on success returns the descriptor.
   virtual Result<int> Open(const std::string& path, int flags, mode_t mode) = 0;
@@ -57,6 +66,40 @@ class FileSystem {
   virtual bool Exists(const std::string& path) = 0;
   // Removes a file or a directory tree; OK if it does not exist.
   virtual Status RemoveAll(const std::string& path) = 0;
+};
+
+// An open file of a FileSystem: closes its descriptor when destroyed (ignoring the
+// result; call Close() where a close error matters, as after writes). Move-only.
+// Thread-safety: positional reads and writes may run from several threads at once.
+class File {
+ public:
+  File() = default;
+  File(FileSystem* fs, int fd, std::string path) : fs_(fs), fd_(fd), path_(std::move(path)) {}
+  File(File&& o) noexcept { *this = std::move(o); }
+  File& operator=(File&& o) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() { (void)Close(); }
+
+  bool is_open() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+  Status WriteAt(const void* buf, size_t n, uint64_t offset) {
+    return fs_->WriteAt(fd_, buf, n, offset);
+  }
+  Status ReadAt(void* buf, size_t n, uint64_t offset) { return fs_->ReadAt(fd_, buf, n, offset); }
+  Status Sync() { return fs_->Sync(fd_); }
+  Status Truncate(uint64_t size) { return fs_->Truncate(fd_, size); }
+  Status Allocate(uint64_t size) { return fs_->Allocate(fd_, size); }
+  Result<uint64_t> Size() { return fs_->FileSize(fd_); }
+  // Closes now; OK if already closed. The error names the path.
+  Status Close();
+
+ private:
+  FileSystem* fs_ = nullptr;
+  int fd_ = -1;
+  std::string path_;
 };
 
 // A FileSystem that passes every call to `base`: wrappers (fault injection, test gates)

@@ -24,48 +24,44 @@ Box BoxOf(const pb::SavedBox& b) {
 class Files {
  public:
   Files(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m)
-      : fs_(fs), dir_(step_dir), m_(m), fds_(static_cast<size_t>(m.files_size()), -1) {}
-  ~Files() {
-    for (int fd : fds_)
-      if (fd >= 0) (void)fs_->Close(fd);
-  }
+      : fs_(fs), dir_(step_dir), m_(m), files_(static_cast<size_t>(m.files_size())) {}
   std::string Path(uint32_t file) const { return JoinPath(dir_, m_.files(static_cast<int>(file))); }
-  Result<int> Get(uint32_t file) {
-    int& fd = fds_[file];
-    if (fd < 0) {
-      CAIRN_ASSIGN_OR_RETURN(fd, fs_->Open(Path(file), O_RDONLY | O_CLOEXEC, 0));
+  Result<File*> Get(uint32_t file) {
+    File& f = files_[file];
+    if (!f.is_open()) {
+      CAIRN_ASSIGN_OR_RETURN(f, fs_->OpenFile(Path(file), O_RDONLY | O_CLOEXEC, 0));
     }
-    return fd;
+    return &f;
   }
 
  private:
   FileSystem* fs_;
   std::string dir_;
   const pb::Manifest& m_;
-  std::vector<int> fds_;
+  std::vector<File> files_;
 };
 
 // Reads saved box `b` into `buf` and checks every chunk.
-Status ReadVerified(FileSystem* fs, Files& files, const pb::Manifest& m, const pb::SavedBox& b,
+Status ReadVerified(Files& files, const pb::Manifest& m, const pb::SavedBox& b,
                     std::vector<std::byte>* buf) {
-  CAIRN_ASSIGN_OR_RETURN(int fd, files.Get(b.file()));
+  CAIRN_ASSIGN_OR_RETURN(File * f, files.Get(b.file()));
   buf->resize(b.length());
   CAIRN_RETURN_IF_ERROR(
-      fs->ReadAt(fd, buf->data(), b.length(), b.offset()).WithContext(files.Path(b.file())));
+      f->ReadAt(buf->data(), b.length(), b.offset()).WithContext(files.Path(b.file())));
   const uint64_t chunk = m.chunk_bytes();
   for (uint64_t lo = 0; lo < b.length(); lo += chunk)
     CAIRN_RETURN_IF_ERROR(CheckSavedChunk(m, b, lo, buf->data() + lo, files.Path(b.file())));
   return Status::OK();
 }
 
-Status ReadBlobs(FileSystem* fs, Files& files, const pb::Manifest& m, int rank,
+Status ReadBlobs(Files& files, const pb::Manifest& m, int rank,
                  std::map<std::string, std::string>* out) {
   for (const pb::Blob& b : m.blobs()) {
     if (rank >= 0 && b.rank() != static_cast<uint32_t>(rank)) continue;
-    CAIRN_ASSIGN_OR_RETURN(int fd, files.Get(b.file()));
+    CAIRN_ASSIGN_OR_RETURN(File * f, files.Get(b.file()));
     std::string bytes(b.length(), '\0');
     CAIRN_RETURN_IF_ERROR(
-        fs->ReadAt(fd, bytes.data(), b.length(), b.offset()).WithContext(files.Path(b.file())));
+        f->ReadAt(bytes.data(), b.length(), b.offset()).WithContext(files.Path(b.file())));
     if (Checksum(bytes.data(), bytes.size()) != b.checksum())
       return Status::Corruption("checksum mismatch in blob '" + b.name() + "' of rank " +
                                 std::to_string(b.rank()) + " in " + files.Path(b.file()));
@@ -91,7 +87,7 @@ Status CheckSavedChunk(const pb::Manifest& m, const pb::SavedBox& b, uint64_t lo
 Status ReadRankBlobs(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m, int rank,
                      std::map<std::string, std::string>* out) {
   Files files(fs, step_dir, m);
-  return ReadBlobs(fs, files, m, rank, out)
+  return ReadBlobs(files, m, rank, out)
       .WithContext("step " + std::to_string(m.step()) + " in " + step_dir);
 }
 
@@ -102,11 +98,11 @@ Status VerifyStep(FileSystem* fs, const std::string& step_dir, const pb::Manifes
   uint64_t total = 0, done = 0;
   for (const pb::SavedBox& b : m.boxes()) total += b.length();
   for (const pb::SavedBox& b : m.boxes()) {
-    CAIRN_RETURN_IF_ERROR(ReadVerified(fs, files, m, b, &buf));
+    CAIRN_RETURN_IF_ERROR(ReadVerified(files, m, b, &buf));
     done += b.length();
     if (progress) progress(done, total);
   }
-  return ReadBlobs(fs, files, m, -1, nullptr);
+  return ReadBlobs(files, m, -1, nullptr);
 }
 
 Status ReadShards(FileSystem* fs, const std::string& step_dir, const pb::Manifest& m,
@@ -150,15 +146,14 @@ Status ReadShards(FileSystem* fs, const std::string& step_dir, const pb::Manifes
   for (int bi = 0; bi < m.boxes_size(); ++bi) {
     if (meets[static_cast<size_t>(bi)].empty()) continue;
     const pb::SavedBox& b = m.boxes(bi);
-    CAIRN_RETURN_IF_ERROR(ReadVerified(fs, files, m, b, &buf).WithContext(who));
+    CAIRN_RETURN_IF_ERROR(ReadVerified(files, m, b, &buf).WithContext(who));
     const Box sbox = BoxOf(b);
     const size_t elem =
         DTypeSize(static_cast<DType>(m.tensors(static_cast<int>(b.tensor())).dtype()));
     for (const auto& [ti, region] : meets[static_cast<size_t>(bi)])
       CopyBoxRegion(buf.data(), sbox, targets[ti].data, targets[ti].box, region, elem);
   }
-  if (blob_rank >= 0)
-    CAIRN_RETURN_IF_ERROR(ReadBlobs(fs, files, m, blob_rank, blobs).WithContext(who));
+  if (blob_rank >= 0) CAIRN_RETURN_IF_ERROR(ReadBlobs(files, m, blob_rank, blobs).WithContext(who));
   return Status::OK();
 }
 

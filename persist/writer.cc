@@ -73,16 +73,17 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   bool direct = options.direct && aligned;
   if (options.direct && !aligned && log)
     log->Warning(path + ": chunk size or offsets not 4 KiB aligned; writing without O_DIRECT");
-  Result<int> fd = Status::Internal("not opened");
+  Result<File> file = Status::Internal("not opened");
   if (direct) {
-    fd = fs->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-    if (!fd.ok() && fd.status().error_number() == EINVAL) {
+    file = fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (!file.ok() && file.status().error_number() == EINVAL) {
       if (log) log->Info(path + ": O_DIRECT refused by the filesystem; writing buffered");
       direct = false;
     }
   }
-  if (!direct) fd = fs->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (!fd.ok()) return fd.status();
+  if (!direct) file = fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (!file.ok()) return file.status();
+  File& f = *file;
   report.direct = direct;
   if (direct) {
     // Size the file first: direct writes inside the file's size may run in parallel
@@ -90,9 +91,9 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
     uint64_t end = 0;
     for (const WriteItem& it : items)
       end = std::max(end, it.file_offset + (it.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign);
-    Status st = fs->Truncate(*fd, end);
+    Status st = f.Truncate(end);
     if (!st.ok()) {
-      (void)fs->Close(*fd);
+      (void)f.Close();
       (void)fs->Unlink(path);
       return st.WithContext(path);
     }
@@ -133,7 +134,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
       report.chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
       if (options.yield) options.yield();
       if (limiter) limiter->Acquire(write_n);
-      Status st = fs->WriteAt(*fd, src, write_n, it.file_offset + b);
+      Status st = f.WriteAt(src, write_n, it.file_offset + b);
       if (!st.ok()) {
         MutexLock lk(err_mu);
         if (first.ok()) first = st;
@@ -150,13 +151,17 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   work();
   for (auto& t : pool) t.join();
   Status st = first;
-  if (st.ok()) st = fs->Sync(*fd);
+  if (st.ok()) st = f.Sync();
   if (st.ok()) CAIRN_KILL_POINT("persist.file_synced");
-  Status cl = fs->Close(*fd);
-  if (st.ok()) st = cl;
   if (!st.ok()) {
+    (void)f.Close();
     (void)fs->Unlink(path);
     return st.WithContext(path);  // "<file>: write: No space left on device"
+  }
+  st = f.Close();  // the error names the file
+  if (!st.ok()) {
+    (void)fs->Unlink(path);
+    return st;
   }
   return report;
 }

@@ -39,13 +39,13 @@ Status PfsRunReader::Prepare() {
     run_index[run] = k;
     const LoadPlan::Run& r = plan.runs[run];
     const pb::SavedBox& b = box_of(run);
-    if (st.ok() && !fds_.count(b.file())) {
-      auto fd = a_.env.pfs_fs->Open(JoinPath(a_.step_dir, m.files(static_cast<int>(b.file()))),
-                                    O_RDONLY | O_CLOEXEC, 0);
-      if (fd.ok())
-        fds_[b.file()] = *fd;
+    if (st.ok() && !files_.count(b.file())) {
+      auto f = a_.env.pfs_fs->OpenFile(JoinPath(a_.step_dir, m.files(static_cast<int>(b.file()))),
+                                       O_RDONLY | O_CLOEXEC, 0);
+      if (f.ok())
+        files_[b.file()] = std::move(*f);
       else
-        st = fd.status().WithContext(a_.who);
+        st = f.status().WithContext(a_.who);
     }
     for (uint32_t s = plan.piece_first_span[r.piece]; s < plan.piece_first_span[r.piece + 1]; ++s)
       if (plan.spans[s].run == static_cast<int32_t>(run)) spans_of_run_[k].push_back(s);
@@ -84,8 +84,7 @@ void PfsRunReader::ReaderLoop() {
     const pb::SavedBox& b = a_.manifest->boxes(a_.cat.pieces[r.piece].pfs_box);
     std::byte* dst = bufs_[it.k] + it.off;
     const std::string path = JoinPath(a_.step_dir, a_.manifest->files(static_cast<int>(b.file())));
-    Status s = a_.env.pfs_fs->ReadAt(fds_.at(b.file()), dst, it.n, b.offset() + r.lo + it.off)
-                   .WithContext(path);
+    Status s = files_.at(b.file()).ReadAt(dst, it.n, b.offset() + r.lo + it.off).WithContext(path);
     if (s.ok()) s = CheckSavedChunk(*a_.manifest, b, r.lo + it.off, dst, path);
     MutexLock lk(mu_);
     if (s.code() == StatusCode::kCorruption)
@@ -220,7 +219,6 @@ Status PfsRunReader::Run() {
   }
   for (auto& t : threads_) t.join();
   while (!sent_.empty()) ReleaseOldest();
-  for (auto [f, fd] : fds_) (void)a_.env.pfs_fs->Close(fd);
   MutexLock lk(mu_);
   Note(copy_st_);
   return st_.ok() ? out_ : st_;

@@ -70,7 +70,7 @@ class PfsRunReader {
   static constexpr size_t kPoolSize = 3;  // a run being read, one being sent, one spare
 
   Attempt& a_;
-  std::map<uint32_t, int> fds_;  // manifest file -> open descriptor
+  std::map<uint32_t, File> files_;  // by manifest file index
   size_t nruns_ = 0;
   std::vector<std::vector<uint32_t>> spans_of_run_;
   std::vector<std::vector<const RankLoad::Put*>> puts_of_run_;

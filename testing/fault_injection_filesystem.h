@@ -69,4 +69,30 @@ class FaultInjectionFileSystem final : public ForwardingFileSystem {
   std::atomic<uint64_t> failures_{0};
 };
 
+// Counts the descriptors opened and closed through it (a leak shows as open() > 0), and
+// can fail every close with `close_errno` (the descriptor is still closed underneath).
+class CountingFileSystem final : public ForwardingFileSystem {
+ public:
+  explicit CountingFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
+  Result<int> Open(const std::string& path, int flags, mode_t mode) override {
+    auto fd = base_->Open(path, flags, mode);
+    if (fd.ok()) opened_.fetch_add(1);
+    return fd;
+  }
+  Status Close(int fd) override {
+    closed_.fetch_add(1);
+    Status st = base_->Close(fd);
+    if (st.ok() && close_errno_ != 0) return Status::FromErrno(close_errno_, "close");
+    return st;
+  }
+  int64_t open() const { return opened_.load() - closed_.load(); }
+  int64_t closed() const { return closed_.load(); }
+  void FailCloses(int err) { close_errno_ = err; }
+
+ private:
+  std::atomic<int64_t> opened_{0};
+  std::atomic<int64_t> closed_{0};
+  std::atomic<int> close_errno_{0};
+};
+
 }  // namespace cairn

@@ -216,6 +216,47 @@ TEST(FileSystem, AtomicWriteSurvivesEveryInjectedFault) {
   }
 }
 
+// A File closes its descriptor exactly once, wherever it is moved; Close() errors name the
+// file; the helpers leave no descriptor open on any path, errors included.
+TEST(FileSystem, FilesCloseTheirDescriptorOnceWhereverTheyGo) {
+  testing::TempDir dir("fsfile");
+  CountingFileSystem fs(DefaultFileSystem());
+  const std::string a_path = JoinPath(dir.path(), "a"), b_path = JoinPath(dir.path(), "b");
+  {
+    auto a = fs.OpenFile(a_path, O_RDWR | O_CREAT, 0600);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    File moved = std::move(*a);
+    EXPECT_FALSE(a->is_open());
+    auto b = fs.OpenFile(b_path, O_RDWR | O_CREAT, 0600);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(fs.open(), 2);
+    *b = std::move(moved);  // closes b's own descriptor
+    EXPECT_EQ(fs.open(), 1);
+    EXPECT_EQ(b->path(), a_path);
+    ASSERT_TRUE(b->WriteAt("xy", 2, 0).ok());
+    ASSERT_TRUE(b->Close().ok());
+    ASSERT_TRUE(b->Close().ok());  // closing twice is a no-op
+  }
+  EXPECT_EQ(fs.open(), 0);
+  EXPECT_EQ(fs.closed(), 2);
+
+  fs.FailCloses(EIO);
+  {
+    auto f = fs.OpenFile(a_path, O_RDONLY, 0);
+    ASSERT_TRUE(f.ok());
+    Status st = f->Close();
+    EXPECT_EQ(st.code(), StatusCode::kIOError);
+    EXPECT_NE(st.message().find(a_path), std::string::npos) << st.ToString();
+  }
+  Status st = WriteFileAtomic(&fs, b_path, "new");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(b_path + ".tmp."), std::string::npos) << st.ToString();
+  fs.FailCloses(0);
+  EXPECT_FALSE(ReadWholeFile(&fs, a_path, 1).ok());  // too large: refused
+  EXPECT_EQ(*ReadWholeFile(&fs, a_path, 2), "xy");
+  EXPECT_EQ(fs.open(), 0);
+}
+
 TEST(FileSystem, MakeDirsAndRemoveAll) {
   testing::TempDir dir("fsdirs");
   FileSystem* fs = DefaultFileSystem();

@@ -314,6 +314,32 @@ TEST(Writer, WritesEveryItemAlignedWithChecksumsDirectOrNot) {
   }
 }
 
+// Whichever call of a data-file write fails, the error names the file and no descriptor
+// stays open.
+TEST(Writer, NoDescriptorOutlivesAFailedWrite) {
+  TempDir root("writerfault");
+  std::vector<std::byte> src(3ull << 20);
+  testing::FillPattern(src.data(), src.size(), 5);
+  std::vector<WriteItem> items = {{src.data(), src.size(), 0}};
+  LayOutItems(items, kPfsAlign);
+  CountingFileSystem counting(DefaultFileSystem());
+  FaultInjectionFileSystem fs(&counting);
+  WriterOptions wo;
+  wo.threads = 2;
+  wo.chunk_bytes = 1 << 20;
+  const std::string path = root.path() + "/f.bin";
+  for (uint64_t n = 1;; ++n) {
+    fs.FailNth(n, EIO, false, kFsAll);
+    auto rep = WriteDataFile(&fs, path, items, wo, nullptr, nullptr);
+    fs.Disarm();
+    EXPECT_EQ(counting.open(), 0) << "after failing call " << n;
+    if (rep.ok()) break;
+    EXPECT_NE(rep.status().message().find(path), std::string::npos) << rep.status().ToString();
+    EXPECT_FALSE(DefaultFileSystem()->Exists(path)) << "a failed write left its file";
+    ASSERT_LT(n, 20u) << "never succeeded";
+  }
+}
+
 TEST(Writer, RateLimitHoldsThroughputDown) {
   TempDir root("ratelimit");
   std::vector<std::byte> src(16ull << 20);

@@ -58,10 +58,9 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(HostTierConfig config, FileSyst
   if (config.slots < 2) return Status::InvalidArgument("a host tier needs at least 2 slots");
   CAIRN_RETURN_IF_ERROR(fs->MakeDirs(config.dir, 0700).WithContext("host tier"));
   const std::string lock_path = JoinPath(config.dir, ".lock");
-  CAIRN_ASSIGN_OR_RETURN(int lock_fd, fs->Open(lock_path, O_RDWR | O_CREAT, 0600));
-  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    (void)fs->Close(lock_fd);
+  CAIRN_ASSIGN_OR_RETURN(File lock, fs->OpenFile(lock_path, O_RDWR | O_CREAT, 0600));
+  if (::flock(lock.fd(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
     if (err == EWOULDBLOCK)
       return Status::FailedPrecondition(
           "host tier " + config.dir +
@@ -69,7 +68,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(HostTierConfig config, FileSyst
           "process another CAIRN_JOB_ID / RANK");
     return Status::FromErrno(err, "flock " + lock_path);
   }
-  std::unique_ptr<HostTier> tier(new HostTier(std::move(config), fs, log, lock_fd));
+  std::unique_ptr<HostTier> tier(new HostTier(std::move(config), fs, log, std::move(lock)));
   CAIRN_RETURN_IF_ERROR(tier->Load());
   return tier;
 }
@@ -77,7 +76,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(HostTierConfig config, FileSyst
 HostTier::~HostTier() {
   for (Slot& s : slots_) Unregister(s);
   slots_.clear();
-  (void)fs_->Close(lock_fd_);  // releases the flock
+  (void)lock_.Close();  // releases the flock
 }
 
 Status HostTier::Load() {

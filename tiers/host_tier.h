@@ -132,8 +132,8 @@ class HostTier {
     size_t registered_bytes = 0;
   };
 
-  HostTier(HostTierConfig config, FileSystem* fs, const Logger* log, int lock_fd)
-      : config_(std::move(config)), fs_(fs), log_(log), lock_fd_(lock_fd) {}
+  HostTier(HostTierConfig config, FileSystem* fs, const Logger* log, File lock)
+      : config_(std::move(config)), fs_(fs), log_(log), lock_(std::move(lock)) {}
   Status Load();
   Status EnsureMapped(Slot& s, uint64_t bytes);
   void Unregister(Slot& s);
@@ -144,7 +144,7 @@ class HostTier {
   HostTierConfig config_;
   FileSystem* fs_;
   const Logger* log_;
-  int lock_fd_;
+  File lock_;  // flocked while this process owns the directory
   mutable Mutex mu_;
   Mutex state_mu_;  // serialises SetState's header rewrites
   CondVar cv_;

@@ -19,16 +19,15 @@ Status Pmem2Error(const std::string& what, const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(FileSystem* fs, const std::string& path) {
-  CAIRN_ASSIGN_OR_RETURN(int fd, fs->Open(path, O_RDWR | O_CREAT, 0600));
-  std::unique_ptr<MappedFile> f(new MappedFile(fs, path, fd));
-  CAIRN_ASSIGN_OR_RETURN(uint64_t size, fs->FileSize(fd));
+  CAIRN_ASSIGN_OR_RETURN(File file, fs->OpenFile(path, O_RDWR | O_CREAT, 0600));
+  std::unique_ptr<MappedFile> f(new MappedFile(path, std::move(file)));
+  CAIRN_ASSIGN_OR_RETURN(uint64_t size, f->file_.Size());
   if (size > 0) CAIRN_RETURN_IF_ERROR(f->Map(size));
   return f;
 }
 
 MappedFile::~MappedFile() {
   Unmap();
-  (void)fs_->Close(fd_);
 }
 
 Status MappedFile::Map(uint64_t size) {
@@ -39,7 +38,7 @@ Status MappedFile::Map(uint64_t size) {
   if (pmem2_config_set_required_store_granularity(cfg, PMEM2_GRANULARITY_PAGE) != 0 ||
       pmem2_config_set_length(cfg, size) != 0) {
     st = Pmem2Error("pmem2 config for", path_);
-  } else if (pmem2_source_from_fd(&src, fd_) != 0) {
+  } else if (pmem2_source_from_fd(&src, file_.fd()) != 0) {
     st = Pmem2Error("pmem2_source_from_fd", path_);
   } else if (pmem2_map_new(&map_, cfg, src) != 0) {
     map_ = nullptr;
@@ -62,8 +61,8 @@ void MappedFile::Unmap() {
 
 Status MappedFile::Resize(uint64_t size) {
   if (size <= size_) return Status::OK();
-  CAIRN_RETURN_IF_ERROR(fs_->Truncate(fd_, size).WithContext(path_));
-  CAIRN_RETURN_IF_ERROR(fs_->Allocate(fd_, size).WithContext(path_));
+  CAIRN_RETURN_IF_ERROR(file_.Truncate(size).WithContext(path_));
+  CAIRN_RETURN_IF_ERROR(file_.Allocate(size).WithContext(path_));
   Unmap();
   return Map(size);
 }

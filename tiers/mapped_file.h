@@ -42,13 +42,12 @@ class MappedFile {
   const std::string& path() const { return path_; }
 
  private:
-  MappedFile(FileSystem* fs, std::string path, int fd) : fs_(fs), path_(std::move(path)), fd_(fd) {}
+  MappedFile(std::string path, File file) : path_(std::move(path)), file_(std::move(file)) {}
   Status Map(uint64_t size);
   void Unmap();
 
-  FileSystem* fs_;
   std::string path_;
-  int fd_;
+  File file_;
   pmem2_map* map_ = nullptr;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
