@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "api/channels.h"
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
@@ -45,6 +46,7 @@ class Checkpointer::Impl {
   std::unique_ptr<CopyEngine> engine_;  // outlives tier_ (the tier unregisters slots)
   std::unique_ptr<HostTier> tier_;
   std::unique_ptr<CapturePipeline> pipeline_;
+  const JobChannels channels_;  // of every stage that talks over comm_
   std::unique_ptr<UcxComm> comm_;
   std::unique_ptr<UcxGroup> group_;
   std::unique_ptr<ReplicaStore> store_;
@@ -108,8 +110,9 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
       JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &log_,
       o.slots);
   if (nodes > 1)
-    replicator_ = std::make_unique<Replicator>(comm_.get(), std::move(placement), tier_.get(),
-                                               store_.get(), &log_, o.replicate_timeout_s);
+    replicator_ =
+        std::make_unique<Replicator>(comm_.get(), channels_.replication, std::move(placement),
+                                     tier_.get(), store_.get(), &log_, o.replicate_timeout_s);
   return Status::OK();
 }
 
@@ -154,9 +157,9 @@ Status Checkpointer::Impl::Open() {
       std::make_unique<CapturePipeline>(cc, engine_.get(), tier_.get(), &log_, std::move(hooks));
   if (options_.world_size > 1) {
     CAIRN_ASSIGN_OR_RETURN(comm_, UcxComm::Connect(options_, &log_));
-    group_ = std::make_unique<UcxGroup>(comm_.get());
-    persist_group_ = std::make_unique<UcxGroup>(comm_.get(), MsgKind::kPersistCollective,
-                                                MsgKind::kPersistBroadcast);
+    group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.collective, channels_.broadcast);
+    persist_group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.persist_collective,
+                                                channels_.persist_broadcast);
   } else {
     persist_group_ = std::make_unique<SoloGroup>();
   }
@@ -251,7 +254,7 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
   TierMemory memory(tier_.get(), store_.get(), replica_sources_, &log_);
   SoloGroup solo;
   std::unique_ptr<RestoreTransport> transport;
-  if (comm_) transport = MakeUcxRestoreTransport(comm_.get());
+  if (comm_) transport = MakeUcxRestoreTransport(comm_.get(), channels_.restore_data);
   RestoreEnv env;
   env.rank = options_.rank;
   env.group = group_ ? static_cast<Group*>(group_.get()) : &solo;

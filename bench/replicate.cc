@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "api/channels.h"
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
 #include "cli/args.h"
@@ -44,6 +45,9 @@ using cairn::bench::Median;
 using cairn::bench::SplitList;
 
 namespace {
+
+// The raw reference arms use the replicator's channels (never at the same time as it).
+const JobChannels kChannels;
 
 constexpr uint64_t kChunk = 64ull << 20;
 
@@ -83,30 +87,30 @@ int Child(const std::vector<uint64_t>& sizes) {
     if (o->rank == 1) {
       std::vector<UcxComm::PendingRecv> rs;
       for (uint32_t k = 0; k < chunks; ++k)
-        rs.push_back((*comm)->StartRecv(0, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+        rs.push_back((*comm)->StartRecv(0, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
                                         buf + k * kChunk, std::min(kChunk, size - k * kChunk)));
-      if (!(*comm)->Send(0, MakeTag(MsgKind::kReplReady, 1, seq), "r", 1).ok()) return -1;
+      if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok()) return -1;
       for (auto& r : rs)
         if (!(*comm)->FinishRecv(r, 120).ok()) return -1;
-      if (!(*comm)->Send(0, MakeTag(MsgKind::kReplAck, 1, seq), "a", 1).ok()) return -1;
+      if (!(*comm)->Send(0, MakeTag(kChannels.replication.ack, 1, seq), "a", 1).ok()) return -1;
       return 0;
     }
-    if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplReady, 1, seq), 120).ok()) return -1;
+    if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 120).ok()) return -1;
     const int64_t t0 = NowNanos();
     std::vector<UcxComm::PendingSend> ss;
     for (uint32_t k = 0; k < chunks; ++k)
-      ss.push_back((*comm)->StartSend(1, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+      ss.push_back((*comm)->StartSend(1, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
                                       buf + k * kChunk, std::min(kChunk, size - k * kChunk)));
     for (auto& x : ss)
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
-    if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplAck, 1, seq), 120).ok()) return -1;
+    if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ack, 1, seq), 120).ok()) return -1;
     return NanosToSeconds(NowNanos() - t0);
   };
   // put + flush into rank 1's registered buffer.
   std::unique_ptr<UcxComm::MemRegion> region;
   std::unique_ptr<UcxComm::RemoteKey> rkey;
   uint64_t remote_addr = 0;
-  const uint64_t kKeyTag = MakeTag(MsgKind::kReplOffer, 1, 0xfffffff0u);
+  const uint64_t kKeyTag = MakeTag(kChannels.replication.offer, 1, 0xfffffff0u);
   if (o->rank == 1) {
     auto r = (*comm)->Register(buf, max_size);
     if (!r.ok()) return 1;
@@ -132,11 +136,11 @@ int Child(const std::vector<uint64_t>& sizes) {
     const uint32_t chunks = static_cast<uint32_t>((size + kChunk - 1) / kChunk);
     if (o->rank == 1) {
       // Stay in progress (puts into user memory are emulated over active messages here).
-      if (!(*comm)->Send(0, MakeTag(MsgKind::kReplReady, 1, seq), "r", 1).ok()) return -1;
-      if (!(*comm)->Recv(0, MakeTag(MsgKind::kReplAck, 0, seq), 120).ok()) return -1;
+      if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok()) return -1;
+      if (!(*comm)->Recv(0, MakeTag(kChannels.replication.ack, 0, seq), 120).ok()) return -1;
       return 0;
     }
-    if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplReady, 1, seq), 120).ok()) return -1;
+    if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 120).ok()) return -1;
     const int64_t t0 = NowNanos();
     std::vector<UcxComm::PendingSend> ps;
     for (uint32_t k = 0; k < chunks; ++k)
@@ -146,7 +150,7 @@ int Child(const std::vector<uint64_t>& sizes) {
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
     if (!(*comm)->Flush(1, 120).ok()) return -1;
     const double t = NanosToSeconds(NowNanos() - t0);
-    if (!(*comm)->Send(1, MakeTag(MsgKind::kReplAck, 0, seq), "d", 1).ok()) return -1;
+    if (!(*comm)->Send(1, MakeTag(kChannels.replication.ack, 0, seq), "d", 1).ok()) return -1;
     return t;
   };
   int64_t step = 0;

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "api/channels.h"
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
 #include "cli/args.h"
@@ -61,6 +62,9 @@ using cairn::bench::Buffer;
 using cairn::bench::Median;
 
 namespace {
+
+// The raw reference arms use the replicator's channels (never at the same time as it).
+const JobChannels kChannels;
 
 constexpr int kTensors = 8;
 constexpr int64_t kCols = 1024;
@@ -264,23 +268,24 @@ int Child(const Args& a) {
           for (uint64_t x = 0; x < b->size; x += kMsg)
             dst.push_back({b->p + x, std::min(kMsg, b->size - x)});
         for (uint32_t k = 0; k < dst.size(); ++k)
-          rs.push_back((*comm)->StartRecv(0, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+          rs.push_back((*comm)->StartRecv(0, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
                                           dst[k].first, dst[k].second));
         const int64_t t0 = NowNanos();
-        if (!(*comm)->Send(0, MakeTag(MsgKind::kReplReady, 1, seq), "r", 1).ok())
+        if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok())
           Die("raw", Status::Internal("ready"));
         for (auto& x : rs)
           if (!(*comm)->FinishRecv(x, 300).ok()) Die("raw", Status::Internal("recv"));
         raw = NanosToSeconds(NowNanos() - t0);
       } else {
-        if (!(*comm)->Recv(1, MakeTag(MsgKind::kReplReady, 1, seq), 300).ok())
+        if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 300).ok())
           Die("raw", Status::Internal("ready"));
         std::vector<UcxComm::PendingSend> ss;
         uint64_t per = a.bytes / kTensors;
         uint32_t k = 0;
         for (int t = 0; t < kTensors; ++t)
           for (uint64_t x = 0; x < per; x += kMsg, ++k)
-            ss.push_back((*comm)->StartSend(1, MakeTag(MsgKind::kReplData, 0, seq << 16 | k),
+            ss.push_back((*comm)->StartSend(1,
+                                            MakeTag(kChannels.replication.data, 0, seq << 16 | k),
                                             src.p + t * per + x, std::min(kMsg, per - x)));
         for (auto& x : ss)
           if (!(*comm)->FinishSend(x, 300).ok()) Die("raw", Status::Internal("send"));

@@ -8,14 +8,13 @@ namespace {
 
 class UcxRestoreTransport final : public RestoreTransport {
  public:
-  explicit UcxRestoreTransport(UcxComm* comm) : comm_(comm) {}
+  UcxRestoreTransport(UcxComm* comm, Channel channel) : comm_(comm), channel_(channel) {}
   ~UcxRestoreTransport() override { (void)Finish(1.0); }
 
   Status Send(int peer, uint32_t seq, const void* buf, size_t n, uint64_t* ticket) override {
     const uint64_t id = next_++;
     if (ticket) *ticket = id;
-    auto& s = sends_[id] =
-        comm_->StartSend(peer, MakeTag(MsgKind::kRestoreData, comm_->rank(), seq), buf, n);
+    auto& s = sends_[id] = comm_->StartSend(peer, MakeTag(channel_, comm_->rank(), seq), buf, n);
     return s.status;
   }
   Status WaitSend(uint64_t ticket, double timeout_s) override {
@@ -26,7 +25,7 @@ class UcxRestoreTransport final : public RestoreTransport {
     return st;
   }
   Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) override {
-    recvs_.push_back(comm_->StartRecv(peer, MakeTag(MsgKind::kRestoreData, peer, seq), buf, n));
+    recvs_.push_back(comm_->StartRecv(peer, MakeTag(channel_, peer, seq), buf, n));
     return recvs_.back().status;
   }
   void Progress() override { comm_->Progress(); }
@@ -47,6 +46,7 @@ class UcxRestoreTransport final : public RestoreTransport {
 
  private:
   UcxComm* comm_;
+  Channel channel_;
   uint64_t next_ = 1;
   std::map<uint64_t, UcxComm::PendingSend> sends_;
   std::vector<UcxComm::PendingRecv> recvs_;
@@ -54,8 +54,8 @@ class UcxRestoreTransport final : public RestoreTransport {
 
 }  // namespace
 
-std::unique_ptr<RestoreTransport> MakeUcxRestoreTransport(UcxComm* comm) {
-  return std::make_unique<UcxRestoreTransport>(comm);
+std::unique_ptr<RestoreTransport> MakeUcxRestoreTransport(UcxComm* comm, Channel channel) {
+  return std::make_unique<UcxRestoreTransport>(comm, channel);
 }
 
 }  // namespace cairn

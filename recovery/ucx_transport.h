@@ -1,5 +1,5 @@
-// The restore transport over the job's UCX endpoints (tagged messages of kind
-// MsgKind::kRestoreData, received straight into their destination).
+// The restore transport over the job's UCX endpoints (tagged messages on `channel`,
+// received straight into their destination).
 // Thread-safety: one restore at a time.
 #pragma once
 
@@ -10,6 +10,6 @@
 
 namespace cairn {
 
-std::unique_ptr<RestoreTransport> MakeUcxRestoreTransport(UcxComm* comm);
+std::unique_ptr<RestoreTransport> MakeUcxRestoreTransport(UcxComm* comm, Channel channel);
 
 }  // namespace cairn

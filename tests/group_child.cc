@@ -4,9 +4,13 @@
 //                             (small and >100 KB messages), every byte checked
 //   group_child intruder      joins with a wrong job token: must be refused
 //   group_child victim        a legitimate rank facing an intruder: must refuse it
+//   group_child abandon       posts a receive nobody answers and drops its handle: the
+//                             request must be counted, then cancelled and freed; then the
+//                             collectives as above
 #include <cstdio>
 #include <string>
 
+#include "api/channels.h"
 #include "cairn/options.h"
 #include "transport/ucx_comm.h"
 #include "transport/ucx_group.h"
@@ -44,8 +48,24 @@ int main(int argc, char** argv) {
   }
   auto c = UcxComm::Connect(*o, &log);
   if (!c.ok()) return Fail(c.status().ToString());
-  UcxGroup g(c->get());
+  const JobChannels ch;
+  UcxGroup g(c->get(), ch.collective, ch.broadcast);
   const int n = g.size();
+  if (mode == "abandon") {
+    const int peer = (g.rank() + 1) % n;
+    std::string buf(1 << 20, '\0');
+    {
+      UcxComm::PendingRecv r =
+          (*c)->StartRecv(peer, MakeTag(ch.collective, peer, 0xfffffff0u), buf.data(), buf.size());
+      if (!r.status.ok()) return Fail(r.status.ToString());
+      if (!r.request || (*c)->requests_in_flight() != 1)
+        return Fail("a posted receive is not counted: " +
+                    std::to_string((*c)->requests_in_flight()));
+    }
+    if ((*c)->requests_in_flight() != 0)
+      return Fail("a dropped receive was not freed: " + std::to_string((*c)->requests_in_flight()) +
+                  " requests in flight");
+  }
   for (int round = 0; round < 3; ++round) {
     Status st = g.Barrier();
     if (!st.ok()) return Fail(st.ToString());

@@ -44,6 +44,26 @@ INSTANTIATE_TEST_SUITE_P(Sizes, GroupTest,
                                   (std::get<1>(info.param) == "tcp" ? "_tcp" : "_shm");
                          });
 
+// A UCX request handle dropped while its receive is still posted cancels and frees it (the
+// requests in flight go back to 0), and the ranks' collectives work afterwards.
+TEST(UcxRequests, ADroppedRequestIsCancelledAndFreed) {
+  testing::TempDir pfs("abandon");
+  LaunchSpec spec;
+  spec.nodes = 2;
+  spec.ranks_per_node = 1;
+  spec.argv = {CAIRN_GROUP_CHILD, "abandon"};
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("abandon")},
+              {"CAIRN_PFS_ROOT", pfs.path()},
+              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+              {"CAIRN_OP_TIMEOUT_S", "60"},
+              {"UCX_TLS", "tcp"}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  const bool ok = (*l)->WaitAll(120);
+  for (const auto& r : (*l)->ranks()) EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank;
+  EXPECT_TRUE(ok);
+}
+
 TEST(Bootstrap, ProcessWithoutTheTokenIsRefused) {
   testing::TempDir pfs("intruder");
   LaunchSpec spec;

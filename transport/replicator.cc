@@ -31,9 +31,10 @@ int64_t ChooseReplicationStep(int64_t attempted, int64_t pending,
   return best >= 0 ? best : pending;
 }
 
-Replicator::Replicator(UcxComm* comm, Placement placement, HostTier* local, ReplicaStore* store,
-                       const Logger* log, double timeout_s)
+Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement,
+                       HostTier* local, ReplicaStore* store, const Logger* log, double timeout_s)
     : comm_(comm),
+      ch_(channels),
       placement_(std::move(placement)),
       local_(local),
       store_(store),
@@ -174,10 +175,10 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
       "replicating step " + std::to_string(h.step) + " to rank " + std::to_string(holder);
   const std::string header = EncodeSlotHeader(h);
   CAIRN_RETURN_IF_ERROR(
-      comm_->Send(holder, MakeTag(MsgKind::kReplOffer, me, offer), header.data(), header.size())
+      comm_->Send(holder, MakeTag(ch_.offer, me, offer), header.data(), header.size())
           .WithContext(who));
   CAIRN_KILL_POINT("replicate.offered");
-  auto ready = comm_->Recv(holder, MakeTag(MsgKind::kReplReady, holder, offer), timeout_s_);
+  auto ready = comm_->Recv(holder, MakeTag(ch_.ready, holder, offer), timeout_s_);
   if (!ready.ok()) return ready.status().WithContext(who);
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
   const uint64_t n = h.data_bytes;
@@ -185,8 +186,8 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   std::vector<UcxComm::PendingSend> sends;
   for (uint32_t c = 0; c < chunks; ++c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    sends.push_back(comm_->StartSend(holder, MakeTag(MsgKind::kReplData, me, DataSeq(offer, c)),
-                                     view.data() + b, len));
+    sends.push_back(
+        comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)), view.data() + b, len));
   }
   Status first;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
@@ -197,7 +198,7 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   CAIRN_RETURN_IF_ERROR(first.WithContext(who));
   CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
-  auto ack = comm_->Recv(holder, MakeTag(MsgKind::kReplAck, holder, offer), timeout_s_);
+  auto ack = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), timeout_s_);
   if (!ack.ok()) return ack.status().WithContext(who);
   if (*ack != "ok") return Status::Unavailable(who + ": " + *ack);
   MutexLock g(mu_);
@@ -212,7 +213,7 @@ void Replicator::ServiceLoop() {
       if (stop_) return;
     }
     comm_->ServiceHellos();
-    auto in = comm_->RecvAny(MsgKind::kReplOffer, 0.05);
+    auto in = comm_->RecvAny(ch_.offer, 0.05);
     if (in.ok()) HandleOffer(*in);
   }
 }
@@ -220,8 +221,8 @@ void Replicator::ServiceLoop() {
 void Replicator::HandleOffer(UcxComm::Incoming& in) {
   const int src = in.source;
   const uint32_t offer = in.seq;
-  auto reply = [&](MsgKind kind, const std::string& text) {
-    (void)comm_->Send(src, MakeTag(kind, comm_->rank(), offer), text.data(), text.size());
+  auto reply = [&](Channel channel, const std::string& text) {
+    (void)comm_->Send(src, MakeTag(channel, comm_->rank(), offer), text.data(), text.size());
   };
   auto refuse = [&](const std::string& why) {
     {
@@ -229,7 +230,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
       ++stats_.refused;
     }
     if (log_) log_->Info("refused a replica from rank " + std::to_string(src) + ": " + why);
-    reply(MsgKind::kReplReady, why);
+    reply(ch_.ready, why);
   };
   const auto& held = placement_.held_by(comm_->rank());
   if (std::find(held.begin(), held.end(), src) == held.end())
@@ -255,12 +256,11 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   std::vector<UcxComm::PendingRecv> recvs(chunks);
   auto post = [&](uint32_t c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    recvs[c] =
-        comm_->StartRecv(src, MakeTag(MsgKind::kReplData, src, DataSeq(offer, c)), *mem + b, len);
+    recvs[c] = comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), *mem + b, len);
   };
   for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
   CAIRN_KILL_POINT("replicate.ready");
-  reply(MsgKind::kReplReady, "ok");
+  reply(ch_.ready, "ok");
   // Verify while receiving: a helper thread checks every checksum chunk as soon as the
   // transfer chunk that completes it has arrived (still warm in cache), so only the tail is
   // left when the last byte lands.
@@ -315,7 +315,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
     if (log_)
       log_->Warning("replica of step " + std::to_string(h->step) + " from rank " +
                     std::to_string(src) + " not kept: " + st.message());
-    reply(MsgKind::kReplAck, "not kept: " + st.message());
+    reply(ch_.ack, "not kept: " + st.message());
     return;
   }
   {
@@ -323,7 +323,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
     ++stats_.received;
   }
   CAIRN_KILL_POINT("replicate.published");
-  reply(MsgKind::kReplAck, "ok");
+  reply(ch_.ack, "ok");
 }
 
 }  // namespace cairn

@@ -1,7 +1,7 @@
 // Replicator: pushes every CAPTURED version to the ranks that hold this rank's replicas
 // (Placement), and receives the versions of the ranks whose replicas this rank holds.
 //
-// Protocol per version and holder, on tagged UCX messages (MsgKind::kRepl*):
+// Protocol per version and holder, on tagged UCX messages (ReplicatorChannels):
 //   sender  -> OFFER  the version's slot header (shard table and chunk checksums)
 //   holder  -> READY  after reserving a replica slot, invalidating its old content on disk
 //                     and posting a receive for every chunk directly into the slot
@@ -58,10 +58,18 @@ struct ReplicatorStats {
   uint64_t refused = 0;   // offers or transfers this rank turned down
 };
 
+// The message channels of the protocol above (handed out by the composition root).
+struct ReplicatorChannels {
+  Channel offer;  // sender -> holder
+  Channel ready;  // holder -> sender
+  Channel data;   // sender -> holder
+  Channel ack;    // holder -> sender
+};
+
 class Replicator {
  public:
-  Replicator(UcxComm* comm, Placement placement, HostTier* local, ReplicaStore* store,
-             const Logger* log, double timeout_s);
+  Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement, HostTier* local,
+             ReplicaStore* store, const Logger* log, double timeout_s);
   ~Replicator();  // stops both threads (a push in flight ends at its timeout at the latest)
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -80,6 +88,7 @@ class Replicator {
   void HandleOffer(UcxComm::Incoming& in);
 
   UcxComm* comm_;
+  const ReplicatorChannels ch_;
   Placement placement_;
   HostTier* local_;
   ReplicaStore* store_;

@@ -17,6 +17,8 @@
 namespace cairn {
 namespace {
 
+constexpr Channel kHello{1};  // the transport's own: a rank's greeting with the job token
+
 std::string UcsError(ucs_status_t st) {
   return ucs_status_string(st);
 }
@@ -89,14 +91,14 @@ UcxComm::~UcxComm() {
   Lock lk(mu_);
   // Close every endpoint at once (a flush needs the peers to progress too, and they are
   // closing theirs at the same time); failed peers are closed by force.
-  std::vector<void*> closing;
+  std::vector<UcxRequest> closing;
   for (auto& p : peers_) {
     if (!p || !p->ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = p->error.load() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* req = Track(ucp_ep_close_nbx(p->ep, &prm));
-    if (req && !UCS_PTR_IS_ERR(req)) closing.push_back(req);
+    auto req = Own(ucp_ep_close_nbx(p->ep, &prm), p->rank, "close");
+    if (req.ok() && *req) closing.push_back(std::move(*req));
     p->ep = nullptr;
   }
   const int64_t deadline = NowNanos() + 5'000'000'000;
@@ -104,17 +106,19 @@ UcxComm::~UcxComm() {
   while (!done) {
     ucp_worker_progress(worker_);
     done = true;
-    for (void* r : closing) done = done && ucp_request_check_status(r) != UCS_INPROGRESS;
+    for (const UcxRequest& r : closing)
+      done = done && ucp_request_check_status(r.req_) != UCS_INPROGRESS;
     if (!done && NowNanos() > deadline) break;
   }
   if (done) {
-    for (void* r : closing) Release(r);
+    for (UcxRequest& r : closing) Free(r);
     if (worker_) ucp_worker_destroy(worker_);
     if (context_) ucp_cleanup(context_);
-  } else if (log_) {
+  } else {
     // Destroying the worker under an endpoint still closing aborts the process inside
     // UCX; leaving them to process exit is the lesser evil.
-    log_->Warning("UCX endpoints did not close within 5 s; leaving them to process exit");
+    for (UcxRequest& r : closing) (void)r.release();
+    if (log_) log_->Warning("UCX endpoints did not close within 5 s; leaving them to process exit");
   }
   if (!rdv_dir_.empty()) rdv_.Withdraw();
 }
@@ -142,27 +146,20 @@ void UcxComm::Progress() {
   }
 }
 
-Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
+Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s,
                             const char* what) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  if (request == nullptr) return Status::OK();
-  if (UCS_PTR_IS_ERR(request))
-    return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
-                               UcsError(UCS_PTR_STATUS(request)));
+  if (!request) return Status::OK();
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
   ucs_status_t st;
-  while ((st = ucp_request_check_status(request)) == UCS_INPROGRESS) {
+  while ((st = ucp_request_check_status(request.req_)) == UCS_INPROGRESS) {
     if (ucp_worker_progress(worker_) == 0) {
       lk.Unlock();
       Backoff(spins);
       lk.Lock();
     }
     if (peer_failed(peer) || NowNanos() > deadline) {
-      ucp_request_cancel(worker_, request);
-      const int64_t give_up = NowNanos() + 1'000'000'000;
-      while (ucp_request_check_status(request) == UCS_INPROGRESS && NowNanos() < give_up)
-        ucp_worker_progress(worker_);
-      Release(request);
+      Free(request);  // cancels it
       if (peer_failed(peer))
         return Status::Unavailable(
             std::string(what) + " " + Who(peer) + ": peer failed (" +
@@ -172,7 +169,7 @@ Status UcxComm::WaitRequest(Lock& lk, void* request, int peer, double timeout_s,
                                  std::to_string(timeout_s) + " s");
     }
   }
-  Release(request);
+  Free(request);
   if (st != UCS_OK)
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " + UcsError(st));
   return Status::OK();
@@ -192,31 +189,60 @@ Status UcxComm::CheckPeer(int peer, const char* what) const {
   return Status::OK();
 }
 
-void* UcxComm::Track(void* request) {
-  if (request && !UCS_PTR_IS_ERR(request)) requests_.fetch_add(1, std::memory_order_relaxed);
-  return request;
+Result<UcxRequest> UcxComm::Own(void* request, int peer, const char* what) {
+  if (UCS_PTR_IS_ERR(request))
+    return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
+                               UcsError(UCS_PTR_STATUS(request)));
+  if (request == nullptr) return UcxRequest();  // completed at once
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  return UcxRequest(this, request);
 }
 
-void UcxComm::Release(void* request) {
+void UcxComm::Free(UcxRequest& request) {
+  if (request) FreeLocked(request.release());
+}
+
+void UcxComm::FreeLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (ucp_request_check_status(request) == UCS_INPROGRESS) {
+    ucp_request_cancel(worker_, request);
+    const int64_t give_up = NowNanos() + 1'000'000'000;
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && NowNanos() < give_up)
+      ucp_worker_progress(worker_);
+  }
   ucp_request_free(request);
   requests_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+UcxRequest& UcxRequest::operator=(UcxRequest&& o) noexcept {
+  if (this != &o) {
+    UcxRequest old(std::move(*this));
+    comm_ = std::exchange(o.comm_, nullptr);
+    req_ = std::exchange(o.req_, nullptr);
+  }
+  return *this;
+}
+
+UcxRequest::~UcxRequest() {
+  if (!req_) return;
+  UcxComm* comm = comm_;
+  MutexLock lk(comm->mu_);
+  comm->FreeLocked(release());
+}
+
 UcxComm::PendingSend UcxComm::Started(int peer, void* request, const char* what) {
-  Track(request);
   PendingSend p;
   p.peer = peer;
-  if (UCS_PTR_IS_ERR(request))
-    p.status = Status::Unavailable(std::string(what) + " " + Who(peer) + ": " +
-                                   UcsError(UCS_PTR_STATUS(request)));
+  auto r = Own(request, peer, what);
+  if (r.ok())
+    p.request = std::move(*r);
   else
-    p.request = request;
+    p.status = r.status();
   return p;
 }
 
 UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
   Lock lk(mu_);
-  if (Status st = CheckPeer(peer, "send"); !st.ok()) return PendingSend{nullptr, peer, st};
+  if (Status st = CheckPeer(peer, "send"); !st.ok()) return PendingSend{{}, peer, st};
   ucp_request_param_t prm{};
   return Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm),
                  "send");
@@ -225,9 +251,8 @@ UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf,
 Status UcxComm::FinishSend(PendingSend& send, double timeout_s) {
   if (!send.status.ok()) return send.status;
   Lock lk(mu_);
-  void* req = send.request;
-  send.request = nullptr;
-  return WaitRequest(lk, req, send.peer, timeout_s < 0 ? op_timeout_s_ : timeout_s, "send");
+  return WaitRequest(lk, send.request, send.peer, timeout_s < 0 ? op_timeout_s_ : timeout_s,
+                     "send");
 }
 
 UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_t n) {
@@ -235,21 +260,18 @@ UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_
   PendingRecv r;
   r.peer = peer;
   ucp_request_param_t prm{};
-  void* req = Track(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm));
-  if (UCS_PTR_IS_ERR(req)) {
-    r.status = Status::Unavailable("receive " + Who(peer) + ": " + UcsError(UCS_PTR_STATUS(req)));
-    return r;
-  }
-  r.request = req;
+  auto req = Own(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm), peer, "receive");
+  if (req.ok())
+    r.request = std::move(*req);
+  else
+    r.status = req.status();
   return r;
 }
 
 Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
   if (!recv.status.ok()) return recv.status;
   Lock lk(mu_);
-  void* req = recv.request;
-  recv.request = nullptr;
-  return WaitRequest(lk, req, recv.peer, timeout_s, "receive");
+  return WaitRequest(lk, recv.request, recv.peer, timeout_s, "receive");
 }
 
 Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
@@ -265,7 +287,9 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       if (sender_tag) *sender_tag = info.sender_tag;
       const int from = peer >= 0 ? peer : static_cast<int>((info.sender_tag >> 32) & 0xffffff);
       ucp_request_param_t prm{};
-      void* req = Track(ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm));
+      CAIRN_ASSIGN_OR_RETURN(
+          UcxRequest req,
+          Own(ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm), from, "receive"));
       return WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive");
     }
     const bool idle = ucp_worker_progress(worker_) == 0;
@@ -298,12 +322,13 @@ Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
   return out;
 }
 
-Result<UcxComm::Incoming> UcxComm::RecvAny(MsgKind kind, double timeout_s) {
+Result<UcxComm::Incoming> UcxComm::RecvAny(Channel channel, double timeout_s) {
   Lock lk(mu_);
   Incoming in;
   uint64_t sender_tag = 0;
-  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, static_cast<uint64_t>(kind) << 56, uint64_t{0xff} << 56,
-                                     -1, timeout_s, true, &sender_tag, &in.bytes));
+  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, static_cast<uint64_t>(channel.id) << 56,
+                                     uint64_t{0xff} << 56, -1, timeout_s, true, &sender_tag,
+                                     &in.bytes));
   in.source = static_cast<int>((sender_tag >> 32) & 0xffffff);
   in.seq = static_cast<uint32_t>(sender_tag);
   return in;
@@ -355,7 +380,7 @@ UcxComm::RemoteKey::~RemoteKey() {
 UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint64_t remote_addr,
                                        const RemoteKey& key) {
   Lock lk(mu_);
-  if (Status st = CheckPeer(peer, "put"); !st.ok()) return PendingSend{nullptr, peer, st};
+  if (Status st = CheckPeer(peer, "put"); !st.ok()) return PendingSend{{}, peer, st};
   ucp_request_param_t prm{};
   return Started(
       peer,
@@ -366,7 +391,9 @@ UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint
 Status UcxComm::Flush(int peer, double timeout_s) {
   Lock lk(mu_);
   ucp_request_param_t prm{};
-  void* req = Track(ucp_ep_flush_nbx(peers_[static_cast<size_t>(peer)]->ep, &prm));
+  CAIRN_ASSIGN_OR_RETURN(
+      UcxRequest req,
+      Own(ucp_ep_flush_nbx(peers_[static_cast<size_t>(peer)]->ep, &prm), peer, "flush"));
   return WaitRequest(lk, req, peer, timeout_s, "flush");
 }
 
@@ -380,10 +407,10 @@ void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSI
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* req = Track(ucp_ep_close_nbx(peer.ep, &prm));
-  if (req && !UCS_PTR_IS_ERR(req)) {
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    Release(req);
+  auto req = Own(ucp_ep_close_nbx(peer.ep, &prm), peer.rank, "close");
+  if (req.ok() && *req) {
+    while (ucp_request_check_status(req->req_) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    Free(*req);
   }
   peer.ep = nullptr;
 }
@@ -397,8 +424,9 @@ Status UcxComm::Greet(Lock& lk, int p, const std::string& address,
   peer.nonce = nonce;
   const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
   ucp_request_param_t prm{};
-  void* req = Track(ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
-                                     MakeTag(MsgKind::kHello, rank_, 0), &prm));
+  CAIRN_ASSIGN_OR_RETURN(UcxRequest req, Own(ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
+                                                              MakeTag(kHello, rank_, 0), &prm),
+                                             p, "hello"));
   return WaitRequest(lk, req, p, 5.0, "hello");
 }
 
@@ -429,8 +457,8 @@ std::vector<int> UcxComm::ServiceHellos() {
   for (;;) {
     uint64_t sender_tag = 0;
     std::string got;
-    Status rs = ProbeReceive(lk, static_cast<uint64_t>(MsgKind::kHello) << 56, uint64_t{0xff} << 56,
-                             -1, 0, false, &sender_tag, &got);
+    Status rs = ProbeReceive(lk, static_cast<uint64_t>(kHello.id) << 56, uint64_t{0xff} << 56, -1,
+                             0, false, &sender_tag, &got);
     if (sender_tag == 0) break;  // no hello waiting
     if (!rs.ok()) continue;
     const int p = static_cast<int>((sender_tag >> 32) & 0xffffff);
@@ -548,8 +576,8 @@ Status UcxComm::Bootstrap(Lock& lk,
     if (p == rank_) continue;
     std::string got;
     const double left = std::max(0.0, NanosToSeconds(deadline - NowNanos()));
-    Status rs = ProbeReceive(lk, MakeTag(MsgKind::kHello, p, 0), ~uint64_t{0}, p, left, false,
-                             nullptr, &got);
+    Status rs =
+        ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, false, nullptr, &got);
     if (!rs.ok())
       return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
                                  std::to_string(options_.connect_timeout_s) + " s (" +

@@ -7,8 +7,9 @@
 // to start creates "token", mode 0600, atomically) and only ranks that present it are
 // accepted: a process of another job or user cannot join.
 //
-// Messages are UCX tagged sends. A tag is (kind, source rank, sequence); Recv matches the
-// whole tag, so collectives and later the replicator never steal each other's messages.
+// Messages are UCX tagged sends. A tag is (channel, source rank, sequence); Recv matches
+// the whole tag, so the stages talking over one UcxComm (each on channels of its own,
+// handed out by the composition root) never steal each other's messages.
 // Every UCX handle is owned here and released in reverse order of creation.
 // Thread-safety: all calls are serialised by an internal mutex (the worker is used by one
 // thread at a time).
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cairn/options.h"
@@ -30,24 +32,51 @@
 
 namespace cairn {
 
-enum class MsgKind : uint8_t {
-  kHello = 1,
-  kCollective = 2,
-  kBroadcast = 3,
-  kReplOffer = 4,          // replicator: header of a version, sender -> holder
-  kReplReady = 5,          // holder -> sender: receives posted (or refused, and why)
-  kReplData = 6,           // sender -> holder: one chunk of the version's bytes
-  kReplAck = 7,            // holder -> sender: bytes verified and replica published (or not)
-  kPersistCollective = 8,  // the persister's own Group (its collectives run on its thread)
-  kPersistBroadcast = 9,
-  kRestoreData = 10,  // recovery: bytes of a saved piece, holder or PFS reader -> target rank
+// A message channel: the first byte of the tags of one conversation. The transport keeps
+// ids below kFirstChannel for itself (hellos); the composition root (api/channels.h) gives
+// every stage that talks its own channels, with the same ids on every rank.
+struct Channel {
+  uint8_t id = 0;
+  bool operator==(const Channel&) const = default;
 };
+inline constexpr uint8_t kFirstChannel = 2;
 
-// (kind, source rank < 2^24, sequence) packed into a UCX tag.
-inline uint64_t MakeTag(MsgKind kind, int source, uint32_t seq) {
-  return (static_cast<uint64_t>(kind) << 56) |
+// (channel, source rank < 2^24, sequence) packed into a UCX tag.
+inline uint64_t MakeTag(Channel channel, int source, uint32_t seq) {
+  return (static_cast<uint64_t>(channel.id) << 56) |
          (static_cast<uint64_t>(static_cast<uint32_t>(source) & 0xffffff) << 32) | seq;
 }
+
+class UcxComm;
+
+// A UCX request this rank started (send, receive, put, flush, endpoint close), owned by
+// exactly one handle: move-only, and freed when the handle goes. A handle dropped while
+// its request is still in flight cancels it first (its buffer must stay valid until the
+// handle is gone). Empty when the operation completed at once or failed to start.
+// Thread-safety: like the UcxComm that made it; never destroy an owning handle from inside
+// UcxComm with its lock held (UcxComm frees its own with Free()).
+class UcxRequest {
+ public:
+  UcxRequest() = default;
+  UcxRequest(UcxRequest&& o) noexcept
+      : comm_(std::exchange(o.comm_, nullptr)), req_(std::exchange(o.req_, nullptr)) {}
+  UcxRequest& operator=(UcxRequest&& o) noexcept;
+  UcxRequest(const UcxRequest&) = delete;
+  UcxRequest& operator=(const UcxRequest&) = delete;
+  ~UcxRequest();
+  // Whether a request is still owned (not yet waited for, freed or dropped).
+  explicit operator bool() const { return req_ != nullptr; }
+
+ private:
+  friend class UcxComm;
+  UcxRequest(UcxComm* comm, void* req) : comm_(comm), req_(req) {}
+  void* release() {
+    comm_ = nullptr;
+    return std::exchange(req_, nullptr);
+  }
+  UcxComm* comm_ = nullptr;
+  void* req_ = nullptr;
+};
 
 class UcxComm {
  public:
@@ -70,7 +99,7 @@ class UcxComm {
   // several peers should be started together and finished after the matching receives:
   // large messages complete only when the receiver takes them.
   struct PendingSend {
-    void* request = nullptr;
+    UcxRequest request;
     int peer = -1;
     Status status;  // set when the send failed at once
   };
@@ -79,19 +108,19 @@ class UcxComm {
   Status FinishSend(PendingSend& send, double timeout_s = -1);
   // Receives directly into `buf` (at most `n` bytes) the message carrying exactly `tag`.
   struct PendingRecv {
-    void* request = nullptr;
+    UcxRequest request;
     int peer = -1;
     Status status;
   };
   PendingRecv StartRecv(int peer, uint64_t tag, void* buf, size_t n);
   Status FinishRecv(PendingRecv& recv, double timeout_s);
-  // Takes the next message of `kind` from any rank. Unavailable on timeout.
+  // Takes the next message on `channel` from any rank. Unavailable on timeout.
   struct Incoming {
     int source = -1;
     uint32_t seq = 0;
     std::string bytes;
   };
-  Result<Incoming> RecvAny(MsgKind kind, double timeout_s);
+  Result<Incoming> RecvAny(Channel channel, double timeout_s);
   // Answers the hellos of restarted peers: verifies their token, reconnects to their new
   // address and greets them back, so a rank that restarts can rejoin a running job.
   // Returns the ranks reconnected. Call it regularly from a service thread.
@@ -166,8 +195,9 @@ class UcxComm {
   UcxComm(const Options& o, const Logger* log);
   Status Init() CAIRN_NO_THREAD_SAFETY_ANALYSIS;  // before the object is shared
   Status Bootstrap(Lock& lk, const std::string& token_override) CAIRN_REQUIRES(mu_);
-  // Waits for a request with the lock held except while backing off.
-  Status WaitRequest(Lock& lk, void* request, int peer, double timeout_s, const char* what)
+  // Waits for a request with the lock held except while backing off, then frees it (after
+  // cancelling it on a timeout or a failed peer); `request` is empty on return.
+  Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what)
       CAIRN_REQUIRES(mu_);
   Status Connected(int peer, const std::string& address) CAIRN_REQUIRES(mu_);
   // Reads `peer`'s address file: OK with the address and its nonce, or why not.
@@ -181,11 +211,15 @@ class UcxComm {
   Status ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
                       bool gentle, uint64_t* sender_tag, std::string* out) CAIRN_REQUIRES(mu_);
   Status CheckPeer(int peer, const char* what) const;
-  // Counts a request UCX returned (a pointer: neither NULL, done at once, nor an error).
-  void* Track(void* request);
-  // Frees a counted request.
-  void Release(void* request);
-  PendingSend Started(int peer, void* request, const char* what);
+  // Takes ownership of what a UCX call returned: an owning handle for a request in flight
+  // (counted), an empty one when it completed at once, or Unavailable naming `what` and
+  // the peer when it failed to start.
+  Result<UcxRequest> Own(void* request, int peer, const char* what);
+  // Frees a request (cancelling it first if still in flight) and empties the handle.
+  void Free(UcxRequest& request) CAIRN_REQUIRES(mu_);
+  void FreeLocked(void* request) CAIRN_REQUIRES(mu_);
+  PendingSend Started(int peer, void* request, const char* what) CAIRN_REQUIRES(mu_);
+  friend class UcxRequest;
   Status Reconnect(Lock& lk, int peer, const std::string& nonce) CAIRN_REQUIRES(mu_);
   std::string Who(int peer) const;
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -205,7 +239,7 @@ class UcxComm {
   std::string nonce_;  // of this process's address file
   bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;
   std::atomic<bool> closing_{false};  // peer errors while shutting down are expected
-  std::atomic<int64_t> requests_{0};  // Track()ed and not yet Release()d
+  std::atomic<int64_t> requests_{0};  // owned by a UcxRequest and not yet freed
   // Sized by Init() and fixed afterwards; a Peer's endpoint changes with mu_ held, its
   // error and epoch are atomics (set by UCX callbacks).
   std::vector<std::unique_ptr<Peer>> peers_;

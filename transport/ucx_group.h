@@ -1,7 +1,7 @@
 // UcxGroup: the Group collectives over a UcxComm.
 //
 // Each collective has a sequence number that advances identically on every rank; its
-// messages are tagged (kind, sender, sequence), so a late message of one collective can
+// messages are tagged (channel, sender, sequence), so a late message of one collective can
 // never be taken for another's. AllGather sends this rank's bytes to every other rank and
 // receives theirs (n-1 messages each way per rank); Broadcast sends from the root to all.
 // Sizes here are small (layouts, step numbers); bulk data goes through the Replicator.
@@ -17,10 +17,9 @@ namespace cairn {
 
 class UcxGroup final : public Group {
  public:
-  // Groups on the same comm must use distinct message kinds (one pair per thread that runs
-  // collectives): the persister's group uses kPersistCollective / kPersistBroadcast.
-  explicit UcxGroup(UcxComm* comm, MsgKind collective = MsgKind::kCollective,
-                    MsgKind broadcast = MsgKind::kBroadcast)
+  // Groups on the same comm need channels of their own (one pair per thread that runs
+  // collectives; see api/channels.h).
+  UcxGroup(UcxComm* comm, Channel collective, Channel broadcast)
       : comm_(comm), collective_(collective), broadcast_(broadcast) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
@@ -30,8 +29,8 @@ class UcxGroup final : public Group {
 
  private:
   UcxComm* comm_;
-  MsgKind collective_;
-  MsgKind broadcast_;
+  Channel collective_;
+  Channel broadcast_;
   uint32_t seq_ = 0;
 };
 
