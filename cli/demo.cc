@@ -454,6 +454,376 @@ struct Check {
   std::string detail;
 };
 
+// One run of the demo, phase by phase (the steps its --help describes). A phase returns
+// false when the demo cannot go on, with the exit code in rc_.
+class DemoRun {
+ public:
+  explicit DemoRun(DemoArgs a) : a_(std::move(a)) {}
+  int Run() {
+    if (!Prepare() || !TrainUntilTheKill() || !Survey() || !Resume()) return rc_;
+    if (finished_ && !Reshard()) return rc_;
+    return Summarize();
+  }
+
+ private:
+  // Chooses the kill step and the directories, and prints what the demo will do.
+  bool Prepare();
+  // 1. Trains until every rank has the kill step replicated, kills both nodes, wipes node 1.
+  bool TrainUntilTheKill();
+  // 2. Prints what node 0's memory and the PFS hold; finds the step to expect.
+  bool Survey();
+  // 3. Restarts the job: restore, check, train to the end, flush.
+  bool Resume();
+  bool Reshard();
+  // Prints the figures and the checks; cleans up when they all passed.
+  int Summarize();
+  void ShowProgress(const std::vector<RankLog>& logs, int64_t* next);
+  bool FailEarly(const std::string& why, const Job* job) {
+    std::printf("\n%s\n", why.c_str());
+    if (job) PrintProblems(job->Read());
+    std::printf("\nkept for inspection: %s %s %s\n\ndemo FAILED\n", d_.host_job.c_str(),
+                d_.pfs_job.c_str(), d_.logs.c_str());
+    rc_ = 1;
+    return false;
+  }
+
+  DemoArgs a_;
+  Dirs d_;
+  std::mt19937_64 rng_;
+  FileSystem* fs_ = DefaultFileSystem();
+  int rc_ = 0;
+  int64_t deadline_ = 0;  // for the training job (the restarted one gets 300 s more)
+  std::vector<Check> checks_;
+  std::vector<RankLog> before_, after_, reshard_;  // rank logs of the three jobs
+  int64_t last_seen_ = 0;                          // the step the killed job had reached
+  int64_t expected_ = 0;                           // the newest step node 0 holds for every rank
+  int64_t final_step_ = 0;  // the last step the restarted job trains and flushes
+  bool finished_ = false;   // the restarted job flushed final_step_
+};
+
+void DemoRun::ShowProgress(const std::vector<RankLog>& logs, int64_t* next) {
+  const int64_t step = MinOf(logs, "step");
+  if (step < *next) return;
+  std::vector<double> stall, iter;
+  int64_t pers = -1;
+  for (const RankLog& r : logs) {
+    stall.insert(stall.end(), r.stall_ms.begin(), r.stall_ms.end());
+    iter.insert(iter.end(), r.iter_ms.begin(), r.iter_ms.end());
+    pers = std::max<int64_t>(pers, static_cast<int64_t>(Num(r.last_step, "pers_step", -1)));
+  }
+  std::printf(
+      "      step %3lld   stall %.3f ms/iteration (median; iteration %.0f ms)   replicated: %s   "
+      "PFS: %s\n",
+      static_cast<long long>(step), Median(stall), Mean(iter),
+      StepOrNone(MinOf(logs, "repl_step")).c_str(), StepOrNone(pers).c_str());
+  std::fflush(stdout);
+  *next = (step / 5 + 1) * 5;
+}
+
+bool DemoRun::Prepare() {
+  rng_.seed(a_.seed ? a_.seed : static_cast<uint64_t>(WallNanos()));
+  if (a_.job.empty()) a_.job = "demo-" + std::to_string(::getpid());
+  if (a_.pfs_root.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    a_.pfs_root = std::string(tmp && *tmp ? tmp : "/var/tmp") + "/cairn-demo";
+  }
+  const int64_t lo = std::max<int64_t>(a_.persist_every + 1, a_.steps / 3);
+  const int64_t hi = std::max<int64_t>(lo, a_.steps * 2 / 3);
+  if (a_.kill_at < 0)
+    a_.kill_at = lo + static_cast<int64_t>(rng_() % static_cast<uint64_t>(hi - lo + 1));
+  if (a_.kill_at < 2 || a_.kill_at > a_.steps - 4) {
+    std::fprintf(stderr, "cairn demo: --kill-at must be in 2..steps-4\n");
+    rc_ = 2;
+    return false;
+  }
+  {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) {
+      std::fprintf(stderr, "cairn demo: cannot find its own executable\n");
+      rc_ = 1;
+      return false;
+    }
+    d_.exe.assign(buf, static_cast<size_t>(n));
+  }
+  d_.host_job = JoinPath(a_.host_root, a_.job);
+  d_.pfs_job = PfsJobDir(a_.pfs_root, a_.job);
+  d_.logs = d_.pfs_job + ".logs";
+  if (fs_->Exists(d_.host_job) || fs_->Exists(d_.pfs_job)) {
+    std::fprintf(stderr, "cairn demo: %s or %s already exists: choose another --job\n",
+                 d_.host_job.c_str(), d_.pfs_job.c_str());
+    rc_ = 2;
+    return false;
+  }
+  const ShardedModel probe(GptTensors(a_.layers, a_.dim, a_.vocab), "megatron", 0, 4, 2);
+  std::printf(
+      "cairn demo: 2 nodes x 2 ranks train a synthetic GPT-like model (%d layers, width %lld,\n"
+      "            %zu tensors, %s of weights and Adam moments, %s per rank: 2-way tensor\n"
+      "            parallel x 2-way data parallel, moments sharded over data parallel)\n"
+      "            host tiers: %s   PFS: %s\n\n",
+      a_.layers, static_cast<long long>(a_.dim), probe.num_tensors() * 3,
+      Mb(static_cast<double>(probe.model_bytes())).c_str(),
+      Mb(static_cast<double>(probe.bytes())).c_str(), d_.host_job.c_str(), d_.pfs_job.c_str());
+  std::fflush(stdout);
+  return true;
+}
+
+bool DemoRun::TrainUntilTheKill() {
+  // 1. Train until every rank has its step kill_at replicated.
+  std::printf(
+      "[1/4] training: a checkpoint every iteration, replicated to the other node, 1 version in "
+      "%d persisted;\n      node 1 dies once step %lld is replicated\n",
+      a_.persist_every, static_cast<long long>(a_.kill_at));
+  std::fflush(stdout);
+  auto train = Launch(a_, d_, 2, 2, "train");
+  if (!train.ok()) return FailEarly("cannot start the job: " + train.status().ToString(), nullptr);
+  deadline_ = NowNanos() + static_cast<int64_t>(600e9);
+  int64_t next = 5;
+  std::vector<RankLog> logs;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    logs = train->Read();
+    ShowProgress(logs, &next);
+    if (MinOf(logs, "repl_step") >= a_.kill_at) break;
+    if (train->launcher->Running() < 4)
+      return FailEarly("a rank of the training job ended before the kill", &*train);
+    if (NowNanos() > deadline_) return FailEarly("the training job made no progress", &*train);
+  }
+  // Somewhere inside an iteration: maybe mid-copy, mid-replication or mid-drain.
+  std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 30000));
+  for (int r : {2, 3}) (void)train->launcher->Signal(r, SIGKILL);
+  for (int r : {2, 3}) train->launcher->WaitRank(r);
+  for (int r : {0, 1}) (void)train->launcher->Signal(r, SIGKILL);
+  for (int r : {0, 1}) train->launcher->WaitRank(r);
+  before_ = train->Read();
+  last_seen_ = MinOf(before_, "step");
+  const std::string node1 = JoinPath(d_.host_job, "node-1");
+  Status wiped = fs_->RemoveAll(node1);
+  if (!wiped.ok()) return FailEarly("cannot wipe " + node1 + ": " + wiped.ToString(), nullptr);
+  std::printf(
+      "      node 1 (ranks 2, 3) killed with SIGKILL after step %lld, then node 0 (the job "
+      "restarts);\n      node 1's host memory wiped (%s)\n\n",
+      static_cast<long long>(last_seen_), node1.c_str());
+  return true;
+}
+
+bool DemoRun::Survey() {
+  // 2. What node 0's memory and the PFS hold.
+  std::printf("[2/4] what survived\n");
+  const std::string node0 = JoinPath(d_.host_job, "node-0");
+  std::set<int64_t> everywhere;
+  for (int r = 0; r < 4; ++r) {
+    const std::string dir =
+        r < 2 ? HostTier::RankDir(a_.host_root, a_.job, 0, r) : ReplicaStore::SourceDir(node0, r);
+    const std::set<int64_t> held = Restorable(dir);
+    std::printf("      node 0, %-26s steps %s\n",
+                (r < 2 ? "rank " + std::to_string(r) + " (own memory)"
+                       : "replica of rank " + std::to_string(r) + " (node 1)")
+                    .c_str(),
+                StepList(held).c_str());
+    if (r == 0) {
+      everywhere = held;
+    } else {
+      std::set<int64_t> both;
+      for (int64_t x : held)
+        if (everywhere.count(x)) both.insert(x);
+      everywhere = both;
+    }
+  }
+  auto committed = ReadLatest(fs_, d_.pfs_job);
+  std::printf("      PFS, committed                  step %s\n",
+              committed.ok() ? std::to_string(*committed).c_str() : "none");
+  if (everywhere.empty())
+    return FailEarly(
+        "node 0's memory holds no step for every rank (replication lagged, or the ranks skipped "
+        "different versions for want of a free slot)",
+        nullptr);
+  expected_ = *everywhere.rbegin();
+  std::printf("      newest step node 0 holds for every rank: %lld\n",
+              static_cast<long long>(expected_));
+  if (!a_.corrupt.empty()) {
+    std::string what;
+    Status st = CorruptReplica(ReplicaStore::SourceDir(node0, 2), expected_,
+                               a_.corrupt == "resealed", &what);
+    if (!st.ok()) return FailEarly("--corrupt-replica: " + st.ToString(), nullptr);
+    std::printf("      --corrupt-replica %s: flipped a bit of %s%s\n", a_.corrupt.c_str(),
+                what.c_str(), a_.corrupt == "resealed" ? " and rewrote its checksums" : "");
+  }
+  std::printf("\n");
+  return true;
+}
+
+bool DemoRun::Resume() {
+  // The resumed job trains at least 3 steps (a kill late in the run still shows training go
+  // on), so its last step is:
+  final_step_ = std::max(a_.steps, expected_ + 3);
+  // 3. The job restarts: restore, check, train to the end, flush.
+  std::printf(
+      "[3/4] restart on 2 nodes x 2 ranks: restore, check every value, train to step %lld\n",
+      static_cast<long long>(final_step_));
+  std::fflush(stdout);
+  auto resume = Launch(a_, d_, 2, 2, "resume");
+  if (!resume.ok())
+    return FailEarly("cannot restart the job: " + resume.status().ToString(), nullptr);
+  std::vector<bool> shown(4, false);
+  int64_t next = (expected_ / 5 + 1) * 5;
+  std::vector<RankLog> logs;
+  for (bool running = true; running;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    running = resume->launcher->Running() > 0;
+    logs = resume->Read();
+    for (size_t r = 0; r < 4; ++r) {
+      const RankLog& x = logs[r];
+      if (shown[r] || x.check.empty()) continue;
+      shown[r] = true;
+      const std::string tier = x.restored.count("tier") ? x.restored.at("tier") : "?";
+      std::printf(
+          "      rank %zu restored step %lld from %s in %.1f ms (%s%s); every value: %s\n", r,
+          static_cast<long long>(Num(x.restored, "restored", -1)),
+          tier == "host"   ? "its own memory"
+          : tier == "peer" ? "node 0's memory"
+                           : tier.c_str(),
+          Num(x.restored, "ms"), Mb(Num(x.restored, "bytes")).c_str(),
+          tier == "peer" ? (", " + Mb(Num(x.restored, "received")) + " over UCX").c_str() : "",
+          x.check.c_str());
+      for (const std::string& s : x.skipped) std::printf("        passed over: %s\n", s.c_str());
+    }
+    ShowProgress(logs, &next);
+    if (NowNanos() > deadline_ + static_cast<int64_t>(300e9)) {
+      resume->launcher.reset();
+      return FailEarly("the restarted job did not finish", &*resume);
+    }
+  }
+  after_ = resume->Read();
+  bool same_step = true, tiers_ok = true, values_ok = true;
+  finished_ = true;
+  std::string steps_seen, tiers_seen;
+  uint64_t pfs_read = 0;
+  for (int r = 0; r < 4; ++r) {
+    const RankLog& x = after_[static_cast<size_t>(r)];
+    const int64_t got = static_cast<int64_t>(Num(x.restored, "restored", -1));
+    const std::string tier = x.restored.count("tier") ? x.restored.at("tier") : "none";
+    same_step = same_step && got == expected_;
+    tiers_ok = tiers_ok && tier == (r < 2 ? "host" : "peer");
+    pfs_read = std::max<uint64_t>(pfs_read, static_cast<uint64_t>(Num(x.restored, "pfs")));
+    values_ok = values_ok && x.check == "ok" && x.job_check == "none";
+    finished_ = finished_ && resume->launcher->ranks()[static_cast<size_t>(r)].exit_code == 0 &&
+                static_cast<int64_t>(Num(x.flushed, "flushed", -1)) == final_step_;
+    steps_seen += (r ? " " : "") + (got < 0 ? std::string("-") : std::to_string(got));
+    tiers_seen += (r ? " " : "") + tier;
+  }
+  checks_.push_back({"every rank restored node 0's newest step (" + std::to_string(expected_) + ")",
+                     same_step, "restored: " + steps_seen});
+  checks_.push_back({"node 1 came back from node 0's memory, 0 bytes from the PFS",
+                     tiers_ok && pfs_read == 0,
+                     "tiers: " + tiers_seen + ", PFS bytes read " + std::to_string(pfs_read)});
+  checks_.push_back({"every restored value equals a replay of the training", values_ok, ""});
+  checks_.push_back(
+      {"training resumed and step " + std::to_string(final_step_) + " was flushed", finished_, ""});
+  if (!values_ok || !finished_) PrintProblems(after_);
+  if (finished_)
+    std::printf("      step %lld committed to the PFS\n", static_cast<long long>(final_step_));
+  std::printf("\n");
+  return true;
+}
+
+bool DemoRun::Reshard() {
+  std::printf(
+      "[4/4] every host tier dropped; a new job of 3 ranks (parameters split 3 ways along dim "
+      "0,\n      ZeRO-3 flat optimizer shards) restores the last PFS version\n");
+  std::fflush(stdout);
+  Status st = fs_->RemoveAll(d_.host_job);
+  if (!st.ok()) return FailEarly("cannot drop the host tiers: " + st.ToString(), nullptr);
+  auto check = Launch(a_, d_, 1, 3, "check");
+  if (!check.ok())
+    return FailEarly("cannot start the 3-rank job: " + check.status().ToString(), nullptr);
+  const bool all_ok = check->launcher->WaitAll(600);
+  reshard_ = check->Read();
+  bool ok = all_ok;
+  for (size_t r = 0; r < 3; ++r) {
+    const RankLog& x = reshard_[r];
+    const std::string tier = x.restored.count("tier") ? x.restored.at("tier") : "none";
+    std::printf(
+        "      rank %zu restored step %lld from %s in %.1f ms (%s, resharded); every value: "
+        "%s\n",
+        r, static_cast<long long>(Num(x.restored, "restored", -1)), tier.c_str(),
+        Num(x.restored, "ms"), Mb(Num(x.restored, "bytes")).c_str(),
+        x.check.empty() ? "not checked" : x.check.c_str());
+    ok = ok && tier == "pfs" && x.check == "ok" && x.job_check == "none" &&
+         static_cast<int64_t>(Num(x.restored, "restored", -1)) == final_step_ &&
+         Num(x.restored, "resharded") == 1;
+  }
+  if (!ok) PrintProblems(reshard_);
+  const double read = Num(reshard_[0].restored, "pfs"),
+               needed = Num(reshard_[0].restored, "needed");
+  checks_.push_back({"3 ranks, new layout: step " + std::to_string(final_step_) +
+                         " from the PFS, every value equals a replay",
+                     ok, ""});
+  checks_.push_back({"each needed PFS byte read once", needed > 0 && read <= needed * 1.05,
+                     Mb(read) + " read for " + Mb(needed) + " needed"});
+  std::printf("\n");
+  return true;
+}
+
+int DemoRun::Summarize() {
+  std::vector<double> stall, iter;
+  double copied = 0, replicated = 0, persisted = 0;
+  for (const auto* phase : {&before_, &after_})
+    for (const RankLog& r : *phase) {
+      stall.insert(stall.end(), r.stall_ms.begin(), r.stall_ms.end());
+      iter.insert(iter.end(), r.iter_ms.begin(), r.iter_ms.end());
+      const Fields& f = r.flushed.empty() ? r.last_step : r.flushed;
+      copied += Num(f, "copied");
+      replicated += Num(f, "replicated");
+      persisted += Num(f, "persisted");
+    }
+  const double stall_max = stall.empty() ? 0 : *std::max_element(stall.begin(), stall.end());
+  std::printf("summary\n");
+  std::printf("  %-28s 4 ranks, %lld steps before the kill, %lld after the restart\n", "training",
+              static_cast<long long>(last_seen_), static_cast<long long>(final_step_ - expected_));
+  std::printf(
+      "  %-28s %.3f ms per iteration (median), %.3f ms mean, %.1f ms max; an iteration took "
+      "%.0f ms\n",
+      "checkpoint stall", Median(stall), Mean(stall), stall_max, Mean(iter));
+  std::printf("  %-28s %s\n", "copied into host memory", Mb(copied).c_str());
+  std::printf("  %-28s %s\n", "replicated to the other node", Mb(replicated).c_str());
+  std::printf("  %-28s %s\n", "persisted to the PFS", Mb(persisted).c_str());
+  auto tier_line = [&](const char* label, const std::vector<RankLog>& ls, std::vector<int> ranks,
+                       const char* how) {
+    double ms = 0, bytes = 0;
+    for (int r : ranks) {
+      if (static_cast<size_t>(r) >= ls.size()) return;
+      ms = std::max(ms, Num(ls[static_cast<size_t>(r)].restored, "ms"));
+      bytes += Num(ls[static_cast<size_t>(r)].restored, "bytes");
+    }
+    std::printf("  %-28s %-22s %8.1f ms  %s %s\n", label[0] == 'h' ? "recovery time by tier" : "",
+                label, ms, Mb(bytes).c_str(), how);
+  };
+  tier_line("host (ranks 0, 1)", after_, {0, 1}, "from their own memory");
+  tier_line("peer (ranks 2, 3)", after_, {2, 3}, "from node 0's replicas over UCX");
+  tier_line("pfs (3 new ranks)", reshard_, {0, 1, 2}, "resharded from the PFS");
+  std::printf("  checks\n");
+  bool pass = true;
+  for (const Check& c : checks_) {
+    std::printf("    %-72s %s\n", c.what.c_str(), c.ok ? "ok" : "FAILED");
+    if (!c.ok && !c.detail.empty()) std::printf("      %s\n", c.detail.c_str());
+    pass = pass && c.ok;
+  }
+  pass = pass && checks_.size() == 6;
+  if (pass && !a_.keep) {
+    for (const std::string& p : {d_.host_job, d_.pfs_job, d_.logs}) {
+      Status st = fs_->RemoveAll(p);
+      if (!st.ok()) std::fprintf(stderr, "cairn demo: cleanup: %s\n", st.ToString().c_str());
+    }
+    ::rmdir(a_.pfs_root.c_str());  // only when empty
+    ::rmdir(a_.host_root.c_str());
+  } else {
+    std::printf("\nkept: %s %s %s\n", d_.host_job.c_str(), d_.pfs_job.c_str(), d_.logs.c_str());
+  }
+  std::printf("\n%s\n", pass ? "demo passed" : "demo FAILED");
+  return pass ? 0 : 1;
+}
+
 }  // namespace
 
 int DemoMain(int argc, char** argv) {
@@ -491,322 +861,7 @@ int DemoMain(int argc, char** argv) {
     std::fprintf(stderr, "cairn demo: needs --persist-every <= --steps / 2\n");
     return 2;
   }
-  std::mt19937_64 rng(a.seed ? a.seed : static_cast<uint64_t>(WallNanos()));
-  if (a.job.empty()) a.job = "demo-" + std::to_string(::getpid());
-  if (a.pfs_root.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    a.pfs_root = std::string(tmp && *tmp ? tmp : "/var/tmp") + "/cairn-demo";
-  }
-  const int64_t lo = std::max<int64_t>(a.persist_every + 1, a.steps / 3);
-  const int64_t hi = std::max<int64_t>(lo, a.steps * 2 / 3);
-  if (a.kill_at < 0)
-    a.kill_at = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
-  if (a.kill_at < 2 || a.kill_at > a.steps - 4) {
-    std::fprintf(stderr, "cairn demo: --kill-at must be in 2..steps-4\n");
-    return 2;
-  }
-  Dirs d;
-  {
-    char buf[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-    if (n <= 0) {
-      std::fprintf(stderr, "cairn demo: cannot find its own executable\n");
-      return 1;
-    }
-    d.exe.assign(buf, static_cast<size_t>(n));
-  }
-  FileSystem* fs = DefaultFileSystem();
-  d.host_job = JoinPath(a.host_root, a.job);
-  d.pfs_job = PfsJobDir(a.pfs_root, a.job);
-  d.logs = d.pfs_job + ".logs";
-  if (fs->Exists(d.host_job) || fs->Exists(d.pfs_job)) {
-    std::fprintf(stderr, "cairn demo: %s or %s already exists: choose another --job\n",
-                 d.host_job.c_str(), d.pfs_job.c_str());
-    return 2;
-  }
-  const ShardedModel probe(GptTensors(a.layers, a.dim, a.vocab), "megatron", 0, 4, 2);
-  std::printf(
-      "cairn demo: 2 nodes x 2 ranks train a synthetic GPT-like model (%d layers, width %lld,\n"
-      "            %zu tensors, %s of weights and Adam moments, %s per rank: 2-way tensor\n"
-      "            parallel x 2-way data parallel, moments sharded over data parallel)\n"
-      "            host tiers: %s   PFS: %s\n\n",
-      a.layers, static_cast<long long>(a.dim), probe.num_tensors() * 3,
-      Mb(static_cast<double>(probe.model_bytes())).c_str(),
-      Mb(static_cast<double>(probe.bytes())).c_str(), d.host_job.c_str(), d.pfs_job.c_str());
-  std::fflush(stdout);
-
-  std::vector<Check> checks;
-  auto fail_early = [&](const std::string& why, const Job* job) {
-    std::printf("\n%s\n", why.c_str());
-    if (job) PrintProblems(job->Read());
-    std::printf("\nkept for inspection: %s %s %s\n\ndemo FAILED\n", d.host_job.c_str(),
-                d.pfs_job.c_str(), d.logs.c_str());
-    return 1;
-  };
-
-  // 1. Train until every rank has its step kill_at replicated.
-  std::printf(
-      "[1/4] training: a checkpoint every iteration, replicated to the other node, 1 version in "
-      "%d persisted;\n      node 1 dies once step %lld is replicated\n",
-      a.persist_every, static_cast<long long>(a.kill_at));
-  std::fflush(stdout);
-  auto train = Launch(a, d, 2, 2, "train");
-  if (!train.ok()) return fail_early("cannot start the job: " + train.status().ToString(), nullptr);
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(600e9);
-  auto progress = [](const std::vector<RankLog>& logs, int64_t* next) {
-    const int64_t step = MinOf(logs, "step");
-    if (step < *next) return;
-    std::vector<double> stall, iter;
-    int64_t pers = -1;
-    for (const RankLog& r : logs) {
-      stall.insert(stall.end(), r.stall_ms.begin(), r.stall_ms.end());
-      iter.insert(iter.end(), r.iter_ms.begin(), r.iter_ms.end());
-      pers = std::max<int64_t>(pers, static_cast<int64_t>(Num(r.last_step, "pers_step", -1)));
-    }
-    std::printf(
-        "      step %3lld   stall %.3f ms/iteration (median; iteration %.0f ms)   replicated: %s   "
-        "PFS: %s\n",
-        static_cast<long long>(step), Median(stall), Mean(iter),
-        StepOrNone(MinOf(logs, "repl_step")).c_str(), StepOrNone(pers).c_str());
-    std::fflush(stdout);
-    *next = (step / 5 + 1) * 5;
-  };
-  int64_t next = 5;
-  std::vector<RankLog> logs;
-  for (;;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    logs = train->Read();
-    progress(logs, &next);
-    if (MinOf(logs, "repl_step") >= a.kill_at) break;
-    if (train->launcher->Running() < 4)
-      return fail_early("a rank of the training job ended before the kill", &*train);
-    if (NowNanos() > deadline) return fail_early("the training job made no progress", &*train);
-  }
-  // Somewhere inside an iteration: maybe mid-copy, mid-replication or mid-drain.
-  std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
-  for (int r : {2, 3}) (void)train->launcher->Signal(r, SIGKILL);
-  for (int r : {2, 3}) train->launcher->WaitRank(r);
-  for (int r : {0, 1}) (void)train->launcher->Signal(r, SIGKILL);
-  for (int r : {0, 1}) train->launcher->WaitRank(r);
-  const std::vector<RankLog> before = train->Read();
-  const int64_t last_seen = MinOf(before, "step");
-  const std::string node1 = JoinPath(d.host_job, "node-1");
-  Status wiped = fs->RemoveAll(node1);
-  if (!wiped.ok()) return fail_early("cannot wipe " + node1 + ": " + wiped.ToString(), nullptr);
-  std::printf(
-      "      node 1 (ranks 2, 3) killed with SIGKILL after step %lld, then node 0 (the job "
-      "restarts);\n      node 1's host memory wiped (%s)\n\n",
-      static_cast<long long>(last_seen), node1.c_str());
-
-  // 2. What node 0's memory and the PFS hold.
-  std::printf("[2/4] what survived\n");
-  const std::string node0 = JoinPath(d.host_job, "node-0");
-  std::set<int64_t> everywhere;
-  for (int r = 0; r < 4; ++r) {
-    const std::string dir =
-        r < 2 ? HostTier::RankDir(a.host_root, a.job, 0, r) : ReplicaStore::SourceDir(node0, r);
-    const std::set<int64_t> held = Restorable(dir);
-    std::printf("      node 0, %-26s steps %s\n",
-                (r < 2 ? "rank " + std::to_string(r) + " (own memory)"
-                       : "replica of rank " + std::to_string(r) + " (node 1)")
-                    .c_str(),
-                StepList(held).c_str());
-    if (r == 0) {
-      everywhere = held;
-    } else {
-      std::set<int64_t> both;
-      for (int64_t x : held)
-        if (everywhere.count(x)) both.insert(x);
-      everywhere = both;
-    }
-  }
-  auto committed = ReadLatest(fs, d.pfs_job);
-  std::printf("      PFS, committed                  step %s\n",
-              committed.ok() ? std::to_string(*committed).c_str() : "none");
-  if (everywhere.empty())
-    return fail_early(
-        "node 0's memory holds no step for every rank (replication lagged, or the ranks skipped "
-        "different versions for want of a free slot)",
-        nullptr);
-  const int64_t expected = *everywhere.rbegin();
-  std::printf("      newest step node 0 holds for every rank: %lld\n",
-              static_cast<long long>(expected));
-  if (!a.corrupt.empty()) {
-    std::string what;
-    Status st =
-        CorruptReplica(ReplicaStore::SourceDir(node0, 2), expected, a.corrupt == "resealed", &what);
-    if (!st.ok()) return fail_early("--corrupt-replica: " + st.ToString(), nullptr);
-    std::printf("      --corrupt-replica %s: flipped a bit of %s%s\n", a.corrupt.c_str(),
-                what.c_str(), a.corrupt == "resealed" ? " and rewrote its checksums" : "");
-  }
-  std::printf("\n");
-
-  // The resumed job trains at least 3 steps (a kill late in the run still shows training go
-  // on), so its last step is:
-  const int64_t final_step = std::max(a.steps, expected + 3);
-  // 3. The job restarts: restore, check, train to the end, flush.
-  std::printf(
-      "[3/4] restart on 2 nodes x 2 ranks: restore, check every value, train to step %lld\n",
-      static_cast<long long>(final_step));
-  std::fflush(stdout);
-  auto resume = Launch(a, d, 2, 2, "resume");
-  if (!resume.ok())
-    return fail_early("cannot restart the job: " + resume.status().ToString(), nullptr);
-  std::vector<bool> shown(4, false);
-  next = (expected / 5 + 1) * 5;
-  for (bool running = true; running;) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    running = resume->launcher->Running() > 0;
-    logs = resume->Read();
-    for (size_t r = 0; r < 4; ++r) {
-      const RankLog& x = logs[r];
-      if (shown[r] || x.check.empty()) continue;
-      shown[r] = true;
-      const std::string tier = x.restored.count("tier") ? x.restored.at("tier") : "?";
-      std::printf(
-          "      rank %zu restored step %lld from %s in %.1f ms (%s%s); every value: %s\n", r,
-          static_cast<long long>(Num(x.restored, "restored", -1)),
-          tier == "host"   ? "its own memory"
-          : tier == "peer" ? "node 0's memory"
-                           : tier.c_str(),
-          Num(x.restored, "ms"), Mb(Num(x.restored, "bytes")).c_str(),
-          tier == "peer" ? (", " + Mb(Num(x.restored, "received")) + " over UCX").c_str() : "",
-          x.check.c_str());
-      for (const std::string& s : x.skipped) std::printf("        passed over: %s\n", s.c_str());
-    }
-    progress(logs, &next);
-    if (NowNanos() > deadline + static_cast<int64_t>(300e9)) {
-      resume->launcher.reset();
-      return fail_early("the restarted job did not finish", &*resume);
-    }
-  }
-  logs = resume->Read();
-  const std::vector<RankLog> after = logs;
-  bool same_step = true, tiers_ok = true, values_ok = true, finished = true;
-  std::string steps_seen, tiers_seen;
-  uint64_t pfs_read = 0;
-  for (int r = 0; r < 4; ++r) {
-    const RankLog& x = after[static_cast<size_t>(r)];
-    const int64_t got = static_cast<int64_t>(Num(x.restored, "restored", -1));
-    const std::string tier = x.restored.count("tier") ? x.restored.at("tier") : "none";
-    same_step = same_step && got == expected;
-    tiers_ok = tiers_ok && tier == (r < 2 ? "host" : "peer");
-    pfs_read = std::max<uint64_t>(pfs_read, static_cast<uint64_t>(Num(x.restored, "pfs")));
-    values_ok = values_ok && x.check == "ok" && x.job_check == "none";
-    finished = finished && resume->launcher->ranks()[static_cast<size_t>(r)].exit_code == 0 &&
-               static_cast<int64_t>(Num(x.flushed, "flushed", -1)) == final_step;
-    steps_seen += (r ? " " : "") + (got < 0 ? std::string("-") : std::to_string(got));
-    tiers_seen += (r ? " " : "") + tier;
-  }
-  checks.push_back({"every rank restored node 0's newest step (" + std::to_string(expected) + ")",
-                    same_step, "restored: " + steps_seen});
-  checks.push_back({"node 1 came back from node 0's memory, 0 bytes from the PFS",
-                    tiers_ok && pfs_read == 0,
-                    "tiers: " + tiers_seen + ", PFS bytes read " + std::to_string(pfs_read)});
-  checks.push_back({"every restored value equals a replay of the training", values_ok, ""});
-  checks.push_back(
-      {"training resumed and step " + std::to_string(final_step) + " was flushed", finished, ""});
-  if (!values_ok || !finished) PrintProblems(after);
-  if (finished)
-    std::printf("      step %lld committed to the PFS\n", static_cast<long long>(final_step));
-  std::printf("\n");
-
-  // 4. A new job of 3 ranks with another layout restores the last PFS version.
-  std::vector<RankLog> reshard;
-  if (finished) {
-    std::printf(
-        "[4/4] every host tier dropped; a new job of 3 ranks (parameters split 3 ways along dim "
-        "0,\n      ZeRO-3 flat optimizer shards) restores the last PFS version\n");
-    std::fflush(stdout);
-    Status st = fs->RemoveAll(d.host_job);
-    if (!st.ok()) return fail_early("cannot drop the host tiers: " + st.ToString(), nullptr);
-    auto check = Launch(a, d, 1, 3, "check");
-    if (!check.ok())
-      return fail_early("cannot start the 3-rank job: " + check.status().ToString(), nullptr);
-    const bool all_ok = check->launcher->WaitAll(600);
-    reshard = check->Read();
-    bool ok = all_ok;
-    for (size_t r = 0; r < 3; ++r) {
-      const RankLog& x = reshard[r];
-      const std::string tier = x.restored.count("tier") ? x.restored.at("tier") : "none";
-      std::printf(
-          "      rank %zu restored step %lld from %s in %.1f ms (%s, resharded); every value: "
-          "%s\n",
-          r, static_cast<long long>(Num(x.restored, "restored", -1)), tier.c_str(),
-          Num(x.restored, "ms"), Mb(Num(x.restored, "bytes")).c_str(),
-          x.check.empty() ? "not checked" : x.check.c_str());
-      ok = ok && tier == "pfs" && x.check == "ok" && x.job_check == "none" &&
-           static_cast<int64_t>(Num(x.restored, "restored", -1)) == final_step &&
-           Num(x.restored, "resharded") == 1;
-    }
-    if (!ok) PrintProblems(reshard);
-    const double read = Num(reshard[0].restored, "pfs"),
-                 needed = Num(reshard[0].restored, "needed");
-    checks.push_back({"3 ranks, new layout: step " + std::to_string(final_step) +
-                          " from the PFS, every value equals a replay",
-                      ok, ""});
-    checks.push_back({"each needed PFS byte read once", needed > 0 && read <= needed * 1.05,
-                      Mb(read) + " read for " + Mb(needed) + " needed"});
-    std::printf("\n");
-  }
-
-  // Summary.
-  std::vector<double> stall, iter;
-  double copied = 0, replicated = 0, persisted = 0;
-  for (const auto* phase : {&before, &after})
-    for (const RankLog& r : *phase) {
-      stall.insert(stall.end(), r.stall_ms.begin(), r.stall_ms.end());
-      iter.insert(iter.end(), r.iter_ms.begin(), r.iter_ms.end());
-      const Fields& f = r.flushed.empty() ? r.last_step : r.flushed;
-      copied += Num(f, "copied");
-      replicated += Num(f, "replicated");
-      persisted += Num(f, "persisted");
-    }
-  const double stall_max = stall.empty() ? 0 : *std::max_element(stall.begin(), stall.end());
-  std::printf("summary\n");
-  std::printf("  %-28s 4 ranks, %lld steps before the kill, %lld after the restart\n", "training",
-              static_cast<long long>(last_seen), static_cast<long long>(final_step - expected));
-  std::printf(
-      "  %-28s %.3f ms per iteration (median), %.3f ms mean, %.1f ms max; an iteration took "
-      "%.0f ms\n",
-      "checkpoint stall", Median(stall), Mean(stall), stall_max, Mean(iter));
-  std::printf("  %-28s %s\n", "copied into host memory", Mb(copied).c_str());
-  std::printf("  %-28s %s\n", "replicated to the other node", Mb(replicated).c_str());
-  std::printf("  %-28s %s\n", "persisted to the PFS", Mb(persisted).c_str());
-  auto tier_line = [&](const char* label, const std::vector<RankLog>& ls, std::vector<int> ranks,
-                       const char* how) {
-    double ms = 0, bytes = 0;
-    for (int r : ranks) {
-      if (static_cast<size_t>(r) >= ls.size()) return;
-      ms = std::max(ms, Num(ls[static_cast<size_t>(r)].restored, "ms"));
-      bytes += Num(ls[static_cast<size_t>(r)].restored, "bytes");
-    }
-    std::printf("  %-28s %-22s %8.1f ms  %s %s\n", label[0] == 'h' ? "recovery time by tier" : "",
-                label, ms, Mb(bytes).c_str(), how);
-  };
-  tier_line("host (ranks 0, 1)", after, {0, 1}, "from their own memory");
-  tier_line("peer (ranks 2, 3)", after, {2, 3}, "from node 0's replicas over UCX");
-  tier_line("pfs (3 new ranks)", reshard, {0, 1, 2}, "resharded from the PFS");
-  std::printf("  checks\n");
-  bool pass = true;
-  for (const Check& c : checks) {
-    std::printf("    %-72s %s\n", c.what.c_str(), c.ok ? "ok" : "FAILED");
-    if (!c.ok && !c.detail.empty()) std::printf("      %s\n", c.detail.c_str());
-    pass = pass && c.ok;
-  }
-  pass = pass && checks.size() == 6;
-  if (pass && !a.keep) {
-    for (const std::string& p : {d.host_job, d.pfs_job, d.logs}) {
-      Status st = fs->RemoveAll(p);
-      if (!st.ok()) std::fprintf(stderr, "cairn demo: cleanup: %s\n", st.ToString().c_str());
-    }
-    ::rmdir(a.pfs_root.c_str());  // only when empty
-    ::rmdir(a.host_root.c_str());
-  } else {
-    std::printf("\nkept: %s %s %s\n", d.host_job.c_str(), d.pfs_job.c_str(), d.logs.c_str());
-  }
-  std::printf("\n%s\n", pass ? "demo passed" : "demo FAILED");
-  return pass ? 0 : 1;
+  return DemoRun(std::move(a)).Run();
 }
 
 }  // namespace cairn::cli
