@@ -53,7 +53,7 @@ struct PyShard {
 
 DType DTypeOrThrow(const std::string& name) {
   auto d = ParseDType(name);
-  if (!d) throw py::value_error("unknown dtype '" + name + "'");
+  if (!d) Throw(Status::InvalidArgument("unknown dtype '" + name + "'"));
   return *d;
 }
 
@@ -71,6 +71,34 @@ PyShard MakeShard(std::string name, const std::string& dtype, Shape shape, uintp
   return s;
 }
 
+// The address and size of a writable C-contiguous buffer; InvalidArgument naming the
+// tensor otherwise.
+std::pair<uintptr_t, uint64_t> WritableBytes(const std::string& name, const py::buffer& buf) {
+  py::buffer_info info;
+  try {
+    info = buf.request(/*writable=*/true);
+  } catch (const std::exception& e) {  // read-only, or not a buffer
+    Throw(Status::InvalidArgument("buffer of '" + name + "': " + e.what()));
+  }
+  int64_t expect = info.itemsize;
+  for (py::ssize_t i = info.ndim; i-- > 0;) {
+    if (info.strides[static_cast<size_t>(i)] != expect)
+      Throw(Status::InvalidArgument("buffer of '" + name + "' is not C-contiguous"));
+    expect *= info.shape[static_cast<size_t>(i)];
+  }
+  return {reinterpret_cast<uintptr_t>(info.ptr), static_cast<uint64_t>(expect)};
+}
+
+std::vector<PyShard> FlatRangeShards(TensorMeta meta, int64_t begin, int64_t end,
+                                     uintptr_t data_ptr, bool device, const py::object& owner) {
+  std::vector<PyShard> out;
+  for (ShardSpec& spec :
+       Unwrap(ShardSpec::FromFlatRange(meta, begin, end, reinterpret_cast<void*>(data_ptr),
+                                       device ? MemoryKind::kDevice : MemoryKind::kHost)))
+    out.push_back({std::move(spec), owner});
+  return out;
+}
+
 std::vector<ShardSpec> Specs(const std::vector<PyShard>& shards) {
   std::vector<ShardSpec> out;
   out.reserve(shards.size());
@@ -81,9 +109,9 @@ std::vector<ShardSpec> Specs(const std::vector<PyShard>& shards) {
 Blobs ToBlobs(const py::dict& d) {
   Blobs b;
   for (auto [k, v] : d) {
-    if (!py::isinstance<py::str>(k)) throw py::type_error("blob names must be str");
+    if (!py::isinstance<py::str>(k)) Throw(Status::InvalidArgument("blob names must be str"));
     if (!py::isinstance<py::bytes>(v) && !py::isinstance<py::str>(v))
-      throw py::type_error("blob '" + k.cast<std::string>() + "' must be bytes or str");
+      Throw(Status::InvalidArgument("blob '" + k.cast<std::string>() + "' must be bytes or str"));
     b[k.cast<std::string>()] = v.cast<std::string>();
   }
   return b;
@@ -184,7 +212,7 @@ class PyCheckpointer {
 
  private:
   Checkpointer& Get() {
-    if (!c_) throw py::value_error("the Checkpointer is closed");
+    if (!c_) Throw(Status::FailedPrecondition("the Checkpointer is closed"));
     return *c_;
   }
   // Lets go of the owners of the versions whose bytes are all copied (a stream-ordered
@@ -281,25 +309,50 @@ PYBIND11_MODULE(_cairn, m) {
           [](std::string name, const std::string& dtype, Shape shape, py::buffer buf,
              std::optional<std::vector<int64_t>> offsets,
              std::optional<std::vector<int64_t>> lengths) {
-            py::buffer_info info = buf.request(/*writable=*/true);
-            int64_t expect = info.itemsize;
-            for (py::ssize_t i = info.ndim; i-- > 0;) {
-              if (info.strides[static_cast<size_t>(i)] != expect)
-                throw py::value_error("buffer of '" + name + "' is not C-contiguous");
-              expect *= info.shape[static_cast<size_t>(i)];
-            }
-            PyShard s = MakeShard(std::move(name), dtype, std::move(shape),
-                                  reinterpret_cast<uintptr_t>(info.ptr), std::move(offsets),
+            const auto [ptr, bytes] = WritableBytes(name, buf);
+            PyShard s = MakeShard(std::move(name), dtype, std::move(shape), ptr, std::move(offsets),
                                   std::move(lengths), false, buf);
-            if (static_cast<int64_t>(s.spec.nbytes()) != expect)
-              throw py::value_error("buffer of '" + s.spec.meta.name + "' holds " +
-                                    std::to_string(expect) + " bytes, its box needs " +
-                                    std::to_string(s.spec.nbytes()));
+            if (s.spec.nbytes() != bytes)
+              Throw(Status::InvalidArgument("buffer of '" + s.spec.meta.name + "' holds " +
+                                            std::to_string(bytes) + " bytes, its box needs " +
+                                            std::to_string(s.spec.nbytes())));
             return s;
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("buffer"),
           py::arg("offsets") = std::nullopt, py::arg("lengths") = std::nullopt,
           "A shard over a writable C-contiguous buffer (numpy array, bytearray, ...).")
+      .def_static(
+          "flat_range",
+          [](std::string name, const std::string& dtype, Shape shape, int64_t begin, int64_t end,
+             uintptr_t data_ptr, bool device, py::object owner) {
+            return FlatRangeShards(
+                TensorMeta{std::move(name), DTypeOrThrow(dtype), std::move(shape)}, begin, end,
+                data_ptr, device, std::move(owner));
+          },
+          py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("begin"), py::arg("end"),
+          py::arg("data_ptr"), py::arg("device") = false, py::arg("owner") = py::none(),
+          "The shards (at most 2*ndim-1 boxes) of the flat row-major element range [begin, "
+          "end) of a tensor of `shape`, held contiguously at `data_ptr` (a ZeRO / FSDP flat "
+          "partition); C++ ShardSpec::FromFlatRange.")
+      .def_static(
+          "from_flat_range",
+          [](std::string name, const std::string& dtype, Shape shape, int64_t begin,
+             py::buffer buf) {
+            const auto [ptr, bytes] = WritableBytes(name, buf);
+            TensorMeta meta{std::move(name), DTypeOrThrow(dtype), std::move(shape)};
+            const size_t elem = DTypeSize(meta.dtype);
+            if (bytes % elem != 0)
+              Throw(Status::InvalidArgument("buffer of '" + meta.name + "' holds " +
+                                            std::to_string(bytes) +
+                                            " bytes, not a whole number "
+                                            "of " +
+                                            std::string(DTypeName(meta.dtype))));
+            const int64_t end = begin + static_cast<int64_t>(bytes / elem);
+            return FlatRangeShards(std::move(meta), begin, end, ptr, false, buf);
+          },
+          py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("begin"), py::arg("buffer"),
+          "flat_range() over a writable C-contiguous buffer holding elements [begin, begin + "
+          "its element count).")
       .def_property_readonly("name", [](const PyShard& s) { return s.spec.meta.name; })
       .def_property_readonly(
           "dtype", [](const PyShard& s) { return std::string(DTypeName(s.spec.meta.dtype)); })

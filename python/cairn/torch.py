@@ -34,6 +34,7 @@ state_dict().
 """
 
 import functools
+import importlib
 import pickle
 import random
 import weakref
@@ -67,13 +68,20 @@ _OPTIM_BLOB = "torch.optim"
 _USER_BLOB = "user"
 
 
+def _error(message, code="InvalidArgument"):
+    """A cairn.Error, as the C++ core raises them (`code` names the kind)."""
+    e = _cairn.Error(message)
+    e.code = code
+    return e
+
+
 class FlatRange:
     """A 1-D contiguous tensor holding elements [begin, begin + numel) of the row-major
     flattening of a tensor of `global_shape` (a ZeRO / FSDP flat partition)."""
 
     def __init__(self, tensor, global_shape, begin):
         if tensor.dim() != 1:
-            raise ValueError("FlatRange needs a 1-D tensor")
+            raise _error("FlatRange needs a 1-D tensor")
         self.tensor = tensor
         self.global_shape = [int(x) for x in global_shape]
         self.begin = int(begin)
@@ -83,12 +91,12 @@ def _dtype_name(name, t):
     try:
         return _DTYPES[t.dtype]
     except KeyError:
-        raise ValueError(f"{name}: cairn cannot save dtype {t.dtype}") from None
+        raise _error(f"{name}: cairn cannot save dtype {t.dtype}") from None
 
 
 def _tensor_shards(name, t, global_shape=None, offsets=None):
     if not t.is_contiguous():
-        raise ValueError(f"{name}: the tensor is not contiguous (cairn reads it in place)")
+        raise _error(f"{name}: the tensor is not contiguous (cairn reads it in place)")
     shape = [int(x) for x in (t.shape if global_shape is None else global_shape)]
     lengths = None if offsets is None else [int(x) for x in t.shape]
     return [
@@ -105,37 +113,63 @@ def _tensor_shards(name, t, global_shape=None, offsets=None):
     ]
 
 
-def _shards_of(name, value):
+_DTENSOR = []  # [the DTensor class, or None], found on first use
+
+
+def _dtensor_class():
+    """torch.distributed.tensor.DTensor (torch >= 2.4; torch.distributed._tensor before),
+    or None where this torch has none."""
+    if not _DTENSOR:
+        cls = None
+        for mod in ("torch.distributed.tensor", "torch.distributed._tensor"):
+            try:
+                cls = getattr(importlib.import_module(mod), "DTensor", None)
+            except Exception:  # no torch.distributed in this build, or an old torch
+                cls = None
+            if cls is not None:
+                break
+        _DTENSOR.append(cls)
+    return _DTENSOR[0]
+
+
+def _dtensor_shards(name, value, copies):
+    """A DTensor's local part as a box of its global tensor (Shard on any mesh dim and
+    tensor dim, Replicate: every rank holds the same box, which cairn writes once). A local
+    part that is a strided view (uneven or nested splits leave some) goes through a
+    contiguous copy: taken now for a save; for a restore, (copy, view) is added to
+    `copies`, to be copied back after the restore."""
+    for p in value.placements:
+        if p.is_partial():
+            raise _error(f"{name}: a DTensor with a Partial placement holds no value yet "
+                         "(reduce it first)")
+    local = value.to_local()
+    if local.numel() == 0:
+        return []  # an uneven split left this rank nothing
+    (chunk,) = value.__create_chunk_list__()
+    if not local.is_contiguous():
+        view, local = local, local.contiguous()
+        if copies is not None:
+            copies.append((local, view))
+    return _tensor_shards(name, local, list(value.shape), list(chunk.offsets))
+
+
+def _shards_of(name, value, copies=None):
     """The cairn shards of one state entry: a tensor, a FlatRange, a ShardedTensor, or a
     list of them (parts of one tensor held by this rank)."""
     if isinstance(value, (list, tuple)):
-        return [s for part in value for s in _shards_of(name, part)]
+        return [s for part in value for s in _shards_of(name, part, copies)]
+    dtensor = _dtensor_class() if torch.is_tensor(value) else None
+    if dtensor is not None and isinstance(value, dtensor):
+        return _dtensor_shards(name, value, copies)
     if isinstance(value, FlatRange):
         t = value.tensor
         if not t.is_contiguous():
-            raise ValueError(f"{name}: the flat range is not contiguous")
-        out, at = [], 0
-        item = t.element_size()
-        for offsets, lengths in _cairn.flat_range_boxes(
-            value.global_shape, value.begin, value.begin + t.numel()
-        ):
-            n = 1
-            for x in lengths:
-                n *= x
-            out.append(
-                _cairn.Shard(
-                    name,
-                    _dtype_name(name, t),
-                    value.global_shape,
-                    t.data_ptr() + at * item,
-                    offsets,
-                    lengths,
-                    t.is_cuda,
-                    t,
-                )
-            )
-            at += n
-        return out
+            raise _error(f"{name}: the flat range is not contiguous")
+        begin = value.begin
+        return _cairn.Shard.flat_range(
+            name, _dtype_name(name, t), value.global_shape, begin, begin + t.numel(),
+            t.data_ptr(), t.is_cuda, t,
+        )
     if callable(getattr(value, "local_shards", None)) and callable(getattr(value, "size", None)):
         out = []
         for s in value.local_shards():
@@ -144,7 +178,7 @@ def _shards_of(name, value):
         return out
     if torch.is_tensor(value):
         return _tensor_shards(name, value)
-    raise TypeError(f"{name}: cannot checkpoint a {type(value).__name__}")
+    raise _error(f"{name}: cannot checkpoint a {type(value).__name__}")
 
 
 def _placeholder(v):
@@ -168,7 +202,7 @@ class Checkpointer:
         opts = options if options is not None else _cairn.Options.from_environment()
         for k, v in settings.items():
             if not hasattr(opts, k):
-                raise TypeError(f"cairn.Options has no setting '{k}'")
+                raise _error(f"cairn.Options has no setting '{k}'")
             setattr(opts, k, v)
         self.model = model
         self.optimizer = optimizer
@@ -241,9 +275,14 @@ class Checkpointer:
             self.optimizer.load_state_dict(
                 {"state": state, "param_groups": meta["param_groups"]}
             )
+        copies = []  # (contiguous target, the strided DTensor part it belongs in)
         report = self._ck.restore(
-            self._shards(snapshot_buffers=False), step=head.step, stream=self._stream()
+            self._shards(snapshot_buffers=False, copies=copies), step=head.step,
+            stream=self._stream()
         )
+        with torch.no_grad():
+            for tmp, view in copies:
+                view.copy_(tmp)
         self._set_rng(report.blobs)
         self.extra = pickle.loads(report.blobs[_USER_BLOB]) if _USER_BLOB in report.blobs else None
         self.last_report = report
@@ -320,20 +359,20 @@ class Checkpointer:
 
         self._hook = _Undo()
 
-    def _shards(self, snapshot_buffers):
+    def _shards(self, snapshot_buffers, copies=None):
         shards = []
         buffers = {n for n, _ in self.model.named_buffers()}
         for k, v in self.model.state_dict().items():
             if snapshot_buffers and k in buffers and torch.is_tensor(v):
                 v = v.detach().clone()  # forward passes may update buffers
-            shards += _shards_of("model." + k, v)
+            shards += _shards_of("model." + k, v, copies)
         if self.optimizer is not None:
             for i, st in self.optimizer.state_dict()["state"].items():
                 for k, v in st.items():
                     if torch.is_tensor(v):
-                        shards += _shards_of(f"optim.{i}.{k}", v)
+                        shards += _shards_of(f"optim.{i}.{k}", v, copies)
         for k, v in self.tensors.items():
-            shards += _shards_of("tensors." + k, v)
+            shards += _shards_of("tensors." + k, v, copies)
         return shards
 
     @staticmethod

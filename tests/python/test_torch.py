@@ -185,6 +185,55 @@ class TorchTraining(unittest.TestCase):
                 self.assertEqual(got[s][0], want[r][s][0], f"rank {r} loss at step {s}")
 
 
+def _has_dtensor():
+    """PyTorch 2.x with DTensor, device meshes and tensor parallelism (not Debian 12's 1.13)."""
+    try:
+        import torch.distributed.device_mesh  # noqa: F401
+        import torch.distributed.tensor.parallel  # noqa: F401
+    except ImportError:
+        return False
+    return torch.distributed.is_available()
+
+
+@unittest.skipUnless(_has_dtensor(), "needs PyTorch 2.x with DTensor (scripts/debian13.sh)")
+class DTensorState(unittest.TestCase):
+    """DTensors of every placement on a 2-D (dp, tp) mesh and a tensor-parallel MLP, saved
+    by 4 processes and restored from the PFS into other meshes and world sizes
+    (dtensor_child.py), bit-exact."""
+
+    def setUp(self):
+        self.job = Job("dtensor")
+        self.addCleanup(self.job.close)
+
+    def launch(self, mode, mesh, host):
+        dp, tp = (int(x) for x in mesh.split("x"))
+        world = dp * tp
+        init = os.path.join(self.job.root, f"init-{mode}-{mesh}")
+        child = os.path.join(HERE, "dtensor_child.py")
+        extra = {"USE_LIBUV": "0", "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
+                 "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1"}
+        procs = [
+            subprocess.Popen([sys.executable, child, mode, "--mesh", mesh, "--init", init],
+                             env=self.job.env(r, world, extra), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+            for r in range(world)
+        ]
+        outs = []
+        for p in procs:
+            outs.append(p.communicate(timeout=300)[0])
+        failed = [f"rank {r} (exit {p.returncode}):\n{text}"
+                  for r, (p, text) in enumerate(zip(procs, outs)) if p.returncode != 0]
+        self.assertFalse(failed, f"{mode} on {mesh}:\n" + "\n".join(failed))
+        return outs
+
+    def test_a_2x2_mesh_restores_bit_exact_onto_3_and_2_processes_and_another_shape(self):
+        self.launch("save", "2x2", "host-save")
+        for mesh in ("3x1", "1x2", "1x4"):
+            outs = self.launch("load", mesh, f"host-{mesh}")  # an empty host tier: the PFS
+            for text in outs:
+                self.assertIn("restored step 1 from pfs", text)
+
+
 if __name__ == "__main__":
     unittest.main()
 
@@ -261,14 +310,17 @@ class TorchUnits(unittest.TestCase):
         self.assertTrue(torch.equal(part, flat[6:15]))
 
     def test_bad_tensors_are_refused_naming_them(self):
+        import cairn
+
         torch = self.torch
         with self.ckpt(torch.nn.Linear(2, 2), tensors={"t": torch.zeros(4, 4).t()}) as c:
-            with self.assertRaisesRegex(ValueError, "tensors.t: the tensor is not contiguous"):
+            with self.assertRaisesRegex(cairn.Error, "tensors.t: the tensor is not contiguous"):
                 c.save(1)
         with self.ckpt(torch.nn.Linear(2, 2), tensors={"z": torch.zeros(2, dtype=torch.complex64)}) as c:
-            with self.assertRaisesRegex(ValueError, "tensors.z: cairn cannot save dtype"):
+            with self.assertRaisesRegex(cairn.Error, "tensors.z: cairn cannot save dtype") as e:
                 c.save(1)
-        with self.assertRaisesRegex(TypeError, "no setting 'bogus'"):
+            self.assertEqual(e.exception.code, "InvalidArgument")
+        with self.assertRaisesRegex(cairn.Error, "no setting 'bogus'"):
             self.ckpt(torch.nn.Linear(2, 2), bogus=1)
 
     def test_the_hook_fences_before_every_optimizer_step(self):
@@ -347,12 +399,49 @@ class CoreModule(unittest.TestCase):
                 c.save(1, [])
             self.assertEqual(e.exception.code, "InvalidArgument")
             self.assertIn("steps must increase", str(e.exception))
-            with self.assertRaisesRegex(ValueError, "not C-contiguous"):
-                cairn.Shard.from_buffer("t", "float32", [100, 10], a.T)
-            with self.assertRaisesRegex(ValueError, "unknown dtype"):
-                cairn.Shard.from_buffer("w", "complex64", [10, 100], a)
-        with self.assertRaisesRegex(ValueError, "closed"):
+            # Every error is a cairn.Error with its kind, the bad buffers' included.
+            for call, text in [
+                (lambda: cairn.Shard.from_buffer("t", "float32", [100, 10], a.T), "not C-contiguous"),
+                (lambda: cairn.Shard.from_buffer("w", "complex64", [10, 100], a), "unknown dtype"),
+                (lambda: cairn.Shard.from_buffer("w", "float32", [10, 100], bytes(4000)),
+                 "buffer of 'w'"),  # read-only
+                (lambda: cairn.Shard.from_buffer("w", "float32", [10, 10], a), "its box needs"),
+                (lambda: c.save(2, [], {"b": 3}), "must be bytes or str"),
+            ]:
+                with self.assertRaisesRegex(cairn.Error, text) as e:
+                    call()
+                self.assertEqual(e.exception.code, "InvalidArgument", text)
+        with self.assertRaisesRegex(cairn.Error, "closed") as e:
             c.fence()
+        self.assertEqual(e.exception.code, "FailedPrecondition")
+
+    def test_flat_ranges_save_and_restore_as_in_cpp(self):
+        import numpy as np
+
+        import cairn
+
+        o = self.options("flat")
+        w = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+        flat = w.reshape(-1)
+        with cairn.Checkpointer(o) as c:
+            # Two ranks' ZeRO partitions of w, as one rank's shards: [0, 27) and [27, 60).
+            parts = [flat[:27].copy(), flat[27:].copy()]
+            shards = cairn.Shard.from_flat_range("w", "float32", [3, 4, 5], 0, parts[0])
+            self.assertLessEqual(len(shards), 2 * 3 - 1)
+            self.assertEqual(sum(s.nbytes for s in shards), 27 * 4)
+            shards += cairn.Shard.flat_range("w", "float32", [3, 4, 5], 27, 60,
+                                             parts[1].ctypes.data, owner=parts[1])
+            self.assertEqual(c.save(1, shards), "queued")
+            c.fence()
+            back = np.zeros((3, 4, 5), dtype=np.float32)
+            c.restore([cairn.Shard.from_buffer("w", "float32", [3, 4, 5], back)])
+            self.assertTrue((back == w).all())
+            mid = np.zeros(13, dtype=np.float32)  # a range no rank saved as such
+            c.restore(cairn.Shard.from_flat_range("w", "float32", [3, 4, 5], 21, mid))
+            self.assertTrue((mid == flat[21:34]).all())
+            with self.assertRaises(cairn.Error) as e:
+                cairn.Shard.flat_range("w", "float32", [3, 4, 5], 50, 61, parts[1].ctypes.data)
+            self.assertEqual(e.exception.code, "InvalidArgument")
 
     def test_waits_and_copies_release_the_gil(self):
         import threading
