@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds cairn and runs its whole test suite on Debian 13 (trixie: GCC 14, UCX 1.18,
+# Python 3.13, PyTorch 2.6) from this Debian 12 machine, in a Debian 13 root made with
+# debootstrap. The root (and its installed packages) is cached in CAIRN_DEBIAN13_ROOT
+# between runs on one machine; the tracked files are copied in fresh each run, into
+# /cairn, built in /cairn/build (RelWithDebInfo, warnings are errors) by the same
+# scripts/test.sh as on Debian 12, which installs what the root lacks from Debian 13.
+#
+#   bash scripts/debian13.sh                 # everything
+#   bash scripts/debian13.sh -R '^python\.'  # arguments go to ctest
+#
+# Needs root (debootstrap, chroot, mounts) and the Debian registry. Leaves no mount
+# behind, also when a test fails or the script is interrupted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="${CAIRN_DEBIAN13_ROOT:-/var/tmp/cairn-debian13-root}"
+if [ "$(id -u)" -ne 0 ]; then echo "debian13: needs root (debootstrap, chroot, mounts)" >&2; exit 2; fi
+if grep -q " $root/" /proc/mounts; then
+  echo "debian13: something is still mounted under $root (another run?); unmount it first" >&2
+  exit 2
+fi
+if [ ! -e "$root/.cairn-debian13-ready" ]; then
+  echo "debian13: making a Debian 13 root in $root"
+  command -v debootstrap >/dev/null || {
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null
+  }
+  rm -rf "$root"
+  mirror=$(grep -h "^URIs:" /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' |
+           grep -v security | head -1)
+  debootstrap --variant=minbase trixie "$root" "${mirror:-http://deb.debian.org/debian}" >/dev/null
+  touch "$root/.cairn-debian13-ready"
+fi
+mounted=()
+cleanup() {
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+mount_at() {  # mount_at TARGET ARGS...
+  local target="$1"
+  shift
+  mkdir -p "$target"
+  mount "$@" "$target"
+  mounted+=("$target")
+}
+mount_at "$root/proc" -t proc proc
+mount_at "$root/sys" -t sysfs sys  # UCX's tcp transport reads the interfaces there
+mount_at "$root/dev" --bind /dev
+mount_at "$root/dev/shm" --bind /dev/shm
+if [ -d /usr/local/cuda/include ]; then  # the CUDA path is built on Debian 13 too
+  mount_at "$root/usr/local/cuda" --bind -o ro /usr/local/cuda
+fi
+# The tracked files. The build directory is kept between runs (incremental), so a file is
+# copied only when its content changed (then with the current time, which ninja sees as
+# newer than its outputs), and files no longer tracked are removed.
+mkdir -p "$root/cairn" "$root/cairn.new"
+rm -rf "$root/cairn.new"/*
+git ls-files -z | tar --null -cf - -T - | tar -xf - -C "$root/cairn.new"
+(cd "$root/cairn.new" && find . -type f -print0) | while IFS= read -r -d '' f; do
+  if ! cmp -s "$root/cairn.new/$f" "$root/cairn/$f"; then
+    mkdir -p "$(dirname "$root/cairn/$f")"
+    cp "$root/cairn.new/$f" "$root/cairn/$f"
+  fi
+done
+(cd "$root/cairn" && find . -path ./build -prune -o -type f -print0) | while IFS= read -r -d '' f; do
+  [ -e "$root/cairn.new/$f" ] || rm -f "$root/cairn/$f"
+done
+rm -rf "$root/cairn.new"
+echo "debian13: building and testing in $root/cairn ($(chroot "$root" sh -c '. /etc/os-release; echo "$PRETTY_NAME"'))"
+# USE_LIBUV=0: Debian 13's torch is built without libuv, which gloo's TCPStore asks for.
+chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/var/tmp \
+  USE_LIBUV=0 bash -c 'cd /cairn && bash scripts/test.sh "$@"' test.sh "$@"
