@@ -15,16 +15,14 @@
 namespace cairn {
 namespace {
 
-class GroupTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
-
-TEST_P(GroupTest, CollectivesDeliverEveryByte) {
-  const auto [n, tls] = GetParam();
-  testing::TempDir pfs("group");
+// Runs group_child `mode` on `nodes` ranks over `tls`; every rank must exit 0.
+void RunGroupChild(const std::string& mode, int nodes, const std::string& tls) {
+  testing::TempDir pfs(mode);
   LaunchSpec spec;
-  spec.nodes = n;
+  spec.nodes = nodes;
   spec.ranks_per_node = 1;
-  spec.argv = {CAIRN_GROUP_CHILD, "collectives"};
-  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("group")},
+  spec.argv = {CAIRN_GROUP_CHILD, mode};
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId(mode)},
               {"CAIRN_PFS_ROOT", pfs.path()},
               {"CAIRN_CONNECT_TIMEOUT_S", "60"},
               {"CAIRN_OP_TIMEOUT_S", "60"},
@@ -34,6 +32,13 @@ TEST_P(GroupTest, CollectivesDeliverEveryByte) {
   const bool ok = (*l)->WaitAll(120);
   for (const auto& r : (*l)->ranks()) EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank;
   EXPECT_TRUE(ok);
+}
+
+class GroupTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(GroupTest, CollectivesDeliverEveryByte) {
+  const auto [n, tls] = GetParam();
+  RunGroupChild("collectives", n, tls);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GroupTest,
@@ -47,21 +52,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, GroupTest,
 // A UCX request handle dropped while its receive is still posted cancels and frees it (the
 // requests in flight go back to 0), and the ranks' collectives work afterwards.
 TEST(UcxRequests, ADroppedRequestIsCancelledAndFreed) {
-  testing::TempDir pfs("abandon");
-  LaunchSpec spec;
-  spec.nodes = 2;
-  spec.ranks_per_node = 1;
-  spec.argv = {CAIRN_GROUP_CHILD, "abandon"};
-  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("abandon")},
-              {"CAIRN_PFS_ROOT", pfs.path()},
-              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
-              {"CAIRN_OP_TIMEOUT_S", "60"},
-              {"UCX_TLS", "tcp"}};
-  auto l = LocalLauncher::Start(spec);
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  const bool ok = (*l)->WaitAll(120);
-  for (const auto& r : (*l)->ranks()) EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank;
-  EXPECT_TRUE(ok);
+  RunGroupChild("abandon", 2, "tcp");
 }
 
 TEST(Bootstrap, ProcessWithoutTheTokenIsRefused) {
