@@ -113,23 +113,18 @@ def _tensor_shards(name, t, global_shape=None, offsets=None):
     ]
 
 
-_DTENSOR = []  # [the DTensor class, or None], found on first use
-
-
+@functools.lru_cache(maxsize=None)
 def _dtensor_class():
     """torch.distributed.tensor.DTensor (torch >= 2.4; torch.distributed._tensor before),
-    or None where this torch has none."""
-    if not _DTENSOR:
-        cls = None
-        for mod in ("torch.distributed.tensor", "torch.distributed._tensor"):
-            try:
-                cls = getattr(importlib.import_module(mod), "DTensor", None)
-            except Exception:  # no torch.distributed in this build, or an old torch
-                cls = None
-            if cls is not None:
-                break
-        _DTENSOR.append(cls)
-    return _DTENSOR[0]
+    or None where this torch has none (looked up once)."""
+    for mod in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            cls = getattr(importlib.import_module(mod), "DTensor", None)
+        except Exception:  # no torch.distributed in this build, or an old torch
+            cls = None
+        if cls is not None:
+            return cls
+    return None
 
 
 def _dtensor_shards(name, value, copies):
