@@ -15,41 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="${CAIRN_DEBIAN13_ROOT:-/var/tmp/cairn-debian13-root}"
 if [ "$(id -u)" -ne 0 ]; then echo "debian13: needs root (debootstrap, chroot, mounts)" >&2; exit 2; fi
-if grep -q " $root/" /proc/mounts; then
-  echo "debian13: something is still mounted under $root (another run?); unmount it first" >&2
-  exit 2
-fi
-if [ ! -e "$root/.cairn-debian13-ready" ]; then
-  echo "debian13: making a Debian 13 root in $root"
-  command -v debootstrap >/dev/null || {
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap >/dev/null
-  }
-  rm -rf "$root"
-  mirror=$(grep -h "^URIs:" /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' |
-           grep -v security | head -1)
-  debootstrap --variant=minbase trixie "$root" "${mirror:-http://deb.debian.org/debian}" >/dev/null
-  touch "$root/.cairn-debian13-ready"
-fi
-mounted=()
-cleanup() {
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-mount_at() {  # mount_at TARGET ARGS...
-  local target="$1"
-  shift
-  mkdir -p "$target"
-  mount "$@" "$target"
-  mounted+=("$target")
-}
-mount_at "$root/proc" -t proc proc
-mount_at "$root/sys" -t sysfs sys  # UCX's tcp transport reads the interfaces there
-mount_at "$root/dev" --bind /dev
-mount_at "$root/dev/shm" --bind /dev/shm
-if [ -d /usr/local/cuda/include ]; then  # the CUDA path is built on Debian 13 too
-  mount_at "$root/usr/local/cuda" --bind -o ro /usr/local/cuda
-fi
+. scripts/trixie_root.sh
+trixie_root_make "$root" debian13  # scripts/test.sh inside installs the packages
+trixie_root_mount "$root" cuda     # the CUDA path is built on Debian 13 too
 # The tracked files. The build directory is kept between runs (incremental), so a file is
 # copied only when its content changed (then with the current time, which ninja sees as
 # newer than its outputs), and files no longer tracked are removed.
