@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -86,6 +87,11 @@ class PosixFileSystem final : public FileSystem {
     if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
     return FileInfo{static_cast<uint32_t>(st.st_uid), static_cast<uint32_t>(st.st_mode),
                     static_cast<uint64_t>(st.st_size)};
+  }
+  Result<uint64_t> FreeBytes(const std::string& path) override {
+    struct statvfs st;
+    if (::statvfs(path.c_str(), &st) != 0) return Status::FromErrno(errno, "statvfs " + path);
+    return static_cast<uint64_t>(st.f_bavail) * static_cast<uint64_t>(st.f_frsize);
   }
   Status Unlink(const std::string& path) override {
     if (::unlink(path.c_str()) != 0) return Status::FromErrno(errno, "unlink " + path);

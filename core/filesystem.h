@@ -56,6 +56,8 @@ class FileSystem {
   virtual Status Link(const std::string& from, const std::string& to) = 0;
   // NotFound when `path` does not exist.
   virtual Result<FileInfo> Stat(const std::string& path) = 0;
+  // Bytes an unprivileged writer can still allocate on the filesystem holding `path`.
+  virtual Result<uint64_t> FreeBytes(const std::string& path) = 0;
   virtual Status Unlink(const std::string& path) = 0;
   // Creates `path` and its missing parents with `mode`; OK if it exists as a directory.
   virtual Status MakeDirs(const std::string& path, mode_t mode) = 0;
@@ -128,6 +130,7 @@ class ForwardingFileSystem : public FileSystem {
     return base_->Link(from, to);
   }
   Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Result<uint64_t> FreeBytes(const std::string& p) override { return base_->FreeBytes(p); }
   Status Unlink(const std::string& p) override { return base_->Unlink(p); }
   Status MakeDirs(const std::string& p, mode_t mode) override { return base_->MakeDirs(p, mode); }
   Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }

@@ -163,7 +163,10 @@ std::vector<Setting> MakeSettings() {
       Text("CAIRN_HOST_ROOT", nullptr, &Options::host_root,
            "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent "
            "memory)"),
-      Int("CAIRN_SLOTS", nullptr, &Options::slots, 2, 64, "host slots per rank (ring); at least 2"),
+      Int("CAIRN_SLOTS", nullptr, &Options::slots, 2, 64,
+          "host slots per rank (ring), each as large as a version: the newest version, one a "
+          "drain or replica push may hold, and one to capture into (with 2, saves are "
+          "skipped while a drain runs); at least 2"),
       Bytes("CAIRN_SLOT_BYTES", &Options::slot_bytes,
             "pre-size and pre-fault every slot at open (K/M/G suffix); 0 sizes a slot at its "
             "first save, in the background"),

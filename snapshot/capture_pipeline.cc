@@ -193,6 +193,9 @@ Result<SaveOutcome> CapturePipeline::Save(int64_t step, std::span<const ShardSpe
   if (blobs.size() > kMaxBlobs)
     return Status::InvalidArgument(who + ": too many blobs (" + std::to_string(blobs.size()) + ")");
   CAIRN_ASSIGN_OR_RETURN(auto req, Layout(step, shards, blobs, stream, who));
+  // A host root too small for every slot is refused here, at the first save of a size,
+  // rather than by a capture failing later in the background.
+  CAIRN_RETURN_IF_ERROR(tier_->EnsureRoom(req->header.data_bytes).WithContext(who));
 
   auto slot = tier_->Reserve(step, config_.full_policy);
   last_step_ = step;

@@ -288,6 +288,7 @@ class GateFileSystem final : public ForwardingFileSystem {
 TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
   GateFileSystem gate(DefaultFileSystem());
   opts_.fs = &gate;
+  opts_.slots = 2;  // the smallest ring: one slot besides the newest
   auto c = Open();
   State s;
   s.Fill(1);
@@ -309,6 +310,7 @@ TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
 TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
   GateFileSystem gate(DefaultFileSystem());
   opts_.fs = &gate;
+  opts_.slots = 2;  // the smallest ring: one slot besides the newest
   opts_.full_policy = FullPolicy::kBlock;
   auto c = Open();
   State s;
@@ -327,6 +329,53 @@ TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
   ASSERT_TRUE(c->wait_captured().ok());
   EXPECT_EQ(c->versions().front().step, 3);
   EXPECT_EQ(c->stats().save.skipped, 0u);
+}
+
+// A filesystem reporting `free` bytes available (what a small tmpfs or quota shows).
+class ShortFileSystem final : public ForwardingFileSystem {
+ public:
+  ShortFileSystem(FileSystem* base, uint64_t free) : ForwardingFileSystem(base), free_(free) {}
+  Result<uint64_t> FreeBytes(const std::string&) override { return free_; }
+
+ private:
+  uint64_t free_;
+};
+
+// A host root too small for every slot is refused with a clear error: at open when the
+// slots are sized there (CAIRN_SLOT_BYTES), else by the first save() of that size, which
+// then queues nothing; a root large enough works with the same settings.
+TEST_F(CheckpointerTest, AHostRootTooSmallForItsSlotsIsRefusedUpFront) {
+  State s;
+  s.Fill(1);
+  const uint64_t version = 10u << 20;  // State is a little over 9 MiB: 3 slots need ~30
+  ShortFileSystem small(DefaultFileSystem(), 2 * version);
+  opts_.fs = &small;
+  opts_.slots = 3;
+  {
+    auto c = Open();
+    auto out = c->save(1, s.Shards());
+    ASSERT_FALSE(out.ok());
+    const Status& st = out.status();
+    EXPECT_EQ(st.code(), StatusCode::kNoSpace) << st.ToString();
+    EXPECT_NE(st.message().find(opts_.host_root), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("CAIRN_SLOTS (3)"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("step 1"), std::string::npos) << st.ToString();
+    ASSERT_TRUE(c->wait_captured().ok());
+    EXPECT_TRUE(c->versions().empty());
+  }
+  opts_.slot_bytes = version;
+  auto refused = Checkpointer::Open(opts_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNoSpace) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find(opts_.host_root), std::string::npos);
+
+  ShortFileSystem roomy(DefaultFileSystem(), 4 * version);
+  opts_.fs = &roomy;
+  opts_.slot_bytes = 0;
+  auto c = Open();
+  ASSERT_TRUE(c->save(2, s.Shards()).ok());
+  ASSERT_TRUE(c->wait_captured().ok());
+  EXPECT_EQ(c->versions().front().step, 2);
 }
 
 // Out of host-tier space (and other I/O errors) while a slot grows: the version fails with

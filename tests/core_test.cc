@@ -78,7 +78,7 @@ TEST(Options, DefaultsWhenNothingIsSet) {
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->rank, 0);
   EXPECT_EQ(o->world_size, 1);
-  EXPECT_EQ(o->slots, 2);
+  EXPECT_EQ(o->slots, 3);
   EXPECT_EQ(o->host_root, "/dev/shm/cairn");
   EXPECT_EQ(o->job_id, "default");
   EXPECT_EQ(o->chunk_bytes, 4u << 20);
@@ -92,7 +92,7 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
               {"LOCAL_RANK", "1"},
               {"LOCAL_WORLD_SIZE", "4"},
               {"TORCHELASTIC_RUN_ID", "run7"},
-              {"CAIRN_SLOTS", "3"},
+              {"CAIRN_SLOTS", "5"},
               {"CAIRN_CHUNK_BYTES", "8M"},
               {"CAIRN_FULL_POLICY", "block"},
               {"CAIRN_SLOT_BYTES", "1G"},
@@ -108,7 +108,7 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
   EXPECT_EQ(o->local_rank, 1);
   EXPECT_EQ(o->node, 1);  // RANK / LOCAL_WORLD_SIZE
   EXPECT_EQ(o->job_id, "run7");
-  EXPECT_EQ(o->slots, 3);
+  EXPECT_EQ(o->slots, 5);
   EXPECT_EQ(o->chunk_bytes, 8u << 20);
   EXPECT_EQ(o->slot_bytes, 1ull << 30);
   EXPECT_EQ(o->full_policy, FullPolicy::kBlock);

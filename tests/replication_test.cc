@@ -113,9 +113,11 @@ class ReplicationTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(ReplicationTest, TwoNodesReplicateTwentyVersionsBitExact) {
   testing::TempDir root("repl");
   const std::string job = testing::UniqueJobId("repl");
-  // Block policy: no version may be skipped, so every one of the 20 is replicated.
+  // Block policy with the smallest ring (2 slots): no version may be skipped, and a save
+  // waits while a push holds the other slot, so the loop is paced by replication.
   LaunchSpec spec = Spec(root, job, GetParam(), 2, 2, {"20", std::to_string(kStateBytes), "15"});
   spec.env.push_back({"CAIRN_FULL_POLICY", "block"});
+  spec.env.push_back({"CAIRN_SLOTS", "2"});
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const bool ok = (*l)->WaitAll(180);

@@ -115,15 +115,48 @@ Status HostTier::Load() {
           log_->Warning("ignoring step " + std::to_string(h->step) + ": " + s.data_path +
                         " holds " + std::to_string((*f)->size()) + " bytes but the header needs " +
                         std::to_string(h->data_bytes) + " (truncated)");
+          allocated_ += (*f)->size();
           s.file = std::move(*f);
         } else {
+          allocated_ += (*f)->size();
           s.file = std::move(*f);
           s.header = std::move(*h);
           s.use = Use::kCaptured;
         }
       }
     }
-    if (config_.slot_bytes > 0) CAIRN_RETURN_IF_ERROR(EnsureMapped(s, config_.slot_bytes));
+  }
+  if (config_.slot_bytes > 0) {
+    CAIRN_RETURN_IF_ERROR(EnsureRoom(config_.slot_bytes));
+    for (Slot& s : slots_) CAIRN_RETURN_IF_ERROR(EnsureMapped(s, config_.slot_bytes));
+  }
+  return Status::OK();
+}
+
+namespace {
+
+std::string Mib(uint64_t bytes) {
+  return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB";
+}
+
+}  // namespace
+
+Status HostTier::EnsureRoom(uint64_t bytes) {
+  if (bytes <= room_checked_.load()) return Status::OK();
+  const uint64_t want =
+      std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+  const uint64_t total = want * slots_.size();
+  const uint64_t have = allocated_.load();
+  const uint64_t more = total > have ? total - have : 0;
+  CAIRN_ASSIGN_OR_RETURN(uint64_t free, fs_->FreeBytes(config_.dir));
+  if (more > free)
+    return Status::NoSpace(
+        "host tier " + config_.dir + ": " + std::to_string(slots_.size()) + " slots of " +
+        Mib(want) + " (a version of " + std::to_string(bytes) + " bytes) need " + Mib(more) +
+        " more, but only " + Mib(free) + " is free there; free space, lower CAIRN_SLOTS (" +
+        std::to_string(slots_.size()) + ") or set CAIRN_HOST_ROOT to a larger filesystem");
+  uint64_t seen = room_checked_.load();
+  while (bytes > seen && !room_checked_.compare_exchange_weak(seen, bytes)) {
   }
   return Status::OK();
 }
@@ -209,12 +242,15 @@ Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
 Status HostTier::EnsureMapped(Slot& s, uint64_t bytes) {
   if (!s.file) {
     CAIRN_ASSIGN_OR_RETURN(s.file, MappedFile::Open(fs_, s.data_path));
+    allocated_ += s.file->size();
   }
   const uint64_t want =
       std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
   if (s.file->size() < bytes || s.file->size() == 0) {
     Unregister(s);
+    const uint64_t old = s.file->size();
     CAIRN_RETURN_IF_ERROR(s.file->Resize(want));
+    allocated_ += s.file->size() - old;
     s.prefaulted = false;
   }
   if (!s.prefaulted) {

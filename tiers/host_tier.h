@@ -19,6 +19,7 @@
 // open a rank's directory (an flock on ".lock" enforces it).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -90,6 +91,12 @@ class HostTier {
   // atomically. NotFound if the tier no longer holds it.
   Status SetState(int64_t step, VersionState state);
 
+  // Checks that every slot can grow to hold a version of `bytes` (the slot files are
+  // allocated as they grow, so a short filesystem would otherwise fail a capture later):
+  // NoSpace saying how much is needed and free, and what to change, when the filesystem
+  // under the tier cannot take it. Cheap once a size has been checked.
+  Status EnsureRoom(uint64_t bytes);
+
   // Restorable versions, newest step first.
   std::vector<VersionInfo> Versions() const;
 
@@ -145,6 +152,8 @@ class HostTier {
   FileSystem* fs_;
   const Logger* log_;
   File lock_;  // flocked while this process owns the directory
+  std::atomic<uint64_t> allocated_{0};    // bytes of the slot files, as sized
+  std::atomic<uint64_t> room_checked_{0};  // EnsureRoom passed for versions this large
   mutable Mutex mu_;
   Mutex state_mu_;  // serialises SetState's header rewrites
   CondVar cv_;

@@ -40,7 +40,7 @@ struct Options {
   int local_rank = 0;
   int local_world_size = 1;
   int node = 0;                       // node id: the host-tier tree this rank writes
-  int slots = 2;                      // host-tier ring size per rank (>= 2)
+  int slots = 3;                      // host-tier ring size per rank (>= 2; CAIRN_SLOTS)
   int copy_threads = 1;               // host copy engine threads
   uint64_t chunk_bytes = 4ull << 20;  // capture / checksum granularity
   uint64_t slot_bytes = 0;            // pre-size slots at open (0: on first save)
