@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cairn/checkpointer.h"
+#include "cairn/pfs_step.h"
 
 namespace py = pybind11;
 
@@ -438,6 +439,51 @@ PYBIND11_MODULE(_cairn, m) {
       py::arg("shape"), py::arg("begin"), py::arg("end"),
       "The boxes (offsets, lengths) that the flat row-major range [begin, end) of a tensor of "
       "`shape` covers, in flat order.");
+
+  py::class_<PfsStep>(m, "PfsStep",
+                      "A committed step of a job's PFS tier, read without a running job "
+                      "(C++ cairn::PfsStep): PfsStep.open(job_dir, step=None) with job_dir = "
+                      "<pfs_root>/<job id>; step None: the one LATEST names.")
+      .def_static(
+          "open",
+          [](const std::string& job_dir, std::optional<int64_t> step) {
+            return Unwrap(PfsStep::Open(job_dir, step.value_or(-1)));
+          },
+          py::arg("job_dir"), py::arg("step") = std::nullopt)
+      .def_static(
+          "steps", [](const std::string& job_dir) { return Unwrap(PfsStep::Steps(job_dir)); },
+          py::arg("job_dir"), "The committed steps of job_dir, oldest first.")
+      .def_property_readonly("step", &PfsStep::step)
+      .def_property_readonly("world_size", &PfsStep::world_size)
+      .def_property_readonly("directory", &PfsStep::directory)
+      .def(
+          "tensors",
+          [](const PfsStep& s) {
+            py::list out;
+            for (const PfsStep::Tensor& t : s.tensors()) {
+              py::list boxes;
+              for (const Box& b : t.boxes) boxes.append(py::make_tuple(b.offsets, b.lengths));
+              out.append(py::make_tuple(t.meta.name, std::string(DTypeName(t.meta.dtype)),
+                                        t.meta.global_shape, boxes));
+            }
+            return out;
+          },
+          "[(name, dtype name, global shape, [(offsets, lengths) of each saved box])]")
+      .def(
+          "read",
+          [](const PfsStep& s, const std::vector<PyShard>& targets) {
+            const std::vector<ShardSpec> specs = Specs(targets);
+            const Status st = WithoutGil([&] { return s.Read(specs); });
+            if (!st.ok()) Throw(st);
+          },
+          py::arg("targets"),
+          "Fills host targets (cairn.Shard, any boxes) from the step, verifying every chunk.")
+      .def(
+          "blobs",
+          [](const PfsStep& s, int rank) {
+            return FromBlobs(Unwrap(WithoutGil([&] { return s.Blobs(rank); })));
+          },
+          py::arg("rank"), "The blobs `rank` saved with the step ({name: bytes}).");
 
   py::class_<PyCheckpointer>(m, "Checkpointer",
                              "This rank's checkpointer (C++ cairn::Checkpointer). For PyTorch "

@@ -20,10 +20,11 @@ from ._cairn import (  # noqa: F401
     Checkpointer,
     Error,
     Options,
+    PfsStep,
     RestoreReport,
     Shard,
     Stats,
     VersionInfo,
 )
 
-__all__ = ["Checkpointer", "Error", "Options", "RestoreReport", "Shard", "Stats", "VersionInfo"]
+__all__ = ["Checkpointer", "Error", "Options", "PfsStep", "RestoreReport", "Shard", "Stats", "VersionInfo"]

@@ -64,7 +64,7 @@ for _name, _cairn_name in (("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _cairn_name
 
-_OPTIM_BLOB = "torch.optim"
+_STATE_BLOB = "torch.state"  # the state dict's non-tensor entries (param_groups, ...)
 _USER_BLOB = "user"
 
 
@@ -176,12 +176,66 @@ def _shards_of(name, value, copies=None):
     raise _error(f"{name}: cannot checkpoint a {type(value).__name__}")
 
 
-def _placeholder(v):
-    return ("__tensor__", [int(x) for x in v.shape], str(v.dtype).replace("torch.", ""))
+def _flatten(state):
+    """The state dict flattened as torch.distributed.checkpoint flattens it (its own
+    flatten_state_dict where this torch has one): nested dicts walked, keys joined with '.',
+    a list walked by index only when it holds tensors ("optim.param_groups" stays one
+    entry). cairn saves each tensor under its flattened name, so that DCP's planner finds
+    them under the same names (cairn.dcp)."""
+    f = _dcp_flatten()
+    if f is not None:
+        return f(state)[0]
+    out = {}
+
+    def walk(path, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{path}.{k}" if path else str(k), x)
+        elif isinstance(v, (list, tuple)) and any(torch.is_tensor(x) for x in v):
+            for i, x in enumerate(v):
+                walk(f"{path}.{i}", x)
+        else:
+            out[path] = v
+
+    walk("", state)
+    return out
 
 
-def _is_placeholder(v):
-    return isinstance(v, tuple) and len(v) == 3 and v[0] == "__tensor__"
+@functools.lru_cache(maxsize=None)
+def _dcp_flatten():
+    try:
+        return importlib.import_module("torch.distributed.checkpoint._nested_dict").flatten_state_dict
+    except Exception:  # torch 1.x: no DCP flattening; the fallback above matches it
+        return None
+
+
+def _is_saved_tensor(v):
+    return torch.is_tensor(v) or isinstance(v, FlatRange) or (
+        callable(getattr(v, "local_shards", None)) and callable(getattr(v, "size", None)))
+
+
+def _init_optimizer_state(optimizer):
+    """Creates an optimizer's state where it has none yet, as DCP's set_state_dict does: one
+    step with zero gradients and the learning rate at 0 (the parameters stay as they are),
+    so that the restore fills tensors of the right shapes and placements (a DTensor
+    parameter's moments are DTensors of its layout)."""
+    if optimizer.state:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if any(p.grad is not None for p in params):
+        return
+    for p in params:
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    lrs = [g["lr"] for g in optimizer.param_groups if "lr" in g]
+    for g in optimizer.param_groups:
+        if "lr" in g:
+            g["lr"] = torch.tensor(0.0) if torch.is_tensor(g["lr"]) else 0.0
+    optimizer.step()
+    for g in optimizer.param_groups:
+        if "lr" in g:
+            g["lr"] = lrs.pop(0)
+    optimizer.zero_grad(set_to_none=True)
 
 
 class Checkpointer:
@@ -205,6 +259,7 @@ class Checkpointer:
         self.extra = None  # the user dict of the last restore
         self.last_report = None  # its cairn.RestoreReport
         self._ck = _cairn.Checkpointer(opts)
+        self._fqn = None  # id(parameter) -> name, once asked for
         self._hook = None
         if optimizer is not None:
             self._install_fence_hook(optimizer)
@@ -215,18 +270,9 @@ class Checkpointer:
         """Queues version `step` (steps must increase). Returns True when queued, False when
         skipped for want of a free host slot (see CAIRN_SLOTS). `extra`: a picklable dict
         saved with it (returned by restore() as self.extra)."""
-        shards = self._shards(snapshot_buffers=True)
+        shards, plain = self._flat_state(snapshot_buffers=True)
         blobs = self._rng_blobs()
-        if self.optimizer is not None:
-            osd = self.optimizer.state_dict()
-            meta = {
-                "state": {
-                    i: {k: (_placeholder(v) if torch.is_tensor(v) else v) for k, v in st.items()}
-                    for i, st in osd["state"].items()
-                },
-                "param_groups": osd["param_groups"],
-            }
-            blobs[_OPTIM_BLOB] = pickle.dumps(meta)
+        blobs[_STATE_BLOB] = pickle.dumps(plain)
         if extra is not None:
             blobs[_USER_BLOB] = pickle.dumps(extra)
         return self._ck.save(int(step), shards, blobs, stream=self._stream()) == "queued"
@@ -253,31 +299,16 @@ class Checkpointer:
             if e.code == "NotFound" and step is None:
                 return None
             raise
-        blobs = head.blobs
-        if self.optimizer is not None and _OPTIM_BLOB in blobs:
-            meta = pickle.loads(blobs[_OPTIM_BLOB])
-            state = {
-                i: {
-                    k: (
-                        torch.zeros(v[1], dtype=getattr(torch, v[2]))
-                        if _is_placeholder(v)
-                        else v
-                    )
-                    for k, v in st.items()
-                }
-                for i, st in meta["state"].items()
-            }
-            self.optimizer.load_state_dict(
-                {"state": state, "param_groups": meta["param_groups"]}
-            )
+        plain = pickle.loads(head.blobs[_STATE_BLOB]) if _STATE_BLOB in head.blobs else {}
+        if self.optimizer is not None and "optim.param_groups" in plain:
+            _init_optimizer_state(self.optimizer)  # its tensors are restored in place
         copies = []  # (contiguous target, the strided DTensor part it belongs in)
-        report = self._ck.restore(
-            self._shards(snapshot_buffers=False, copies=copies), step=head.step,
-            stream=self._stream()
-        )
+        targets, _ = self._flat_state(snapshot_buffers=False, copies=copies)
+        report = self._ck.restore(targets, step=head.step, stream=self._stream())
         with torch.no_grad():
             for tmp, view in copies:
                 view.copy_(tmp)
+        self._set_plain(plain)
         self._set_rng(report.blobs)
         self.extra = pickle.loads(report.blobs[_USER_BLOB]) if _USER_BLOB in report.blobs else None
         self.last_report = report
@@ -354,21 +385,72 @@ class Checkpointer:
 
         self._hook = _Undo()
 
-    def _shards(self, snapshot_buffers, copies=None):
-        shards = []
-        buffers = {n for n, _ in self.model.named_buffers()}
-        for k, v in self.model.state_dict().items():
-            if snapshot_buffers and k in buffers and torch.is_tensor(v):
-                v = v.detach().clone()  # forward passes may update buffers
-            shards += _shards_of("model." + k, v, copies)
+    def state_dict(self):
+        """The state as torch.distributed.checkpoint's get_state_dict gives it, nested:
+        {"model": model.state_dict(), "optim": {"state": {fqn: {...}}, "param_groups":
+        [{..., "params": [fqn, ...]}]}, "tensors": the extra tensors}. cairn saves it
+        flattened, under DCP's names ("model.<fqn>", "optim.state.<fqn>.exp_avg", ...)."""
+        state = {"model": self.model.state_dict()}
         if self.optimizer is not None:
-            for i, st in self.optimizer.state_dict()["state"].items():
-                for k, v in st.items():
-                    if torch.is_tensor(v):
-                        shards += _shards_of(f"optim.{i}.{k}", v, copies)
-        for k, v in self.tensors.items():
-            shards += _shards_of("tensors." + k, v, copies)
-        return shards
+            fqn = self._param_names()
+            groups = []
+            for g in self.optimizer.param_groups:
+                d = {k: v for k, v in g.items() if k != "params"}
+                d["params"] = [fqn[id(p)] for p in g["params"]]
+                groups.append(d)
+            state["optim"] = {
+                "state": {fqn[id(p)]: st for p, st in self.optimizer.state.items()},
+                "param_groups": groups,
+            }
+        if self.tensors:
+            state["tensors"] = dict(self.tensors)
+        return state
+
+    def _param_names(self):
+        """id(parameter) -> its fully qualified name in the model (computed once)."""
+        if self._fqn is None:
+            self._fqn = {id(p): n for n, p in self.model.named_parameters()}
+            for g in self.optimizer.param_groups:
+                for p in g["params"]:
+                    if id(p) not in self._fqn:
+                        raise _error("the optimizer holds a parameter that is not the model's "
+                                     f"(shape {tuple(p.shape)}); cairn names its state by the "
+                                     "parameter's name in the model")
+        return self._fqn
+
+    def _flat_state(self, snapshot_buffers, copies=None):
+        """(cairn shards of the flattened state's tensors, {name: value} of the rest)."""
+        buffers = {"model." + n for n, _ in self.model.named_buffers()} if snapshot_buffers else ()
+        shards, plain = [], {}
+        for k, v in _flatten(self.state_dict()).items():
+            if k in buffers and torch.is_tensor(v):
+                v = v.detach().clone()  # forward passes may update buffers
+            if _is_saved_tensor(v) or (isinstance(v, (list, tuple)) and v
+                                       and all(_is_saved_tensor(x) for x in v)):
+                shards += _shards_of(k, v, copies)
+            else:
+                plain[k] = v
+        return shards, plain
+
+    def _set_plain(self, plain):
+        """Puts the saved non-tensor entries back: the optimizer's hyperparameters and any
+        non-tensor state (tensors were restored in place)."""
+        if self.optimizer is None:
+            return
+        groups = plain.get("optim.param_groups")
+        if groups is not None:
+            if len(groups) != len(self.optimizer.param_groups):
+                raise _error(f"the checkpoint's optimizer has {len(groups)} parameter groups, "
+                             f"this one {len(self.optimizer.param_groups)}")
+            for mine, saved in zip(self.optimizer.param_groups, groups):
+                mine.update({k: v for k, v in saved.items() if k != "params"})
+        by_name = {n: p for p, n in ((p, self._param_names()[id(p)])
+                                     for g in self.optimizer.param_groups for p in g["params"])}
+        for k, v in plain.items():
+            if k.startswith("optim.state."):
+                name, _, key = k[len("optim.state."):].rpartition(".")
+                if name in by_name:
+                    self.optimizer.state[by_name[name]][key] = v
 
     @staticmethod
     def _rng_blobs():
