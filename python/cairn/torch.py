@@ -179,8 +179,8 @@ def _shards_of(name, value, copies=None):
 def _flatten(state):
     """The state dict flattened as torch.distributed.checkpoint flattens it (its own
     flatten_state_dict where this torch has one): nested dicts walked, keys joined with '.',
-    a list walked by index only when it holds tensors ("optim.param_groups" stays one
-    entry). cairn saves each tensor under its flattened name, so that DCP's planner finds
+    a list walked by index when it holds tensors, dicts or lists ("optim.param_groups.0.lr",
+    but "optim.param_groups.0.params" is one entry). cairn saves each tensor under its flattened name, so that DCP's planner finds
     them under the same names (cairn.dcp)."""
     f = _dcp_flatten()
     if f is not None:
@@ -191,7 +191,8 @@ def _flatten(state):
         if isinstance(v, dict):
             for k, x in v.items():
                 walk(f"{path}.{k}" if path else str(k), x)
-        elif isinstance(v, (list, tuple)) and any(torch.is_tensor(x) for x in v):
+        elif isinstance(v, (list, tuple)) and any(
+                torch.is_tensor(x) or isinstance(x, (dict, list, tuple)) for x in v):
             for i, x in enumerate(v):
                 walk(f"{path}.{i}", x)
         else:
@@ -300,7 +301,7 @@ class Checkpointer:
                 return None
             raise
         plain = pickle.loads(head.blobs[_STATE_BLOB]) if _STATE_BLOB in head.blobs else {}
-        if self.optimizer is not None and "optim.param_groups" in plain:
+        if self.optimizer is not None and any(k.startswith("optim.") for k in plain):
             _init_optimizer_state(self.optimizer)  # its tensors are restored in place
         copies = []  # (contiguous target, the strided DTensor part it belongs in)
         targets, _ = self._flat_state(snapshot_buffers=False, copies=copies)
@@ -437,13 +438,18 @@ class Checkpointer:
         non-tensor state (tensors were restored in place)."""
         if self.optimizer is None:
             return
-        groups = plain.get("optim.param_groups")
-        if groups is not None:
-            if len(groups) != len(self.optimizer.param_groups):
-                raise _error(f"the checkpoint's optimizer has {len(groups)} parameter groups, "
-                             f"this one {len(self.optimizer.param_groups)}")
-            for mine, saved in zip(self.optimizer.param_groups, groups):
-                mine.update({k: v for k, v in saved.items() if k != "params"})
+        prefix = "optim.param_groups."
+        saved = {}
+        for k, v in plain.items():
+            if k.startswith(prefix):
+                i, _, key = k[len(prefix):].partition(".")
+                saved.setdefault(int(i), {})[key] = v
+        if saved and max(saved) + 1 != len(self.optimizer.param_groups):
+            raise _error(f"the checkpoint's optimizer has {max(saved) + 1} parameter groups, "
+                         f"this one {len(self.optimizer.param_groups)}")
+        for i, group in saved.items():
+            self.optimizer.param_groups[i].update(
+                {k: v for k, v in group.items() if k != "params"})
         by_name = {n: p for p, n in ((p, self._param_names()[id(p)])
                                      for g in self.optimizer.param_groups for p in g["params"])}
         for k, v in plain.items():

@@ -32,6 +32,18 @@ def read_losses(path):
     return out
 
 
+def read_step_losses(path):
+    """{step: loss hex} of a tp_child.py --out file ("<step> <hex>" lines; a later wins)."""
+    out = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and line.endswith("\n"):
+                    out[int(parts[0])] = parts[1]
+    return out
+
+
 class Job:
     """A temporary job: host tier, PFS, rendezvous; removed at the end."""
 
@@ -236,6 +248,82 @@ class DTensorState(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(_has_dtensor(), "needs PyTorch 2.x with DTensor (scripts/debian13.sh)")
+class TPTraining(unittest.TestCase):
+    """A tensor-parallel model (2-way TP x 2-way DP, 4 processes) trained with AdamW and a
+    checkpoint every step (tp_child.py): SIGKILLed and resumed, its losses equal an
+    uninterrupted run's bit for bit; then restored onto 3 and 2 processes from the PFS by
+    cairn.torch, and by DCP through cairn.dcp.StorageReader, equal to DCP's own save/load."""
+
+    STEPS = 40
+
+    def setUp(self):
+        self.job = Job("tp")
+        self.addCleanup(self.job.close)
+        self.launches = 0
+
+    def start(self, mode, mesh, args, host="host"):
+        dp, tp = (int(x) for x in mesh.split("x"))
+        self.launches += 1
+        init = os.path.join(self.job.root, f"init-{self.launches}")
+        child = os.path.join(HERE, "tp_child.py")
+        extra = {"USE_LIBUV": "0", "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
+                 "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1"}
+        return [subprocess.Popen([sys.executable, child, mode, "--mesh", mesh, "--init", init,
+                                  *args], env=self.job.env(r, dp * tp, extra),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for r in range(dp * tp)]
+
+    def finish(self, procs, what):
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        failed = [f"rank {r} (exit {p.returncode}):\n{text}"
+                  for r, (p, text) in enumerate(zip(procs, outs)) if p.returncode != 0]
+        self.assertFalse(failed, f"{what}:\n" + "\n".join(failed))
+        return outs
+
+    def test_killed_and_resumed_bit_exact_then_restored_onto_3_and_2_processes(self):
+        root = self.job.root
+        ref = os.path.join(root, "ref.txt")
+        self.finish(self.start("train", "2x2", ["--steps", str(self.STEPS), "--out", ref,
+                                                "--no-cairn"]), "reference run")
+        want = read_step_losses(ref)
+        self.assertEqual(len(want), self.STEPS)
+
+        out = os.path.join(root, "run.txt")
+        kill_at = random.randrange(8, self.STEPS - 8)
+        procs = self.start("train", "2x2", ["--steps", str(self.STEPS), "--out", out,
+                                            "--step-sleep", "0.1"])
+        wait_for(lambda: len(read_step_losses(out)) >= kill_at or any(p.poll() is not None
+                                                                 for p in procs),
+                 300, f"step {kill_at}")
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.communicate()
+        logged = max(read_step_losses(out))
+        self.assertLess(logged, self.STEPS, "the run ended before it was killed")
+
+        final = os.path.join(root, "dcp")
+        outs = self.finish(self.start("train", "2x2", ["--steps", str(self.STEPS), "--out", out,
+                                                       "--final", final]), "resumed run")
+        restored = [l.split() for l in outs[0].splitlines() if l.startswith("restored ")]
+        self.assertEqual(len(restored), 1, outs[0])
+        step, tier = int(restored[0][1]), restored[0][3]
+        self.assertEqual(tier, "host")
+        self.assertGreaterEqual(step, logged - 2)
+        got = read_step_losses(out)
+        for s in range(1, self.STEPS + 1):
+            self.assertEqual(got[s], want[s], f"loss at step {s} (restored {step})")
+
+        job_dir = os.path.join(root, "pfs", self.job.id)
+        for mesh in ("1x3", "1x2", "2x1"):
+            outs = self.finish(self.start("load", mesh, ["--dcp", final, "--job-dir", job_dir],
+                                          host=f"host-{mesh}"), f"load on {mesh}")
+            for text in outs:
+                self.assertIn(f"restored step {self.STEPS} from pfs; cairn.torch, cairn.dcp "
+                              "and DCP agree", text)
 
 
 class TorchUnits(unittest.TestCase):
