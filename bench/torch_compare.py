@@ -1,18 +1,31 @@
 """bench/torch_compare.py: a PyTorch training loop checkpointing every iteration, with
-torch.save + fsync (what most training scripts do) against cairn.torch, on the same model
-and state in one run.
+torch.distributed.checkpoint (DCP: dcp.save, and dcp.async_save, the asynchronous
+checkpointer PyTorch users would pick) against cairn.torch, on the same model and loop in
+one run; one process (TinyLM), then two processes with a tensor-parallel model (TPLM split
+over a 2-way mesh, gloo).
 
-    PYTHONPATH=build/python:tests/python /usr/bin/python3 bench/torch_compare.py \
-        [--dim 256] [--layers 2] [--vocab 32768] [--seq 16] [--batch 1] [--rounds 3]
-        [--iters 4] [--dir /var/tmp] [--threads 2]
+    PYTHONPATH=build/python:tests/python python3 bench/torch_compare.py \\
+        [--procs 1,2] [--dim 256] [--layers 2] [--vocab 32768] [--seq 16] [--batch 1]
+        [--rounds 3] [--iters 4] [--threads 2] [--dir /var/tmp]
 
-Each round runs --iters iterations without checkpoints, with torch.save({model, optimizer})
-+ fsync after every optimizer step, and with cairn (save() after every step, fence() by the
-optimizer hook; every 10th version drained to --dir in the background), rotating which
-goes first. Stall: the time the training loop spends in checkpointing (torch.save + fsync;
-cairn's save() plus the fence wait). Physical references in the same run: memcpy of the
-state and a raw write + fsync of it. Last line: one JSON object with iter_ms_no_ckpt,
-stall_ms_torch_save, stall_ms_cairn and cairn_vs_torch_save (medians).
+Arms, rotated in rounds (round 0 warms up and is not counted), --iters iterations each:
+  none       no checkpoint
+  dcp_save   dcp.save(get_state_dict(model, optimizer)) after every optimizer step
+  dcp_async  dcp.async_save of the same, after waiting for the previous one (as DCP's
+             documentation does; the last one's wait is counted in the arm's last iteration)
+  cairn      cairn.torch: save() after every step, fence() by the optimizer hook; every 10th
+             version drained to --dir in the background
+(torch 1.x has no DCP and no tensor parallelism: one process, arms none, torch_save
+(torch.save + fsync) and cairn.)
+
+Stall: the time the loop spends checkpointing (the DCP calls and waits; cairn's save() and
+the fence's wait). iter_ms: the whole iteration. An iteration's figure is the slowest
+rank's. Physical references in the same run: memcpy of the state and a raw write + fsync
+of it. Last line: one JSON object; per configuration ("1proc", "2proc_tp") per arm
+stall_ms and iter_ms (medians), cairn_vs_dcp_async (the stall ratio),
+iter_overhead_cairn and iter_overhead_dcp_async (iteration time over no checkpoint's, - 1);
+at the top level the worst of the configurations: the smallest cairn_vs_dcp_async and the
+largest iter_overhead_cairn.
 """
 
 import argparse
@@ -20,20 +33,40 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 
 import cairn.torch
-from tiny_lm import TinyLM, batch, loss_of
+from tiny_lm import TinyLM, TPLM, batch, loss_of, parallelize_tp
+
+try:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    HAVE_DCP = hasattr(dcp, "async_save")
+except ImportError:  # torch 1.x
+    HAVE_DCP = False
+try:
+    import torch.distributed.tensor.parallel  # noqa: F401
+
+    HAVE_TP = True
+except ImportError:  # torch 1.x: no tensor parallelism, only the one-process run
+    HAVE_TP = False
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def state_tensors(model, opt):
-    ts = list(model.state_dict().values())
-    for st in opt.state_dict()["state"].values():
-        ts += [v for v in st.values() if torch.is_tensor(v)]
+    ts = [local(v) for v in model.state_dict().values()]
+    for st in opt.state.values():
+        ts += [local(v) for v in st.values() if torch.is_tensor(v)]
     return ts
 
 
@@ -41,7 +74,7 @@ def raw_write(path, tensors):
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         for t in tensors:
-            f.write(t.numpy().tobytes() if t.dim() else t.reshape(1).numpy().tobytes())
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         f.flush()
         os.fsync(f.fileno())
     dt = time.perf_counter() - t0
@@ -49,41 +82,99 @@ def raw_write(path, tensors):
     return dt
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--seq", type=int, default=16)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--iters", type=int, default=4)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dir", default="/var/tmp")
-    a = p.parse_args()
+class Arms:
+    """The checkpointing arms of one rank."""
+
+    def __init__(self, a, model, opt, rank, world, work, host, pg):
+        self.model, self.opt, self.work, self.pg = model, opt, work, pg
+        self.future = None
+        state_bytes = sum(t.numel() * t.element_size() for t in state_tensors(model, opt))
+        self.ck = cairn.torch.Checkpointer(
+            model, opt, job_id=f"torch-compare-{a.tag}", host_root=host,
+            pfs_root=os.path.join(work, "pfs"), rank=rank, world_size=world, node=0,
+            local_rank=rank, local_world_size=world, persist_every=10,
+            slot_bytes=state_bytes + (8 << 20))
+        self.names = ["none", "dcp_save", "dcp_async", "cairn"] if HAVE_DCP else [
+            "none", "torch_save", "cairn"]
+
+    def dcp_state(self):
+        msd, osd = get_state_dict(self.model, self.opt)
+        return {"model": msd, "optim": osd}
+
+    def checkpoint(self, arm, step):
+        """Checkpoints after step `step`; returns the stall in seconds."""
+        if arm == "none":
+            return 0.0
+        t0 = time.perf_counter()
+        if arm == "cairn":
+            self.ck.save(step)
+        elif arm == "dcp_save":
+            dcp.save(self.dcp_state(), checkpoint_id=os.path.join(self.work, "dcp"),
+                     process_group=self.pg)
+        elif arm == "dcp_async":
+            self.wait()
+            self.future = dcp.async_save(self.dcp_state(),
+                                         checkpoint_id=os.path.join(self.work, "dcp-async"),
+                                         process_group=self.pg)
+        elif arm == "torch_save":
+            with open(os.path.join(self.work, "ckpt.pt"), "wb") as f:
+                torch.save({"model": self.model.state_dict(), "optim": self.opt.state_dict()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+        return time.perf_counter() - t0
+
+    def fence_total(self):
+        """cairn: the fence waits so far (the optimizer hook's, inside optimizer.step)."""
+        return self.ck.stats().fence_wait_total_s
+
+    def wait(self):
+        """Waits for DCP's async save in flight; returns the seconds it took."""
+        t0 = time.perf_counter()
+        if self.future is not None:
+            self.future.result()
+            self.future = None
+        return time.perf_counter() - t0
+
+
+def worker(a):
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    work = tempfile.mkdtemp(prefix="cairn-bench-torch-", dir=a.dir)
-    host = tempfile.mkdtemp(prefix="cairn-bench-torch-", dir="/dev/shm")
+    pg = None
+    if HAVE_DCP or world > 1:
+        dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank,
+                                world_size=world)
+        pg = dist.new_group(backend="gloo")  # checkpoint collectives beside training's
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = parallelize_tp(TPLM(vocab=a.vocab, dim=a.dim, layers=a.layers, seq=a.seq),
+                               init_device_mesh("cpu", (world,)))
+    else:
+        model = TinyLM(vocab=a.vocab, dim=a.dim, layers=a.layers, heads=8, seq=a.seq,
+                       dropout=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    work = tempfile.mkdtemp(prefix="cairn-bench-torch-", dir=a.dir) if rank == 0 else None
+    if world > 1:
+        box = [work]
+        dist.broadcast_object_list(box, src=0)
+        work = box[0]
+    host = tempfile.mkdtemp(prefix=f"cairn-bench-torch-{rank}-", dir="/dev/shm")
+    step = 0
+
+    def train():
+        nonlocal step
+        step += 1
+        x, y = batch(step, 0, a.batch, a.seq, a.vocab)
+        loss = loss_of(model, x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
     try:
-        model = TinyLM(vocab=a.vocab, dim=a.dim, layers=a.layers, heads=8, seq=a.seq, dropout=0.0)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        step = 0
-
-        def train():
-            nonlocal step
-            step += 1
-            x, y = batch(step, 0, a.batch, a.seq, a.vocab)
-            loss = loss_of(model, x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
         train()  # the optimizer's state exists from here on
         tensors = state_tensors(model, opt)
         state_bytes = sum(t.numel() * t.element_size() for t in tensors)
-
-        # Physical references: memcpy of the state, raw write + fsync of it.
         dst = [torch.empty_like(t) for t in tensors]
         memcpy_s = []
         for _ in range(3):
@@ -92,83 +183,139 @@ def main():
                 d.copy_(t)
             memcpy_s.append(time.perf_counter() - t0)
         del dst
-        raw_s = [raw_write(os.path.join(work, "raw.bin"), tensors)]
-
-        ck = cairn.torch.Checkpointer(
-            model, opt, job_id=f"torch-compare-{os.getpid()}", host_root=host,
-            pfs_root=os.path.join(work, "pfs"), rank=0, world_size=1, node=0, slots=3,
-            persist_every=10, slot_bytes=state_bytes + (8 << 20))
-        # The hook fences inside optimizer.step(); its wait is in the stats.
-        fence_total = lambda: ck.stats().fence_wait_total_s
-
-        none_ms, torch_iter_ms, cairn_iter_ms = [], [], []
-        torch_stall, cairn_stall = [], []
-        arms = ["none", "torch", "cairn"]
-        for r in range(a.rounds + 1):  # round 0 warms up (the first cairn save sizes slots)
-            for arm in arms[r % 3:] + arms[: r % 3]:
-                for _ in range(a.iters):
-                    f0 = fence_total()
+        raw_s = [raw_write(os.path.join(host, "raw.bin"), tensors)]
+        arms = Arms(a, model, opt, rank, world, work, host, pg)
+        names = arms.names
+        stall = {n: [] for n in names}
+        iters = {n: [] for n in names}
+        for r in range(a.rounds + 1):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for arm in order:
+                for i in range(a.iters):
+                    f0 = arms.fence_total()
                     t0 = time.perf_counter()
-                    train()
-                    t1 = time.perf_counter()
-                    if arm == "torch":
-                        path = os.path.join(work, "ckpt.pt")
-                        with open(path, "wb") as f:
-                            torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
-                            f.flush()
-                            os.fsync(f.fileno())
-                        stall = time.perf_counter() - t1
-                    elif arm == "cairn":
-                        ck.save(step)
-                        stall = time.perf_counter() - t1 + (fence_total() - f0)
-                    else:
-                        stall = 0.0
-                    total = (time.perf_counter() - t0) * 1e3
-                    if r == 0:
-                        continue
-                    if arm == "none":
-                        none_ms.append(total)
-                    elif arm == "torch":
-                        torch_iter_ms.append(total)
-                        torch_stall.append(stall * 1e3)
-                    else:
-                        cairn_iter_ms.append(total)
-                        cairn_stall.append(stall * 1e3)
-            raw_s.append(raw_write(os.path.join(work, "raw.bin"), tensors))
-        ck.fence()
-        st = ck.stats()
-        ck.close()
+                    train()  # cairn: the hook fences the previous save in optimizer.step
+                    s = arms.checkpoint(arm, step)
+                    if i == a.iters - 1 and arm == "dcp_async":
+                        s += arms.wait()  # the arm's last save, before the next arm
+                    total = time.perf_counter() - t0
+                    if arm == "cairn":
+                        s += arms.fence_total() - f0
+                    if r:
+                        stall[arm].append(s * 1e3)
+                        iters[arm].append(total * 1e3)
+            raw_s.append(raw_write(os.path.join(host, "raw.bin"), tensors))
+        arms.ck.fence()
+        st = arms.ck.stats()
+        arms.ck.close()
+        if world > 1:  # an iteration takes as long as its slowest rank
+            everyone = [None] * world
+            dist.all_gather_object(everyone, (stall, iters, state_bytes), group=pg)
+            stall = {n: [max(e[0][n][i] for e in everyone) for i in range(len(stall[n]))]
+                     for n in names}
+            iters = {n: [max(e[1][n][i] for e in everyone) for i in range(len(iters[n]))]
+                     for n in names}
+            state_bytes = sum(e[2] for e in everyone)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if world > 1:
+            dist.barrier()
+        if rank == 0:
+            shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(host, ignore_errors=True)
-
+    if pg is not None:
+        dist.destroy_process_group()
+    if rank != 0:
+        return 0
     med = statistics.median
     gb = state_bytes / 1e9
-    result = {
-        "bench": "torch_compare",
-        "torch": torch.__version__,
-        "params": sum(p.numel() for p in model.parameters()),
+    out = {
+        "procs": world,
+        "model": "TPLM, 2-way tensor parallel" if world > 1 else "TinyLM",
+        "params": sum(p.numel() for p in model.parameters()),  # a DTensor's is global
         "state_bytes": state_bytes,
         "iters": a.rounds * a.iters,
-        "memcpy_gbps": round(gb / med(memcpy_s), 3),
-        "raw_write_fsync_gbps": round(gb / med(raw_s), 3),
-        "iter_ms_no_ckpt": round(med(none_ms), 2),
-        "iter_ms_torch_save": round(med(torch_iter_ms), 2),
-        "iter_ms_cairn": round(med(cairn_iter_ms), 2),
-        "stall_ms_torch_save": round(med(torch_stall), 2),
-        "stall_ms_cairn": round(med(cairn_stall), 4),
-        "cairn_vs_torch_save": round(med(torch_stall) / med(cairn_stall), 1),
-        "cairn_skipped": st.skipped,
-        "cairn_captured": st.captured,
+        "memcpy_gbps": round(gb / world / med(memcpy_s), 3),
+        "raw_write_fsync_gbps": round(gb / world / med(raw_s), 3),
     }
-    print(
-        f"state {gb:.2f} GB ({result['params'] / 1e6:.1f} M parameters + AdamW moments); "
-        f"iteration {result['iter_ms_no_ckpt']:.0f} ms without checkpoints\n"
-        f"stall per iteration: torch.save + fsync {result['stall_ms_torch_save']:.1f} ms, "
-        f"cairn {result['stall_ms_cairn']:.3f} ms ({result['cairn_vs_torch_save']:.0f}x less)\n"
-        f"references: memcpy {result['memcpy_gbps']:.2f} GB/s, raw write + fsync "
-        f"{result['raw_write_fsync_gbps']:.2f} GB/s"
-    )
+    for n in names:
+        out[f"stall_ms_{n}"] = round(med(stall[n]), 4)
+        out[f"iter_ms_{n}"] = round(med(iters[n]), 2)
+    base = out["iter_ms_none"]
+    for n in names[1:]:
+        out[f"iter_overhead_{n}"] = round(out[f"iter_ms_{n}"] / base - 1, 4)
+    ref = "dcp_async" if HAVE_DCP else "torch_save"
+    out[f"cairn_vs_{ref}"] = round(med(stall[ref]) / max(med(stall["cairn"]), 1e-6), 1)
+    out["cairn_skipped"] = st.skipped
+    out["cairn_captured"] = st.captured
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def run_config(a, procs, tag):
+    """Runs the workers of one configuration; returns rank 0's JSON object."""
+    init = os.path.join(tempfile.mkdtemp(prefix="cairn-bench-torch-init-", dir=a.dir), "init")
+    args = [sys.executable, os.path.abspath(__file__), "--worker", "--init", init, "--tag", tag,
+            "--threads", str(max(1, a.threads // procs))]
+    for k in ("dim", "layers", "vocab", "seq", "batch", "rounds", "iters", "dir"):
+        args += [f"--{k}", str(getattr(a, k))]
+    children = []
+    for r in range(procs):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(procs), USE_LIBUV="0",
+                   UCX_TLS=os.environ.get("UCX_TLS", "tcp"))
+        children.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True))
+    while any(c.poll() is None for c in children):  # one failed: the others would hang
+        if any(c.poll() not in (None, 0) for c in children):
+            for c in children:
+                c.kill()
+        time.sleep(0.2)
+    outs = [c.communicate()[0] for c in children]
+    shutil.rmtree(os.path.dirname(init), ignore_errors=True)
+    for r, c in enumerate(children):
+        if c.returncode != 0:
+            sys.exit(f"torch_compare: rank {r} of the {procs}-process run failed "
+                     f"(exit {c.returncode}):\n{outs[r]}")
+    return json.loads(outs[0].strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
+    p.add_argument("--procs", default="1,2" if HAVE_TP else "1",
+                   help="configurations: process counts (1: TinyLM; more: TPLM split over "
+                   "them, PyTorch 2.x)")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2, help="torch threads in all")
+    p.add_argument("--dir", default="/var/tmp", help="where checkpoints are written")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--init", help=argparse.SUPPRESS)
+    p.add_argument("--tag", default=str(os.getpid()), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    configs = {}
+    for procs in (int(x) for x in a.procs.split(",")):
+        name = "1proc" if procs == 1 else f"{procs}proc_tp"
+        configs[name] = run_config(a, procs, f"{os.getpid()}-{procs}")
+    ref = "dcp_async" if HAVE_DCP else "torch_save"
+    result = {"bench": "torch_compare", "torch": torch.__version__,
+              f"cairn_vs_{ref}": min(c[f"cairn_vs_{ref}"] for c in configs.values()),
+              "iter_overhead_cairn": max(c["iter_overhead_cairn"] for c in configs.values())}
+    if HAVE_DCP:
+        result["iter_overhead_dcp_async"] = min(c["iter_overhead_dcp_async"]
+                                                for c in configs.values())
+    result.update(configs)
+    for name, c in configs.items():
+        arms = [k[len("stall_ms_"):] for k in c if k.startswith("stall_ms_")]
+        print(f"{name}: {c['model']}, {c['state_bytes'] / 1e9:.2f} GB of state; " + ", ".join(
+            f"{n} {c[f'stall_ms_{n}']:.1f} ms stall / {c[f'iter_ms_{n}']:.0f} ms iteration"
+            for n in arms))
     print(json.dumps(result))
     return 0
 

@@ -46,3 +46,43 @@ def batch(step, rank=0, size=8, seq=32, vocab=256):
 def loss_of(model, x, y):
     logits = model(x)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+class TPLM(nn.Module):
+    """A language model built for tensor parallelism (parallelize_tp): token embedding and
+    output head split over the vocabulary, MLP blocks split Colwise/Rowwise; layer norms
+    and the position table replicated. Same sizes as TinyLM's embedding and head."""
+
+    def __init__(self, vocab=256, dim=64, layers=2, seq=32):
+        super().__init__()
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(seq, dim) * 0.02)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
+        self.ups = nn.ModuleList(nn.Linear(dim, 4 * dim) for _ in range(layers))
+        self.downs = nn.ModuleList(nn.Linear(4 * dim, dim) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, x):
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for norm, up, down in zip(self.norms, self.ups, self.downs):
+            h = h + down(F.gelu(up(norm(h))))
+        return self.head(self.norm(h))
+
+
+def parallelize_tp(model, mesh):
+    """Splits a TPLM over the 1-D device mesh `mesh` (PyTorch 2.x tensor parallelism)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = {"embed": RowwiseParallel(input_layouts=Replicate()),
+            "head": ColwiseParallel(output_layouts=Replicate())}
+    for i in range(len(model.ups)):
+        plan[f"ups.{i}"] = ColwiseParallel()
+        plan[f"downs.{i}"] = RowwiseParallel()
+    return parallelize_module(model, mesh, plan)
