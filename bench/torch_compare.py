@@ -12,7 +12,10 @@ Arms, rotated in rounds (round 0 warms up and is not counted), --iters iteration
   none       no checkpoint
   dcp_save   dcp.save(get_state_dict(model, optimizer)) after every optimizer step
   dcp_async  dcp.async_save of the same, after waiting for the previous one (as DCP's
-             documentation does; the last one's wait is counted in the arm's last iteration)
+             documentation does; the last one's wait is counted in the arm's last iteration),
+             staging a copy of the state first as DCP does for GPU state (StagedWriter)
+  dcp_async_nocopy  the same with DCP's default writer: on CPU tensors it stages nothing,
+             and writes the live tensors while training goes on (not a consistent checkpoint)
   cairn      cairn.torch: save() after every step, fence() by the optimizer hook; every 10th
              version drained to --dir in the background
 (torch 1.x has no DCP and no tensor parallelism: one process, arms none, torch_save
@@ -82,6 +85,32 @@ def raw_write(path, tensors):
     return dt
 
 
+if HAVE_DCP:
+
+    class StagedWriter(dcp.FileSystemWriter):
+        """DCP's FileSystemWriter staging as it does for GPU state with
+        cache_staged_state_dict=True: async_save copies the state into a cached CPU state
+        dict before it returns, and the background thread writes the copy (a consistent
+        checkpoint). Without a GPU, DCP's own cache asks for pinned memory and fails, and
+        the default stager does not copy CPU tensors at all (the background thread writes
+        the live tensors while training changes them: arm dcp_async_nocopy)."""
+
+        def __init__(self, path):
+            super().__init__(path)
+            self._cache = None
+
+        def stage(self, state_dict):
+            from torch.distributed._state_dict_utils import (
+                _copy_state_dict,
+                _create_cpu_state_dict,
+            )
+
+            self.per_thread_copy_ahead = 0
+            if self._cache is None:
+                self._cache = _create_cpu_state_dict(state_dict, pin_memory=False)
+            return _copy_state_dict(state_dict, self._cache)
+
+
 class Arms:
     """The checkpointing arms of one rank."""
 
@@ -94,8 +123,9 @@ class Arms:
             pfs_root=os.path.join(work, "pfs"), rank=rank, world_size=world, node=0,
             local_rank=rank, local_world_size=world, persist_every=10,
             slot_bytes=state_bytes + (8 << 20))
-        self.names = ["none", "dcp_save", "dcp_async", "cairn"] if HAVE_DCP else [
-            "none", "torch_save", "cairn"]
+        self.names = ["none", "dcp_save", "dcp_async", "dcp_async_nocopy", "cairn"] if HAVE_DCP \
+            else ["none", "torch_save", "cairn"]
+        self.staged = StagedWriter(os.path.join(work, "dcp-async")) if HAVE_DCP else None
 
     def dcp_state(self):
         msd, osd = get_state_dict(self.model, self.opt)
@@ -113,8 +143,13 @@ class Arms:
                      process_group=self.pg)
         elif arm == "dcp_async":
             self.wait()
-            self.future = dcp.async_save(self.dcp_state(),
+            self.future = dcp.async_save(self.dcp_state(), storage_writer=self.staged,
                                          checkpoint_id=os.path.join(self.work, "dcp-async"),
+                                         process_group=self.pg)
+        elif arm == "dcp_async_nocopy":
+            self.wait()
+            self.future = dcp.async_save(self.dcp_state(),
+                                         checkpoint_id=os.path.join(self.work, "dcp-nocopy"),
                                          process_group=self.pg)
         elif arm == "torch_save":
             with open(os.path.join(self.work, "ckpt.pt"), "wb") as f:
@@ -187,6 +222,7 @@ def worker(a):
         arms = Arms(a, model, opt, rank, world, work, host, pg)
         names = arms.names
         stall = {n: [] for n in names}
+        fence_ms = []  # cairn: the part of its stall that was the fence's wait
         iters = {n: [] for n in names}
         for r in range(a.rounds + 1):
             order = names[r % len(names):] + names[: r % len(names)]
@@ -196,11 +232,14 @@ def worker(a):
                     t0 = time.perf_counter()
                     train()  # cairn: the hook fences the previous save in optimizer.step
                     s = arms.checkpoint(arm, step)
-                    if i == a.iters - 1 and arm == "dcp_async":
+                    if i == a.iters - 1 and arm.startswith("dcp_async"):
                         s += arms.wait()  # the arm's last save, before the next arm
                     total = time.perf_counter() - t0
                     if arm == "cairn":
-                        s += arms.fence_total() - f0
+                        w = arms.fence_total() - f0
+                        s += w
+                        if r:
+                            fence_ms.append(w * 1e3)
                     if r:
                         stall[arm].append(s * 1e3)
                         iters[arm].append(total * 1e3)
@@ -244,7 +283,9 @@ def worker(a):
     for n in names[1:]:
         out[f"iter_overhead_{n}"] = round(out[f"iter_ms_{n}"] / base - 1, 4)
     ref = "dcp_async" if HAVE_DCP else "torch_save"
-    out[f"cairn_vs_{ref}"] = round(med(stall[ref]) / max(med(stall["cairn"]), 1e-6), 1)
+    for n in names[1:-1]:
+        out[f"cairn_vs_{n}"] = round(med(stall[n]) / max(med(stall["cairn"]), 1e-6), 1)
+    out["fence_ms_cairn"] = round(med(fence_ms), 4)  # rank 0's
     out["cairn_skipped"] = st.skipped
     out["cairn_captured"] = st.captured
     print(json.dumps(out), flush=True)

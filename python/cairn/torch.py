@@ -177,37 +177,52 @@ def _shards_of(name, value, copies=None):
 
 
 def _flatten(state):
-    """The state dict flattened as torch.distributed.checkpoint flattens it (its own
-    flatten_state_dict where this torch has one): nested dicts walked, keys joined with '.',
-    a list walked by index when it holds tensors, dicts or lists ("optim.param_groups.0.lr",
-    but "optim.param_groups.0.params" is one entry). cairn saves each tensor under its flattened name, so that DCP's planner finds
-    them under the same names (cairn.dcp)."""
-    f = _dcp_flatten()
-    if f is not None:
-        return f(state)[0]
+    """The state dict flattened as torch.distributed.checkpoint (DCP) flattens it (its
+    traverse_state_dict, torch >= 2.4): dicts walked, keys joined with '.'; a list walked by
+    index when it holds a tensor or a dict (or such a list), else one entry
+    ("optim.param_groups.0.lr", but "optim.param_groups.0.params" is one entry); a tuple
+    is one entry. cairn saves each tensor under its flattened name, so that DCP's planner
+    finds it under the same name (cairn.dcp). Faster than DCP's own, which save() would
+    pay every iteration; the tests check that the two agree."""
     out = {}
-
-    def walk(path, v):
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(f"{path}.{k}" if path else str(k), x)
-        elif isinstance(v, (list, tuple)) and any(
-                torch.is_tensor(x) or isinstance(x, (dict, list, tuple)) for x in v):
-            for i, x in enumerate(v):
-                walk(f"{path}.{i}", x)
-        else:
-            out[path] = v
-
-    walk("", state)
+    for k, v in state.items():
+        _walk(str(k), v, out)
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _dcp_flatten():
-    try:
-        return importlib.import_module("torch.distributed.checkpoint._nested_dict").flatten_state_dict
-    except Exception:  # torch 1.x: no DCP flattening; the fallback above matches it
-        return None
+def _walk(path, v, out):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _walk(f"{path}.{k}", x, out)
+    elif isinstance(v, list) and not _terminal_list(v):
+        for i, x in enumerate(v):
+            _walk(f"{path}.{i}", x, out)
+    else:
+        out[path] = v
+
+
+def _terminal_list(v):
+    for e in v:
+        if isinstance(e, dict) or torch.is_tensor(e):
+            return False
+        if isinstance(e, list) and not _terminal_list(e):
+            return False
+    return True
+
+
+def _address(t):
+    """What a tensor's shards depend on (where its bytes are and their layout), or None
+    when its shards cannot be reused (a strided DTensor part is copied at every save)."""
+    dtensor = _dtensor_class()
+    if dtensor is not None and isinstance(t, dtensor):
+        local = t._local_tensor
+        if not local.is_contiguous():
+            return None
+        return (local.data_ptr(), tuple(local.shape), tuple(t.shape), local.dtype,
+                tuple(t.placements))
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return None  # ShardedTensor and other subclasses: walked every time
+    return (t.data_ptr(), tuple(t.shape), t.dtype, t.is_contiguous())
 
 
 def _is_saved_tensor(v):
@@ -261,6 +276,8 @@ class Checkpointer:
         self.last_report = None  # its cairn.RestoreReport
         self._ck = _cairn.Checkpointer(opts)
         self._fqn = None  # id(parameter) -> name, once asked for
+        self._buffers = None  # the model's buffers' flattened names
+        self._shard_cache = {}  # name -> (tensor, _address(tensor), its shards) of the last save
         self._hook = None
         if optimizer is not None:
             self._install_fence_hook(optimizer)
@@ -420,17 +437,36 @@ class Checkpointer:
         return self._fqn
 
     def _flat_state(self, snapshot_buffers, copies=None):
-        """(cairn shards of the flattened state's tensors, {name: value} of the rest)."""
-        buffers = {"model." + n for n, _ in self.model.named_buffers()} if snapshot_buffers else ()
+        """(cairn shards of the flattened state's tensors, {name: value} of the rest).
+        For a save (snapshot_buffers), the shards of a tensor still at the same address as
+        in the last save are reused (saving every iteration pays for the walk once)."""
+        if self._buffers is None:
+            self._buffers = {"model." + n for n, _ in self.model.named_buffers()}
+        reuse = self._shard_cache if snapshot_buffers else {}
+        kept = {}
         shards, plain = [], {}
         for k, v in _flatten(self.state_dict()).items():
-            if k in buffers and torch.is_tensor(v):
+            if snapshot_buffers and k in self._buffers and torch.is_tensor(v):
                 v = v.detach().clone()  # forward passes may update buffers
+            elif torch.is_tensor(v):
+                key = _address(v)
+                hit = reuse.get(k)
+                if hit is not None and hit[0] is v and hit[1] == key:
+                    kept[k] = hit
+                    shards += hit[2]
+                    continue
+                got = _shards_of(k, v, copies)
+                if key is not None and snapshot_buffers:
+                    kept[k] = (v, key, got)
+                shards += got
+                continue
             if _is_saved_tensor(v) or (isinstance(v, (list, tuple)) and v
                                        and all(_is_saved_tensor(x) for x in v)):
                 shards += _shards_of(k, v, copies)
             else:
                 plain[k] = v
+        if snapshot_buffers:
+            self._shard_cache = kept  # what is no longer in the state is dropped
         return shards, plain
 
     def _set_plain(self, plain):
