@@ -207,6 +207,14 @@ def _has_dtensor():
     return torch.distributed.is_available()
 
 
+def _has_dcp_flatten():
+    try:
+        import torch.distributed.checkpoint._nested_dict  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @unittest.skipUnless(_has_dtensor(), "needs PyTorch 2.x with DTensor (scripts/debian13.sh)")
 class DTensorState(unittest.TestCase):
     """DTensors of every placement on a 2-D (dp, tp) mesh and a tensor-parallel MLP, saved
@@ -344,6 +352,26 @@ class TorchUnits(unittest.TestCase):
         import cairn.torch
 
         return cairn.torch.Checkpointer(model, optimizer, **kw)
+
+    @unittest.skipUnless(_has_dcp_flatten(), "needs torch.distributed.checkpoint (PyTorch 2.4+)")
+    def test_state_names_are_the_ones_dcp_flattens_to(self):
+        import cairn.torch
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+        torch = self.torch
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        opt = torch.optim.AdamW([{"params": model[0].parameters()},
+                                 {"params": model[1].parameters(), "lr": 0.5}])
+        model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        flat = cairn.torch.FlatRange(torch.zeros(5), [2, 4], 1)
+        ck = self.ckpt(model, opt, tensors={"flat": [flat], "plain": torch.ones(2)})
+        self.addCleanup(ck.close)
+        state = ck.state_dict()
+        state["misc"] = {"tuple": (1, torch.ones(1)), "nested": [[1, 2], [torch.zeros(1)]],
+                         "empty": {}, "groups": [{"a": 1}], "scalars": [1.5, "x"]}
+        self.assertEqual(list(cairn.torch._flatten(state)), list(flatten_state_dict(state)[0]))
+        self.assertIn("optim.state.0.weight.exp_avg", cairn.torch._flatten(state))
 
     def test_no_version_restores_nothing(self):
         with self.ckpt(self.torch.nn.Linear(3, 3)) as c:
