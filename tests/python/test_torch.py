@@ -207,6 +207,37 @@ def _has_dtensor():
     return torch.distributed.is_available()
 
 
+class QuickStart(unittest.TestCase):
+    """The README's quick-start as a new user runs it (quickstart_child.py): TinyLM with
+    0.22 GB of weights and AdamW state, every setting at its default but where the files
+    go, a save every step, and a PFS slower than an iteration (100 MB/s for this rank: a
+    drain holds its slot for about four iterations). No version is skipped (with 2 slots, the
+    old default, 4 of 24 were), and a run stopped abruptly after the save of step 14 comes
+    back from step 13 or 14."""
+
+    def test_defaults_skip_no_version_and_a_stopped_run_resumes_from_its_last_steps(self):
+        job = Job("quick")
+        self.addCleanup(job.close)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
+        env.update({"CAIRN_JOB_ID": job.id, "CAIRN_HOST_ROOT": os.path.join(job.root, "host"),
+                    "CAIRN_PFS_ROOT": os.path.join(job.root, "pfs"), "CAIRN_PERSIST_RATE": "100M"})
+        child = [sys.executable, os.path.join(HERE, "quickstart_child.py"), "--steps", "24"]
+
+        def run(*args):
+            p = subprocess.run(child + list(args), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stdout)
+            return p.stdout
+
+        first = run("--stop-at", "14")
+        self.assertIn("skipped 0 of 14", first)
+        second = run()
+        restored = [int(l.split()[1]) for l in second.splitlines() if l.startswith("restored ")]
+        self.assertEqual(len(restored), 1, second)
+        self.assertIn(restored[0], (13, 14), second)
+        self.assertIn(f"skipped 0 of {24 - restored[0]}", second)
+
+
 def _has_dcp_flatten():
     try:
         import torch.distributed.checkpoint._nested_dict  # noqa: F401
