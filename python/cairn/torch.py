@@ -408,7 +408,13 @@ class Checkpointer:
         {"model": model.state_dict(), "optim": {"state": {fqn: {...}}, "param_groups":
         [{..., "params": [fqn, ...]}]}, "tensors": the extra tensors}. cairn saves it
         flattened, under DCP's names ("model.<fqn>", "optim.state.<fqn>.exp_avg", ...)."""
-        state = {"model": self.model.state_dict()}
+        return self._state_dict(keep_vars=False)
+
+    def _state_dict(self, keep_vars):
+        """state_dict(); keep_vars=True: the parameters themselves rather than detached
+        copies of them (a DTensor's detach() costs tens of microseconds, and a fresh
+        object each time would defeat the shard reuse of save())."""
+        state = {"model": self.model.state_dict(keep_vars=keep_vars)}
         if self.optimizer is not None:
             fqn = self._param_names()
             groups = []
@@ -445,7 +451,7 @@ class Checkpointer:
         reuse = self._shard_cache if snapshot_buffers else {}
         kept = {}
         shards, plain = [], {}
-        for k, v in _flatten(self.state_dict()).items():
+        for k, v in _flatten(self._state_dict(keep_vars=True)).items():
             if snapshot_buffers and k in self._buffers and torch.is_tensor(v):
                 v = v.detach().clone()  # forward passes may update buffers
             elif torch.is_tensor(v):

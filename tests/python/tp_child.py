@@ -17,6 +17,7 @@ test_torch.py with RANK / WORLD_SIZE and cairn's settings in the environment.
 """
 
 import argparse
+import faulthandler
 import os
 import sys
 import time
@@ -178,6 +179,7 @@ def main():
     p.add_argument("--dcp", help="load: DCP's own save of the step")
     p.add_argument("--job-dir", help="load: <pfs_root>/<job id> of the cairn job")
     a = p.parse_args()
+    faulthandler.dump_traceback_later(200, exit=True)  # a hang shows where each rank waits
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dp, tp = (int(x) for x in a.mesh.split("x"))
     assert dp * tp == world, f"mesh {a.mesh} needs {dp * tp} processes, not {world}"
