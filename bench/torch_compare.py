@@ -88,27 +88,31 @@ def raw_write(path, tensors):
 if HAVE_DCP:
 
     class StagedWriter(dcp.FileSystemWriter):
-        """DCP's FileSystemWriter staging as it does for GPU state with
-        cache_staged_state_dict=True: async_save copies the state into a cached CPU state
-        dict before it returns, and the background thread writes the copy (a consistent
-        checkpoint). Without a GPU, DCP's own cache asks for pinned memory and fails, and
-        the default stager does not copy CPU tensors at all (the background thread writes
-        the live tensors while training changes them: arm dcp_async_nocopy)."""
-
-        def __init__(self, path):
-            super().__init__(path)
-            self._cache = None
+        """DCP's FileSystemWriter staging as DCP's stager does for GPU state: async_save
+        copies every tensor into new CPU memory before it returns (a DTensor's local part,
+        kept a DTensor), and the background thread writes the copy, a consistent
+        checkpoint. On CPU tensors DCP's own stager copies nothing: the default one hands
+        the live tensors to the background thread (arm dcp_async_nocopy), and with
+        cache_staged_state_dict it asks for pinned memory (fails without a GPU) or, for
+        DTensors, copies into tensors sharing the live storage (torch 2.6)."""
 
         def stage(self, state_dict):
-            from torch.distributed._state_dict_utils import (
-                _copy_state_dict,
-                _create_cpu_state_dict,
-            )
-
             self.per_thread_copy_ahead = 0
-            if self._cache is None:
-                self._cache = _create_cpu_state_dict(state_dict, pin_memory=False)
-            return _copy_state_dict(state_dict, self._cache)
+            return _copied(state_dict)
+
+    def _copied(v):
+        if isinstance(v, dict):
+            return {k: _copied(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [_copied(x) for x in v]
+        if hasattr(v, "to_local"):  # DTensor
+            from torch.distributed.tensor import DTensor
+
+            return DTensor.from_local(v.to_local().clone(), v.device_mesh, v.placements,
+                                      run_check=False, shape=v.shape, stride=v.stride())
+        if torch.is_tensor(v):
+            return v.detach().clone()
+        return v
 
 
 class Arms:

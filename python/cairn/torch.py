@@ -211,18 +211,19 @@ def _terminal_list(v):
 
 
 def _address(t):
-    """What a tensor's shards depend on (where its bytes are and their layout), or None
-    when its shards cannot be reused (a strided DTensor part is copied at every save)."""
+    """What a tensor's shards depend on besides its identity (where its bytes are and
+    their shape), or None when its shards cannot be reused (a strided DTensor part is
+    copied at every save; ShardedTensor and other subclasses are walked every time)."""
+    kind = type(t)
+    if kind is torch.nn.Parameter or kind is torch.Tensor:
+        return (t.data_ptr(), t.shape) if t.is_contiguous() else None
     dtensor = _dtensor_class()
     if dtensor is not None and isinstance(t, dtensor):
         local = t._local_tensor
         if not local.is_contiguous():
             return None
-        return (local.data_ptr(), tuple(local.shape), tuple(t.shape), local.dtype,
-                tuple(t.placements))
-    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
-        return None  # ShardedTensor and other subclasses: walked every time
-    return (t.data_ptr(), tuple(t.shape), t.dtype, t.is_contiguous())
+        return (local.data_ptr(), local.shape, t.shape, tuple(t.placements))
+    return None
 
 
 def _is_saved_tensor(v):
