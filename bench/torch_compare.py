@@ -6,7 +6,7 @@ over a 2-way mesh, gloo).
 
     PYTHONPATH=build/python:tests/python python3 bench/torch_compare.py \\
         [--procs 1,2] [--dim 256] [--layers 2] [--vocab 32768] [--seq 16] [--batch 1]
-        [--rounds 3] [--iters 4] [--threads 2] [--dir /var/tmp]
+        [--rounds 6] [--iters 4] [--threads 2] [--dir /var/tmp]
 
 Arms, rotated in rounds (round 0 warms up and is not counted), --iters iterations each:
   none       no checkpoint
@@ -334,7 +334,7 @@ def main():
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--threads", type=int, default=2, help="torch threads in all")
     p.add_argument("--dir", default="/var/tmp", help="where checkpoints are written")
