@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "cairn/checkpointer.h"
+#include "cairn/pfs_step.h"
 #include "persist/manifest.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
@@ -498,6 +499,76 @@ TEST_F(CheckpointerTest, HostTierLostRestoresFromThePfsPastACorruptStepNamingThe
   ASSERT_FALSE(gone.ok());
   EXPECT_NE(gone.status().message().find(JoinPath(step1, DataFileName(0))), std::string::npos)
       << gone.status().message();
+}
+
+// PfsStep reads committed steps without a job: what they hold, any boxes of them, their
+// blobs; a missing step is NotFound and a damaged byte an error naming the file.
+TEST_F(CheckpointerTest, APfsStepIsReadWithoutAJob) {
+  opts_.persist_every = 0;
+  State s;
+  {
+    auto c = Open();
+    for (int64_t step = 3; step <= 4; ++step) {
+      s.Fill(step * 7);
+      ASSERT_TRUE(c->save(step, s.Shards(), {{"rng", "r" + std::to_string(step)}}).ok());
+      auto f = c->flush();
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+    }
+  }
+  const std::string job_dir = PfsJobDir(opts_.pfs_root, opts_.job_id);
+  auto steps = PfsStep::Steps(job_dir);
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  EXPECT_EQ(*steps, (std::vector<int64_t>{3, 4}));
+  auto latest = PfsStep::Open(job_dir);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(latest->step(), 4);
+  EXPECT_EQ(latest->world_size(), 1);
+  const PfsStep::Tensor* qkv = nullptr;
+  for (const auto& t : latest->tensors())
+    if (t.meta.name == "layers.0.attn.qkv.weight") qkv = &t;
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->meta.global_shape, (Shape{128, 48}));
+  int64_t saved = 0;
+  for (const Box& b : qkv->boxes) saved += b.numel();
+  EXPECT_EQ(saved, 64 * 48);  // only rows 64..128 were saved
+
+  // Step 3, whole tensors and a box inside another: the bytes saved.
+  auto three = PfsStep::Open(job_dir, 3);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  State r;
+  ASSERT_TRUE(three->Read(r.Shards()).ok());
+  EXPECT_TRUE(r.Holds(21));
+  std::vector<uint16_t> rows(4 * 48);
+  ShardSpec part;
+  part.meta = qkv->meta;
+  part.box = Box{{70, 0}, {4, 48}};
+  part.data = rows.data();
+  ASSERT_TRUE(three->Read({&part, 1}).ok());
+  EXPECT_EQ(std::memcmp(rows.data(), r.bf16.data() + 6 * 48, rows.size() * 2), 0);
+  auto blobs = three->Blobs(0);
+  ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
+  EXPECT_EQ(blobs->at("rng"), "r3");
+  EXPECT_EQ(three->Blobs(1).status().code(), StatusCode::kInvalidArgument);
+
+  // Rows never saved, a step never committed, a damaged byte.
+  part.box = Box{{0, 0}, {4, 48}};
+  EXPECT_EQ(three->Read({&part, 1}).code(), StatusCode::kCorruption);
+  auto missing = PfsStep::Open(job_dir, 5);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("step 5"), std::string::npos);
+  auto manifest = ReadManifest(DefaultFileSystem(), three->directory());
+  ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+  std::string data_file;
+  for (const auto& b : manifest->boxes())
+    if (b.tensor() == 0) {
+      data_file = JoinPath(three->directory(), DataFileName(b.file()));
+      testing::CorruptByte(data_file, b.offset() + 5);
+      break;
+    }
+  const Status bad = three->Read(r.Shards());
+  EXPECT_EQ(bad.code(), StatusCode::kCorruption);
+  EXPECT_NE(bad.message().find(data_file), std::string::npos) << bad.message();
 }
 
 }  // namespace
