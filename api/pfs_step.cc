@@ -1,7 +1,6 @@
 // PfsStep: the MANIFEST of a committed step and the PFS reader behind the public API.
 #include "cairn/pfs_step.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "core/filesystem.h"
@@ -56,15 +55,9 @@ Result<PfsStep> PfsStep::Open(const std::string& job_dir, int64_t step) {
 }
 
 Result<std::vector<int64_t>> PfsStep::Steps(const std::string& job_dir) {
-  FileSystem* fs = DefaultFileSystem();
-  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(job_dir));
-  std::vector<int64_t> steps;
-  for (const std::string& n : names) {
-    auto s = ParseStepDirName(n);
-    if (s && fs->Exists(JoinPath(JoinPath(job_dir, n), "MANIFEST"))) steps.push_back(*s);
-  }
+  CAIRN_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                         ListCommittedSteps(DefaultFileSystem(), job_dir));
   if (steps.empty()) return Status::NotFound(job_dir + " holds no committed step");
-  std::sort(steps.begin(), steps.end());
   return steps;
 }
 

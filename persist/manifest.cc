@@ -1,5 +1,6 @@
 #include "persist/manifest.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -179,6 +180,17 @@ Result<int64_t> ReadLatest(FileSystem* fs, const std::string& job_dir) {
   }
   if (!ok) return Status::Corruption(path + ": does not hold a step number");
   return v;
+}
+
+Result<std::vector<int64_t>> ListCommittedSteps(FileSystem* fs, const std::string& job_dir) {
+  CAIRN_ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(job_dir));
+  std::vector<int64_t> steps;
+  for (const std::string& n : names) {
+    auto s = ParseStepDirName(n);
+    if (s && fs->Exists(JoinPath(JoinPath(job_dir, n), "MANIFEST"))) steps.push_back(*s);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
 }
 
 }  // namespace cairn

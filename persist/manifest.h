@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cairn/status.h"
 #include "core/filesystem.h"
@@ -48,5 +49,8 @@ Result<pb::Manifest> ReadManifest(FileSystem* fs, const std::string& step_dir);
 // The step LATEST names; NotFound when there is none, Corruption naming the file when it
 // does not parse.
 Result<int64_t> ReadLatest(FileSystem* fs, const std::string& job_dir);
+// The steps of `job_dir` whose directory holds a MANIFEST, oldest first (IOError naming the
+// directory when it cannot be listed).
+Result<std::vector<int64_t>> ListCommittedSteps(FileSystem* fs, const std::string& job_dir);
 
 }  // namespace cairn

@@ -123,16 +123,11 @@ Result<std::vector<Inventory>> Restorer::Discover() {
   held_ = mine.held;
   Status local_st;
   if (env_.rank == 0 && have_pfs_ && env_.pfs_fs->Exists(env_.pfs_job_dir)) {
-    auto names = env_.pfs_fs->ListDir(env_.pfs_job_dir);
-    if (!names.ok()) {
-      env_.log->Warning("cannot list " + env_.pfs_job_dir + ": " + names.status().ToString());
-    } else {
-      for (const std::string& n : *names) {
-        auto s = ParseStepDirName(n);
-        if (s && env_.pfs_fs->Exists(JoinPath(JoinPath(env_.pfs_job_dir, n), "MANIFEST")))
-          mine.pfs_steps.push_back(*s);
-      }
-    }
+    auto steps = ListCommittedSteps(env_.pfs_fs, env_.pfs_job_dir);
+    if (!steps.ok())
+      env_.log->Warning("cannot list " + env_.pfs_job_dir + ": " + steps.status().ToString());
+    else
+      mine.pfs_steps = std::move(*steps);
   }
   CAIRN_ASSIGN_OR_RETURN(auto gathered, GatherChecked(env_.group, local_st, EncodeInventory(mine)));
   std::vector<Inventory> inv;
