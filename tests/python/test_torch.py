@@ -21,27 +21,21 @@ STEPS = 300
 
 
 def read_losses(path):
-    """{step: (loss hex, newest replicated step)} of a --out file (a later line wins)."""
+    """{step: (loss hex, newest replicated step)} of a --out file (a later line wins):
+    torch_train.py writes "<step> <hex> <replicated>", tp_child.py "<step> <hex>" (None)."""
     out = {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 parts = line.split()
-                if len(parts) == 3:
-                    out[int(parts[0])] = (parts[1], int(parts[2]))
+                if len(parts) == 3 or (len(parts) == 2 and line.endswith("\n")):
+                    out[int(parts[0])] = (parts[1], int(parts[2]) if len(parts) == 3 else None)
     return out
 
 
 def read_step_losses(path):
-    """{step: loss hex} of a tp_child.py --out file ("<step> <hex>" lines; a later wins)."""
-    out = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 2 and line.endswith("\n"):
-                    out[int(parts[0])] = parts[1]
-    return out
+    """{step: loss hex} of a --out file."""
+    return {s: h for s, (h, _) in read_losses(path).items()}
 
 
 class Job:
