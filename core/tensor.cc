@@ -46,22 +46,25 @@ Status CheckTensorName(const std::string& name) {
 
 Status CheckShard(const ShardSpec& shard) {
   CAIRN_RETURN_IF_ERROR(CheckTensorName(shard.meta.name));
-  const std::string who = "tensor '" + shard.meta.name + "'";
+  // Built only for an error: save() checks every shard of every version.
+  const auto who = [&] { return "tensor '" + shard.meta.name + "'"; };
   if (DTypeSize(shard.meta.dtype) == 0)
-    return Status::InvalidArgument(who + ": invalid dtype value " +
+    return Status::InvalidArgument(who() + ": invalid dtype value " +
                                    std::to_string(static_cast<int>(shard.meta.dtype)));
   if (shard.meta.global_shape.size() > kMaxTensorRank)
-    return Status::InvalidArgument(who + ": rank " +
+    return Status::InvalidArgument(who() + ": rank " +
                                    std::to_string(shard.meta.global_shape.size()) +
                                    " exceeds the limit of " + std::to_string(kMaxTensorRank));
   auto numel = CheckedNumElements(shard.meta.global_shape);
   if (!numel || *numel > (int64_t{1} << 56) / static_cast<int64_t>(DTypeSize(shard.meta.dtype)))
-    return Status::InvalidArgument(who + ": global shape " +
+    return Status::InvalidArgument(who() + ": global shape " +
                                    ShapeToString(shard.meta.global_shape) +
                                    " is negative or too large");
-  CAIRN_RETURN_IF_ERROR(CheckBoxInShape(shard.box, shard.meta.global_shape).WithContext(who));
+  if (Status st = CheckBoxInShape(shard.box, shard.meta.global_shape); !st.ok())
+    return st.WithContext(who());
   if (shard.data == nullptr && shard.nbytes() > 0)
-    return Status::InvalidArgument(who + " box " + shard.box.ToString() + ": data pointer is null");
+    return Status::InvalidArgument(who() + " box " + shard.box.ToString() +
+                                   ": data pointer is null");
   return Status::OK();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <unordered_set>
 
 #include "core/checksum.h"
@@ -94,8 +95,10 @@ Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
     int64_t step, std::span<const ShardSpec> shards, const Blobs& blobs, CudaStream stream,
     const std::string& who) {
   // Validate everything before reserving anything.
-  std::unordered_map<std::string, const TensorMeta*> metas;
+  std::unordered_map<std::string_view, const TensorMeta*> metas;  // names live in `shards`
   std::unordered_set<std::string> keys;
+  metas.reserve(shards.size());
+  keys.reserve(shards.size());
   int device = -1;
   const ShardSpec* on_device = nullptr;
   for (const ShardSpec& s : shards) {
@@ -129,6 +132,8 @@ Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
   uint64_t off = 0;
   uint32_t chunk_index = 0;
   h.shards.reserve(shards.size());
+  req->chunks.reserve(shards.size());
+  req->chunk_offsets.reserve(shards.size());
   for (const ShardSpec& s : shards) {
     SlotShard r;
     r.name = s.meta.name;
