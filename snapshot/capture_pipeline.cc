@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/kill_point.h"
 #include "core/trace.h"
+#include "snapshot/worker_pool.h"
 
 namespace cairn {
 namespace {
@@ -311,6 +312,7 @@ CaptureStats CapturePipeline::capture_stats() const {
 }
 
 void CapturePipeline::CaptureLoop() {
+  RunAsBatchThread();  // save() returns at once rather than yield to the copy it queued
   for (;;) {
     std::unique_ptr<Request> r;
     {

@@ -1,8 +1,15 @@
 #include "snapshot/worker_pool.h"
 
+#include <sched.h>
+
 #include "core/mutex.h"
 
 namespace cairn {
+
+void RunAsBatchThread() {
+  sched_param sp{};
+  (void)::sched_setscheduler(0, SCHED_BATCH, &sp);  // 0: this thread (Linux)
+}
 
 WorkerPool::WorkerPool(int threads) {
   for (int i = 1; i < threads; ++i) helpers_.emplace_back([this] { HelperLoop(); });
@@ -22,6 +29,7 @@ void WorkerPool::Drain() {
 }
 
 void WorkerPool::HelperLoop() {
+  RunAsBatchThread();
   uint64_t seen = 0;
   MutexLock lk(mu_);
   for (;;) {
