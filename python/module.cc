@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,6 +108,22 @@ std::vector<ShardSpec> Specs(const std::vector<PyShard>& shards) {
   return out;
 }
 
+// Shards converted once: a training loop that saves the same tensors at the same
+// addresses every iteration hands the same list to every save, which then converts
+// nothing per shard (cairn.torch keeps one while its state is unchanged).
+struct PyShardList {
+  std::vector<ShardSpec> specs;
+  std::vector<py::object> owners;  // each shard's, kept alive with the list
+};
+
+PyShardList MakeShardList(const std::vector<PyShard>& shards) {
+  PyShardList l;
+  l.specs = Specs(shards);
+  l.owners.reserve(shards.size());
+  for (const PyShard& s : shards) l.owners.push_back(s.owner);
+  return l;
+}
+
 Blobs ToBlobs(const py::dict& d) {
   Blobs b;
   for (auto [k, v] : d) {
@@ -131,17 +148,36 @@ class PyCheckpointer {
     c_ = Unwrap(WithoutGil([&] { return Checkpointer::Open(std::move(o)); }));
   }
 
-  std::string Save(int64_t step, const std::vector<PyShard>& shards, const py::dict& blobs,
+  // `shards`: a list of Shard, or a ShardList (converted once, pinned as one object).
+  std::string Save(int64_t step, const py::object& shards, const py::dict& blobs,
                    uintptr_t stream) {
     Checkpointer& c = Get();
-    const std::vector<ShardSpec> specs = Specs(shards);
+    std::vector<py::object> owners;
+    std::vector<ShardSpec> converted;
+    std::span<const ShardSpec> specs;
+    if (py::isinstance<PyShardList>(shards)) {
+      specs = shards.cast<const PyShardList&>().specs;
+      owners.push_back(shards);
+    } else {
+      std::vector<PyShard> list;
+      try {
+        list = shards.cast<std::vector<PyShard>>();
+      } catch (const py::cast_error&) {
+        Throw(
+            Status::InvalidArgument("save: shards must be a list of cairn.Shard or a "
+                                    "cairn.ShardList, not " +
+                                    std::string(py::str(py::type::of(shards).attr("__name__")))));
+      }
+      PyShardList l = MakeShardList(list);
+      converted = std::move(l.specs);
+      specs = converted;
+      owners = std::move(l.owners);
+    }
     const Blobs b = ToBlobs(blobs);
     const auto cuda_stream = reinterpret_cast<CudaStream>(stream);
     const SaveOutcome out = Unwrap(WithoutGil([&] { return c.save(step, specs, b, cuda_stream); }));
     if (out == SaveOutcome::kQueued) {
       ++queued_;
-      std::vector<py::object> owners;
-      for (const PyShard& s : shards) owners.push_back(s.owner);
       pinned_.emplace_back(queued_, std::move(owners));
     }
     return out == SaveOutcome::kQueued ? "queued" : "skipped";
@@ -485,13 +521,32 @@ PYBIND11_MODULE(_cairn, m) {
           },
           py::arg("rank"), "The blobs `rank` saved with the step ({name: bytes}).");
 
+  py::class_<PyShardList>(m, "ShardList",
+                          "Shards converted once, for saves of the same tensors at the same "
+                          "addresses: save() then converts nothing per shard. Keeps every "
+                          "shard's owner alive while it lives.")
+      .def(py::init(&MakeShardList), py::arg("shards"))
+      .def("__len__", [](const PyShardList& l) { return l.specs.size(); })
+      .def(
+          "__add__",
+          [](const PyShardList& l, const std::vector<PyShard>& more) {
+            PyShardList out = l;
+            for (const PyShard& s : more) {
+              out.specs.push_back(s.spec);
+              out.owners.push_back(s.owner);
+            }
+            return out;
+          },
+          py::arg("more"), "This list followed by the Shards in `more` (a new ShardList).");
+
   py::class_<PyCheckpointer>(m, "Checkpointer",
                              "This rank's checkpointer (C++ cairn::Checkpointer). For PyTorch "
                              "use cairn.torch.Checkpointer, which builds the shards.")
       .def(py::init<Options>(), py::arg("options"))
       .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("shards"),
            py::arg("blobs") = py::dict(), py::arg("stream") = 0,
-           "Queues a version: returns 'queued' or 'skipped' (no free slot). Device shards "
+           "Queues a version of `shards` (a list of Shard, or a ShardList): returns 'queued' "
+           "or 'skipped' (no free slot). Device shards "
            "are copied after the work queued so far on `stream` (a cudaStream_t as an int, "
            "e.g. torch.cuda.current_stream().cuda_stream; 0: the default stream). The "
            "shards' memory is read until the point the next fence() orders writers after.")

@@ -23,8 +23,10 @@ from ._cairn import (  # noqa: F401
     PfsStep,
     RestoreReport,
     Shard,
+    ShardList,
     Stats,
     VersionInfo,
 )
 
-__all__ = ["Checkpointer", "Error", "Options", "PfsStep", "RestoreReport", "Shard", "Stats", "VersionInfo"]
+__all__ = ["Checkpointer", "Error", "Options", "PfsStep", "RestoreReport", "Shard", "ShardList",
+           "Stats", "VersionInfo"]

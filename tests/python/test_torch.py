@@ -520,6 +520,43 @@ class CoreModule(unittest.TestCase):
                 self.assertEqual(r.step, step)
                 self.assertTrue((back == step).all())
 
+    def test_a_shard_list_saves_its_shards_and_keeps_their_owners_until_the_fence(self):
+        import gc
+        import weakref
+
+        import numpy as np
+
+        import cairn
+
+        o = self.options("shardlist")
+        with cairn.Checkpointer(o) as c:
+            a = np.arange(1000, dtype=np.float32)
+            b = np.full(10, 3, dtype=np.int64)
+            owner = weakref.ref(b)
+            fixed = cairn.ShardList([cairn.Shard.from_buffer("a", "float32", [1000], a)])
+            both = fixed + [cairn.Shard.from_buffer("b", "int64", [10], b)]
+            self.assertEqual((len(fixed), len(both)), (1, 2))
+            self.assertEqual(c.save(1, both), "queued")
+            del b, both
+            gc.collect()
+            self.assertIsNotNone(owner(), "cairn let go of a buffer it still reads")
+            c.fence()
+            gc.collect()
+            self.assertIsNone(owner(), "the fence kept the copied buffer alive")
+            a += 1  # the same list, saved again, holds the bytes at the second save
+            self.assertEqual(c.save(2, fixed), "queued")
+            c.fence()
+            for step, want in ((1, np.arange(1000) * 1.0), (2, np.arange(1000) + 1.0)):
+                back_a, back_b = np.zeros(1000, dtype=np.float32), np.zeros(10, dtype=np.int64)
+                targets = [cairn.Shard.from_buffer("a", "float32", [1000], back_a)]
+                if step == 1:
+                    targets.append(cairn.Shard.from_buffer("b", "int64", [10], back_b))
+                self.assertEqual(c.restore(targets, step=step).step, step)
+                self.assertTrue((back_a == want).all())
+                self.assertTrue(step == 2 or (back_b == 3).all())
+            with self.assertRaisesRegex(cairn.Error, "a list of cairn.Shard or a cairn.ShardList, not str"):
+                c.save(3, "not shards")
+
     def test_buffers_round_trip_and_errors_name_their_kind(self):
         import numpy as np
 
