@@ -35,6 +35,7 @@ state_dict().
 
 import functools
 import importlib
+import operator
 import pickle
 import random
 import weakref
@@ -66,6 +67,7 @@ for _name, _cairn_name in (("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "
 
 _STATE_BLOB = "torch.state"  # the state dict's non-tensor entries (param_groups, ...)
 _USER_BLOB = "user"
+_NO_OPTIM_STATE_BLOB = "torch.optim.stateless"  # saved before the optimizer's first step
 
 
 def _error(message, code="InvalidArgument"):
@@ -226,6 +228,60 @@ def _address(t):
     return None
 
 
+def _memory_key(t):
+    return (t.data_ptr(), t.shape, t.dtype, t.is_contiguous())
+
+
+class _SavePlan:
+    """What one save's walk of the state found, kept to let the next saves skip the walk
+    while nothing changed (Checkpointer._unchanged_state): the model's state_dict names
+    and objects, each optimizer state entry's keys and objects, the memory every reused
+    shard points at, and those shards converted once (a cairn ShardList). Buffers are
+    cloned and converted at every save. `usable` turns False for a state the check does
+    not cover (extra `tensors`, non-tensor model or optimizer state, flat ranges,
+    ShardedTensors, strided DTensor parts), which is walked at every save."""
+
+    _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+    def __init__(self):
+        self.usable = True
+        self.buffers = []  # (name, buffer)
+        self.fixed = []  # the shards of everything else
+        self.memory = []  # the tensors those shards point into
+        self.memory_keys = []
+        self.dtensors = []  # (DTensor, its local tensor)
+
+    def add_tensor(self, name, v, address, shards):
+        if address is None:
+            self.usable = False  # copied at every save
+            return
+        self.fixed += shards
+        if type(v) in self._PLAIN:
+            self.memory.append(v)
+        else:  # a DTensor (_address is None for anything else)
+            self.memory.append(v._local_tensor)
+            self.dtensors.append((v, v._local_tensor))
+        self.memory_keys.append(_memory_key(self.memory[-1]))
+
+    def finish(self, ck, state, plain):
+        """This plan, or None where the state is not one it covers."""
+        if not self.usable or "tensors" in state:
+            return None
+        model = state["model"]
+        if any(k.startswith("model.") for k in plain):
+            return None  # a non-tensor model entry (extra state): walked every time
+        self.model_keys = list(model)
+        self.model_values = list(model.values())
+        self.optim = None
+        if ck.optimizer is not None:
+            if any(not k.startswith("optim.param_groups.") for k in plain if k.startswith("optim.")):
+                return None  # non-tensor optimizer state
+            self.optim = [(p, list(st), list(st.values())) for p, st in ck.optimizer.state.items()]
+        self.shards = _cairn.ShardList(self.fixed)
+        del self.fixed
+        return self
+
+
 def _is_saved_tensor(v):
     return torch.is_tensor(v) or isinstance(v, FlatRange) or (
         callable(getattr(v, "local_shards", None)) and callable(getattr(v, "size", None)))
@@ -279,6 +335,7 @@ class Checkpointer:
         self._fqn = None  # id(parameter) -> name, once asked for
         self._buffers = None  # the model's buffers' flattened names
         self._shard_cache = {}  # name -> (tensor, _address(tensor), its shards) of the last save
+        self._plan = None  # a _SavePlan: the last save's walk, while the state is unchanged
         self._hook = None
         if optimizer is not None:
             self._install_fence_hook(optimizer)
@@ -289,11 +346,14 @@ class Checkpointer:
         """Queues version `step` (steps must increase). Returns True when queued, False when
         skipped for want of a free host slot (see CAIRN_SLOTS). `extra`: a picklable dict
         saved with it (returned by restore() as self.extra)."""
-        shards, plain = self._flat_state(snapshot_buffers=True)
+        got = self._unchanged_state()
+        shards, plain = got if got is not None else self._flat_state(snapshot_buffers=True)
         blobs = self._rng_blobs()
         blobs[_STATE_BLOB] = pickle.dumps(plain)
         if extra is not None:
             blobs[_USER_BLOB] = pickle.dumps(extra)
+        if self.optimizer is not None and not self.optimizer.state:
+            blobs[_NO_OPTIM_STATE_BLOB] = b""
         return self._ck.save(int(step), shards, blobs, stream=self._stream()) == "queued"
 
     def fence(self):
@@ -309,7 +369,8 @@ class Checkpointer:
 
     def restore(self, step=None):
         """Collective: loads the newest version every rank can restore (or `step`) into the
-        model, the optimizer (creating its state if it has none yet) and the RNGs. Returns
+        model, the optimizer (creating its state if it has none yet, or dropping it for a
+        version saved before the optimizer's first step) and the RNGs. Returns
         its step, or None when no version exists anywhere. The user dict saved with it is
         in self.extra, the cairn.RestoreReport in self.last_report."""
         try:
@@ -319,7 +380,9 @@ class Checkpointer:
                 return None
             raise
         plain = pickle.loads(head.blobs[_STATE_BLOB]) if _STATE_BLOB in head.blobs else {}
-        if self.optimizer is not None and any(k.startswith("optim.") for k in plain):
+        if self.optimizer is not None and _NO_OPTIM_STATE_BLOB in head.blobs:
+            self.optimizer.state.clear()  # as it was: a fresh optimizer's
+        elif self.optimizer is not None and any(k.startswith("optim.") for k in plain):
             _init_optimizer_state(self.optimizer)  # its tensors are restored in place
         copies = []  # (contiguous target, the strided DTensor part it belongs in)
         targets, _ = self._flat_state(snapshot_buffers=False, copies=copies)
@@ -418,18 +481,23 @@ class Checkpointer:
         state = {"model": self.model.state_dict(keep_vars=keep_vars)}
         if self.optimizer is not None:
             fqn = self._param_names()
-            groups = []
-            for g in self.optimizer.param_groups:
-                d = {k: v for k, v in g.items() if k != "params"}
-                d["params"] = [fqn[id(p)] for p in g["params"]]
-                groups.append(d)
             state["optim"] = {
                 "state": {fqn[id(p)]: st for p, st in self.optimizer.state.items()},
-                "param_groups": groups,
+                "param_groups": self._param_groups(),
             }
         if self.tensors:
             state["tensors"] = dict(self.tensors)
         return state
+
+    def _param_groups(self):
+        """The optimizer's param_groups as get_state_dict gives them (parameters by name)."""
+        fqn = self._param_names()
+        groups = []
+        for g in self.optimizer.param_groups:
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = [fqn[id(p)] for p in g["params"]]
+            groups.append(d)
+        return groups
 
     def _param_names(self):
         """id(parameter) -> its fully qualified name in the model (computed once)."""
@@ -452,28 +520,72 @@ class Checkpointer:
         reuse = self._shard_cache if snapshot_buffers else {}
         kept = {}
         shards, plain = [], {}
-        for k, v in _flatten(self._state_dict(keep_vars=True)).items():
+        state = self._state_dict(keep_vars=True)
+        plan = _SavePlan() if snapshot_buffers else None
+        for k, v in _flatten(state).items():
             if snapshot_buffers and k in self._buffers and torch.is_tensor(v):
-                v = v.detach().clone()  # forward passes may update buffers
+                plan.buffers.append((k, v))
+                shards += _shards_of(k, v.detach().clone())  # forward passes may update them
             elif torch.is_tensor(v):
                 key = _address(v)
                 hit = reuse.get(k)
                 if hit is not None and hit[0] is v and hit[1] == key:
+                    got = hit[2]
                     kept[k] = hit
-                    shards += hit[2]
-                    continue
-                got = _shards_of(k, v, copies)
-                if key is not None and snapshot_buffers:
-                    kept[k] = (v, key, got)
+                else:
+                    got = _shards_of(k, v, copies)
+                    if key is not None and snapshot_buffers:
+                        kept[k] = (v, key, got)
+                if plan is not None:
+                    plan.add_tensor(k, v, key, got)
                 shards += got
-                continue
-            if _is_saved_tensor(v) or (isinstance(v, (list, tuple)) and v
-                                       and all(_is_saved_tensor(x) for x in v)):
+            elif _is_saved_tensor(v) or (isinstance(v, (list, tuple)) and v
+                                         and all(_is_saved_tensor(x) for x in v)):
+                if plan is not None:
+                    plan.usable = False  # walked every time
                 shards += _shards_of(k, v, copies)
             else:
                 plain[k] = v
         if snapshot_buffers:
             self._shard_cache = kept  # what is no longer in the state is dropped
+            self._plan = plan.finish(self, state, plain)
+        return shards, plain
+
+    def _unchanged_state(self):
+        """(shards, plain) as _flat_state(snapshot_buffers=True) gives them, without
+        walking the state, when it holds the last save's tensors at their addresses (the
+        same objects under the same names, same data_ptr, shape, dtype, contiguous); None
+        otherwise. Saving every iteration then costs the model's state_dict() and one
+        look at each tensor, not a walk of the nested state."""
+        plan = self._plan
+        if plan is None:
+            return None
+        sd = self.model.state_dict(keep_vars=True)
+        if list(sd) != plan.model_keys or not all(map(operator.is_, sd.values(), plan.model_values)):
+            return None
+        if self.optimizer is not None:
+            held = self.optimizer.state
+            if len(held) != len(plan.optim):
+                return None
+            for (p, st), (p0, keys, values) in zip(held.items(), plan.optim):
+                if p is not p0 or list(st) != keys or not all(map(operator.is_, st.values(), values)):
+                    return None
+        elif plan.optim is not None:
+            return None
+        if [_memory_key(t) for t in plan.memory] != plan.memory_keys:
+            return None
+        if not all(d._local_tensor is t for d, t in plan.dtensors):
+            return None
+        plain = {}
+        if self.optimizer is not None:
+            _walk("optim.param_groups", self._param_groups(), plain)
+            for v in plain.values():
+                if _is_saved_tensor(v) or (isinstance(v, (list, tuple)) and v
+                                           and any(_is_saved_tensor(x) for x in v)):
+                    return None  # a tensor hyperparameter: walked as a shard
+        shards = plan.shards
+        if plan.buffers:
+            shards = shards + [s for k, v in plan.buffers for s in _shards_of(k, v.detach().clone())]
         return shards, plain
 
     def _set_plain(self, plain):

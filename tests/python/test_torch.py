@@ -398,6 +398,73 @@ class TorchUnits(unittest.TestCase):
         self.assertEqual(list(cairn.torch._flatten(state)), list(flatten_state_dict(state)[0]))
         self.assertIn("optim.state.0.weight.exp_avg", cairn.torch._flatten(state))
 
+    def test_saves_that_skip_the_walk_still_save_every_change(self):
+        """save() skips walking the state while it holds the same tensors at the same
+        addresses (cairn.torch._SavePlan): after each kind of change between two saves, a
+        restore gives back exactly the state that was saved."""
+        import cairn.torch
+
+        torch = self.torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                    torch.nn.Linear(4, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+        def train():
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+        def flat():
+            return cairn.torch._flatten(ck.state_dict())
+
+        def grow_buffer():
+            model[0].register_buffer("seen", torch.ones(3))
+            model[1].running_mean.add_(1)
+
+        # (what changes, whether the next save may skip the walk)
+        changes = [
+            ("nothing yet (no optimizer state)", lambda: None, True),
+            ("the optimizer's state created", train, False),
+            ("a training step, in place", train, True),
+            ("a hyperparameter", lambda: opt.param_groups[0].update(lr=0.05), True),
+            ("a parameter's storage (.data)",
+             lambda: setattr(model[2].weight, "data", torch.randn(2, 4)), False),
+            ("a parameter replaced",
+             lambda: setattr(model[2], "bias", torch.nn.Parameter(torch.randn(2))), False),
+            ("a buffer added", grow_buffer, False),
+            ("another step", train, True),
+        ]
+        ck = self.ckpt(model, opt)
+        self.addCleanup(ck.close)
+        for step, (what, change, unchanged) in enumerate(changes, start=1):
+            with self.subTest(change=what):
+                change()
+                if step > 1:
+                    self.assertEqual(ck._unchanged_state() is not None, unchanged)
+                self.assertTrue(ck.save(step))
+                ck.fence_host()
+                saved = {k: v.detach().clone() if torch.is_tensor(v) else v
+                         for k, v in flat().items()}
+                with torch.no_grad():  # in place: the next save may still skip the walk
+                    for v in flat().values():
+                        if torch.is_tensor(v):
+                            v.fill_(7)
+                opt.param_groups[0]["lr"] = 1.0
+                self.assertEqual(ck.restore(step), step)
+                back = flat()
+                self.assertEqual(sorted(back), sorted(saved))
+                for k, v in saved.items():
+                    if torch.is_tensor(v):
+                        self.assertTrue(torch.equal(back[k], v), f"{what}: {k} differs")
+                    else:
+                        self.assertEqual(back[k], v, f"{what}: {k} differs")
+                if step == 1:  # saved before the optimizer's first step: restored as such
+                    train()
+                    self.assertEqual(ck.restore(step), step)
+                    self.assertEqual(dict(opt.state), {})
+                    self.assertTrue(torch.equal(model[0].weight, saved["model.0.weight"]))
+
     def test_no_version_restores_nothing(self):
         with self.ckpt(self.torch.nn.Linear(3, 3)) as c:
             self.assertIsNone(c.restore())
