@@ -465,6 +465,32 @@ class TorchUnits(unittest.TestCase):
                     self.assertEqual(dict(opt.state), {})
                     self.assertTrue(torch.equal(model[0].weight, saved["model.0.weight"]))
 
+    def test_restore_puts_back_every_rng_state(self):
+        import random
+
+        torch = self.torch
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+
+        def draw():
+            return (torch.rand(3).tolist(), random.random(),
+                    None if np is None else np.random.normal(size=3).tolist())
+
+        torch.manual_seed(1)
+        random.seed(2)
+        if np is not None:
+            np.random.seed(3)
+            np.random.normal()  # a cached Gaussian in the state too
+        with self.ckpt(torch.nn.Linear(2, 2)) as c:
+            self.assertTrue(c.save(1))
+            c.fence()
+            want = draw()
+            draw()
+            self.assertEqual(c.restore(1), 1)
+            self.assertEqual(draw(), want)
+
     def test_no_version_restores_nothing(self):
         with self.ckpt(self.torch.nn.Linear(3, 3)) as c:
             self.assertIsNone(c.restore())
