@@ -15,6 +15,12 @@ namespace {
 
 constexpr uint64_t kSlotGranule = 2ull << 20;  // slots grow in 2 MiB steps
 
+// The size of a slot that holds `bytes`: whole granules, at least one. EnsureRoom checks
+// the room for this size, and EnsureMapped grows a slot to it: the two must agree.
+uint64_t SlotSizeFor(uint64_t bytes) {
+  return std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+}
+
 std::string SlotName(int k) {
   return "slot-" + std::to_string(k);
 }
@@ -143,8 +149,7 @@ std::string Mib(uint64_t bytes) {
 
 Status HostTier::EnsureRoom(uint64_t bytes) {
   if (bytes <= room_checked_.load()) return Status::OK();
-  const uint64_t want =
-      std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+  const uint64_t want = SlotSizeFor(bytes);
   const uint64_t total = want * slots_.size();
   const uint64_t have = allocated_.load();
   const uint64_t more = total > have ? total - have : 0;
@@ -244,8 +249,7 @@ Status HostTier::EnsureMapped(Slot& s, uint64_t bytes) {
     CAIRN_ASSIGN_OR_RETURN(s.file, MappedFile::Open(fs_, s.data_path));
     allocated_ += s.file->size();
   }
-  const uint64_t want =
-      std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+  const uint64_t want = SlotSizeFor(bytes);
   if (s.file->size() < bytes || s.file->size() == 0) {
     Unregister(s);
     const uint64_t old = s.file->size();
