@@ -240,6 +240,7 @@ class UcxComm {
   bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;
   std::atomic<bool> closing_{false};  // peer errors while shutting down are expected
   std::atomic<int64_t> requests_{0};  // owned by a UcxRequest and not yet freed
+  std::atomic<int64_t> abandoned_{0};  // freed while still in flight (uncancellable sends)
   // Sized by Init() and fixed afterwards; a Peer's endpoint changes with mu_ held, its
   // error and epoch are atomics (set by UCX callbacks).
   std::vector<std::unique_ptr<Peer>> peers_;
