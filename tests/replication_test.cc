@@ -196,6 +196,10 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
 #endif
   const std::string log0 = ReadLog(root.path(), 0), log1 = ReadLog(root.path(), 1);
   EXPECT_TRUE(ok) << "rank 0:\n" << log0 << "\nrank 1:\n" << log1;
+  // UCX 1.18 aborted at exit here (ucp_cleanup) after a send to the killed rank was
+  // abandoned in flight; UcxComm now leaves its worker to process exit then.
+  std::printf("rank 0 abandoned UCX sends at exit: %s\n",
+              log0.find("never completed") != std::string::npos ? "yes" : "no");
   auto steps = Steps(log0);
   ASSERT_GE(steps.size(), 600u) << log0;
   ASSERT_GT(steps_before_kill, 5u);
