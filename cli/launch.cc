@@ -1,4 +1,5 @@
 // `cairn launch`: N nodes x M ranks of a program as local processes.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -49,8 +50,21 @@ int LaunchMain(int argc, char** argv) {
   return ok ? 0 : 1;
 }
 
+namespace {
+
+std::string Count(long double c) {
+  char buf[64];
+  if (c < 1e15L)
+    std::snprintf(buf, sizeof buf, "%.0Lf", c);
+  else
+    std::snprintf(buf, sizeof buf, "%.4Le", c);
+  return buf;
+}
+
+}  // namespace
+
 int PlacementMain(int argc, char** argv) {
-  int nodes = 2, rpn = 1, replicas = 1;
+  int nodes = 2, rpn = 1, replicas = 1, max_lost = -1;
   PlacementStrategy strategy = PlacementStrategy::kRing;
   CLI::App app(
       "Prints which ranks hold the in-memory replicas of which (the defaults of a job are "
@@ -66,13 +80,34 @@ int PlacementMain(int argc, char** argv) {
   app.add_option("--strategy", strategy, "ring or group")
       ->transform(CLI::CheckedTransformer(std::map<std::string, PlacementStrategy>{
           {"ring", PlacementStrategy::kRing}, {"group", PlacementStrategy::kGroup}}));
+  app.add_option("--lost", max_lost,
+                 "print the odds of coming back from memory when 1 .. this many whole nodes "
+                 "are lost at once (default: replicas + 2, at most the nodes)")
+      ->check(CLI::Range(0, 1 << 20));
+  bool odds_only = false;
+  app.add_flag("--odds-only", odds_only, "print the odds, not the table of replica holders");
   if (auto rc = Parse(app, argc, argv)) return *rc;
   auto p = Placement::Make(nodes, rpn, replicas, strategy);
   if (!p.ok()) {
     std::fprintf(stderr, "cairn placement: %s\n", p.status().message().c_str());
     return 2;
   }
-  std::fputs(p->Describe().c_str(), stdout);
+  if (!odds_only) std::fputs(p->Describe().c_str(), stdout);
+  if (max_lost < 0) max_lost = replicas + 2;
+  max_lost = std::min(max_lost, nodes);
+  if (max_lost > 0) {
+    std::printf(
+        "losing whole nodes at once (every pattern counted): does a copy of every rank's "
+        "versions survive in memory?\n  %-6s %-18s %-22s %-14s %s\n",
+        "lost", "patterns", "survived from memory", "probability", "otherwise (PFS)");
+    for (int k = 1; k <= max_lost; ++k) {
+      const LossOdds o = p->MemoryOdds(k);
+      const double pfs =
+          o.patterns > 0 ? static_cast<double>((o.patterns - o.from_memory) / o.patterns) : 0;
+      std::printf("  %-6d %-18s %-22s %-14.9g %.3g\n", k, Count(o.patterns).c_str(),
+                  Count(o.from_memory).c_str(), o.probability(), pfs);
+    }
+  }
   return 0;
 }
 

@@ -91,6 +91,14 @@ TEST(Cli, PlacementTable) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("rank 4 (node 2)  replicas on: 0 (node 0)"), std::string::npos) << r.out;
   EXPECT_EQ(RunCli("placement --nodes 2 --replicas 2").code, 2);
+  // 4 nodes in a ring, 1 replica: 2 lost nodes are fatal when they are neighbours (4 of
+  // the 6 pairs); in groups {0,1} {2,3}, when they are a group (2 of 6).
+  CliRun ring = RunCli("placement --nodes 4 --replicas 1 --odds-only --lost 2");
+  EXPECT_EQ(ring.code, 0);
+  EXPECT_EQ(ring.out.find("replicas on"), std::string::npos) << ring.out;
+  EXPECT_NE(ring.out.find("0.333333333"), std::string::npos) << ring.out;
+  CliRun group = RunCli("placement --nodes 4 --replicas 1 --strategy group --odds-only --lost 2");
+  EXPECT_NE(group.out.find("0.666666667"), std::string::npos) << group.out;
 }
 
 TEST(Cli, LaunchSetsTheTorchrunVariables) {

@@ -1,9 +1,13 @@
 // Placement: replicas always on other nodes, same local rank, the right count, and
-// holders_of / held_by are inverse relations.
+// holders_of / held_by are inverse relations; MemoryOdds equals the outcomes of every
+// loss pattern, counted one by one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <set>
+#include <string>
 
 #include "transport/placement.h"
 
@@ -60,6 +64,62 @@ TEST(Placement, GroupsHoldEachOther) {
   auto q = Placement::Make(5, 1, 1, PlacementStrategy::kGroup);  // {0,1} {2,3,4}
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->holders_of(4), (std::vector<int>{2, 3}));
+}
+
+// Whether the job comes back from memory after losing the nodes in `lost` (a bit set):
+// every rank's versions are on a surviving node, its own or a holder's.
+bool SurvivesFromMemory(const Placement& p, uint32_t lost) {
+  for (int r = 0; r < p.world_size(); ++r) {
+    bool copy = !(lost >> p.node_of(r) & 1u);
+    for (int h : p.holders_of(r)) copy = copy || !(lost >> p.node_of(h) & 1u);
+    if (!copy) return false;
+  }
+  return true;
+}
+
+TEST(Placement, MemoryOddsCountEveryLossPatternsOutcome) {
+  for (int nodes = 1; nodes <= 11; ++nodes)
+    for (int rpn : {1, 2})
+      for (int replicas = 0; replicas < nodes && replicas <= 3; ++replicas)
+        for (auto strategy : {PlacementStrategy::kRing, PlacementStrategy::kGroup}) {
+          auto p = Placement::Make(nodes, rpn, replicas, strategy);
+          ASSERT_TRUE(p.ok());
+          std::vector<long double> patterns(static_cast<size_t>(nodes) + 1, 0),
+              survived(patterns.size(), 0);
+          for (uint32_t lost = 0; lost < (1u << nodes); ++lost) {
+            const auto k = static_cast<size_t>(std::popcount(lost));
+            patterns[k] += 1;
+            survived[k] += SurvivesFromMemory(*p, lost) ? 1 : 0;
+          }
+          for (int k = 0; k <= nodes; ++k) {
+            const LossOdds o = p->MemoryOdds(k);
+            const std::string what =
+                std::string(strategy == PlacementStrategy::kRing ? "ring" : "group") + ", " +
+                std::to_string(nodes) + " nodes x " + std::to_string(rpn) + ", " +
+                std::to_string(replicas) + " replicas, " + std::to_string(k) + " lost";
+            EXPECT_EQ(o.patterns, patterns[static_cast<size_t>(k)]) << what;
+            EXPECT_EQ(o.from_memory, survived[static_cast<size_t>(k)]) << what;
+          }
+        }
+}
+
+TEST(Placement, MemoryOddsAtTenThousandNodes) {
+  const int n = 10000;
+  auto ring = Placement::Make(n, 1, 1, PlacementStrategy::kRing);
+  auto group = Placement::Make(n, 1, 1, PlacementStrategy::kGroup);
+  ASSERT_TRUE(ring.ok() && group.ok());
+  // Two lost nodes: the ring loses a version when they are neighbours (n pairs), groups
+  // of two when they are a group (n/2 pairs).
+  const long double pairs = static_cast<long double>(n) * (n - 1) / 2;
+  EXPECT_EQ(ring->MemoryOdds(2).patterns, pairs);
+  EXPECT_EQ(ring->MemoryOdds(2).from_memory, pairs - n);
+  EXPECT_EQ(group->MemoryOdds(2).from_memory, pairs - n / 2);
+  EXPECT_EQ(ring->MemoryOdds(1).probability(), 1.0);
+  // More losses, fewer survivals; the group placement survives more of them (Gemini).
+  for (int k = 3; k <= 8; ++k) {
+    EXPECT_LT(ring->MemoryOdds(k).probability(), ring->MemoryOdds(k - 1).probability());
+    EXPECT_GT(group->MemoryOdds(k).probability(), ring->MemoryOdds(k).probability());
+  }
 }
 
 TEST(Placement, ImpossibleLayoutsAreRefused) {

@@ -3,6 +3,55 @@
 #include <algorithm>
 
 namespace cairn {
+namespace {
+
+// C(n, k) as a long double.
+long double Choose(int n, int k) {
+  if (k < 0 || k > n) return 0;
+  k = std::min(k, n - k);
+  long double c = 1;
+  for (int i = 1; i <= k; ++i) c = c * static_cast<long double>(n - k + i) / i;
+  return c;
+}
+
+// Binary strings of length n with exactly k ones and no run of more than `run` ones:
+// k ones spread over the n-k+1 gaps between zeros, at most `run` per gap, i.e. the
+// coefficient of x^k in (1 + x + ... + x^run)^(n-k+1), built one gap at a time.
+long double LinearWithoutLongRuns(int n, int k, int run) {
+  if (n < 0 || k < 0 || k > n) return 0;
+  std::vector<long double> c(static_cast<size_t>(k) + 1, 0), next(c.size());
+  c[0] = 1;
+  for (int gap = 0; gap < n - k + 1; ++gap) {
+    long double window = 0;  // c[j - run] + ... + c[j]
+    for (int j = 0; j <= k; ++j) {
+      window += c[static_cast<size_t>(j)];
+      if (j - run - 1 >= 0) window -= c[static_cast<size_t>(j - run - 1)];
+      next[static_cast<size_t>(j)] = window;
+    }
+    c.swap(next);
+  }
+  return c[static_cast<size_t>(k)];
+}
+
+// The same around a ring of n positions (a run may wrap from the end to the start).
+long double CircularWithoutLongRuns(int n, int k, int run) {
+  if (k == 0) return 1;
+  if (k == n) return run >= n ? 1 : 0;
+  // Position 0 survives: the other n-1 positions form a line.
+  long double total = LinearWithoutLongRuns(n - 1, k, run);
+  // Position 0 lost, in a run of t lost positions (t ways to place it over position 0),
+  // with a survivor at each end; the rest, n-t-2 positions, form a line. When the run
+  // leaves one position only, both ends are that survivor.
+  for (int t = 1; t <= std::min(run, k); ++t) {
+    if (t == n - 1)
+      total += t * (k == t ? 1.0L : 0.0L);
+    else if (t <= n - 2)
+      total += t * LinearWithoutLongRuns(n - t - 2, k - t, run);
+  }
+  return total;
+}
+
+}  // namespace
 
 Result<Placement> Placement::Make(int nodes, int ranks_per_node, int replicas,
                                   PlacementStrategy strategy) {
@@ -15,6 +64,7 @@ Result<Placement> Placement::Make(int nodes, int ranks_per_node, int replicas,
                                    std::to_string(nodes) + " nodes");
   Placement p;
   p.ranks_per_node_ = ranks_per_node;
+  p.replicas_ = replicas;
   p.strategy_ = strategy;
   const int world = nodes * ranks_per_node;
   p.holders_.assign(static_cast<size_t>(world), {});
@@ -36,6 +86,8 @@ Result<Placement> Placement::Make(int nodes, int ranks_per_node, int replicas,
         for (int m = first; m < last; ++m)
           if (m != n) partner_nodes[static_cast<size_t>(n)].push_back(m);
       }
+      for (int grp = 0; grp < groups; ++grp)
+        p.group_sizes_.push_back(grp == groups - 1 ? nodes - grp * g : g);
     }
   }
   for (int r = 0; r < world; ++r) {
@@ -48,6 +100,35 @@ Result<Placement> Placement::Make(int nodes, int ranks_per_node, int replicas,
   }
   for (auto& h : p.held_) std::sort(h.begin(), h.end());
   return p;
+}
+
+LossOdds Placement::MemoryOdds(int lost) const {
+  const int n = nodes();
+  LossOdds o;
+  o.lost = lost;
+  o.patterns = Choose(n, lost);
+  if (lost < 0 || lost > n) return o;
+  if (replicas_ == 0) {
+    o.from_memory = lost == 0 ? 1 : 0;  // every node holds only its own versions
+  } else if (strategy_ == PlacementStrategy::kRing) {
+    // Node m's versions are on m .. m+R: lost with R+1 consecutive nodes.
+    o.from_memory = CircularWithoutLongRuns(n, lost, replicas_);
+  } else {
+    // A group's versions are on its own nodes: lost with the whole group. Ways to lose
+    // `lost` nodes leaving a survivor in every group: the coefficient of x^lost in the
+    // product over groups of (sum over j < size of C(size, j) x^j).
+    std::vector<long double> c(static_cast<size_t>(lost) + 1, 0);
+    c[0] = 1;
+    for (int size : group_sizes_) {
+      std::vector<long double> next(c.size(), 0);
+      for (int have = 0; have <= lost; ++have)
+        for (int j = 0; j < size && have + j <= lost; ++j)
+          next[static_cast<size_t>(have + j)] += c[static_cast<size_t>(have)] * Choose(size, j);
+      c.swap(next);
+    }
+    o.from_memory = c[static_cast<size_t>(lost)];
+  }
+  return o;
 }
 
 std::string Placement::Describe() const {

@@ -7,6 +7,10 @@
 //          (the last group takes the remainder) and every node holds the replicas of every
 //          other node of its group. A whole group must fail to lose a version; fewer
 //          groups than ring neighbourhoods means fewer failure patterns lose data.
+// MemoryOdds(k): of the ways k whole nodes can be lost at once, how many leave a copy of
+// every rank's versions in the surviving nodes' memory (its own or a replica), counted
+// exactly per strategy (ring: no R+1 consecutive nodes lost around the ring; group: no
+// whole group lost).
 // Thread-safety: immutable after Make().
 #pragma once
 
@@ -18,6 +22,17 @@
 namespace cairn {
 
 enum class PlacementStrategy { kRing, kGroup };
+
+// Loss patterns of `lost` nodes out of `nodes` (C(nodes, lost), as a long double: the
+// counts outgrow 64 bits at thousands of nodes) and how many the job survives from memory.
+struct LossOdds {
+  int lost = 0;
+  long double patterns = 0;
+  long double from_memory = 0;
+  double probability() const {
+    return patterns > 0 ? static_cast<double>(from_memory / patterns) : 0;
+  }
+};
 
 class Placement {
  public:
@@ -36,9 +51,15 @@ class Placement {
   // A table for people: one line per rank, "rank 3 (node 1) -> replicas on 5 (node 2)".
   std::string Describe() const;
 
+  int nodes() const { return world_size() / ranks_per_node_; }
+  // Exact for 0 <= lost <= nodes(); O(nodes * lost * replicas) at most.
+  LossOdds MemoryOdds(int lost) const;
+
  private:
   int ranks_per_node_ = 1;
+  int replicas_ = 0;
   PlacementStrategy strategy_ = PlacementStrategy::kRing;
+  std::vector<int> group_sizes_;  // group placement: consecutive groups of nodes
   std::vector<std::vector<int>> holders_;
   std::vector<std::vector<int>> held_;
 };
