@@ -68,7 +68,9 @@ int PlacementMain(int argc, char** argv) {
   PlacementStrategy strategy = PlacementStrategy::kRing;
   CLI::App app(
       "Prints which ranks hold the in-memory replicas of which (the defaults of a job are "
-      "CAIRN_REPLICAS=1 and CAIRN_PLACEMENT=ring).",
+      "CAIRN_REPLICAS=1 and CAIRN_PLACEMENT=ring), then, for 1 to K whole nodes lost at once, "
+      "how many of the loss patterns leave a copy of every rank's versions in memory (counted "
+      "exactly); the others restore from the PFS.",
       "cairn placement");
   app.add_option("--nodes", nodes, "nodes")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--ranks-per-node", rpn, "ranks per node")
@@ -82,8 +84,8 @@ int PlacementMain(int argc, char** argv) {
           {"ring", PlacementStrategy::kRing}, {"group", PlacementStrategy::kGroup}}));
   app.add_option("--lost", max_lost,
                  "print the odds of coming back from memory when 1 .. this many whole nodes "
-                 "are lost at once (default: replicas + 2, at most the nodes)")
-      ->check(CLI::Range(0, 1 << 20));
+                 "are lost at once (default: replicas + 2; at most 64 and the nodes)")
+      ->check(CLI::Range(0, 64));
   bool odds_only = false;
   app.add_flag("--odds-only", odds_only, "print the odds, not the table of replica holders");
   if (auto rc = Parse(app, argc, argv)) return *rc;

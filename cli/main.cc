@@ -83,7 +83,10 @@ const std::vector<Command>& Commands() {
        "run N nodes x M ranks of a program as local processes, with the environment torchrun "
        "would give them",
        LaunchMain},
-      {"placement", "print which ranks hold whose in-memory replicas", PlacementMain},
+      {"placement",
+       "print who holds whose in-memory replicas and the odds that k lost nodes come back from "
+       "memory",
+       PlacementMain},
       {"ls", "list the versions of a PFS job directory or a host-tier job directory", LsMain},
       {"verify",
        "re-read a job's versions and check every checksum (exit code 1 if any is corrupt)",
