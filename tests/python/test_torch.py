@@ -4,6 +4,7 @@ Each test trains TinyLM (tiny_lm.py) in child processes (torch_train.py), kills 
 SIGKILL at a random step, restarts and checks that the loss at every later step equals an
 uninterrupted run's bit for bit."""
 
+import atexit
 import os
 import random
 import shutil
@@ -14,7 +15,15 @@ import tempfile
 import time
 import unittest
 
-import torch
+# Every process that imports torch.distributed's nn package leaves a directory in TMPDIR
+# (PyTorch's _remote_module_non_scriptable.py). This test's processes, children included,
+# make theirs in one directory, removed when the test ends.
+_TMP = tempfile.mkdtemp(prefix="cairn-test-pytmp-")
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = _TMP
+atexit.register(shutil.rmtree, _TMP, True)
+
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 300
