@@ -7,6 +7,11 @@
 //   group_child abandon       posts a receive nobody answers and drops its handle: the
 //                             request must be counted, then cancelled and freed; then the
 //                             collectives as above
+//   group_child lost          (8 ranks) after a barrier rank 2 exits; every other rank's
+//                             allgather, and a broadcast below rank 2, must fail naming
+//                             rank 2 well before the operation timeout (relayed, not
+//                             waited out); the rest of the broadcast delivers
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -65,6 +70,36 @@ int main(int argc, char** argv) {
     if ((*c)->requests_in_flight() != 0)
       return Fail("a dropped receive was not freed: " + std::to_string((*c)->requests_in_flight()) +
                   " requests in flight");
+  }
+  if (mode == "lost") {
+    if (Status st = g.Barrier(); !st.ok()) return Fail(st.ToString());
+    if (g.rank() == 2) return 0;  // lost: its peers see the process go
+    // The allgather needs every rank: it fails everywhere. A broadcast from rank 0 fails
+    // at the root (its send to rank 2) and below rank 2 in its tree (rank 6 of 8); the
+    // others get the root's bytes.
+    for (int op = 0; op < 2; ++op) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Result<std::string> b = std::string();
+      Status st;
+      if (op == 0)
+        st = g.AllGather(Payload(g.rank(), 0)).status();
+      else
+        st = (b = g.Broadcast(0, Payload(0, 1))).status();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string what = op == 0 ? "allgather" : "broadcast";
+      if (op == 1 && g.rank() != 0 && g.rank() != 6) {
+        if (!b.ok() || *b != Payload(0, 1))
+          return Fail("broadcast outside rank 2's subtree: " + b.status().ToString());
+        continue;
+      }
+      if (st.ok()) return Fail(what + " without rank 2 succeeded");
+      if (st.code() != StatusCode::kUnavailable || st.message().find("rank 2") == std::string::npos)
+        return Fail(what + ": not an error naming rank 2: " + st.ToString());
+      if (s > 20) return Fail(what + " took " + std::to_string(s) + " s to fail: " + st.ToString());
+      std::fprintf(stderr, "rank %d %s failed in %.3f s: %s\n", g.rank(), what.c_str(), s,
+                   st.ToString().c_str());
+    }
+    return 0;
   }
   for (int round = 0; round < 3; ++round) {
     Status st = g.Barrier();

@@ -49,6 +49,14 @@ INSTANTIATE_TEST_SUITE_P(Sizes, GroupTest,
                                   (std::get<1>(info.param) == "tcp" ? "_tcp" : "_shm");
                          });
 
+// A rank lost before a collective: over tcp its direct peers see it go at once, and the
+// others learn it from aborts they relay (Bruck's rounds, the broadcast tree), so every
+// survivor's allgather and broadcast fail naming rank 2 in seconds, not after
+// CAIRN_OP_TIMEOUT_S (60 s here).
+TEST(GroupFailure, ALostRankFailsEveryOtherRanksCollectivesQuickly) {
+  RunGroupChild("lost", 8, "tcp");
+}
+
 // A UCX request handle dropped while its receive is still posted cancels and frees it (the
 // requests in flight go back to 0), and the ranks' collectives work afterwards.
 TEST(UcxRequests, ADroppedRequestIsCancelledAndFreed) {

@@ -2,13 +2,17 @@
 //
 // Each collective has a sequence number that advances identically on every rank; its
 // messages are tagged (channel, sender, sequence), so a late message of one collective can
-// never be taken for another's. AllGather sends this rank's bytes to every other rank and
-// receives theirs (n-1 messages each way per rank); Broadcast sends from the root to all.
-// Sizes here are small (layouts, step numbers); bulk data goes through the Replicator.
+// never be taken for another's. AllGather is Bruck's (ceil(log2 n) rounds, each rank
+// talking to two ranks per round; Barrier is an empty one); Broadcast is a binomial tree
+// from the root. A rank that fails relays an abort to the ranks still waiting on it, so a
+// failure reaches every rank within log2(n) hops. Sizes here are small (layouts, step
+// numbers); bulk data goes through the Replicator.
 // Thread-safety: one collective at a time.
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cairn/group.h"
 #include "transport/ucx_comm.h"
@@ -28,6 +32,12 @@ class UcxGroup final : public Group {
   Result<std::string> Broadcast(int root, std::string_view data) override;
 
  private:
+  // Receives one round's message from `from`: its framed bytes, or the relayed abort as
+  // an error.
+  Status ReceiveRound(int from, uint64_t tag, std::string* out);
+  // Tells the ranks in `waiting` that this collective failed here (best effort).
+  void Abort(const std::vector<int>& waiting, Channel channel, uint32_t seq, const Status& why);
+
   UcxComm* comm_;
   Channel collective_;
   Channel broadcast_;
