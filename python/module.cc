@@ -116,11 +116,18 @@ struct PyShardList {
   std::vector<py::object> owners;  // each shard's, kept alive with the list
 };
 
+void Append(PyShardList& l, const std::vector<PyShard>& shards) {
+  l.specs.reserve(l.specs.size() + shards.size());
+  l.owners.reserve(l.owners.size() + shards.size());
+  for (const PyShard& s : shards) {
+    l.specs.push_back(s.spec);
+    l.owners.push_back(s.owner);
+  }
+}
+
 PyShardList MakeShardList(const std::vector<PyShard>& shards) {
   PyShardList l;
-  l.specs = Specs(shards);
-  l.owners.reserve(shards.size());
-  for (const PyShard& s : shards) l.owners.push_back(s.owner);
+  Append(l, shards);
   return l;
 }
 
@@ -531,10 +538,7 @@ PYBIND11_MODULE(_cairn, m) {
           "__add__",
           [](const PyShardList& l, const std::vector<PyShard>& more) {
             PyShardList out = l;
-            for (const PyShard& s : more) {
-              out.specs.push_back(s.spec);
-              out.owners.push_back(s.owner);
-            }
+            Append(out, more);
             return out;
           },
           py::arg("more"), "This list followed by the Shards in `more` (a new ShardList).");
