@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 root="${CAIRN_DEBIAN13_ROOT:-/var/tmp/cairn-debian13-root}"
 if [ "$(id -u)" -ne 0 ]; then echo "debian13: needs root (debootstrap, chroot, mounts)" >&2; exit 2; fi
 . scripts/trixie_root.sh
+trixie_root_lock "$root"
 trixie_root_make "$root" debian13  # scripts/test.sh inside installs the packages
 trixie_root_mount "$root" cuda     # the CUDA path is built on Debian 13 too
 # The tracked files. The build directory is kept between runs (incremental), so a file is

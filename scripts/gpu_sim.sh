@@ -15,6 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then echo "gpu_sim: needs root (debootstrap, chroot, mo
 if [ ! -d /usr/local/cuda/include ]; then echo "gpu_sim: no CUDA toolkit in /usr/local/cuda" >&2; exit 2; fi
 [ -e deps/gpu/PACKAGES ] || bash scripts/gpu_deps.sh
 . scripts/trixie_root.sh
+trixie_root_lock "$root"
 trixie_root_make "$root" sim g++ cmake ninja-build python3-dev python3-pybind11 binutils
 trixie_root_mount "$root" cuda
 trap 'trixie_root_unmount; rm -rf "$root/cairn"' EXIT

@@ -1,11 +1,33 @@
 # Helpers for a Debian 13 (trixie) root on this Debian 12 machine, sourced by
 # scripts/gpu_sim.sh and scripts/debian13.sh (needs root: debootstrap, chroot, mounts).
 #
+#   trixie_root_lock ROOT                      holds ROOT.lock for the rest of the script:
+#                                              waits for another run using ROOT, then
+#                                              clears the mounts a killed run left
 #   trixie_root_make ROOT NAME [PACKAGE ...]   debootstrap ROOT (minbase) and install the
 #                                              packages, once: NAME marks it ready
 #   trixie_root_mount ROOT [cuda]              mounts /proc, /sys, /dev, /dev/shm (and
 #                                              /usr/local/cuda read-only) into ROOT, and
 #                                              unmounts them when the script exits
+
+trixie_root_lock() {
+  local root="$1" fd
+  mkdir -p "$(dirname "$root")"
+  exec {fd}>"$root.lock"
+  if ! flock -n "$fd"; then
+    echo "waiting for the other run using $root to finish"
+    flock -w 3600 "$fd" || { echo "$root: still in use after an hour" >&2; exit 2; }
+  fi
+  # We hold the lock, so whatever is mounted under ROOT belongs to a run that died without
+  # its EXIT trap (SIGKILL, a lost session): take it down, deepest first.
+  local stale
+  stale=$(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r)
+  if [ -n "$stale" ]; then
+    echo "$root: unmounting what a killed run left mounted"
+    local m
+    for m in $stale; do umount -l "$m" 2>/dev/null || true; done
+  fi
+}
 
 trixie_root_make() {
   local root="$1" name="$2"
