@@ -3,8 +3,9 @@
 //   recovery_child train LAYOUT ROWS START [LAST]
 //       saves START, START+1, ... in LAYOUT (tests/recovery_state.h) with a fence and a
 //       barrier per step, printing "saved <step> replicated <newest replicated step>";
-//       with LAST: flushes after saving LAST, prints "committed <step>", exits 0 when the
-//       flush committed LAST; without: runs until killed
+//       with LAST: after saving LAST waits until it is replicated (when the job
+//       replicates), flushes, prints "committed <step>", exits 0 when the flush committed
+//       LAST; without: runs until killed
 //   recovery_child matrix LAYOUT ROWS LAST EVERY
 //       the crash matrix's training run (tests/crash_matrix.cc; also the node-loss test):
 //       saves 1..LAST like train, printing "saved <step> captured <c> replicated <r>
@@ -162,6 +163,17 @@ int main(int argc, char** argv) {
         }
       }
       if (t == last) {
+        // The last version is in a partner's memory before the run ends, so a node lost
+        // afterwards finds it there exactly when the placement says a copy survives.
+        if (opts.replicas > 0 && !matrix) {
+          Status cap = c.wait_captured();
+          Status rep = cap.ok() ? c.wait_replicated(60) : cap;
+          if (!rep.ok() || c.stats().replication.newest_replicated_step < last) {
+            std::fprintf(stderr, "recovery_child: step %lld not replicated: %s\n",
+                         static_cast<long long>(last), rep.ToString().c_str());
+            return 1;
+          }
+        }
         auto r = c.flush();
         if (!r.ok()) {
           std::fprintf(stderr, "recovery_child: %s\n", r.status().ToString().c_str());

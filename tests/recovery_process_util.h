@@ -92,15 +92,17 @@ inline LaunchSpec Spec(const TempDir& root, const std::string& job, int nodes, i
   return spec;
 }
 
-// Runs `restore LAYOUT` on nodes x per_node ranks; every rank's report.
+// Runs `restore LAYOUT` on nodes x per_node ranks (a state of `rows`, as saved); every
+// rank's report.
 inline std::vector<Restored> RunRestore(const TempDir& root, const std::string& job, int nodes,
                                         int per_node, const std::string& layout, int64_t min_step,
                                         const std::string& tag,
-                                        std::vector<std::pair<std::string, std::string>> env = {}) {
+                                        std::vector<std::pair<std::string, std::string>> env = {},
+                                        const std::string& rows = kRows) {
   const std::string out = root.path() + "/" + tag;
   EXPECT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
   auto l = LocalLauncher::Start(Spec(root, job, nodes, per_node,
-                                     {"restore", layout, kRows, std::to_string(min_step)}, out,
+                                     {"restore", layout, rows, std::to_string(min_step)}, out,
                                      std::move(env)));
   EXPECT_TRUE(l.ok()) << l.status().ToString();
   if (!l.ok()) return {};

@@ -1,0 +1,140 @@
+// Losing more than one node of a larger job: 8 nodes x 2 ranks (16 processes over UCX, a
+// fully sharded "flat" layout, so every rank's bytes are its own) save a few versions with
+// 1 or 2 replicas in ring or group placement (groups of R+1 nodes, the last one taking
+// the remainder), replicate the last one and flush it to the
+// PFS. Then whole nodes are wiped (their host tiers, which hold their own versions and the
+// replicas they keep for others) in several patterns: one node, two adjacent nodes in and
+// across placement groups, two nodes apart. After each, a restore of the whole job must
+// come back bit-exact, and from memory exactly when the placement says a copy of every
+// rank survives on a live node (no byte read from the PFS), from the PFS otherwise.
+// The four placements are separate tests; each runs every pattern of kPatterns from one
+// training run (the host tiers are copied back before each pattern).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/launcher.h"
+#include "core/filesystem.h"
+#include "persist/manifest.h"
+#include "tests/recovery_process_util.h"
+#include "tests/test_util.h"
+#include "transport/placement.h"
+
+namespace cairn {
+namespace {
+
+using testing::TempDir;
+using namespace testing::recovery;
+
+constexpr int kNodes = 8, kPerNode = 2, kWorld = kNodes * kPerNode;
+constexpr const char* kSmallRows = "512";  // about 1.2 MiB of state in all
+constexpr int kLast = 4;
+
+struct Config {
+  int replicas;
+  PlacementStrategy strategy;
+  int memory_patterns;  // of kPatterns, how many leave a copy of every rank (by hand)
+};
+
+std::string Name(const Config& c) {
+  return std::string(c.strategy == PlacementStrategy::kRing ? "ring" : "group") +
+         std::to_string(c.replicas);
+}
+
+// The loss patterns: nodes wiped together. One node, two adjacent nodes (in one group of
+// the group placement and across two), two nodes apart, and three adjacent nodes (which
+// 2 replicas in a ring cannot survive, nor group placement when they are a whole group).
+const std::vector<std::set<int>> kPatterns = {
+    {0},    {1},    {7},    {0, 1}, {2, 3}, {3, 4},    {4, 5},    {6, 7},
+    {0, 7}, {1, 5}, {0, 2}, {2, 6}, {5, 7}, {0, 1, 2}, {2, 3, 4}, {5, 6, 7}};
+
+// Whether the placement leaves a copy of every rank on a node not in `lost`.
+bool EveryRankSurvives(const Placement& pl, const std::set<int>& lost) {
+  for (int r = 0; r < pl.world_size(); ++r) {
+    bool kept = !lost.count(pl.node_of(r));
+    for (int h : pl.holders_of(r)) kept = kept || !lost.count(pl.node_of(h));
+    if (!kept) return false;
+  }
+  return true;
+}
+
+std::string Describe(const std::set<int>& lost) {
+  std::string s;
+  for (int n : lost) s += (s.empty() ? "" : "+") + std::to_string(n);
+  return "nodes " + s;
+}
+
+class MultiNodeLoss : public ::testing::TestWithParam<Config> {};
+
+TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
+  const Config cfg = GetParam();
+  auto pl = Placement::Make(kNodes, kPerNode, cfg.replicas, cfg.strategy);
+  ASSERT_TRUE(pl.ok()) << pl.status().ToString();
+  TempDir root("mloss");
+  const std::string job = testing::UniqueJobId("mloss" + Name(cfg));
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"CAIRN_REPLICAS", std::to_string(cfg.replicas)},
+      {"CAIRN_PLACEMENT", cfg.strategy == PlacementStrategy::kRing ? "ring" : "group"},
+      {"CAIRN_PERSIST_EVERY", "0"},
+      {"CAIRN_SLOTS", "3"}};
+  // Steps 1..kLast; the last is replicated, then flushed to the PFS.
+  auto l = LocalLauncher::Start(Spec(root, job, kNodes, kPerNode,
+                                     {"train", "flat", kSmallRows, "1", std::to_string(kLast)},
+                                     train, env));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(300)) << Logs(train, kWorld);
+  l->reset();
+  auto latest = ReadLatest(DefaultFileSystem(), PfsJobDir(root.path() + "/pfs", job));
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_EQ(*latest, kLast);
+
+  // Every pattern starts from the host tiers as training left them.
+  namespace fs = std::filesystem;
+  const fs::path host = root.path() + "/host", kept = root.path() + "/host-after-training";
+  fs::copy(host, kept, fs::copy_options::recursive);
+  int from_memory = 0, from_pfs = 0;
+  for (const std::set<int>& lost : kPatterns) {
+    SCOPED_TRACE(Name(cfg) + ", " + Describe(lost));
+    fs::remove_all(host);
+    fs::copy(kept, host, fs::copy_options::recursive);
+    for (int n : lost) fs::remove_all(host / job / ("node-" + std::to_string(n)));
+    const bool memory = EveryRankSurvives(*pl, lost);
+    (memory ? from_memory : from_pfs)++;
+    std::string tag = Name(cfg) + "-lost";
+    for (int n : lost) tag += std::to_string(n);
+    auto got = RunRestore(root, job, kNodes, kPerNode, "flat", kLast, tag, env, kSmallRows);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kWorld));
+    for (int r = 0; r < kWorld; ++r) {
+      const Restored& x = got[static_cast<size_t>(r)];
+      EXPECT_EQ(x.step, kLast) << "rank " << r;
+      if (memory) {
+        EXPECT_EQ(x.pfs, 0u) << "rank " << r << " read the PFS; placement keeps a copy";
+        EXPECT_EQ(x.tier, lost.count(r / kPerNode) ? "peer" : "host") << "rank " << r;
+      } else {
+        EXPECT_EQ(x.tier, "pfs") << "rank " << r << "; placement keeps no copy of some rank";
+        EXPECT_GT(x.pfs, 0u) << "rank " << r;
+      }
+    }
+  }
+  std::printf("%s: %d patterns from memory, %d from the PFS\n", Name(cfg).c_str(), from_memory,
+              from_pfs);
+  // The placement itself, checked by hand: ring R loses a rank when R+1 consecutive
+  // nodes go (around the ring); groups of R+1 ({0,1} {2,3} ... for R=1; {0,1,2} and
+  // {3..7} for R=2) when a whole group goes.
+  EXPECT_EQ(from_memory, cfg.memory_patterns);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, MultiNodeLoss,
+                         ::testing::Values(Config{1, PlacementStrategy::kRing, 7},
+                                           Config{2, PlacementStrategy::kRing, 13},
+                                           Config{1, PlacementStrategy::kGroup, 9},
+                                           Config{2, PlacementStrategy::kGroup, 15}),
+                         [](const auto& info) { return Name(info.param); });
+
+}  // namespace
+}  // namespace cairn
