@@ -1,27 +1,31 @@
-// crash_matrix: kills a rank of a 2 nodes x 2 ranks job at a named kill point of capture,
-// replication, persist or commit (core/kill_point.h; built only with CAIRN_KILL_POINTS=ON)
-// and checks that a new job restores the newest version reported complete, bit-exact.
+// crash_matrix: kills a rank of a NODES x 2 ranks job (2 x 2 by default) at a named kill
+// point of capture, replication, persist or commit (core/kill_point.h; built only with
+// CAIRN_KILL_POINTS=ON) and checks that a new job restores the newest version reported
+// complete, bit-exact.
 //
-//   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128] [--keep]
+//   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128]
+//                [--nodes 2] [--replicas 1] [--placement ring|group] [--keep]
 //
-// The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel 2, a
-// version every iteration, replication to the other node, CAIRN_PERSIST_EVERY=4, a flush
-// at the end. Every `every` steps each rank waits for the version to be captured and
-// replicated and prints "complete <step>"; each rank prints the newest persisted step it
-// has seen.
+// The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel
+// NODES, a version every iteration, replication to REPLICAS other nodes,
+// CAIRN_PERSIST_EVERY=4, a flush at the end. Every `every` steps each rank waits for the version to
+// be captured and replicated and prints "complete <step>"; each rank prints the newest persisted
+// step it has seen.
 //
 // First a census run (nothing killed) counts how often each rank reaches each point; every
 // point must be reached. Then each trial picks a point (cycling through all of them in a
 // shuffled order), a rank that reaches it, and n in [1, times that rank reached it in the
 // census]; that rank SIGKILLs itself the n-th time it reaches the point, the other ranks
-// are SIGKILLed 0-20 ms later (the scheduler ends the job), and then nothing, node 0's,
-// node 1's or every node's host memory is wiped (a lost node). A new 2 x 2 job restores and
-// every rank checks every byte and blob against the step it got. A trial passes when
+// are SIGKILLed 0-20 ms later (the scheduler ends the job), and then nothing, one node's,
+// two nodes' (with more than 2 nodes: any two, adjacent or not) or every node's host memory
+// is wiped (lost nodes). A new job of the same shape restores and every rank checks every
+// byte and blob against the step it got. A trial passes when
 //   - every rank restored the same step and every byte of it is what was saved at that step
 //     (a torn version would differ), and
 //   - that step is at least the newest one reported complete that survives the failure:
-//     the newest step every rank printed "complete" for (unless every node was wiped), and
-//     the newest step any rank saw persisted;
+//     the newest step every rank printed "complete" for (captured and in the memory of
+//     every replica holder), when the placement keeps a copy of every rank on a node not
+//     wiped; and the newest step any rank saw persisted;
 //   - when nothing reported complete survives, a restore that fails with an error (exit 1,
 //     no crash) also passes.
 // Prints a line per trial, a table per point, and one JSON line last. Exit 0 when every
@@ -47,6 +51,7 @@
 #include "core/kill_point.h"
 #include "tests/matrix_log.h"
 #include "tests/test_util.h"
+#include "transport/placement.h"
 
 using namespace cairn;
 
@@ -58,11 +63,13 @@ struct Config {
   int steps = 24;
   int every = 3;
   int rows = 128;
+  int nodes = 2;
+  int replicas = 1;
+  bool group = false;
   bool keep = false;
 };
 
-constexpr int kNodes = 2, kPerNode = 2, kWorld = kNodes * kPerNode;
-const char* const kWipes[] = {"none", "node 0", "node 1", "all"};
+constexpr int kPerNode = 2;
 
 std::string ReadText(const std::string& path) {
   auto t = ReadWholeFile(DefaultFileSystem(), path, 64 << 20);
@@ -87,14 +94,19 @@ std::string Interesting(const std::string& log) {
 
 class Matrix {
  public:
-  explicit Matrix(const Config& c) : cfg_(c), root_("cmatrix"), rng_(c.seed) {}
+  explicit Matrix(const Config& c, Placement placement)
+      : cfg_(c),
+        world_(c.nodes * kPerNode),
+        placement_(std::move(placement)),
+        root_("cmatrix"),
+        rng_(c.seed) {}
 
   int Run();
 
  private:
   LaunchSpec Spec(const std::string& job, std::vector<std::string> args, const std::string& out) {
     LaunchSpec s;
-    s.nodes = kNodes;
+    s.nodes = cfg_.nodes;
     s.ranks_per_node = kPerNode;
     s.argv = {CAIRN_RECOVERY_CHILD};
     for (auto& a : args) s.argv.push_back(a);
@@ -102,7 +114,8 @@ class Matrix {
     s.env = {{"CAIRN_JOB_ID", job},
              {"CAIRN_HOST_ROOT", root_.path() + "/host"},
              {"CAIRN_PFS_ROOT", root_.path() + "/pfs"},
-             {"CAIRN_REPLICAS", "1"},
+             {"CAIRN_REPLICAS", std::to_string(cfg_.replicas)},
+             {"CAIRN_PLACEMENT", cfg_.group ? "group" : "ring"},
              {"CAIRN_SLOTS", "4"},
              {"CAIRN_PERSIST_EVERY", "4"},
              {"CAIRN_KEEP_ON_PFS", "2"},
@@ -128,9 +141,13 @@ class Matrix {
   };
   Restore RunRestore(const std::string& job, const std::string& out);
   bool Census();
-  bool Trial(int i, const std::string& point, int rank, long nth, int wipe);
+  bool Trial(int i, const std::string& point, int rank, long nth, const std::set<int>& wiped);
+  // Nothing, one node, two nodes (any two when there are more than 2) or every node.
+  std::set<int> PickWipe();
 
   Config cfg_;
+  int world_;
+  Placement placement_;
   testing::TempDir root_;
   std::mt19937_64 rng_;
   std::map<std::string, std::vector<long>> census_;  // point -> times reached, per rank
@@ -145,8 +162,8 @@ class Matrix {
 
 Matrix::Restore Matrix::RunRestore(const std::string& job, const std::string& out) {
   Restore r;
-  r.step.assign(kWorld, -1);
-  r.tier.assign(kWorld, "");
+  r.step.assign(world_, -1);
+  r.tier.assign(world_, "");
   (void)DefaultFileSystem()->MakeDirs(out, 0700);
   auto l = LocalLauncher::Start(Spec(job, {"restore", "tp2", std::to_string(cfg_.rows), "0"}, out));
   if (!l.ok()) {
@@ -156,7 +173,7 @@ Matrix::Restore Matrix::RunRestore(const std::string& job, const std::string& ou
     return r;
   }
   r.all_ok = (*l)->WaitAll(180);
-  for (int k = 0; k < kWorld; ++k) {
+  for (int k = 0; k < world_; ++k) {
     const int code = (*l)->ranks()[static_cast<size_t>(k)].exit_code;
     if (code != 0 && code != 1) r.crashed = true;
     const std::string log = ReadText(out + "/rank-" + std::to_string(k) + ".log");
@@ -178,20 +195,20 @@ bool Matrix::Census() {
   const std::string out = root_.path() + "/census";
   (void)DefaultFileSystem()->MakeDirs(out, 0700);
   LaunchSpec spec = Spec(job, TrainArgs(), out);
-  spec.rank_env.resize(kWorld);
-  for (int k = 0; k < kWorld; ++k)
+  spec.rank_env.resize(world_);
+  for (int k = 0; k < world_; ++k)
     spec.rank_env[static_cast<size_t>(k)] = {
         {"CAIRN_KILL_CENSUS", out + "/census-" + std::to_string(k)}};
   auto l = LocalLauncher::Start(spec);
   if (!l.ok() || !(*l)->WaitAll(300)) {
     std::printf("census: the training run without a kill failed\n");
-    for (int k = 0; k < kWorld; ++k)
+    for (int k = 0; k < world_; ++k)
       std::printf("  rank %d:\n%s", k,
                   Interesting(ReadText(out + "/rank-" + std::to_string(k) + ".log")).c_str());
     return false;
   }
-  for (const std::string& p : KillPointNames()) census_[p].assign(kWorld, 0);
-  for (int k = 0; k < kWorld; ++k)
+  for (const std::string& p : KillPointNames()) census_[p].assign(world_, 0);
+  for (int k = 0; k < world_; ++k)
     for (const std::string& line : Lines(ReadText(out + "/census-" + std::to_string(k)))) {
       std::istringstream in(line);
       std::string name;
@@ -202,7 +219,9 @@ bool Matrix::Census() {
   std::printf("census (times each rank reached each point in a %d-step run):\n", cfg_.steps);
   for (const std::string& p : KillPointNames()) {
     const auto& c = census_[p];
-    std::printf("  %-26s %5ld %5ld %5ld %5ld\n", p.c_str(), c[0], c[1], c[2], c[3]);
+    std::printf("  %-26s", p.c_str());
+    for (long n : c) std::printf(" %5ld", n);
+    std::printf("\n");
     if (std::all_of(c.begin(), c.end(), [](long n) { return n == 0; })) {
       std::printf("  ^ never reached: the run does not exercise this point\n");
       ok = false;
@@ -210,7 +229,7 @@ bool Matrix::Census() {
   }
   // The run without a kill restores its flushed last step from memory.
   Restore r = RunRestore(job, out + "/restore");
-  for (int k = 0; k < kWorld; ++k)
+  for (int k = 0; k < world_; ++k)
     if (!r.all_ok || r.step[static_cast<size_t>(k)] != cfg_.steps) {
       std::printf("census: restoring the run without a kill did not give step %d:\n%s", cfg_.steps,
                   r.logs.c_str());
@@ -223,13 +242,32 @@ bool Matrix::Census() {
   return ok;
 }
 
-bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe) {
+std::set<int> Matrix::PickWipe() {
+  std::set<int> out;
+  switch (rng_() % 4) {
+    case 0:
+      break;
+    case 1:
+      out.insert(static_cast<int>(rng_() % static_cast<uint64_t>(cfg_.nodes)));
+      break;
+    case 2:  // two nodes; of two, one (as before 4-node jobs: wiping both is "all")
+      while (out.size() < (cfg_.nodes > 2 ? 2u : 1u))
+        out.insert(static_cast<int>(rng_() % static_cast<uint64_t>(cfg_.nodes)));
+      break;
+    default:
+      for (int n = 0; n < cfg_.nodes; ++n) out.insert(n);
+  }
+  return out;
+}
+
+bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
+                   const std::set<int>& wiped) {
   const std::string job = testing::UniqueJobId("cm" + std::to_string(i));
   const std::string dir = root_.path() + "/trial-" + std::to_string(i);
   const std::string train = dir + "/train";
   (void)DefaultFileSystem()->MakeDirs(train, 0700);
   LaunchSpec spec = Spec(job, TrainArgs(), train);
-  spec.rank_env.resize(kWorld);
+  spec.rank_env.resize(world_);
   spec.rank_env[static_cast<size_t>(rank)] = {{"CAIRN_KILL_AT", point + ":" + std::to_string(nth)}};
   PointStats& ps = per_point_[point];
   ++ps.trials;
@@ -244,11 +282,11 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
            std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     std::this_thread::sleep_for(std::chrono::milliseconds(rng_() % 21));
-    for (int k = 0; k < kWorld; ++k) (void)(*l)->Signal(k, SIGKILL);
-    for (int k = 0; k < kWorld; ++k) (*l)->WaitRank(k);
+    for (int k = 0; k < world_; ++k) (void)(*l)->Signal(k, SIGKILL);
+    for (int k = 0; k < world_; ++k) (*l)->WaitRank(k);
     // The armed rank dies by SIGKILL or finishes; the others finish, stop at a failed
     // collective (1) or are killed. Anything else is a crash (a sanitizer's report, too).
-    for (int k = 0; k < kWorld && problem.empty(); ++k) {
+    for (int k = 0; k < world_ && problem.empty(); ++k) {
       const int code = (*l)->ranks()[static_cast<size_t>(k)].exit_code;
       if (code != 128 + SIGKILL && code != 0 && (code != 1 || k == rank))
         problem = "training rank " + std::to_string(k) + " exited with " + std::to_string(code);
@@ -257,7 +295,7 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
   if (l.ok()) l->reset();
   std::vector<testing::MatrixLog> rep;
   std::string train_logs;
-  for (int k = 0; k < kWorld; ++k) {
+  for (int k = 0; k < world_; ++k) {
     const std::string log = ReadText(train + "/rank-" + std::to_string(k) + ".log");
     rep.push_back(testing::ParseMatrixLog(log));
     train_logs += "  train rank " + std::to_string(k) + ":\n" + Interesting(log);
@@ -267,15 +305,24 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
 
   // The failure: which host memory is lost.
   const std::string host = root_.path() + "/host/" + job;
-  if (wipe == 1 || wipe == 2)
-    (void)DefaultFileSystem()->RemoveAll(host + "/node-" + std::to_string(wipe - 1));
-  if (wipe == 3) (void)DefaultFileSystem()->RemoveAll(host);
+  for (int n : wiped) (void)DefaultFileSystem()->RemoveAll(host + "/node-" + std::to_string(n));
+  std::string wipe_name = wiped.empty() ? "none" : "";
+  for (int n : wiped) wipe_name += (wipe_name.empty() ? "node " : "+") + std::to_string(n);
+  if (static_cast<int>(wiped.size()) == cfg_.nodes) wipe_name = "all";
+  // Whether a copy of every rank is left in the memory of a node not wiped: its own node
+  // or one of its replica holders (a "complete" step is in every holder's memory).
+  bool survives = true;
+  for (int k = 0; k < world_; ++k) {
+    bool kept = !wiped.count(placement_.node_of(k));
+    for (int h : placement_.holders_of(k)) kept = kept || !wiped.count(placement_.node_of(h));
+    survives = survives && kept;
+  }
 
   // The newest step reported complete that survives it.
   int64_t persisted = -1;
   for (const testing::MatrixLog& r : rep) persisted = std::max(persisted, r.persisted);
   const int64_t complete = testing::NewestCompleteOnEveryRank(rep);
-  const int64_t bound = std::max(persisted, wipe == 3 ? -1 : complete);
+  const int64_t bound = std::max(persisted, survives ? complete : -1);
 
   Restore r = RunRestore(job, dir + "/restore");
   // Where the restored step came from: "host", "host+peer", "pfs", ... or "none".
@@ -290,7 +337,7 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
     if (r.crashed) {
       problem = "a restoring rank crashed or hung";
     } else if (r.all_ok) {
-      for (int k = 1; k < kWorld; ++k)
+      for (int k = 1; k < world_; ++k)
         if (r.step[static_cast<size_t>(k)] != r.step[0]) problem = "ranks restored different steps";
       if (problem.empty() && r.step[0] < bound)
         problem = "restored step " + std::to_string(r.step[0]) + " is older than step " +
@@ -307,9 +354,9 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
     ++tiers_[tiers];
     ++ps.tiers[tiers];
   }
-  std::printf("trial %3d  %-24s rank %d #%-4ld %-6s wipe %-6s bound %3lld  %s\n", i, point.c_str(),
-              rank, nth, fired ? "killed" : "(done)", kWipes[wipe], static_cast<long long>(bound),
-              problem.empty() ? outcome.c_str() : "FAILED");
+  std::printf("trial %3d  %-24s rank %d #%-4ld %-6s wipe %-10s bound %3lld  %s\n", i, point.c_str(),
+              rank, nth, fired ? "killed" : "(done)", wipe_name.c_str(),
+              static_cast<long long>(bound), problem.empty() ? outcome.c_str() : "FAILED");
   if (!problem.empty()) {
     ++failures_;
     ++ps.failed;
@@ -327,8 +374,10 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth, int wipe
 
 int Matrix::Run() {
   const int64_t t0 = NowNanos();
-  std::printf("crash matrix: 2 nodes x 2 ranks, %d steps, seed %llu, under %s\n", cfg_.steps,
-              static_cast<unsigned long long>(cfg_.seed), root_.path().c_str());
+  std::printf(
+      "crash matrix: %d nodes x %d ranks, %d replicas (%s), %d steps, seed %llu, under %s\n",
+      cfg_.nodes, kPerNode, cfg_.replicas, cfg_.group ? "group" : "ring", cfg_.steps,
+      static_cast<unsigned long long>(cfg_.seed), root_.path().c_str());
   const bool census_ok = Census();
   if (census_.empty()) return 1;
   std::vector<std::string> points = KillPointNames();
@@ -341,12 +390,12 @@ int Matrix::Run() {
     const std::string point = order.back();
     order.pop_back();
     std::vector<int> ranks;
-    for (int k = 0; k < kWorld; ++k)
+    for (int k = 0; k < world_; ++k)
       if (census_[point][static_cast<size_t>(k)] > 0) ranks.push_back(k);
     if (ranks.empty()) continue;
     const int rank = ranks[rng_() % ranks.size()];
     const long nth = 1 + static_cast<long>(rng_() % census_[point][static_cast<size_t>(rank)]);
-    Trial(i, point, rank, nth, static_cast<int>(rng_() % 4));
+    Trial(i, point, rank, nth, PickWipe());
   }
   std::printf("\n%-26s %6s %6s %6s  restored from\n", "kill point", "trials", "killed", "failed");
   for (const std::string& p : points) {
@@ -360,11 +409,13 @@ int Matrix::Run() {
   for (const auto& [t, n] : tiers_)
     tiers += std::string(tiers.empty() ? "" : ",") + "\"" + t + "\":" + std::to_string(n);
   std::printf(
-      "{\"bench\":\"crash_matrix\",\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
+      "{\"bench\":\"crash_matrix\",\"nodes\":%d,\"replicas\":%d,\"placement\":\"%s\","
+      "\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
       "\"points\":%zu,\"census_ok\":%s,\"nothing_restorable\":%d,\"restored_from\":{%s},"
       "\"seed\":%llu,\"seconds\":%.0f}\n",
-      cfg_.trials, fired_, failures_, points.size(), census_ok ? "true" : "false", tiers_["none"],
-      tiers.c_str(), static_cast<unsigned long long>(cfg_.seed), secs);
+      cfg_.nodes, cfg_.replicas, cfg_.group ? "group" : "ring", cfg_.trials, fired_, failures_,
+      points.size(), census_ok ? "true" : "false", tiers_["none"], tiers.c_str(),
+      static_cast<unsigned long long>(cfg_.seed), secs);
   if (cfg_.keep && failures_ > 0) root_.Keep();
   return failures_ == 0 && census_ok ? 0 : 1;
 }
@@ -393,12 +444,24 @@ int main(int argc, char** argv) {
       c.every = std::atoi(next());
     } else if (a == "--rows") {
       c.rows = std::atoi(next());
+    } else if (a == "--nodes") {
+      c.nodes = std::atoi(next());
+    } else if (a == "--replicas") {
+      c.replicas = std::atoi(next());
+    } else if (a == "--placement") {
+      const std::string v = next();
+      if (v != "ring" && v != "group") {
+        std::fprintf(stderr, "crash_matrix: --placement is ring or group, not %s\n", v.c_str());
+        return 2;
+      }
+      c.group = v == "group";
     } else if (a == "--keep") {
       c.keep = true;
     } else {
       std::fprintf(stderr,
                    "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
-                   "[--rows 128] [--keep]\n(see the comment at the top of "
+                   "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
+                   "[--keep]\n(see the comment at the top of "
                    "tests/crash_matrix.cc)\n");
       return a == "--help" ? 0 : 2;
     }
@@ -407,6 +470,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "crash_matrix: --trials >= 0, --steps >= 4, --every >= 1, --rows >= 8\n");
     return 2;
   }
-  Matrix m(c);
+  auto placement = Placement::Make(c.nodes, kPerNode, c.replicas,
+                                   c.group ? PlacementStrategy::kGroup : PlacementStrategy::kRing);
+  if (!placement.ok() || c.nodes > 64) {
+    std::fprintf(stderr, "crash_matrix: --nodes 2..64 and --replicas 0..nodes-1: %s\n",
+                 placement.status().ToString().c_str());
+    return 2;
+  }
+  Matrix m(c, std::move(*placement));
   return m.Run();
 }
