@@ -23,17 +23,30 @@
 // The PFS rounds each run in fresh processes (a job restores once, at start), and the raw
 // read, the same-layout and the resharded restore take turns at going first (this virtual
 // disk slows down after a few GB read in a row).
+// With --scale 2,4,8 it measures instead how the recovery of one lost node grows with the
+// job: for each node count N (one rank per node, --bytes each, one replica in a ring), the
+// job saves a version and replicates it, node 1's host tier is deleted, and a new job of N
+// ranks restores, each round in turn: the reference (the partner sending the same bytes to
+// rank 1 with UCX tagged sends while the other ranks wait), the lost node alone (rank 1
+// restores from its partner's replica, the others only serve: restore() with no targets),
+// and the whole job restarting (the others restore from their own host tiers at the same
+// time; on this machine they share its cores with the lost node). Only the partner sends,
+// so the lost node alone should take about as long at 8 nodes as at 2.
 // Before every PFS read (cairn's and raw) the step's files are evicted from the page cache
 // (posix_fadvise DONTNEED), so both read the disk. Times are medians; for two ranks the
 // slower rank's time counts.
 //
 //   restore [--bytes 1G] [--rounds 4] [--dir /var/tmp] [--tls <UCX_TLS>]
+//   restore --scale 2,4,8 [--bytes 256M] [--rounds 4]
 //
 // Last line: one JSON object with local_vs_memcpy, peer_vs_raw, pfs_vs_raw_read (reference
 // time over cairn's), reshard_over_same_layout (the transposed reshard's time over the
 // same layout's), reshard_row_blocks_over_same_layout, and pfs_bytes_read_over_needed
 // (bytes the job read from the PFS for a resharded restore over the saved bytes its
-// targets overlap; the larger of the two).
+// targets overlap; the larger of the two). With --scale: per node count the raw transfer,
+// the lost node alone, the whole job's restore (the lost rank's and the slowest rank's), and
+// lost_node_alone_largest_over_smallest (the lost node alone at the largest node count over
+// the smallest's).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -55,6 +68,7 @@
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
+#include "transport/placement.h"
 #include "transport/ucx_comm.h"
 
 using namespace cairn;
@@ -75,8 +89,9 @@ struct Args {
   int rounds = 4;
   std::string dir = "/var/tmp";
   std::string tls;
-  std::string mode;  // child only
-  int round = 0;     // child only: which PFS round this process runs
+  std::vector<int> scale;  // node counts for the lost-node scaling run
+  std::string mode;        // child only
+  int round = 0;           // child only: which PFS round this process runs
 };
 
 void Die(const char* what, const Status& st) {
@@ -91,14 +106,14 @@ uint32_t Value(int t, int64_t row, int64_t col) {
   return static_cast<uint32_t>(x ^ (x >> 27));
 }
 
-// A layout's buffers: "rows" (rank r: rows [rR, (r+1)R), all columns) or "cols" (all rows,
-// columns [r*512, (r+1)*512)).
+// A layout's buffers: "rows" (rank r of `world`: rows [rR, (r+1)R), all columns) or, for
+// two ranks, "cols" (all rows, columns [r*512, (r+1)*512)) or "rows4" (below).
 struct State {
-  State(uint64_t bytes, const std::string& layout, int rank) {
+  State(uint64_t bytes, const std::string& layout, int rank, int world = 2) {
     rows = static_cast<int64_t>(bytes / kTensors / (kCols * 4));
     for (int t = 0; t < kTensors; ++t) {
       ShardSpec s;
-      s.meta = {"layers." + std::to_string(t) + ".w", DType::kF32, {2 * rows, kCols}};
+      s.meta = {"layers." + std::to_string(t) + ".w", DType::kF32, {world * rows, kCols}};
       std::vector<Box> boxes;
       if (layout == "rows") {
         boxes.push_back(Box{{rank * rows, 0}, {rows, kCols}});
@@ -174,6 +189,43 @@ double RawRead(const std::string& path, Buffer& into) {
   return s;
 }
 
+// Seconds for rank `from` to send `bytes` to rank `to` with UCX tagged sends (kMsg each,
+// all in flight) into `into`'s buffers, timed at `to` from its "ready" message; round `seq`
+// keeps the tags of rounds apart. Other ranks return 0 at once.
+double RawSend(UcxComm& comm, int me, int from, int to, State& into, const Buffer& src,
+               uint64_t bytes, uint32_t seq) {
+  if (me == to) {
+    std::vector<UcxComm::PendingRecv> rs;
+    std::vector<std::pair<std::byte*, uint64_t>> dst;
+    for (auto& b : into.bufs)
+      for (uint64_t x = 0; x < b->size; x += kMsg)
+        dst.push_back({b->p + x, std::min(kMsg, b->size - x)});
+    for (uint32_t k = 0; k < dst.size(); ++k)
+      rs.push_back(comm.StartRecv(from, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
+                                  dst[k].first, dst[k].second));
+    const int64_t t0 = NowNanos();
+    if (!comm.Send(from, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok())
+      Die("raw", Status::Internal("ready"));
+    for (auto& x : rs)
+      if (!comm.FinishRecv(x, 300).ok()) Die("raw", Status::Internal("recv"));
+    return NanosToSeconds(NowNanos() - t0);
+  }
+  if (me == from) {
+    if (!comm.Recv(to, MakeTag(kChannels.replication.ready, 1, seq), 300).ok())
+      Die("raw", Status::Internal("ready"));
+    std::vector<UcxComm::PendingSend> ss;
+    const uint64_t per = bytes / kTensors;
+    uint32_t k = 0;
+    for (int t = 0; t < kTensors; ++t)
+      for (uint64_t x = 0; x < per; x += kMsg, ++k)
+        ss.push_back(comm.StartSend(to, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
+                                    src.p + t * per + x, std::min(kMsg, per - x)));
+    for (auto& x : ss)
+      if (!comm.FinishSend(x, 300).ok()) Die("raw", Status::Internal("send"));
+  }
+  return 0;
+}
+
 int Child(const Args& a) {
   auto o = Options::FromEnvironment();
   if (!o.ok()) Die("options", o.status());
@@ -186,20 +238,25 @@ int Child(const Args& a) {
     Status b = g->Barrier();
     if (!b.ok()) Die("barrier", b);
   };
-  // The slower rank's time of a step both ranks run.
-  auto slowest = [&](double mine) {
+  // Every rank's time of a step they all run.
+  auto times = [&](double mine) {
     ByteWriter w;
     w.Put<double>(mine);
     auto all = g->AllGather(w.out());
     if (!all.ok()) Die("allgather", all.status());
-    double worst = 0;
+    std::vector<double> out;
     for (const std::string& s : *all) {
       double x = 0;
       ByteReader r(s);
       r.Get(&x);
-      worst = std::max(worst, x);
+      out.push_back(x);
     }
-    return worst;
+    return out;
+  };
+  // The slowest rank's.
+  auto slowest = [&](double mine) {
+    const std::vector<double> all = times(mine);
+    return *std::max_element(all.begin(), all.end());
   };
   const std::string step_dir = JoinPath(PfsJobDir(o->pfs_root, o->job_id), StepDirName(1));
   auto restore = [&](std::span<const ShardSpec> shards, bool partial, RestoreReport* out) {
@@ -210,8 +267,8 @@ int Child(const Args& a) {
     if (out) *out = *r;
   };
 
-  if (a.mode == "save") {
-    State s(a.bytes, "rows", o->rank);
+  if (a.mode == "save" || a.mode == "save-memory") {
+    State s(a.bytes, "rows", o->rank, o->world_size);
     s.Visit(false);
     auto out = c.save(1, s.shards);
     if (!out.ok() || *out != SaveOutcome::kQueued) Die("save", out.status());
@@ -219,6 +276,7 @@ int Child(const Args& a) {
     if (!st.ok()) Die("capture", st);
     st = c.wait_replicated(300);
     if (!st.ok()) Die("replicate", st);
+    if (a.mode == "save-memory") return 0;
     auto f = c.flush();
     if (!f.ok()) Die("flush", f.status());
     return 0;
@@ -259,37 +317,8 @@ int Child(const Args& a) {
     for (int r = 0; r < a.rounds; ++r) {
       // Raw: rank 0 -> rank 1, into the memory rank 1 restores into.
       barrier();
-      double raw = 0;
-      const uint32_t seq = static_cast<uint32_t>(r + 1);
-      if (o->rank == 1) {
-        std::vector<UcxComm::PendingRecv> rs;
-        std::vector<std::pair<std::byte*, uint64_t>> dst;
-        for (auto& b : s.bufs)
-          for (uint64_t x = 0; x < b->size; x += kMsg)
-            dst.push_back({b->p + x, std::min(kMsg, b->size - x)});
-        for (uint32_t k = 0; k < dst.size(); ++k)
-          rs.push_back((*comm)->StartRecv(0, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
-                                          dst[k].first, dst[k].second));
-        const int64_t t0 = NowNanos();
-        if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok())
-          Die("raw", Status::Internal("ready"));
-        for (auto& x : rs)
-          if (!(*comm)->FinishRecv(x, 300).ok()) Die("raw", Status::Internal("recv"));
-        raw = NanosToSeconds(NowNanos() - t0);
-      } else {
-        if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 300).ok())
-          Die("raw", Status::Internal("ready"));
-        std::vector<UcxComm::PendingSend> ss;
-        uint64_t per = a.bytes / kTensors;
-        uint32_t k = 0;
-        for (int t = 0; t < kTensors; ++t)
-          for (uint64_t x = 0; x < per; x += kMsg, ++k)
-            ss.push_back((*comm)->StartSend(1,
-                                            MakeTag(kChannels.replication.data, 0, seq << 16 | k),
-                                            src.p + t * per + x, std::min(kMsg, per - x)));
-        for (auto& x : ss)
-          if (!(*comm)->FinishSend(x, 300).ok()) Die("raw", Status::Internal("send"));
-      }
+      const double raw =
+          RawSend(**comm, o->rank, 0, 1, s, src, a.bytes, static_cast<uint32_t>(r + 1));
       barrier();
       // cairn: rank 1 restores from rank 0's replica; rank 0 only serves.
       RestoreReport rep;
@@ -301,6 +330,47 @@ int Child(const Args& a) {
           (!s.Visit(true) || rep.tier != "peer" || rep.job_pfs_bytes_read != 0))
         Die("peer", Status::Corruption("bytes differ or not from the peer: " + rep.tier));
       if (o->rank == 1) std::printf("PEER %.6f %.6f\n", raw, sec);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (a.mode == "scale") {
+    // Node 1 was lost; its replica lives with its ring partner.
+    auto pl = Placement::Make(o->world_size, 1, 1, PlacementStrategy::kRing);
+    if (!pl.ok()) Die("placement", pl.status());
+    const int partner = pl->holders_of(1)[0];
+    Options ro = *o;
+    ro.job_id = o->job_id + "-raw";
+    Logger log("bench rank " + std::to_string(o->rank), 1);
+    auto comm = UcxComm::Connect(ro, &log);
+    if (!comm.ok()) Die("raw connect", comm.status());
+    State s(a.bytes, "rows", o->rank, o->world_size);
+    Buffer src(o->rank == partner ? a.bytes : 4096);
+    for (int r = 0; r < a.rounds; ++r) {
+      barrier();
+      const double raw =
+          RawSend(**comm, o->rank, partner, 1, s, src, a.bytes, static_cast<uint32_t>(r + 1));
+      barrier();
+      // cairn, lost node alone: rank 1 restores from its partner; the others only serve.
+      RestoreReport rep;
+      int64_t t0 = NowNanos();
+      restore(o->rank == 1 ? std::span<const ShardSpec>(s.shards) : std::span<const ShardSpec>(),
+              true, &rep);
+      const std::vector<double> alone = times(NanosToSeconds(NowNanos() - t0));
+      if (r == 0 && o->rank == 1 &&
+          (!s.Visit(true) || rep.tier != "peer" || rep.job_pfs_bytes_read != 0))
+        Die("scale", Status::Corruption("bytes differ or not from the peer: " + rep.tier));
+      barrier();
+      // cairn, the whole job restarts: rank 1 from its partner, the others from home.
+      t0 = NowNanos();
+      restore(s.shards, false, &rep);
+      const std::vector<double> all = times(NanosToSeconds(NowNanos() - t0));
+      if (r == 0 && (!s.Visit(true) || rep.tier != (o->rank == 1 ? "peer" : "host") ||
+                     rep.job_pfs_bytes_read != 0))
+        Die("scale", Status::Corruption("bytes differ or not from memory: " + rep.tier));
+      if (o->rank == 1)
+        std::printf("SCALE %.6f %.6f %.6f %.6f\n", raw, alone[1], all[1],
+                    *std::max_element(all.begin(), all.end()));
       std::fflush(stdout);
     }
     return 0;
@@ -374,6 +444,60 @@ std::vector<std::string> Lines(const std::string& root, int r, const std::string
   return out;
 }
 
+// The --scale run: for each node count, save and replicate, lose node 1, then rounds of
+// raw transfer and whole-job restore; prints a line per count and the JSON line.
+template <typename Run, typename Cleanup>
+int Scale(const Args& a, const std::string& root, const std::string& job, Run& run,
+          Cleanup& cleanup) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  std::vector<double> alone_by_count;
+  for (int nodes : a.scale) {
+    (void)DefaultFileSystem()->RemoveAll(root + "/host");
+    run("save-memory", 0, nodes);
+    (void)DefaultFileSystem()->RemoveAll(root + "/host/" + job + "/node-1");
+    run("scale", 0, nodes);
+    std::vector<double> raw, alone, lost, whole;
+    for (const std::string& l : Lines(root, 1, "SCALE ")) {
+      double w = 0, x = 0, y = 0, z = 0;
+      std::sscanf(l.c_str(), "%lf %lf %lf %lf", &w, &x, &y, &z);
+      raw.push_back(w);
+      alone.push_back(x);
+      lost.push_back(y);
+      whole.push_back(z);
+    }
+    if (lost.empty()) {
+      std::fprintf(stderr, "restore: no results at %d nodes\n", nodes);
+      cleanup();
+      return 1;
+    }
+    const double gb = static_cast<double>(a.bytes) / 1e9;
+    const double ru = Median(raw), al = Median(alone), lo = Median(lost), wh = Median(whole);
+    std::printf(
+        "%d nodes: raw UCX %.3f s (%.2f GB/s)  lost node alone %.3f s (%.2f GB/s)  whole job "
+        "restarting: lost node %.3f s, slowest rank %.3f s\n",
+        nodes, ru, gb / ru, al, gb / al, lo, wh);
+    std::fflush(stdout);
+    alone_by_count.push_back(al);
+    using cairn::bench::Round;
+    rows.push_back({{"nodes", nodes},
+                    {"raw_s", Round(ru, 4)},
+                    {"lost_node_alone_s", Round(al, 4)},
+                    {"lost_node_alone_vs_raw", Round(ru / al, 3)},
+                    {"job_lost_node_s", Round(lo, 4)},
+                    {"job_slowest_s", Round(wh, 4)}});
+  }
+  cleanup();
+  const nlohmann::ordered_json j = {
+      {"bench", "restore_scale"},
+      {"bytes_per_rank", a.bytes},
+      {"rounds", a.rounds},
+      {"counts", rows},
+      {"lost_node_alone_largest_over_smallest",
+       cairn::bench::Round(alone_by_count.back() / alone_by_count.front(), 3)}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -391,6 +515,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dir", a.dir, "the PFS directory")->capture_default_str();
   app.add_option("--tls", a.tls, "UCX_TLS for the ranks (default: UCX's choice)");
+  app.add_option("--scale", a.scale,
+                 "instead: one lost node's recovery at each of these node counts (one rank "
+                 "per node, --bytes each; e.g. 2,4,8 with --bytes 256M)")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
   app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
   app.add_option("--round", a.round, "internal: the child's PFS round")->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
@@ -414,9 +543,9 @@ int main(int argc, char** argv) {
     (void)DefaultFileSystem()->RemoveAll(root);
     (void)DefaultFileSystem()->RemoveAll(pfs);
   };
-  auto run = [&](const std::string& mode, int round) {
+  auto run = [&](const std::string& mode, int round, int nodes = 2) {
     LaunchSpec spec;
-    spec.nodes = 2;
+    spec.nodes = nodes;
     spec.argv = {"/proc/self/exe",
                  "--child",
                  mode,
@@ -438,7 +567,7 @@ int main(int argc, char** argv) {
     if (!a.tls.empty()) spec.env.push_back({"UCX_TLS", a.tls});
     auto l = LocalLauncher::Start(spec);
     if (!l.ok() || !(*l)->WaitAll(1800)) {
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < nodes; ++r) {
         std::ifstream f(root + "/rank-" + std::to_string(r) + ".log");
         std::stringstream ss;
         ss << f.rdbuf();
@@ -449,6 +578,8 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   };
+  std::sort(a.scale.begin(), a.scale.end());
+  if (!a.scale.empty()) return Scale(a, root, job, run, cleanup);
   run("save", 0);
   run("local", 0);
   (void)DefaultFileSystem()->RemoveAll(root + "/host/" + job + "/node-1");
