@@ -12,6 +12,11 @@
 //   cached_plan_s  a later round with the layout unchanged: encode and hash this rank's
 //                  layout, compare all ranks' hashes with the cached plan's
 //   manifest_s     rank 0: BuildManifest from every rank's location table + EncodeManifest
+//   agree_s        a restore's discovery and agreement as each rank runs them after the
+//                  inventory allgather: decode every rank's inventory (its own 3 newest
+//                  versions and the 3 of its ring partner on the previous node, 8 ranks per
+//                  node; rank 0 also lists 2 PFS steps), then choose the step; with
+//                  inventory_bytes, what that allgather brings each rank
 //   load_plan_s    restoring that step onto --load-tp x --load-pp x --load-dp ranks (default
 //                  4 x 20 x 100 = 8,000) of another layout: decode the distinct target
 //                  layouts, MakeLoadPlan over the PFS pieces (box intersection through the
@@ -33,6 +38,8 @@
 #include "persist/manifest.h"
 #include "persist/save_planner.h"
 #include "recovery/load_planner.h"
+#include "recovery/restore_agree.h"
+#include "recovery/restore_wire.h"
 
 using namespace cairn;
 
@@ -183,6 +190,46 @@ int main(int argc, char** argv) {
     manifest_t.push_back(NanosToSeconds(NowNanos() - t0));
   }
 
+  // The restore's discovery and agreement over `world` simulated ranks.
+  std::vector<double> agree_t;
+  uint64_t inventory_bytes = 0;
+  {
+    using namespace cairn::restore_internal;
+    constexpr int kPerNode = 8;
+    std::vector<std::string> encoded(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      Inventory inv;
+      inv.layout_hash = hashes[static_cast<size_t>(r)];
+      const int partner = (r - kPerNode + world) % world;
+      for (int64_t step : {998, 999, 1000}) {
+        inv.held.push_back({r, step, static_cast<uint32_t>(world)});
+        if (world > kPerNode) inv.held.push_back({partner, step, static_cast<uint32_t>(world)});
+      }
+      if (r == 0) inv.pfs_steps = {900, 950};
+      encoded[static_cast<size_t>(r)] = EncodeInventory(inv);
+      inventory_bytes += encoded[static_cast<size_t>(r)].size();
+    }
+    for (int rep = 0; rep < a.repeats; ++rep) {
+      const int64_t t0 = NowNanos();
+      std::vector<Inventory> inv;
+      inv.reserve(encoded.size());
+      for (const std::string& e : encoded) {
+        auto d = DecodeInventory(e);
+        if (!d.ok()) {
+          std::fprintf(stderr, "plan: %s\n", d.status().ToString().c_str());
+          return 1;
+        }
+        inv.push_back(std::move(*d));
+      }
+      auto choice = Choose(inv, std::nullopt, {});
+      agree_t.push_back(NanosToSeconds(NowNanos() - t0));
+      if (!choice || choice->step != 1000 || choice->from_pfs) {
+        std::fprintf(stderr, "plan: agreement chose the wrong step\n");
+        return 1;
+      }
+    }
+  }
+
   // Restoring that step onto another layout: the catalog of its PFS pieces, and the
   // distinct target layouts as the restore gathers them (one per (tp, pp) of the new job).
   LoadCatalog cat;
@@ -240,6 +287,7 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(lp.unique_bytes_needed), lp.unrestored.size());
     return 1;
   }
+  std::sort(agree_t.begin(), agree_t.end());
   std::sort(plan_t.begin(), plan_t.end());
   std::sort(cached_t.begin(), cached_t.end());
   std::sort(manifest_t.begin(), manifest_t.end());
@@ -267,6 +315,8 @@ int main(int argc, char** argv) {
       {"manifest_s", Round(med(manifest_t), 4)},
       {"manifest_bytes", manifest_bytes},
       {"max_writer_share", Round(plan.max_writer_share(), 4)},
+      {"agree_s", Round(med(agree_t), 4)},
+      {"inventory_bytes", inventory_bytes},
       {"load_ranks", load_world},
       {"load_distinct_targets", targets},
       {"load_runs", lp.runs.size()},
