@@ -195,6 +195,11 @@ std::vector<Setting> MakeSettings() {
               "<CAIRN_PFS_ROOT>/<job>/rendezvous"),
       Seconds("CAIRN_CONNECT_TIMEOUT_S", &Options::connect_timeout_s,
               "how long start-up waits for every rank to appear"),
+      Int("CAIRN_CONNECT_ALL_MAX", nullptr, &Options::connect_all_max, 0, kMaxRanks,
+          "jobs of at most this many ranks connect every pair at start-up (a missing rank "
+          "fails the start at once); a larger job connects to a rank when it first talks "
+          "to it, so a rank holds endpoints to, and reads the address files of, only its "
+          "collective neighbours, replica partners and restore peers"),
       Seconds("CAIRN_OP_TIMEOUT_S", &Options::op_timeout_s,
               "how long a collective waits for a silent peer"),
       Int("CAIRN_REPLICAS", nullptr, &Options::replicas, 0, 16,

@@ -1,9 +1,14 @@
 // A rank of the transport tests, started by LocalLauncher with RANK/WORLD_SIZE set.
 //
 //   group_child collectives   barrier, allgather and broadcast from every root, 3 rounds
-//                             (small and >100 KB messages), every byte checked
-//   group_child intruder      joins with a wrong job token: must be refused
-//   group_child victim        a legitimate rank facing an intruder: must refuse it
+//                             (small and >100 KB messages), every byte checked; then the
+//                             endpoints and address files read: every rank's in a small
+//                             job, at most 2 x ceil(log2 n) in a lazy one
+//                             (GROUP_CHILD_LATE_RANKS=5,12: those ranks start 1 s late)
+//   group_child intruder      joins with a wrong job token: must be refused (in a lazy job:
+//                             its message gets no answer)
+//   group_child victim        a legitimate rank facing an intruder: must refuse it (in a
+//                             lazy job: its receive from the intruder fails)
 //   group_child abandon       posts a receive nobody answers and drops its handle: the
 //                             request must be counted, then cancelled and freed; then the
 //                             collectives as above
@@ -11,9 +16,12 @@
 //                             allgather, and a broadcast below rank 2, must fail naming
 //                             rank 2 well before the operation timeout (relayed, not
 //                             waited out); the rest of the broadcast delivers
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "api/channels.h"
 #include "cairn/options.h"
@@ -46,10 +54,33 @@ int main(int argc, char** argv) {
   Logger log("group_child rank " + std::to_string(o->rank), 1);
   if (mode == "intruder" || mode == "victim") {
     auto c = UcxComm::Connect(*o, &log, mode == "intruder" ? std::string(64, 'f') : "");
+    if (c.ok() && (*c)->lazy()) {
+      // A lazy job checks the token of a rank's hello when its first message arrives.
+      const JobChannels ch;
+      if (mode == "intruder") {
+        if (Status st = (*c)->Send(0, MakeTag(ch.collective, 1, 7), "x", 1); !st.ok())
+          return Fail("the intruder could not even send: " + st.ToString());
+        auto r = (*c)->Recv(0, MakeTag(ch.collective, 0, 8), 3);
+        return r.ok() ? Fail("the victim answered the intruder") : 0;
+      }
+      auto r = (*c)->Recv(1, MakeTag(ch.collective, 1, 7), 20);
+      if (r.ok()) return Fail("accepted a message from a rank without the job token");
+      if (r.status().message().find("never presented the job token") == std::string::npos)
+        return Fail("refused for the wrong reason: " + r.status().ToString());
+      return 0;
+    }
     if (c.ok()) return Fail("joined a job it should have been refused from");
     if (c.status().message().find("wrong job token") == std::string::npos)
       return Fail("refused for the wrong reason: " + c.status().ToString());
     return 0;
+  }
+  if (const char* late = std::getenv("GROUP_CHILD_LATE_RANKS")) {
+    // These ranks start late: the others' first messages to them wait for their files.
+    for (const char* p = late; *p;) {
+      char* end = nullptr;
+      if (std::strtol(p, &end, 10) == o->rank) std::this_thread::sleep_for(std::chrono::seconds(1));
+      p = *end == ',' ? end + 1 : end;
+    }
   }
   auto c = UcxComm::Connect(*o, &log);
   if (!c.ok()) return Fail(c.status().ToString());
@@ -119,5 +150,17 @@ int main(int argc, char** argv) {
   }
   Status st = g.Barrier();
   if (!st.ok()) return Fail(st.ToString());
+  // Who this rank connected to: everyone in a small job; in a lazy one, only the ranks
+  // the collectives talk to (me +- 2^k: Bruck's rounds and every root's binomial tree).
+  int bound = 0;
+  while ((1 << bound) < n) ++bound;
+  bound *= 2;
+  const int eps = (*c)->endpoints(), files = (*c)->address_files_read();
+  std::printf("rank %d: %s, %d endpoints, %d address files read\n", g.rank(),
+              (*c)->lazy() ? "lazy" : "full mesh", eps, files);
+  if (!(*c)->lazy() && eps != n - 1) return Fail("full mesh with " + std::to_string(eps));
+  if ((*c)->lazy() && (eps > std::min(bound, n - 1) || files > std::min(bound, n - 1)))
+    return Fail("lazy: " + std::to_string(eps) + " endpoints and " + std::to_string(files) +
+                " address files read, more than " + std::to_string(bound));
   return 0;
 }

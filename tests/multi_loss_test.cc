@@ -6,7 +6,8 @@
 // replicas they keep for others) in several patterns: one node, two adjacent nodes in and
 // across placement groups, two nodes apart. After each, a restore of the whole job must
 // come back bit-exact, and from memory exactly when the placement says a copy of every
-// rank survives on a live node (no byte read from the PFS), from the PFS otherwise.
+// rank survives on a live node (no byte read from the PFS), from the PFS otherwise. The
+// ranks connect lazily (CAIRN_CONNECT_ALL_MAX below 16), as the ranks of a large job do.
 // The four placements are separate tests; each runs every pattern of kPatterns from one
 // training run (the host tiers are copied back before each pattern).
 #include <gtest/gtest.h>
@@ -81,7 +82,9 @@ TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
       {"CAIRN_REPLICAS", std::to_string(cfg.replicas)},
       {"CAIRN_PLACEMENT", cfg.strategy == PlacementStrategy::kRing ? "ring" : "group"},
       {"CAIRN_PERSIST_EVERY", "0"},
-      {"CAIRN_SLOTS", "3"}};
+      {"CAIRN_SLOTS", "3"},
+      // 16 ranks > 8: lazy connections, as a large job makes them (UcxComm)
+      {"CAIRN_CONNECT_ALL_MAX", "8"}};
   // Steps 1..kLast; the last is replicated, then flushed to the PFS.
   auto l = LocalLauncher::Start(Spec(root, job, kNodes, kPerNode,
                                      {"train", "flat", kSmallRows, "1", std::to_string(kLast)},

@@ -15,8 +15,10 @@
 namespace cairn {
 namespace {
 
-// Runs group_child `mode` on `nodes` ranks over `tls`; every rank must exit 0.
-void RunGroupChild(const std::string& mode, int nodes, const std::string& tls) {
+// Runs group_child `mode` on `nodes` ranks over `tls` (with `env` added); every rank must
+// exit 0.
+void RunGroupChild(const std::string& mode, int nodes, const std::string& tls,
+                   std::vector<std::pair<std::string, std::string>> env = {}) {
   testing::TempDir pfs(mode);
   LaunchSpec spec;
   spec.nodes = nodes;
@@ -27,6 +29,7 @@ void RunGroupChild(const std::string& mode, int nodes, const std::string& tls) {
               {"CAIRN_CONNECT_TIMEOUT_S", "60"},
               {"CAIRN_OP_TIMEOUT_S", "60"},
               {"UCX_TLS", tls}};
+  for (auto& e : env) spec.env.push_back(std::move(e));
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const bool ok = (*l)->WaitAll(120);
@@ -49,6 +52,16 @@ INSTANTIATE_TEST_SUITE_P(Sizes, GroupTest,
                                   (std::get<1>(info.param) == "tcp" ? "_tcp" : "_shm");
                          });
 
+// A job larger than CAIRN_CONNECT_ALL_MAX connects lazily: after barriers, allgathers and
+// a broadcast from every root, each of 16 ranks holds endpoints to, and has read the
+// address files of, at most its 2 x log2(16) = 8 collective neighbours (a full mesh is 15),
+// and every byte arrives (group_child checks both; the full mesh below the limit too). Two
+// ranks start 1 s late, so the others wait for their address files.
+TEST(LazyConnect, SixteenRanksConnectOnlyToTheirCollectiveNeighbours) {
+  RunGroupChild("collectives", 16, "tcp",
+                {{"CAIRN_CONNECT_ALL_MAX", "8"}, {"GROUP_CHILD_LATE_RANKS", "5,12"}});
+}
+
 // A rank lost before a collective: over tcp its direct peers see it go at once, and the
 // others learn it from aborts they relay (Bruck's rounds, the broadcast tree), so every
 // survivor's allgather and broadcast fail naming rank 2 in seconds, not after
@@ -63,7 +76,11 @@ TEST(UcxRequests, ADroppedRequestIsCancelledAndFreed) {
   RunGroupChild("abandon", 2, "tcp");
 }
 
-TEST(Bootstrap, ProcessWithoutTheTokenIsRefused) {
+// A process without the job token is refused: at start-up in a small job, at its first
+// message in a lazy one.
+class Intruder : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Intruder, ProcessWithoutTheTokenIsRefused) {
   testing::TempDir pfs("intruder");
   LaunchSpec spec;
   spec.nodes = 2;
@@ -72,6 +89,7 @@ TEST(Bootstrap, ProcessWithoutTheTokenIsRefused) {
   spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("intruder")},
               {"CAIRN_PFS_ROOT", pfs.path()},
               {"CAIRN_CONNECT_TIMEOUT_S", "30"},
+              {"CAIRN_CONNECT_ALL_MAX", GetParam() ? "1" : "64"},
               {"UCX_TLS", "tcp"}};
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok());
@@ -79,6 +97,9 @@ TEST(Bootstrap, ProcessWithoutTheTokenIsRefused) {
   EXPECT_EQ((*l)->ranks()[0].exit_code, 0) << "the legitimate rank did not refuse the intruder";
   EXPECT_EQ((*l)->ranks()[1].exit_code, 0) << "the intruder was not refused";
 }
+
+INSTANTIATE_TEST_SUITE_P(Bootstrap, Intruder, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "lazy" : "full_mesh"; });
 
 TEST(Bootstrap, MissingRanksAreNamed) {
   testing::TempDir pfs("missing");

@@ -37,7 +37,8 @@ UcxComm::UcxComm(const Options& o, const Logger* log)
       op_timeout_s_(o.op_timeout_s),
       rdv_dir_(o.RendezvousDir()),
       rdv_(o.pfs_fs ? o.pfs_fs : (o.fs ? o.fs : DefaultFileSystem()), rdv_dir_, o.rank,
-           o.world_size) {}
+           o.world_size),
+      lazy_(o.world_size > o.connect_all_max) {}
 
 Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const Logger* log,
                                                   const std::string& token) {
@@ -78,11 +79,13 @@ Status UcxComm::Init() {
   address_.assign(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(worker_, addr);
   peers_.resize(static_cast<size_t>(size_));
+  file_read_.assign(static_cast<size_t>(size_), 0);
   for (int p = 0; p < size_; ++p) {
     peers_[static_cast<size_t>(p)] = std::make_unique<Peer>();
     peers_[static_cast<size_t>(p)]->self = this;
     peers_[static_cast<size_t>(p)]->rank = p;
   }
+  peers_[static_cast<size_t>(rank_)]->verified = true;
   return Status::OK();
 }
 
@@ -254,7 +257,7 @@ UcxComm::PendingSend UcxComm::Started(int peer, void* request, const char* what)
 
 UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
   Lock lk(mu_);
-  if (Status st = CheckPeer(peer, "send"); !st.ok()) return PendingSend{{}, peer, st};
+  if (Status st = EnsurePeer(lk, peer, "send"); !st.ok()) return PendingSend{{}, peer, st};
   ucp_request_param_t prm{};
   return Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm),
                  "send");
@@ -271,6 +274,11 @@ UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_
   Lock lk(mu_);
   PendingRecv r;
   r.peer = peer;
+  // An endpoint to the sender reports its failure while we wait (lazy jobs make it now).
+  if (lazy_) {
+    r.status = EnsurePeer(lk, peer, "receive");
+    if (!r.status.ok()) return r;
+  }
   ucp_request_param_t prm{};
   auto req = Own(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm), peer, "receive");
   if (req.ok())
@@ -283,7 +291,11 @@ UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_
 Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
   if (!recv.status.ok()) return recv.status;
   Lock lk(mu_);
-  return WaitRequest(lk, recv.request, recv.peer, timeout_s, "receive");
+  CAIRN_RETURN_IF_ERROR(WaitRequest(lk, recv.request, recv.peer, timeout_s, "receive"));
+  if (!Verified(lk, recv.peer))
+    return Status::FailedPrecondition("receive " + Who(recv.peer) +
+                                      ": the sender never presented the job token; refused");
+  return Status::OK();
 }
 
 Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
@@ -302,7 +314,11 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       CAIRN_ASSIGN_OR_RETURN(
           UcxRequest req,
           Own(ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm), from, "receive"));
-      return WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive");
+      CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive"));
+      if ((info.sender_tag >> 56) != kHello.id && !Verified(lk, from))
+        return Status::FailedPrecondition("receive " + Who(from) +
+                                          ": the sender never presented the job token; refused");
+      return Status::OK();
     }
     const bool idle = ucp_worker_progress(worker_) == 0;
     if (peer_failed(peer))
@@ -329,6 +345,8 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
 
 Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
   Lock lk(mu_);
+  // An endpoint to the sender reports its failure while we wait (lazy jobs make it now).
+  if (lazy_) CAIRN_RETURN_IF_ERROR(EnsurePeer(lk, peer, "receive"));
   std::string out;
   CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, tag, ~uint64_t{0}, peer, timeout_s, false, nullptr, &out));
   return out;
@@ -376,8 +394,7 @@ UcxComm::MemRegion::~MemRegion() {
 Result<std::unique_ptr<UcxComm::RemoteKey>> UcxComm::UnpackRemoteKey(int peer,
                                                                      const std::string& packed) {
   Lock lk(mu_);
-  if (peer < 0 || peer >= size_ || !peers_[static_cast<size_t>(peer)]->ep)
-    return Status::InvalidArgument("remote key of rank " + std::to_string(peer) + ": no such peer");
+  CAIRN_RETURN_IF_ERROR(EnsurePeer(lk, peer, "remote key"));
   ucp_rkey_h k = nullptr;
   ucs_status_t st = ucp_ep_rkey_unpack(peers_[static_cast<size_t>(peer)]->ep, packed.data(), &k);
   if (st != UCS_OK) return Status::IOError("ucp_ep_rkey_unpack " + Who(peer) + ": " + UcsError(st));
@@ -402,6 +419,7 @@ UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint
 
 Status UcxComm::Flush(int peer, double timeout_s) {
   Lock lk(mu_);
+  CAIRN_RETURN_IF_ERROR(CheckPeer(peer, "flush"));
   ucp_request_param_t prm{};
   CAIRN_ASSIGN_OR_RETURN(
       UcxRequest req,
@@ -434,7 +452,7 @@ Status UcxComm::Greet(Lock& lk, int p, const std::string& address,
   peer.error = 0;
   CAIRN_RETURN_IF_ERROR(Connected(p, address));
   peer.nonce = nonce;
-  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_;
+  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_ + "/" + address_;
   ucp_request_param_t prm{};
   CAIRN_ASSIGN_OR_RETURN(UcxRequest req, Own(ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
                                                               MakeTag(kHello, rank_, 0), &prm),
@@ -442,14 +460,15 @@ Status UcxComm::Greet(Lock& lk, int p, const std::string& address,
   return WaitRequest(lk, req, p, 5.0, "hello");
 }
 
-Status UcxComm::Reconnect(Lock& lk, int p,
-                          const std::string& nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce,
+                          std::string address) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   Peer& peer = *peers_[static_cast<size_t>(p)];
-  std::string address, file_nonce;
+  std::string file_nonce;
   // The restarted peer wrote its address file before greeting us; allow for a slow reader.
-  for (int attempt = 0;; ++attempt) {
-    CAIRN_RETURN_IF_ERROR(rdv_.Read(p, &address, &file_nonce));
-    if (file_nonce == nonce) break;
+  for (int attempt = 0; address.empty(); ++attempt) {
+    CAIRN_RETURN_IF_ERROR(ReadAddress(p, &address, &file_nonce));
+    if (file_nonce != nonce) address.clear();
+    if (!address.empty()) break;
     if (attempt > 100)
       return Status::Unavailable("rank " + std::to_string(p) +
                                  " greeted us, but its address file does not match");
@@ -461,6 +480,134 @@ Status UcxComm::Reconnect(Lock& lk, int p,
   peer.epoch.fetch_add(1);
   if (log_) log_->Info("rank " + std::to_string(p) + " restarted; reconnected to it");
   return Status::OK();
+}
+
+namespace {
+
+// A hello: "<token>/<rank>/<nonce>/<address>" (the address is raw bytes, last). False when
+// it does not carry `token`.
+bool ParseHello(const std::string& got, const std::string& token, std::string* nonce,
+                std::string* address) {
+  if (got.size() <= kTokenHexBytes || got.compare(0, kTokenHexBytes, token) != 0 ||
+      got[kTokenHexBytes] != '/')
+    return false;
+  const size_t r_end = got.find('/', kTokenHexBytes + 1);
+  if (r_end == std::string::npos) return false;
+  const size_t n_end = got.find('/', r_end + 1);
+  if (n_end == std::string::npos) return false;
+  *nonce = got.substr(r_end + 1, n_end - r_end - 1);
+  *address = got.substr(n_end + 1);
+  return !nonce->empty() && !address->empty();
+}
+
+}  // namespace
+
+bool UcxComm::TakeHello(Lock& lk, int p, const std::string& got,
+                        bool* restarted) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  *restarted = false;
+  std::string nonce, address;
+  if (!ParseHello(got, token_, &nonce, &address)) {
+    if (log_)
+      log_->Warning("refused a hello claiming to be rank " + std::to_string(p) +
+                    ": wrong job token");
+    return false;
+  }
+  Peer& peer = *peers_[static_cast<size_t>(p)];
+  peer.verified = true;
+  peer.hello_nonce = nonce;
+  peer.hello_address = address;
+  // An endpoint made from an older incarnation's address (a peer that restarted, or an
+  // address file read before the peer rewrote it) is replaced by one to the greeter.
+  if (peer.ep && nonce != peer.nonce) {
+    Status st = Reconnect(lk, p, nonce, address);
+    if (st.ok())
+      *restarted = true;
+    else if (log_)
+      log_->Warning("could not reconnect to restarted rank " + std::to_string(p) + ": " +
+                    st.message());
+  }
+  return true;
+}
+
+bool UcxComm::Verified(Lock& lk, int p) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (p < 0 || p >= size_) return false;
+  if (peers_[static_cast<size_t>(p)]->verified) return true;
+  // Its hello was sent before its other messages on the same endpoint, so it is here.
+  std::string got;
+  uint64_t sender_tag = 0;
+  Status rs =
+      ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, -1, 0, false, &sender_tag, &got);
+  bool restarted = false;
+  return rs.ok() && TakeHello(lk, p, got, &restarted);
+}
+
+Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (p < 0 || p >= size_ || p == rank_) return CheckPeer(p, what);
+  Peer& peer = *peers_[static_cast<size_t>(p)];
+  if (!lazy_ || (peer.ep && !peer_failed(p))) return CheckPeer(p, what);
+  // Connect (or, for a failed peer, reconnect once its address file has changed): to the
+  // address its hello carried, else the one in its file, waiting for the file to appear
+  // (or change) up to the connect timeout.
+  const bool failed = peer.ep != nullptr;
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
+  std::string last_error, refused;  // the last failure, and the address that gave it
+  int wait_ms = 2;
+  for (;;) {
+    std::string address, nonce;
+    if (!peer.hello_address.empty() && peer.hello_nonce != peer.nonce) {
+      address = peer.hello_address;
+      nonce = peer.hello_nonce;
+    } else {
+      Status rs = ReadAddress(p, &address, &nonce);
+      if (!rs.ok() && rs.code() != StatusCode::kNotFound) return rs;
+      if (!rs.ok() || (failed && nonce == peer.nonce) || nonce == refused) address.clear();
+    }
+    if (!address.empty()) {
+      Status st = Greet(lk, p, address, nonce);
+      if (st.ok()) {
+        if (failed) {
+          peer.epoch.fetch_add(1);
+          if (log_) log_->Info("rank " + std::to_string(p) + " restarted; reconnected to it");
+        }
+        return CheckPeer(p, what);
+      }
+      last_error = st.message();  // perhaps a dead process's file: wait for a new one
+      refused = nonce;
+      peer.hello_address.clear();
+    }
+    if (failed && last_error.empty()) return CheckPeer(p, what);  // it has not restarted
+    if (NowNanos() > deadline)
+      return Status::Unavailable(std::string(what) + " " + Who(p) + ": rank " + std::to_string(p) +
+                                 " never appeared in " + rdv_dir_ + " within " +
+                                 std::to_string(options_.connect_timeout_s) + " s" +
+                                 (last_error.empty() ? "" : " (last failure: " + last_error + ")"));
+    // Gently: on a parallel filesystem every look is a metadata-server operation.
+    lk.Unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    wait_ms = std::min(2 * wait_ms, 200);
+    lk.Lock();
+    if (peer.ep && !peer_failed(p)) return CheckPeer(p, what);  // another thread connected
+  }
+}
+
+Status UcxComm::ReadAddress(int peer, std::string* address,
+                            std::string* nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  file_read_[static_cast<size_t>(peer)] = 1;
+  return rdv_.Read(peer, address, nonce);
+}
+
+int UcxComm::address_files_read() const {
+  MutexLock lk(mu_);
+  int n = 0;
+  for (uint8_t r : file_read_) n += r;
+  return n;
+}
+
+int UcxComm::endpoints() const {
+  MutexLock lk(mu_);
+  int n = 0;
+  for (const auto& p : peers_) n += p && p->ep ? 1 : 0;
+  return n;
 }
 
 std::vector<int> UcxComm::ServiceHellos() {
@@ -475,21 +622,8 @@ std::vector<int> UcxComm::ServiceHellos() {
     if (!rs.ok()) continue;
     const int p = static_cast<int>((sender_tag >> 32) & 0xffffff);
     if (p < 0 || p >= size_ || p == rank_) continue;
-    // "<token>/<rank>/<nonce>"
-    if (got.size() < kTokenHexBytes + 2 || got.compare(0, kTokenHexBytes, token_) != 0) {
-      if (log_)
-        log_->Warning("refused a hello claiming to be rank " + std::to_string(p) +
-                      ": wrong job token");
-      continue;
-    }
-    const std::string nonce = got.substr(got.rfind('/') + 1);
-    if (nonce == peers_[static_cast<size_t>(p)]->nonce) continue;  // a duplicate
-    Status st = Reconnect(lk, p, nonce);
-    if (st.ok())
-      out.push_back(p);
-    else if (log_)
-      log_->Warning("could not reconnect to restarted rank " + std::to_string(p) + ": " +
-                    st.message());
+    bool restarted = false;
+    if (TakeHello(lk, p, got, &restarted) && restarted) out.push_back(p);
   }
   return out;
 }
@@ -532,6 +666,14 @@ Status UcxComm::Bootstrap(Lock& lk,
     CAIRN_RETURN_IF_ERROR(rdv_.MakeDir());
   }
   CAIRN_ASSIGN_OR_RETURN(nonce_, rdv_.Publish(address_));
+  if (lazy_) {
+    if (log_)
+      log_->Info("published this rank's address in " + rdv_dir_ +
+                 "; connecting to ranks when first talking to them (" + std::to_string(size_) +
+                 " ranks > CAIRN_CONNECT_ALL_MAX=" + std::to_string(options_.connect_all_max) +
+                 ")");
+    return Status::OK();
+  }
 
   // Read every peer's address and send it a hello with the token; a peer whose hello
   // fails (a stale address of a dead process) is retried when its file changes.
@@ -546,7 +688,7 @@ Status UcxComm::Bootstrap(Lock& lk,
       if (connected[static_cast<size_t>(p)]) continue;
       all = false;
       std::string address, nonce;
-      Status rs = rdv_.Read(p, &address, &nonce);
+      Status rs = ReadAddress(p, &address, &nonce);
       if (rs.code() == StatusCode::kNotFound || (rs.ok() && nonce == tried[static_cast<size_t>(p)]))
         continue;
       CAIRN_RETURN_IF_ERROR(rs);
@@ -594,19 +736,19 @@ Status UcxComm::Bootstrap(Lock& lk,
       return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
                                  std::to_string(options_.connect_timeout_s) + " s (" +
                                  rs.message() + ")");
-    if (got.size() <= kTokenHexBytes || got.compare(0, kTokenHexBytes, token_) != 0 ||
-        got[kTokenHexBytes] != '/')
+    std::string nonce, address;
+    if (!ParseHello(got, token_, &nonce, &address))
       return Status::FailedPrecondition("rank " + std::to_string(p) +
                                         " presented a wrong job token; refused (a process of "
                                         "another job or user?)");
+    Peer& peer = *peers_[static_cast<size_t>(p)];
+    peer.verified = true;
+    peer.hello_nonce = nonce;
+    peer.hello_address = address;
     // If we greeted an address left by a previous incarnation of p (read before p rewrote
     // its file, and a small send to it completed locally), p never heard from us: greet
     // the process that greeted us instead.
-    const std::string nonce = got.substr(got.rfind('/') + 1);
-    if (nonce != peers_[static_cast<size_t>(p)]->nonce) {
-      Status st = Reconnect(lk, p, nonce);
-      if (!st.ok()) return st;
-    }
+    if (nonce != peer.nonce) CAIRN_RETURN_IF_ERROR(Reconnect(lk, p, nonce, address));
   }
   if (log_) log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + rdv_dir_);
   return Status::OK();

@@ -1,11 +1,22 @@
-// UcxComm: this rank's UCX context, worker and an endpoint to every other rank of the job.
+// UcxComm: this rank's UCX context, worker and endpoints to the other ranks of the job.
 //
 // Start-up (bootstrap) goes through a rendezvous directory on a filesystem all nodes share
 // (Options::RendezvousDir(), mode 0700): every rank publishes its worker address there
-// (written to a temporary name and renamed), reads the others', connects, and sends each
-// peer a hello carrying the job token. The token is generated once per job (the first rank
-// to start creates "token", mode 0600, atomically) and only ranks that present it are
-// accepted: a process of another job or user cannot join.
+// (written to a temporary name and renamed). An endpoint to a peer is made from its address
+// and opened with a hello carrying the job token and this rank's own address. The token is
+// generated once per job (the first rank to start creates "token", mode 0600, atomically)
+// and only ranks that present it are accepted: a process of another job or user cannot
+// join.
+//
+// A job of at most Options::connect_all_max ranks connects every pair at start-up: Connect
+// reads every address file, greets every rank and waits for every rank's hello (a missing
+// rank fails the start). A larger job connects lazily: Connect only publishes, and an
+// endpoint to a rank is made when this rank first sends to it or waits for a message from
+// it (from the address its hello carried, or else its address file, waited for up to the
+// connect timeout). A rank then holds endpoints to, and reads the address files of, only
+// the ranks it talks to (collective neighbours, replica partners, restore peers), and a
+// message from a rank is accepted only after that rank's hello (UCX matches the tagged
+// messages of one endpoint in the order they were sent, so the hello comes first).
 //
 // Messages are UCX tagged sends. A tag is (channel, source rank, sequence); Recv matches
 // the whole tag, so the stages talking over one UcxComm (each on channels of its own,
@@ -174,6 +185,12 @@ class UcxComm {
 
   // Whether `peer`'s endpoint reported an error (it died or reset the connection).
   bool peer_failed(int peer) const;
+  // Whether this job connects lazily (more than Options::connect_all_max ranks).
+  bool lazy() const { return lazy_; }
+  // Endpoints this rank holds now, and how many ranks' address files it has read (each
+  // counted once) since it started.
+  int endpoints() const;
+  int address_files_read() const;
   // UCX requests started and not yet completed and released (sends, receives, puts,
   // flushes, endpoint closes): what the soak watches for leaks.
   int64_t requests_in_flight() const { return requests_.load(std::memory_order_relaxed); }
@@ -187,6 +204,10 @@ class UcxComm {
     int rank = -1;
     std::string nonce;  // of the address this endpoint was made from
     std::atomic<uint64_t> epoch{0};
+    // From the peer's latest hello (guarded by mu_): it presented the job token, and
+    // its address then (a lazy endpoint is made from it without reading the file).
+    bool verified = false;
+    std::string hello_nonce, hello_address;
   };
   // The functions taking a Lock hold mu_ through `lk` on entry and on return, releasing it
   // around blocking UCX progress (the analysis cannot follow a lock passed by reference:
@@ -211,6 +232,15 @@ class UcxComm {
   Status ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
                       bool gentle, uint64_t* sender_tag, std::string* out) CAIRN_REQUIRES(mu_);
   Status CheckPeer(int peer, const char* what) const;
+  // CheckPeer, after connecting to `peer` first in a lazy job (see the top); a failed
+  // peer is reconnected when its address file has changed (it restarted).
+  Status EnsurePeer(Lock& lk, int peer, const char* what) CAIRN_REQUIRES(mu_);
+  // Whether `peer` has greeted this rank with the job token; takes its hello from the
+  // queue when it is waiting there (and reconnects when it names a new incarnation).
+  bool Verified(Lock& lk, int peer) CAIRN_REQUIRES(mu_);
+  // Records a hello `got` from `peer`: false when it lacks the job token. Reconnects when
+  // it comes from a new incarnation of a peer this rank holds an endpoint to (`restarted`).
+  bool TakeHello(Lock& lk, int peer, const std::string& got, bool* restarted) CAIRN_REQUIRES(mu_);
   // Takes ownership of what a UCX call returned: an owning handle for a request in flight
   // (counted), an empty one when it completed at once, or Unavailable naming `what` and
   // the peer when it failed to start.
@@ -220,7 +250,10 @@ class UcxComm {
   void FreeLocked(void* request) CAIRN_REQUIRES(mu_);
   PendingSend Started(int peer, void* request, const char* what) CAIRN_REQUIRES(mu_);
   friend class UcxRequest;
-  Status Reconnect(Lock& lk, int peer, const std::string& nonce) CAIRN_REQUIRES(mu_);
+  // Connects afresh to `peer`'s incarnation `nonce`, at `address` (read from its address
+  // file when empty).
+  Status Reconnect(Lock& lk, int peer, const std::string& nonce, std::string address)
+      CAIRN_REQUIRES(mu_);
   std::string Who(int peer) const;
   static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -231,15 +264,20 @@ class UcxComm {
   double op_timeout_s_;
   std::string rdv_dir_;
   Rendezvous rdv_;
-  Mutex mu_;
+  mutable Mutex mu_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ CAIRN_GUARDED_BY(mu_) = nullptr;  // UCX worker calls hold mu_
   std::string address_;                                  // this worker's address
   std::string token_;
   std::string nonce_;  // of this process's address file
+  bool lazy_ = false;
+  // Read the address file of rank p (guarded by mu_; sized by Init()).
+  std::vector<uint8_t> file_read_;
+  // Reads rank `peer`'s address file (counted in address_files_read()).
+  Status ReadAddress(int peer, std::string* address, std::string* nonce) CAIRN_REQUIRES(mu_);
   bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;
-  std::atomic<bool> closing_{false};  // peer errors while shutting down are expected
-  std::atomic<int64_t> requests_{0};  // owned by a UcxRequest and not yet freed
+  std::atomic<bool> closing_{false};   // peer errors while shutting down are expected
+  std::atomic<int64_t> requests_{0};   // owned by a UcxRequest and not yet freed
   std::atomic<int64_t> abandoned_{0};  // freed while still in flight (uncancellable sends)
   // Sized by Init() and fixed afterwards; a Peer's endpoint changes with mu_ held, its
   // error and epoch are atomics (set by UCX callbacks).

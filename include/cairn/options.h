@@ -51,6 +51,7 @@ struct Options {
   std::string pfs_root = "cairn-pfs";  // filesystem every node shares (rendezvous, PFS tier)
   std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
   double connect_timeout_s = 120;      // start-up: how long to wait for every rank
+  int connect_all_max = 64;            // jobs up to this size connect every pair at start
   double op_timeout_s = 300;           // a collective waiting on a silent peer
   int replicas = 1;                    // copies of each version in other nodes' memory
   double replicate_timeout_s = 30;     // a replica holder silent this long counts as down
