@@ -17,6 +17,9 @@
 //                  versions and the 3 of its ring partner on the previous node, 8 ranks per
 //                  node; rank 0 also lists 2 PFS steps), then choose the step; with
 //                  inventory_bytes, what that allgather brings each rank
+//   restore_metadata_bytes   what one rank of the loading job receives before it can plan
+//                  a restore from the PFS today: every rank's inventory, the step's whole
+//                  MANIFEST (broadcast from rank 0) and each distinct target layout
 //   load_plan_s    restoring that step onto --load-tp x --load-pp x --load-dp ranks (default
 //                  4 x 20 x 100 = 8,000) of another layout: decode the distinct target
 //                  layouts, MakeLoadPlan over the PFS pieces (box intersection through the
@@ -287,6 +290,8 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(lp.unique_bytes_needed), lp.unrestored.size());
     return 1;
   }
+  uint64_t restore_metadata_bytes = inventory_bytes + manifest_bytes;
+  for (const std::string& l : load_layouts) restore_metadata_bytes += l.size();
   std::sort(agree_t.begin(), agree_t.end());
   std::sort(plan_t.begin(), plan_t.end());
   std::sort(cached_t.begin(), cached_t.end());
@@ -321,6 +326,7 @@ int main(int argc, char** argv) {
       {"load_distinct_targets", targets},
       {"load_runs", lp.runs.size()},
       {"load_plan_s", Round(med(load_t), 4)},
+      {"restore_metadata_bytes", restore_metadata_bytes},
       {"load_read_over_needed", Round(static_cast<double>(lp.pfs_bytes_to_read) /
                                           static_cast<double>(lp.unique_bytes_needed),
                                       4)}};
