@@ -186,6 +186,10 @@ def main():
     dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     rc = train(a, mesh, rank) if a.mode == "train" else load(a, mesh, rank)
+    # Tear gloo down together: a rank that destroyed its process groups while another was
+    # still finishing its part of the last (sub-group) collective left that one waiting in
+    # destroy_process_group forever (seen twice: rank 1 of a load, after its checks passed).
+    dist.barrier()
     dist.destroy_process_group()
     return rc or 0
 
