@@ -309,14 +309,9 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
   std::string wipe_name = wiped.empty() ? "none" : "";
   for (int n : wiped) wipe_name += (wipe_name.empty() ? "node " : "+") + std::to_string(n);
   if (static_cast<int>(wiped.size()) == cfg_.nodes) wipe_name = "all";
-  // Whether a copy of every rank is left in the memory of a node not wiped: its own node
-  // or one of its replica holders (a "complete" step is in every holder's memory).
-  bool survives = true;
-  for (int k = 0; k < world_; ++k) {
-    bool kept = !wiped.count(placement_.node_of(k));
-    for (int h : placement_.holders_of(k)) kept = kept || !wiped.count(placement_.node_of(h));
-    survives = survives && kept;
-  }
+  // Whether a copy of every rank is left in the memory of a node not wiped (a "complete"
+  // step is in every holder's memory).
+  const bool survives = placement_.KeepsEveryRank(wiped);
 
   // The newest step reported complete that survives it.
   int64_t persisted = -1;

@@ -52,16 +52,6 @@ const std::vector<std::set<int>> kPatterns = {
     {0},    {1},    {7},    {0, 1}, {2, 3}, {3, 4},    {4, 5},    {6, 7},
     {0, 7}, {1, 5}, {0, 2}, {2, 6}, {5, 7}, {0, 1, 2}, {2, 3, 4}, {5, 6, 7}};
 
-// Whether the placement leaves a copy of every rank on a node not in `lost`.
-bool EveryRankSurvives(const Placement& pl, const std::set<int>& lost) {
-  for (int r = 0; r < pl.world_size(); ++r) {
-    bool kept = !lost.count(pl.node_of(r));
-    for (int h : pl.holders_of(r)) kept = kept || !lost.count(pl.node_of(h));
-    if (!kept) return false;
-  }
-  return true;
-}
-
 std::string Describe(const std::set<int>& lost) {
   std::string s;
   for (int n : lost) s += (s.empty() ? "" : "+") + std::to_string(n);
@@ -106,7 +96,7 @@ TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
     fs::remove_all(host);
     fs::copy(kept, host, fs::copy_options::recursive);
     for (int n : lost) fs::remove_all(host / job / ("node-" + std::to_string(n)));
-    const bool memory = EveryRankSurvives(*pl, lost);
+    const bool memory = pl->KeepsEveryRank(lost);
     (memory ? from_memory : from_pfs)++;
     std::string tag = Name(cfg) + "-lost";
     for (int n : lost) tag += std::to_string(n);

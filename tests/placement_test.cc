@@ -66,17 +66,15 @@ TEST(Placement, GroupsHoldEachOther) {
   EXPECT_EQ(q->holders_of(4), (std::vector<int>{2, 3}));
 }
 
-// Whether the job comes back from memory after losing the nodes in `lost` (a bit set):
-// every rank's versions are on a surviving node, its own or a holder's.
-bool SurvivesFromMemory(const Placement& p, uint32_t lost) {
-  for (int r = 0; r < p.world_size(); ++r) {
-    bool copy = !(lost >> p.node_of(r) & 1u);
-    for (int h : p.holders_of(r)) copy = copy || !(lost >> p.node_of(h) & 1u);
-    if (!copy) return false;
-  }
-  return true;
+// The nodes in a bit set.
+std::set<int> Nodes(uint32_t bits) {
+  std::set<int> out;
+  for (int n = 0; n < 32; ++n)
+    if (bits >> n & 1u) out.insert(n);
+  return out;
 }
 
+// MemoryOdds counts in closed form; KeepsEveryRank checks one pattern against the holders.
 TEST(Placement, MemoryOddsCountEveryLossPatternsOutcome) {
   for (int nodes = 1; nodes <= 11; ++nodes)
     for (int rpn : {1, 2})
@@ -89,7 +87,7 @@ TEST(Placement, MemoryOddsCountEveryLossPatternsOutcome) {
           for (uint32_t lost = 0; lost < (1u << nodes); ++lost) {
             const auto k = static_cast<size_t>(std::popcount(lost));
             patterns[k] += 1;
-            survived[k] += SurvivesFromMemory(*p, lost) ? 1 : 0;
+            survived[k] += p->KeepsEveryRank(Nodes(lost)) ? 1 : 0;
           }
           for (int k = 0; k <= nodes; ++k) {
             const LossOdds o = p->MemoryOdds(k);

@@ -146,4 +146,13 @@ std::string Placement::Describe() const {
   return s;
 }
 
+bool Placement::KeepsEveryRank(const std::set<int>& lost) const {
+  for (int r = 0; r < world_size(); ++r) {
+    bool kept = !lost.count(node_of(r));
+    for (int h : holders_of(r)) kept = kept || !lost.count(node_of(h));
+    if (!kept) return false;
+  }
+  return true;
+}
+
 }  // namespace cairn

@@ -14,6 +14,7 @@
 // Thread-safety: immutable after Make().
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,9 @@ class Placement {
   int nodes() const { return world_size() / ranks_per_node_; }
   // Exact for 0 <= lost <= nodes(); O(nodes * lost * replicas) at most.
   LossOdds MemoryOdds(int lost) const;
+  // Whether, with the nodes in `lost` gone, every rank still has a copy on a live node (its
+  // own, or a holder's): what a restore from memory needs.
+  bool KeepsEveryRank(const std::set<int>& lost) const;
 
  private:
   int ranks_per_node_ = 1;

@@ -563,14 +563,8 @@ Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SA
       if (!rs.ok() || (failed && nonce == peer.nonce) || nonce == refused) address.clear();
     }
     if (!address.empty()) {
-      Status st = Greet(lk, p, address, nonce);
-      if (st.ok()) {
-        if (failed) {
-          peer.epoch.fetch_add(1);
-          if (log_) log_->Info("rank " + std::to_string(p) + " restarted; reconnected to it");
-        }
-        return CheckPeer(p, what);
-      }
+      Status st = failed ? Reconnect(lk, p, nonce, address) : Greet(lk, p, address, nonce);
+      if (st.ok()) return CheckPeer(p, what);
       last_error = st.message();  // perhaps a dead process's file: wait for a new one
       refused = nonce;
       peer.hello_address.clear();
