@@ -146,15 +146,16 @@ constexpr int64_t kMaxRanks = 1 << 24;
 
 std::vector<Setting> MakeSettings() {
   return {
-      Int("CAIRN_RANK", "RANK", &Options::rank, 0, kMaxRanks,
-          "global rank of this process (torchrun and Slurm set RANK)"),
-      Int("CAIRN_WORLD_SIZE", "WORLD_SIZE", &Options::world_size, 1, kMaxRanks,
-          "number of ranks in the job"),
-      Int("CAIRN_LOCAL_RANK", "LOCAL_RANK", &Options::local_rank, 0, kMaxRanks,
-          "rank within this node"),
-      Int("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", &Options::local_world_size, 1, kMaxRanks,
-          "ranks on this node"),
-      Derived(Int("CAIRN_NODE", "GROUP_RANK", &Options::node, 0, kMaxRanks,
+      // torchrun sets RANK etc., Open MPI's mpirun OMPI_COMM_WORLD_*, Slurm's srun SLURM_*.
+      Int("CAIRN_RANK", "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID", &Options::rank, 0, kMaxRanks,
+          "global rank of this process"),
+      Int("CAIRN_WORLD_SIZE", "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS",
+          &Options::world_size, 1, kMaxRanks, "number of ranks in the job"),
+      Int("CAIRN_LOCAL_RANK", "LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID",
+          &Options::local_rank, 0, kMaxRanks, "rank within this node"),
+      Int("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE",
+          &Options::local_world_size, 1, kMaxRanks, "ranks on this node"),
+      Derived(Int("CAIRN_NODE", "GROUP_RANK, SLURM_NODEID", &Options::node, 0, kMaxRanks,
                   "node id: selects <host_root>/<job>/node-<n>"),
               "RANK / LOCAL_WORLD_SIZE"),
       Derived(Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", &Options::job_id,
@@ -195,6 +196,14 @@ std::vector<Setting> MakeSettings() {
               "<CAIRN_PFS_ROOT>/<job>/rendezvous"),
       Seconds("CAIRN_CONNECT_TIMEOUT_S", &Options::connect_timeout_s,
               "how long start-up waits for every rank to appear"),
+      Choice<BootstrapKind>(
+          "CAIRN_BOOTSTRAP", &Options::bootstrap,
+          {{"auto", BootstrapKind::kAuto},
+           {"pmix", BootstrapKind::kPmix},
+           {"files", BootstrapKind::kFiles}},
+          "how ranks find each other at start-up: pmix (the launcher's key-value store: "
+          "mpirun, srun --mpi=pmix; no file per rank), files (address files in the "
+          "rendezvous directory), auto (pmix when the launcher provides it, else files)"),
       Int("CAIRN_CONNECT_ALL_MAX", nullptr, &Options::connect_all_max, 0, kMaxRanks,
           "jobs of at most this many ranks connect every pair at start-up (a missing rank "
           "fails the start at once); a larger job connects to a rank when it first talks "
@@ -251,11 +260,16 @@ Result<Options> Options::FromEnvironment(const std::function<const char*(const c
   Options o;
   bool node_given = false;
   for (const Setting& s : Settings()) {
-    const char* var = s.variable;
-    const char* text = get(var);
-    if (!text && (text = get(s.fallback))) var = s.fallback;
+    std::string var = s.variable;
+    const char* text = get(var.c_str());
+    for (std::string_view rest = s.fallback ? s.fallback : ""; !text && !rest.empty();) {
+      const size_t comma = rest.find(", ");
+      var = std::string(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? "" : rest.substr(comma + 2);
+      text = get(var.c_str());
+    }
     if (!text) continue;
-    CAIRN_RETURN_IF_ERROR(s.parse(var, text, o));
+    CAIRN_RETURN_IF_ERROR(s.parse(var.c_str(), text, o));
     if (std::string_view(s.variable) == "CAIRN_NODE") node_given = true;
   }
   if (!node_given) o.node = o.rank / o.local_world_size;

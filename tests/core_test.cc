@@ -128,6 +128,45 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
   EXPECT_EQ(o->job_id, "mine");
 }
 
+// Under mpirun (OMPI_COMM_WORLD_*) or srun (SLURM_*) a rank needs no CAIRN_* variable;
+// torchrun's names come first, and CAIRN_* over all.
+TEST(Options, LauncherVariablesInOrder) {
+  FakeEnv env;
+  env.vars = {{"OMPI_COMM_WORLD_RANK", "5"},
+              {"OMPI_COMM_WORLD_SIZE", "8"},
+              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+              {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+              {"SLURM_PROCID", "7"},
+              {"SLURM_NODEID", "0"}};
+  auto o = Options::FromEnvironment(env.fn());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 5);
+  EXPECT_EQ(o->world_size, 8);
+  EXPECT_EQ(o->local_rank, 1);
+  EXPECT_EQ(o->local_world_size, 4);
+  EXPECT_EQ(o->node, 0);  // SLURM_NODEID
+  EXPECT_EQ(o->bootstrap, BootstrapKind::kAuto);
+  env.vars["RANK"] = "6";
+  env.vars["CAIRN_BOOTSTRAP"] = "files";
+  o = Options::FromEnvironment(env.fn());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 6);
+  EXPECT_EQ(o->bootstrap, BootstrapKind::kFiles);
+  env.vars["CAIRN_RANK"] = "2";
+  env.vars["OMPI_COMM_WORLD_SIZE"] = "x";
+  o = Options::FromEnvironment(env.fn());
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("OMPI_COMM_WORLD_SIZE='x'"), std::string::npos)
+      << o.status().message();
+  env.vars["OMPI_COMM_WORLD_SIZE"] = "8";
+  env.vars["CAIRN_BOOTSTRAP"] = "mpi";
+  o = Options::FromEnvironment(env.fn());
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("CAIRN_BOOTSTRAP='mpi': use auto, pmix or files"),
+            std::string::npos)
+      << o.status().message();
+}
+
 TEST(Options, BadValuesNameTheVariable) {
   const std::vector<std::pair<std::string, std::string>> bad{{"CAIRN_SLOTS", "1"},
                                                              {"CAIRN_SLOTS", "two"},

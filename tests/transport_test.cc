@@ -10,6 +10,7 @@
 #include "core/filesystem.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
+#include "transport/pmix_book.h"
 #include "transport/ucx_comm.h"
 
 namespace cairn {
@@ -115,6 +116,28 @@ TEST(Bootstrap, MissingRanksAreNamed) {
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(c.status().message().find("ranks 1 2 never appeared"), std::string::npos)
       << c.status().message();
+}
+
+// CAIRN_BOOTSTRAP=pmix outside a PMIx launcher (or in a build without PMIx) fails at once
+// saying what to do, instead of waiting for the connect timeout.
+TEST(Bootstrap, PmixWithoutALauncherFailsSayingWhy) {
+  if (std::getenv("PMIX_NAMESPACE")) GTEST_SKIP() << "running under a PMIx launcher";
+  testing::TempDir pfs("nopmix");
+  Options o;
+  o.job_id = testing::UniqueJobId("nopmix");
+  o.pfs_root = pfs.path();
+  o.rank = 0;
+  o.world_size = 2;
+  o.bootstrap = BootstrapKind::kPmix;
+  Logger log("test", 0);
+  auto c = UcxComm::Connect(o, &log);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find(PmixAvailable() ? "PMIX_NAMESPACE is not set"
+                                                      : "built without PMIx"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_NE(c.status().message().find("CAIRN_BOOTSTRAP=files"), std::string::npos);
 }
 
 TEST(Bootstrap, FailedRendezvousCallsAreErrorsNamingTheDirectory) {

@@ -119,6 +119,19 @@ Status Rendezvous::Read(int peer, std::string* address, std::string* nonce) {
   return ParseAddressFile(b, peer, world_, address, nonce).WithContext(path);
 }
 
+Result<AddressBook::Joined> Rendezvous::Join(std::string_view address,
+                                             const std::string& token_override) {
+  Joined j;
+  if (token_override.empty()) {
+    CAIRN_ASSIGN_OR_RETURN(j.token, LoadOrCreateToken());
+  } else {
+    CAIRN_RETURN_IF_ERROR(MakeDir());
+    j.token = token_override;
+  }
+  CAIRN_ASSIGN_OR_RETURN(j.nonce, Publish(address));
+  return j;
+}
+
 void Rendezvous::Withdraw() {
   (void)fs_->Unlink(AddressPath(rank_));
 }

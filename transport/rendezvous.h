@@ -1,4 +1,4 @@
-// Rendezvous: how the ranks of a job find each other before UCX connects them. A directory
+// Rendezvous: the AddressBook (transport/address_book.h) of address files. A directory
 // every node shares (CAIRN_RENDEZVOUS_DIR, default <CAIRN_PFS_ROOT>/<job>/rendezvous)
 // holds the job token (a 0600 file of this user in a 0700 directory: a process of another
 // user cannot read it, and a hello without it is refused) and one address file per rank
@@ -15,13 +15,14 @@
 
 #include "cairn/status.h"
 #include "core/filesystem.h"
+#include "transport/address_book.h"
 
 namespace cairn {
 
 // Length of the job token, in hex characters.
 inline constexpr size_t kTokenHexBytes = 64;
 
-class Rendezvous {
+class Rendezvous final : public AddressBook {
  public:
   Rendezvous(FileSystem* fs, std::string dir, int rank, int world)
       : fs_(fs), dir_(std::move(dir)), rank_(rank), world_(world) {}
@@ -35,11 +36,14 @@ class Rendezvous {
   Result<std::string> Publish(std::string_view address);
   // Rank `peer`'s address and nonce: NotFound until its file appears; Corruption or
   // FailedPrecondition naming the file when it is malformed or of another world size.
-  Status Read(int peer, std::string* address, std::string* nonce);
+  Status Read(int peer, std::string* address, std::string* nonce) override;
   // Removes this rank's address file (at shutdown; errors ignored).
-  void Withdraw();
+  void Withdraw() override;
+  // The token (LoadOrCreateToken, or the override after MakeDir), then Publish.
+  Result<Joined> Join(std::string_view address, const std::string& token_override) override;
 
   const std::string& dir() const { return dir_; }
+  const std::string& where() const override { return dir_; }
   std::string AddressPath(int rank) const;
 
  private:

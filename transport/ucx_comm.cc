@@ -35,9 +35,6 @@ UcxComm::UcxComm(const Options& o, const Logger* log)
       rank_(o.rank),
       size_(o.world_size),
       op_timeout_s_(o.op_timeout_s),
-      rdv_dir_(o.RendezvousDir()),
-      rdv_(o.pfs_fs ? o.pfs_fs : (o.fs ? o.fs : DefaultFileSystem()), rdv_dir_, o.rank,
-           o.world_size),
       lazy_(o.world_size > o.connect_all_max) {}
 
 Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const Logger* log,
@@ -45,6 +42,9 @@ Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const 
   CAIRN_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<UcxComm> c(new UcxComm(options, log));
   Lock lk(c->mu_);
+  auto book = OpenAddressBook(options);
+  if (!book.ok()) return book.status().WithContext("rank " + std::to_string(options.rank));
+  c->book_ = std::move(*book);
   CAIRN_RETURN_IF_ERROR(c->Init().WithContext("rank " + std::to_string(options.rank)));
   CAIRN_RETURN_IF_ERROR(
       c->Bootstrap(lk, token).WithContext("rank " + std::to_string(options.rank)));
@@ -92,6 +92,11 @@ Status UcxComm::Init() {
 UcxComm::~UcxComm() {
   closing_ = true;
   Lock lk(mu_);
+  if (!worker_) {  // Connect failed before the worker existed
+    if (context_) ucp_cleanup(context_);
+    if (book_) book_->Withdraw();
+    return;
+  }
   // Close every endpoint at once (a flush needs the peers to progress too, and they are
   // closing theirs at the same time); failed peers are closed by force.
   std::vector<UcxRequest> closing;
@@ -131,7 +136,7 @@ UcxComm::~UcxComm() {
     for (UcxRequest& r : closing) (void)r.release();
     if (log_) log_->Warning("UCX endpoints did not close within 5 s; leaving them to process exit");
   }
-  if (!rdv_dir_.empty()) rdv_.Withdraw();
+  if (book_) book_->Withdraw();
 }
 
 std::string UcxComm::Who(int peer) const {
@@ -572,7 +577,7 @@ Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SA
     if (failed && last_error.empty()) return CheckPeer(p, what);  // it has not restarted
     if (NowNanos() > deadline)
       return Status::Unavailable(std::string(what) + " " + Who(p) + ": rank " + std::to_string(p) +
-                                 " never appeared in " + rdv_dir_ + " within " +
+                                 " never appeared in " + book_->where() + " within " +
                                  std::to_string(options_.connect_timeout_s) + " s" +
                                  (last_error.empty() ? "" : " (last failure: " + last_error + ")"));
     // Gently: on a parallel filesystem every look is a metadata-server operation.
@@ -587,7 +592,7 @@ Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SA
 Status UcxComm::ReadAddress(int peer, std::string* address,
                             std::string* nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   file_read_[static_cast<size_t>(peer)] = 1;
-  return rdv_.Read(peer, address, nonce);
+  return book_->Read(peer, address, nonce);
 }
 
 int UcxComm::address_files_read() const {
@@ -653,16 +658,12 @@ Status UcxComm::Connected(int peer, const std::string& address) {
 
 Status UcxComm::Bootstrap(Lock& lk,
                           const std::string& token_override) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  token_ = token_override;
-  if (token_.empty()) {
-    CAIRN_ASSIGN_OR_RETURN(token_, rdv_.LoadOrCreateToken());
-  } else {
-    CAIRN_RETURN_IF_ERROR(rdv_.MakeDir());
-  }
-  CAIRN_ASSIGN_OR_RETURN(nonce_, rdv_.Publish(address_));
+  CAIRN_ASSIGN_OR_RETURN(AddressBook::Joined joined, book_->Join(address_, token_override));
+  token_ = std::move(joined.token);
+  nonce_ = std::move(joined.nonce);
   if (lazy_) {
     if (log_)
-      log_->Info("published this rank's address in " + rdv_dir_ +
+      log_->Info("published this rank's address in " + book_->where() +
                  "; connecting to ranks when first talking to them (" + std::to_string(size_) +
                  " ranks > CAIRN_CONNECT_ALL_MAX=" + std::to_string(options_.connect_all_max) +
                  ")");
@@ -711,8 +712,9 @@ Status UcxComm::Bootstrap(Lock& lk,
         if (why.empty() && !last_error[static_cast<size_t>(p)].empty())
           why = " (last failure: " + last_error[static_cast<size_t>(p)] + ")";
       }
-      return Status::Unavailable("ranks" + missing + " never appeared in " + rdv_dir_ + " within " +
-                                 std::to_string(options_.connect_timeout_s) + " s" + why);
+      return Status::Unavailable("ranks" + missing + " never appeared in " + book_->where() +
+                                 " within " + std::to_string(options_.connect_timeout_s) + " s" +
+                                 why);
     }
     ucp_worker_progress(worker_);
     lk.Unlock();
@@ -744,7 +746,8 @@ Status UcxComm::Bootstrap(Lock& lk,
     // the process that greeted us instead.
     if (nonce != peer.nonce) CAIRN_RETURN_IF_ERROR(Reconnect(lk, p, nonce, address));
   }
-  if (log_) log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + rdv_dir_);
+  if (log_)
+    log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + book_->where());
   return Status::OK();
 }
 

@@ -39,6 +39,7 @@
 #include "cairn/status.h"
 #include "core/log.h"
 #include "core/mutex.h"
+#include "transport/address_book.h"
 #include "transport/rendezvous.h"
 
 namespace cairn {
@@ -262,8 +263,7 @@ class UcxComm {
   int rank_;
   int size_;
   double op_timeout_s_;
-  std::string rdv_dir_;
-  Rendezvous rdv_;
+  std::unique_ptr<AddressBook> book_;  // set by Connect before anything else
   mutable Mutex mu_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ CAIRN_GUARDED_BY(mu_) = nullptr;  // UCX worker calls hold mu_

@@ -32,6 +32,13 @@ enum class PersistPriority {
 // Which engine copies tensors into host slots.
 enum class CopyEngineKind { kAuto, kHost, kCuda };
 
+// How the ranks of a job find each other's UCX addresses at start-up.
+enum class BootstrapKind {
+  kAuto,   // PMIx when the launcher provides it (PMIX_NAMESPACE is set), else files
+  kPmix,   // the launcher's PMIx key-value store (mpirun, srun --mpi=pmix)
+  kFiles,  // address files in the rendezvous directory
+};
+
 struct Options {
   std::string job_id = "default";
   std::string host_root = "/dev/shm/cairn";
@@ -52,15 +59,16 @@ struct Options {
   std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
   double connect_timeout_s = 120;      // start-up: how long to wait for every rank
   int connect_all_max = 64;            // jobs up to this size connect every pair at start
-  double op_timeout_s = 300;           // a collective waiting on a silent peer
-  int replicas = 1;                    // copies of each version in other nodes' memory
-  double replicate_timeout_s = 30;     // a replica holder silent this long counts as down
-  bool group_placement = false;        // Gemini's group placement instead of the ring
-  int persist_every = 10;              // persist every k-th saved version (0: only flush())
-  int keep_on_pfs = 3;                 // committed steps kept on the PFS
-  int persist_threads = 4;             // writer threads per rank
-  bool persist_direct = false;         // O_DIRECT writes
-  uint64_t persist_rate = 0;           // bytes/s cap per rank (0: unlimited)
+  BootstrapKind bootstrap = BootstrapKind::kAuto;
+  double op_timeout_s = 300;        // a collective waiting on a silent peer
+  int replicas = 1;                 // copies of each version in other nodes' memory
+  double replicate_timeout_s = 30;  // a replica holder silent this long counts as down
+  bool group_placement = false;     // Gemini's group placement instead of the ring
+  int persist_every = 10;           // persist every k-th saved version (0: only flush())
+  int keep_on_pfs = 3;              // committed steps kept on the PFS
+  int persist_threads = 4;          // writer threads per rank
+  bool persist_direct = false;      // O_DIRECT writes
+  uint64_t persist_rate = 0;        // bytes/s cap per rank (0: unlimited)
   PersistPriority persist_priority = PersistPriority::kLow;  // of the drain threads
   FileSystem* fs = nullptr;                                  // nullptr: the POSIX filesystem
   FileSystem* pfs_fs = nullptr;                              // for the PFS tier; nullptr: `fs`
@@ -86,7 +94,9 @@ Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what
 // parser that sets it from that text.
 struct Setting {
   const char* variable;  // "CAIRN_SLOTS"
-  const char* fallback;  // "RANK" for CAIRN_RANK; nullptr when none
+  // Variables read when `variable` is unset, in order, separated by ", " ("RANK,
+  // OMPI_COMM_WORLD_RANK, ..." for CAIRN_RANK); nullptr when none.
+  const char* fallback;
   const char* meaning;
   std::function<std::string(const Options&)> show;
   std::function<Status(const char* variable, const char* text, Options& o)> parse;

@@ -1,0 +1,177 @@
+// Jobs started by real launchers: Open MPI's mpirun (the ranks find each other through
+// PMIx, transport/pmix_book.h; rank, world size and local rank come from OMPI_COMM_WORLD_*)
+// and `cairn launch` (address files in the rendezvous directory). Under each, 2 nodes x 2
+// ranks train with replication and a flush to the PFS, node 1's host tier is wiped, and the
+// job restarts under the same launcher: every rank restores the newest step bit-exact, node
+// 1 from node 0's memory, nothing from the PFS.
+// Skipped when this build has no PMIx or mpirun is not installed (the mpirun cases).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "persist/manifest.h"
+#include "tests/recovery_process_util.h"
+#include "tests/test_util.h"
+#include "transport/pmix_book.h"
+
+namespace cairn {
+namespace {
+
+using testing::TempDir;
+using namespace testing::recovery;
+
+constexpr int kNodes = 2, kPerNode = 2, kWorld = kNodes * kPerNode;
+constexpr int64_t kLast = 3;
+constexpr const char* kLauncherRows = "512";
+
+struct Case {
+  const char* name;
+  bool mpirun;
+  bool lazy;  // CAIRN_CONNECT_ALL_MAX below the world size
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The shell command that runs `args` of recovery_child as kWorld ranks under the case's
+// launcher, each rank's output in <out>/rank-<r>.log.
+std::string Command(const Case& c, const std::vector<std::pair<std::string, std::string>>& env,
+                    const std::vector<std::string>& args, const std::string& out) {
+  std::string child = Quote(CAIRN_RECOVERY_CHILD);
+  for (const std::string& a : args) child += " " + Quote(a);
+  std::string cmd = "timeout -k 10 240 env";
+  for (const auto& [k, v] : env) cmd += " " + k + "=" + Quote(v);
+  std::string rank_var;
+  if (c.mpirun) {
+    // mpirun puts all 4 ranks on this one host; two "nodes" of 2 ranks are made by
+    // overriding only the local layout: the rank and world size come from the launcher.
+    cmd += " mpirun -n " + std::to_string(kWorld) + " --oversubscribe --bind-to none";
+    if (geteuid() == 0) cmd += " --allow-run-as-root";
+    for (const auto& e : env) cmd += " -x " + e.first;
+    rank_var = "$OMPI_COMM_WORLD_RANK";
+    child = "CAIRN_LOCAL_WORLD_SIZE=" + std::to_string(kPerNode) +
+            " CAIRN_LOCAL_RANK=$((OMPI_COMM_WORLD_RANK % " + std::to_string(kPerNode) + ")) " +
+            child;
+  } else {
+    cmd += " " + Quote(CAIRN_CLI) + " launch --nodes " + std::to_string(kNodes) +
+           " --ranks-per-node " + std::to_string(kPerNode) + " --timeout 200 --";
+    rank_var = "$RANK";
+  }
+  cmd += " sh -c " +
+         Quote("exec env " + child + " > " + Quote(out) + "/rank-" + rank_var + ".log 2>&1");
+  return cmd;
+}
+
+class UnderLauncher : public ::testing::TestWithParam<Case> {};
+
+TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
+  const Case c = GetParam();
+  if (c.mpirun && !PmixAvailable()) GTEST_SKIP() << "this cairn was built without PMIx";
+  if (c.mpirun && std::system("command -v mpirun > /dev/null") != 0)
+    GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  TempDir root("launch");
+  const std::string job = testing::UniqueJobId(std::string("launch-") + c.name);
+  // The environment both launchers pass on. No CAIRN_RANK or CAIRN_WORLD_SIZE: the
+  // launcher's own variables must do.
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"CAIRN_JOB_ID", job},
+      {"CAIRN_HOST_ROOT", root.path() + "/host"},
+      {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
+      {"CAIRN_REPLICAS", "1"},
+      {"CAIRN_PERSIST_EVERY", "0"},
+      {"CAIRN_SLOTS", "3"},
+      {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+      {"CAIRN_OP_TIMEOUT_S", "60"},
+      {"CAIRN_CHUNK_BYTES", "64K"},
+      {"CAIRN_LOG_LEVEL", "2"},
+      {"CAIRN_CONNECT_ALL_MAX", c.lazy ? "2" : "64"},
+      {"UCX_TLS", "tcp"}};
+  auto run = [&](const std::vector<std::string>& args, const std::string& tag) {
+    const std::string out = root.path() + "/" + tag;
+    EXPECT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+    const std::string cmd = Command(c, env, args, out);
+    const int rc = std::system(cmd.c_str());
+    EXPECT_EQ(rc, 0) << cmd << "\n" << Logs(out, kWorld);
+    return out;
+  };
+
+  const std::string train =
+      run({"train", "flat", kLauncherRows, "1", std::to_string(kLast)}, "train");
+  auto latest = ReadLatest(DefaultFileSystem(), PfsJobDir(root.path() + "/pfs", job));
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString() << "\n" << Logs(train, kWorld);
+  ASSERT_EQ(*latest, kLast);
+  // How the ranks found each other.
+  namespace fs = std::filesystem;
+  const fs::path rdv = fs::path(root.path()) / "pfs" / job / "rendezvous";
+  const std::string logs = Logs(train, kWorld);
+  if (c.mpirun) {
+    EXPECT_NE(logs.find("PMIx namespace"), std::string::npos) << logs;
+    EXPECT_FALSE(fs::exists(rdv)) << "a PMIx job wrote a rendezvous directory";
+  } else {
+    EXPECT_EQ(logs.find("PMIx"), std::string::npos) << logs;
+    EXPECT_TRUE(fs::exists(rdv / "token"));
+  }
+
+  fs::remove_all(fs::path(root.path()) / "host" / job / "node-1");
+  const std::string out = run({"restore", "flat", kLauncherRows, std::to_string(kLast)}, "restore");
+  for (int r = 0; r < kWorld; ++r) {
+    const Restored x = ParseRestored(LastLine(out, r, "restored "));
+    EXPECT_EQ(x.step, kLast) << "rank " << r << "\n" << Logs(out, kWorld);
+    EXPECT_EQ(x.tier, r / kPerNode == 1 ? "peer" : "host") << "rank " << r;
+    EXPECT_EQ(x.pfs, 0u) << "rank " << r << " read the PFS";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, UnderLauncher,
+                         ::testing::Values(Case{"mpirun", true, false},
+                                           Case{"mpirun_lazy", true, true},
+                                           Case{"cairn_launch", false, false},
+                                           Case{"cairn_launch_lazy", false, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A job whose settings disagree with the launcher's numbering fails at start-up naming
+// both, instead of waiting for ranks that will never come.
+TEST(UnderLauncher, RankThatDisagreesWithPmixFailsNamingBoth) {
+  if (!PmixAvailable()) GTEST_SKIP() << "this cairn was built without PMIx";
+  if (std::system("command -v mpirun > /dev/null") != 0)
+    GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  TempDir root("launch");
+  const std::string out = root.path() + "/out";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  const Case c{"mpirun", true, false};
+  const std::string cmd = Command(c,
+                                  {{"CAIRN_JOB_ID", testing::UniqueJobId("launch-bad")},
+                                   {"CAIRN_HOST_ROOT", root.path() + "/host"},
+                                   {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
+                                   {"CAIRN_WORLD_SIZE", "8"},
+                                   {"CAIRN_CONNECT_TIMEOUT_S", "5"},
+                                   {"UCX_TLS", "tcp"}},
+                                  {"restore", "flat", kLauncherRows, "1"}, out);
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  // mpirun kills the other ranks when the first one fails: every rank that got to write
+  // says why, and one did.
+  int explained = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    auto log =
+        ReadWholeFile(DefaultFileSystem(), out + "/rank-" + std::to_string(r) + ".log", 1 << 20);
+    if (!log.ok() || log->empty()) continue;
+    EXPECT_NE(log->find("PMIx says this process is rank " + std::to_string(r) +
+                        " of 4, but cairn was configured as rank " + std::to_string(r) + " of 8"),
+              std::string::npos)
+        << *log;
+    ++explained;
+  }
+  EXPECT_GT(explained, 0);
+}
+
+}  // namespace
+}  // namespace cairn
