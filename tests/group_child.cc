@@ -1,9 +1,9 @@
-// A rank of the transport tests, started by LocalLauncher with RANK/WORLD_SIZE set.
+// A rank of the transport tests, started by LocalLauncher (RANK/WORLD_SIZE) or mpirun.
 //
 //   group_child collectives   barrier, allgather and broadcast from every root, 3 rounds
 //                             (small and >100 KB messages), every byte checked; then the
-//                             endpoints and address files read: every rank's in a small
-//                             job, at most 2 x ceil(log2 n) in a lazy one
+//                             endpoints and addresses read (files or PMIx lookups): every
+//                             rank's in a small job, at most 2 x ceil(log2 n) in a lazy one
 //                             (GROUP_CHILD_LATE_RANKS=5,12: those ranks start 1 s late)
 //   group_child intruder      joins with a wrong job token: must be refused (in a lazy job:
 //                             its message gets no answer)
@@ -155,12 +155,12 @@ int main(int argc, char** argv) {
   int bound = 0;
   while ((1 << bound) < n) ++bound;
   bound *= 2;
-  const int eps = (*c)->endpoints(), files = (*c)->address_files_read();
-  std::printf("rank %d: %s, %d endpoints, %d address files read\n", g.rank(),
+  const int eps = (*c)->endpoints(), files = (*c)->addresses_read();
+  std::printf("rank %d: %s, %d endpoints, %d addresses read\n", g.rank(),
               (*c)->lazy() ? "lazy" : "full mesh", eps, files);
   if (!(*c)->lazy() && eps != n - 1) return Fail("full mesh with " + std::to_string(eps));
   if ((*c)->lazy() && (eps > std::min(bound, n - 1) || files > std::min(bound, n - 1)))
     return Fail("lazy: " + std::to_string(eps) + " endpoints and " + std::to_string(files) +
-                " address files read, more than " + std::to_string(bound));
+                " addresses read, more than " + std::to_string(bound));
   return 0;
 }

@@ -42,28 +42,29 @@ std::string Quote(const std::string& s) {
   return q + "'";
 }
 
-// The shell command that runs `args` of recovery_child as kWorld ranks under the case's
+// The shell command that runs `argv` as `nodes` x `per_node` ranks under the case's
 // launcher, each rank's output in <out>/rank-<r>.log.
 std::string Command(const Case& c, const std::vector<std::pair<std::string, std::string>>& env,
-                    const std::vector<std::string>& args, const std::string& out) {
-  std::string child = Quote(CAIRN_RECOVERY_CHILD);
-  for (const std::string& a : args) child += " " + Quote(a);
+                    const std::vector<std::string>& argv, const std::string& out,
+                    int nodes = kNodes, int per_node = kPerNode) {
+  std::string child;
+  for (const std::string& a : argv) child += (child.empty() ? "" : " ") + Quote(a);
   std::string cmd = "timeout -k 10 240 env";
   for (const auto& [k, v] : env) cmd += " " + k + "=" + Quote(v);
   std::string rank_var;
   if (c.mpirun) {
-    // mpirun puts all 4 ranks on this one host; two "nodes" of 2 ranks are made by
+    // mpirun puts every rank on this one host; "nodes" of per_node ranks are made by
     // overriding only the local layout: the rank and world size come from the launcher.
-    cmd += " mpirun -n " + std::to_string(kWorld) + " --oversubscribe --bind-to none";
+    cmd += " mpirun -n " + std::to_string(nodes * per_node) + " --oversubscribe --bind-to none";
     if (geteuid() == 0) cmd += " --allow-run-as-root";
     for (const auto& e : env) cmd += " -x " + e.first;
     rank_var = "$OMPI_COMM_WORLD_RANK";
-    child = "CAIRN_LOCAL_WORLD_SIZE=" + std::to_string(kPerNode) +
-            " CAIRN_LOCAL_RANK=$((OMPI_COMM_WORLD_RANK % " + std::to_string(kPerNode) + ")) " +
+    child = "CAIRN_LOCAL_WORLD_SIZE=" + std::to_string(per_node) +
+            " CAIRN_LOCAL_RANK=$((OMPI_COMM_WORLD_RANK % " + std::to_string(per_node) + ")) " +
             child;
   } else {
-    cmd += " " + Quote(CAIRN_CLI) + " launch --nodes " + std::to_string(kNodes) +
-           " --ranks-per-node " + std::to_string(kPerNode) + " --timeout 200 --";
+    cmd += " " + Quote(CAIRN_CLI) + " launch --nodes " + std::to_string(nodes) +
+           " --ranks-per-node " + std::to_string(per_node) + " --timeout 200 --";
     rank_var = "$RANK";
   }
   cmd += " sh -c " +
@@ -98,7 +99,9 @@ TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
   auto run = [&](const std::vector<std::string>& args, const std::string& tag) {
     const std::string out = root.path() + "/" + tag;
     EXPECT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
-    const std::string cmd = Command(c, env, args, out);
+    std::vector<std::string> argv = {CAIRN_RECOVERY_CHILD};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string cmd = Command(c, env, argv, out);
     const int rc = std::system(cmd.c_str());
     EXPECT_EQ(rc, 0) << cmd << "\n" << Logs(out, kWorld);
     return out;
@@ -138,6 +141,36 @@ INSTANTIATE_TEST_SUITE_P(Launchers, UnderLauncher,
                                            Case{"cairn_launch_lazy", false, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// A lazy job of 16 ranks under mpirun: after barriers, allgathers and a broadcast from
+// every root (every byte checked), each rank holds endpoints to, and has looked up in PMIx
+// the addresses of, at most its 2 x log2(16) = 8 collective neighbours (group_child checks
+// both and fails above), and no rendezvous directory was made.
+TEST(UnderLauncher, LazyJobUnderMpirunLooksUpOnlyItsNeighbours) {
+  if (!PmixAvailable()) GTEST_SKIP() << "this cairn was built without PMIx";
+  if (std::system("command -v mpirun > /dev/null") != 0)
+    GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  TempDir root("launch");
+  const std::string out = root.path() + "/out";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  const std::string job = testing::UniqueJobId("launch-lazy16");
+  const std::string cmd = Command(Case{"mpirun", true, true},
+                                  {{"CAIRN_JOB_ID", job},
+                                   {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
+                                   {"CAIRN_CONNECT_ALL_MAX", "8"},
+                                   {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+                                   {"CAIRN_OP_TIMEOUT_S", "60"},
+                                   {"UCX_TLS", "tcp"}},
+                                  {CAIRN_GROUP_CHILD, "collectives"}, out, 8, 2);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << Logs(out, 16);
+  for (int r = 0; r < 16; ++r) {
+    const std::string line = LastLine(out, r, "rank ");
+    EXPECT_NE(line.find("lazy"), std::string::npos) << "rank " << r << ": " << line;
+    std::printf("%s\n", line.c_str());
+  }
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root.path()) / "pfs" / job))
+      << "a PMIx job wrote to the shared filesystem";
+}
+
 // A job whose settings disagree with the launcher's numbering fails at start-up naming
 // both, instead of waiting for ranks that will never come.
 TEST(UnderLauncher, RankThatDisagreesWithPmixFailsNamingBoth) {
@@ -148,14 +181,15 @@ TEST(UnderLauncher, RankThatDisagreesWithPmixFailsNamingBoth) {
   const std::string out = root.path() + "/out";
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
   const Case c{"mpirun", true, false};
-  const std::string cmd = Command(c,
-                                  {{"CAIRN_JOB_ID", testing::UniqueJobId("launch-bad")},
-                                   {"CAIRN_HOST_ROOT", root.path() + "/host"},
-                                   {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
-                                   {"CAIRN_WORLD_SIZE", "8"},
-                                   {"CAIRN_CONNECT_TIMEOUT_S", "5"},
-                                   {"UCX_TLS", "tcp"}},
-                                  {"restore", "flat", kLauncherRows, "1"}, out);
+  const std::string cmd =
+      Command(c,
+              {{"CAIRN_JOB_ID", testing::UniqueJobId("launch-bad")},
+               {"CAIRN_HOST_ROOT", root.path() + "/host"},
+               {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
+               {"CAIRN_WORLD_SIZE", "8"},
+               {"CAIRN_CONNECT_TIMEOUT_S", "5"},
+               {"UCX_TLS", "tcp"}},
+              {CAIRN_RECOVERY_CHILD, "restore", "flat", kLauncherRows, "1"}, out);
   EXPECT_NE(std::system(cmd.c_str()), 0);
   // mpirun kills the other ranks when the first one fails: every rank that got to write
   // says why, and one did.

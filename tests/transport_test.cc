@@ -1,9 +1,13 @@
 // UCX bootstrap and the Group collectives with 1 to 8 processes, over tcp and over shared
 // memory; and a process without the job token is refused.
 #include <gtest/gtest.h>
-
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <thread>
 #include <tuple>
 
 #include "cli/launcher.h"
@@ -18,15 +22,17 @@ namespace {
 
 // Runs group_child `mode` on `nodes` ranks over `tls` (with `env` added); every rank must
 // exit 0.
+// With `pfs_root` and `job`, the job runs there (by default in a fresh directory).
 void RunGroupChild(const std::string& mode, int nodes, const std::string& tls,
-                   std::vector<std::pair<std::string, std::string>> env = {}) {
+                   std::vector<std::pair<std::string, std::string>> env = {},
+                   const std::string& pfs_root = "", const std::string& job = "") {
   testing::TempDir pfs(mode);
   LaunchSpec spec;
   spec.nodes = nodes;
   spec.ranks_per_node = 1;
   spec.argv = {CAIRN_GROUP_CHILD, mode};
-  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId(mode)},
-              {"CAIRN_PFS_ROOT", pfs.path()},
+  spec.env = {{"CAIRN_JOB_ID", job.empty() ? testing::UniqueJobId(mode) : job},
+              {"CAIRN_PFS_ROOT", pfs_root.empty() ? pfs.path() : pfs_root},
               {"CAIRN_CONNECT_TIMEOUT_S", "60"},
               {"CAIRN_OP_TIMEOUT_S", "60"},
               {"UCX_TLS", tls}};
@@ -62,6 +68,49 @@ TEST(LazyConnect, SixteenRanksConnectOnlyToTheirCollectiveNeighbours) {
   RunGroupChild("collectives", 16, "tcp",
                 {{"CAIRN_CONNECT_ALL_MAX", "8"}, {"GROUP_CHILD_LATE_RANKS", "5,12"}});
 }
+
+// A lazy job restarted under the same rendezvous directory: rank 1's address file is still
+// its killed predecessor's when rank 0 first talks to it (the new rank 1 starts 1 s late).
+// Rank 0 must not trust that address forever: the hello to it fails (UCX 1.13 cannot
+// even make an endpoint to a dead process over shared memory or tcp), and rank 0 retries
+// when the file changes, so the collectives finish in seconds, not after the 60 s
+// operation timeout.
+class LazyRestart : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LazyRestart, AKilledRanksStaleAddressFileIsRetriedNotTrusted) {
+  testing::TempDir pfs("stale");
+  const std::string job = testing::UniqueJobId("stale");
+  const std::string file = pfs.path() + "/" + job + "/rendezvous/rank-1.addr";
+  const pid_t old = fork();
+  ASSERT_GE(old, 0);
+  if (old == 0) {
+    setenv("CAIRN_JOB_ID", job.c_str(), 1);
+    setenv("CAIRN_PFS_ROOT", pfs.path().c_str(), 1);
+    setenv("CAIRN_RANK", "1", 1);
+    setenv("CAIRN_WORLD_SIZE", "2", 1);
+    setenv("CAIRN_CONNECT_ALL_MAX", "0", 1);
+    setenv("UCX_TLS", GetParam().c_str(), 1);
+    execl(CAIRN_GROUP_CHILD, CAIRN_GROUP_CHILD, "collectives", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // The predecessor publishes, waits for rank 0 (lazy: its first collective), and dies.
+  for (int i = 0; i < 2000 && !DefaultFileSystem()->Exists(file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  kill(old, SIGKILL);
+  int status = 0;
+  waitpid(old, &status, 0);
+  ASSERT_TRUE(DefaultFileSystem()->Exists(file)) << "the predecessor never published";
+  const auto t0 = std::chrono::steady_clock::now();
+  RunGroupChild("collectives", 2, GetParam(),
+                {{"CAIRN_CONNECT_ALL_MAX", "0"}, {"GROUP_CHILD_LATE_RANKS", "1"}}, pfs.path(), job);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("restarted lazy job over %s: %.2f s\n", GetParam().c_str(), s);
+  EXPECT_LT(s, 30) << "a message went to the dead predecessor and waited out a timeout";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LazyRestart, ::testing::Values("tcp", "sm,self"),
+                         [](const auto& info) { return info.param == "tcp" ? "tcp" : "shm"; });
 
 // A rank lost before a collective: over tcp its direct peers see it go at once, and the
 // others learn it from aborts they relay (Bruck's rounds, the broadcast tree), so every

@@ -595,7 +595,7 @@ Status UcxComm::ReadAddress(int peer, std::string* address,
   return book_->Read(peer, address, nonce);
 }
 
-int UcxComm::address_files_read() const {
+int UcxComm::addresses_read() const {
   MutexLock lk(mu_);
   int n = 0;
   for (uint8_t r : file_read_) n += r;

@@ -188,10 +188,11 @@ class UcxComm {
   bool peer_failed(int peer) const;
   // Whether this job connects lazily (more than Options::connect_all_max ranks).
   bool lazy() const { return lazy_; }
-  // Endpoints this rank holds now, and how many ranks' address files it has read (each
-  // counted once) since it started.
+  // Endpoints this rank holds now, and how many ranks' addresses it has read from the
+  // address book (their address files, or PMIx lookups; each rank counted once) since it
+  // started.
   int endpoints() const;
-  int address_files_read() const;
+  int addresses_read() const;
   // UCX requests started and not yet completed and released (sends, receives, puts,
   // flushes, endpoint closes): what the soak watches for leaks.
   int64_t requests_in_flight() const { return requests_.load(std::memory_order_relaxed); }
@@ -271,9 +272,9 @@ class UcxComm {
   std::string token_;
   std::string nonce_;  // of this process's address file
   bool lazy_ = false;
-  // Read the address file of rank p (guarded by mu_; sized by Init()).
+  // Read the address of rank p (guarded by mu_; sized by Init()).
   std::vector<uint8_t> file_read_;
-  // Reads rank `peer`'s address file (counted in address_files_read()).
+  // Reads rank `peer`'s address from the book (counted in addresses_read()).
   Status ReadAddress(int peer, std::string* address, std::string* nonce) CAIRN_REQUIRES(mu_);
   bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;
   std::atomic<bool> closing_{false};   // peer errors while shutting down are expected
