@@ -5,6 +5,10 @@
 // columns, biases and norms replicated over TP), each with fp32 master weights and two
 // Adam moments, plus 40 small replicated buffers. Data-parallel replicas hold identical
 // lists, as in Megatron without the distributed optimizer.
+// Or, with --fully-sharded N: FSDP / ZeRO-3 on N ranks: the whole model (20 layers and the
+// buffers: 1,000 tensors), each tensor's row-major elements cut into N flat ranges, rank r
+// holding range r (1 to 3 boxes per tensor): every layout distinct, no box held twice;
+// restored onto the same N ranks (load_plan_same_layout_s) and onto --load-ranks.
 //
 // What is timed is what the persister does on a rank (every rank computes the same plan):
 //   plan_s         MakeSavePlan from the gathered layouts: each distinct layout once (the
@@ -54,6 +58,8 @@ struct Args {
   int64_t hidden = 8192;
   int repeats = 3;
   int load_tp = 4, load_pp = 20, load_dp = 100;
+  int fully_sharded = 0;  // > 0: that many ranks, each a flat 1/n of every tensor
+  int load_ranks = 0;     // fully sharded: the loading job's ranks (0: 4/5 of them)
 };
 
 constexpr int kBuffersPerStage = 40;
@@ -105,6 +111,23 @@ RankLayout StageLayout(const Args& a, int tp_size, int layers, int tp, int pp, i
   return l;
 }
 
+// Rank `r` of an n-rank fully sharded job (FSDP / ZeRO-3): the whole model (`layers`
+// layers and the buffers), each tensor's row-major elements cut into n contiguous flat
+// ranges (ceil division, the last ones shorter or empty), rank r holding range r as boxes.
+RankLayout FlatLayout(const Args& a, int layers, int n, int r) {
+  RankLayout all = StageLayout(a, 1, layers, 0, 0, 0);
+  RankLayout l;
+  l.tensors = all.tensors;
+  for (uint32_t t = 0; t < all.tensors.size(); ++t) {
+    const int64_t numel = NumElements(all.tensors[t].global_shape);
+    const int64_t per = (numel + n - 1) / n;
+    const int64_t begin = std::min(numel, per * r), end = std::min(numel, begin + per);
+    auto boxes = FlatRangeToBoxes(all.tensors[t].global_shape, begin, end);
+    for (Box& b : *boxes) l.shards.push_back({t, std::move(b)});
+  }
+  return l;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,7 +148,21 @@ int main(int argc, char** argv) {
         {"--load-pp", &a.load_pp, "pipeline stages of the loading job"},
         {"--load-dp", &a.load_dp, "data-parallel ranks of the loading job"}})
     app.add_option(name, *field, what)->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--fully-sharded", a.fully_sharded,
+                 "instead: N ranks, each holding a flat 1/N of every tensor of the whole model "
+                 "(FSDP, ZeRO-3; every layout distinct), restored onto the same N ranks and "
+                 "onto --load-ranks")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--load-ranks", a.load_ranks,
+                 "with --fully-sharded: ranks of the loading job (default 4/5 of N)")
+      ->check(CLI::Range(1, 1 << 20));
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  const bool fsdp = a.fully_sharded > 0;
+  if (fsdp) {
+    a.tp = a.fully_sharded, a.pp = 1, a.dp = 1;
+    a.load_pp = 1, a.load_dp = 1;
+    a.load_tp = a.load_ranks > 0 ? a.load_ranks : std::max(1, a.fully_sharded * 4 / 5);
+  }
   if (a.tp < 1 || a.pp < 1 || a.dp < 1 || a.layers_per_stage < 1 || a.layers_per_stage > 20 ||
       a.repeats < 1 || a.load_tp < 1 || a.load_pp < 1 || a.load_dp < 1 ||
       (a.pp * a.layers_per_stage) % a.load_pp != 0 || a.load_pp % a.pp != 0) {
@@ -136,11 +173,16 @@ int main(int argc, char** argv) {
   // rank = (dp * pp_size + pp) * tp_size + tp, as Megatron orders them.
   std::vector<std::string> distinct(static_cast<size_t>(a.tp * a.pp));
   std::vector<uint64_t> distinct_hash(distinct.size());
-  size_t shards = 0;
+  size_t entries = 0;  // (rank, shard) pairs of the whole job
+  // The rank (tp, pp)'s layout; fully sharded: rank tp's flat ranges.
+  auto layout_of = [&](int tp, int pp) {
+    return fsdp ? FlatLayout(a, a.layers_per_stage, a.tp, tp)
+                : StageLayout(a, a.tp, a.layers_per_stage, tp, pp, pp);
+  };
   for (int pp = 0; pp < a.pp; ++pp)
     for (int tp = 0; tp < a.tp; ++tp) {
-      RankLayout l = StageLayout(a, a.tp, a.layers_per_stage, tp, pp, pp);
-      shards = l.shards.size();
+      RankLayout l = layout_of(tp, pp);
+      entries += l.shards.size() * static_cast<size_t>(a.dp);
       const size_t k = static_cast<size_t>(pp * a.tp + tp);
       distinct[k] = EncodeRankLayout(l);
       distinct_hash[k] = LayoutHash(distinct[k]);
@@ -170,7 +212,7 @@ int main(int argc, char** argv) {
 
     // A later round: this rank re-derives its hash and compares everyone's.
     t0 = NowNanos();
-    RankLayout mine = StageLayout(a, a.tp, a.layers_per_stage, 0, 0, 0);
+    RankLayout mine = layout_of(0, 0);
     const uint64_t h = LayoutHash(EncodeRankLayout(mine));
     const bool same = h == hashes[0] && plan.layout_hashes == hashes;
     cached_t.push_back(NanosToSeconds(NowNanos() - t0));
@@ -246,50 +288,76 @@ int main(int argc, char** argv) {
     cat.pieces.push_back(
         {plan.shards[pc.shard].tensor, pc.box, pc.nbytes, {}, static_cast<int32_t>(i), pc.writer});
   }
+  // Plans restoring onto `classes` (distinct encoded layouts; rank r is class r % size):
+  // the median time, and rank 0's part.
+  struct Load {
+    double s = 0;
+    LoadPlan plan;
+    RankLoad mine;
+    size_t targets = 0;
+    bool ok = false;
+  };
+  auto plan_load = [&](const std::vector<std::string>& classes, int load_world) {
+    Load out;
+    std::vector<double> t;
+    for (int rep = 0; rep < a.repeats; ++rep) {
+      const int64_t t0 = NowNanos();
+      LoadTargets lt;
+      for (const std::string& enc : classes) {
+        auto l = DecodeRankLayout(enc);
+        if (!l.ok()) {
+          std::fprintf(stderr, "plan: %s\n", l.status().ToString().c_str());
+          return out;
+        }
+        lt.classes.push_back(std::move(*l));
+      }
+      // rank = (dp * pp_size + pp) * tp_size + tp
+      for (int r = 0; r < load_world; ++r)
+        lt.class_of_rank.push_back(static_cast<uint32_t>(r % classes.size()));
+      auto p = MakeLoadPlan(cat, lt);
+      if (!p.ok()) {
+        std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
+        return out;
+      }
+      out.plan = std::move(*p);
+      out.mine = ForRank(out.plan, cat, 0);
+      t.push_back(NanosToSeconds(NowNanos() - t0));
+      out.targets = 0;
+      for (const auto& c : lt.classes) out.targets += c.shards.size();
+    }
+    std::sort(t.begin(), t.end());
+    out.s = t[t.size() / 2];
+    const LoadPlan& lp = out.plan;
+    if (lp.pfs_bytes_to_read < lp.unique_bytes_needed || !lp.unrestored.empty()) {
+      std::fprintf(stderr, "plan: load plan reads %llu of %llu needed bytes, %zu tensors left\n",
+                   static_cast<unsigned long long>(lp.pfs_bytes_to_read),
+                   static_cast<unsigned long long>(lp.unique_bytes_needed), lp.unrestored.size());
+      return out;
+    }
+    out.ok = true;
+    return out;
+  };
   const int load_world = a.load_tp * a.load_pp * a.load_dp;
   const int layers = a.pp * a.layers_per_stage / a.load_pp;
   const int stages_per_saved = a.load_pp / a.pp;
   std::vector<std::string> load_layouts;
   for (int pp = 0; pp < a.load_pp; ++pp)
     for (int tp = 0; tp < a.load_tp; ++tp)
-      load_layouts.push_back(EncodeRankLayout(StageLayout(
-          a, a.load_tp, layers, tp, pp, pp % stages_per_saved == 0 ? pp / stages_per_saved : -1)));
-  std::vector<double> load_t;
-  LoadPlan lp;
-  RankLoad mine;
-  size_t targets = 0;
-  for (int rep = 0; rep < a.repeats; ++rep) {
-    const int64_t t0 = NowNanos();
-    LoadTargets lt;
-    for (const std::string& enc : load_layouts) {
-      auto l = DecodeRankLayout(enc);
-      if (!l.ok()) {
-        std::fprintf(stderr, "plan: %s\n", l.status().ToString().c_str());
-        return 1;
-      }
-      lt.classes.push_back(std::move(*l));
-    }
-    // rank = (dp * pp_size + pp) * tp_size + tp
-    for (int r = 0; r < load_world; ++r)
-      lt.class_of_rank.push_back(static_cast<uint32_t>(r % (a.load_tp * a.load_pp)));
-    auto p = MakeLoadPlan(cat, lt);
-    if (!p.ok()) {
-      std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
-      return 1;
-    }
-    lp = std::move(*p);
-    mine = ForRank(lp, cat, 0);
-    load_t.push_back(NanosToSeconds(NowNanos() - t0));
-    targets = 0;
-    for (const auto& c : lt.classes) targets += c.shards.size();
+      load_layouts.push_back(EncodeRankLayout(
+          fsdp ? FlatLayout(a, layers, a.load_tp, tp)
+               : StageLayout(a, a.load_tp, layers, tp, pp,
+                             pp % stages_per_saved == 0 ? pp / stages_per_saved : -1)));
+  const Load load = plan_load(load_layouts, load_world);
+  if (!load.ok) return 1;
+  // Fully sharded: also onto the saving job's own layout (every rank reads its own bytes).
+  Load same;
+  if (fsdp) {
+    same = plan_load(distinct, world);
+    if (!same.ok) return 1;
   }
-  std::sort(load_t.begin(), load_t.end());
-  if (lp.pfs_bytes_to_read < lp.unique_bytes_needed || !lp.unrestored.empty()) {
-    std::fprintf(stderr, "plan: load plan reads %llu of %llu needed bytes, %zu tensors left\n",
-                 static_cast<unsigned long long>(lp.pfs_bytes_to_read),
-                 static_cast<unsigned long long>(lp.unique_bytes_needed), lp.unrestored.size());
-    return 1;
-  }
+  const LoadPlan& lp = load.plan;
+  const RankLoad& mine = load.mine;
+  const size_t targets = load.targets;
   uint64_t restore_metadata_bytes = inventory_bytes + manifest_bytes;
   for (const std::string& l : load_layouts) restore_metadata_bytes += l.size();
   std::sort(agree_t.begin(), agree_t.end());
@@ -299,18 +367,19 @@ int main(int argc, char** argv) {
   auto med = [](const std::vector<double>& v) { return v[v.size() / 2]; };
   std::fprintf(stderr,
                "plan: %d ranks x %zu shards, %zu distinct layouts, %zu unique boxes, %zu pieces\n",
-               world, shards, plan.lists.size(), plan.shards.size(), plan.pieces.size());
+               world, entries / static_cast<size_t>(world), plan.lists.size(), plan.shards.size(),
+               plan.pieces.size());
   std::fprintf(stderr,
                "load: onto %d ranks, %zu distinct targets, %zu spans, %zu runs; rank 0 reads %zu "
                "runs, receives %zu spans, sends %zu\n",
                load_world, targets, lp.spans.size(), lp.runs.size(), mine.my_runs.size(),
                mine.gets.size() - mine.my_runs.size(), mine.puts.size());
   using cairn::bench::Round;
-  const nlohmann::ordered_json j = {
+  nlohmann::ordered_json j = {
       {"bench", "plan"},
       {"ranks", world},
-      {"shards", shards},
-      {"entries", static_cast<size_t>(world) * shards},
+      {"shards", entries / static_cast<size_t>(world)},
+      {"entries", entries},
       {"distinct_layouts", plan.lists.size()},
       {"unique_boxes", plan.shards.size()},
       {"pieces", plan.pieces.size()},
@@ -325,11 +394,15 @@ int main(int argc, char** argv) {
       {"load_ranks", load_world},
       {"load_distinct_targets", targets},
       {"load_runs", lp.runs.size()},
-      {"load_plan_s", Round(med(load_t), 4)},
+      {"load_plan_s", Round(load.s, 4)},
       {"restore_metadata_bytes", restore_metadata_bytes},
       {"load_read_over_needed", Round(static_cast<double>(lp.pfs_bytes_to_read) /
                                           static_cast<double>(lp.unique_bytes_needed),
                                       4)}};
+  if (fsdp) {
+    j["fully_sharded"] = true;
+    j["load_plan_same_layout_s"] = Round(same.s, 4);
+  }
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
