@@ -24,6 +24,8 @@
 //   restore_metadata_bytes   what one rank of the loading job receives before it can plan
 //                  a restore from the PFS today: every rank's inventory, the step's whole
 //                  MANIFEST (broadcast from rank 0) and each distinct target layout
+//   catalog_s      what every restoring rank does with that MANIFEST once rank 0 has
+//                  broadcast it: decode it and build the load planner's catalog of pieces
 //   load_plan_s    restoring that step onto --load-tp x --load-pp x --load-dp ranks (default
 //                  4 x 20 x 100 = 8,000) of another layout: decode the distinct target
 //                  layouts, MakeLoadPlan over the PFS pieces (box intersection through the
@@ -200,6 +202,7 @@ int main(int argc, char** argv) {
   std::vector<double> plan_t, cached_t, manifest_t;
   SavePlan plan;
   uint64_t manifest_bytes = 0;
+  std::string manifest;  // the last one, encoded
   for (int rep = 0; rep < a.repeats; ++rep) {
     int64_t t0 = NowNanos();
     auto p = MakeSavePlan(gathered, hashes);
@@ -231,7 +234,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
       return 1;
     }
-    manifest_bytes = EncodeManifest(*m).size();
+    manifest = EncodeManifest(*m);
+    manifest_bytes = manifest.size();
     manifest_t.push_back(NanosToSeconds(NowNanos() - t0));
   }
 
@@ -277,17 +281,25 @@ int main(int argc, char** argv) {
 
   // Restoring that step onto another layout: the catalog of its PFS pieces, and the
   // distinct target layouts as the restore gathers them (one per (tp, pp) of the new job).
+  // What every restoring rank does with the MANIFEST rank 0 broadcasts: decode it and
+  // turn its boxes into the load planner's catalog.
   LoadCatalog cat;
-  cat.step = 1000;
-  cat.chunk_bytes = 4ull << 20;
-  cat.from_pfs = true;
-  cat.where = "simulated";
-  cat.tensors = plan.tensors;
-  for (size_t i = 0; i < plan.pieces.size(); ++i) {
-    const PlannedPiece& pc = plan.pieces[i];
-    cat.pieces.push_back(
-        {plan.shards[pc.shard].tensor, pc.box, pc.nbytes, {}, static_cast<int32_t>(i), pc.writer});
+  std::vector<double> catalog_t;
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    const int64_t t0 = NowNanos();
+    auto m = DecodeManifest(manifest);
+    if (!m.ok()) {
+      std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
+      return 1;
+    }
+    cat = LoadCatalog{};
+    cat.step = 1000;
+    cat.from_pfs = true;
+    cat.where = "simulated";
+    CatalogFromManifest(*m, &cat);
+    catalog_t.push_back(NanosToSeconds(NowNanos() - t0));
   }
+  std::sort(catalog_t.begin(), catalog_t.end());
   // Plans restoring onto `classes` (distinct encoded layouts; rank r is class r % size):
   // the median time, and rank 0's part.
   struct Load {
@@ -394,6 +406,7 @@ int main(int argc, char** argv) {
       {"load_ranks", load_world},
       {"load_distinct_targets", targets},
       {"load_runs", lp.runs.size()},
+      {"catalog_s", Round(catalog_t[catalog_t.size() / 2], 4)},
       {"load_plan_s", Round(load.s, 4)},
       {"restore_metadata_bytes", restore_metadata_bytes},
       {"load_read_over_needed", Round(static_cast<double>(lp.pfs_bytes_to_read) /

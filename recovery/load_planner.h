@@ -28,6 +28,7 @@
 #include "cairn/box.h"
 #include "cairn/dtype.h"
 #include "cairn/status.h"
+#include "persist/manifest.h"
 #include "persist/save_planner.h"
 
 namespace cairn {
@@ -91,6 +92,10 @@ struct LoadPlan {
   // else one of the holders (spread by rank).
   static int HolderFor(const LoadPiece& p, int rank);
 };
+
+// Fills `catalog`'s chunk size, tensors and pieces from a PFS step's MANIFEST (one piece
+// per saved box; its `where` and `step` are the caller's).
+void CatalogFromManifest(const pb::Manifest& manifest, LoadCatalog* catalog);
 
 // NotFound (a target tensor was not saved), InvalidArgument (dtype or shape differ, or
 // part of a target is covered by no saved piece); each message names the tensor, the box,

@@ -236,23 +236,8 @@ Result<bool> Restorer::CatalogPfs(Pass& p) {
     return false;
   }
   CAIRN_ASSIGN_OR_RETURN(p.manifest, DecodeManifest(got.substr(got.size() - br.remaining())));
-  LoadCatalog& cat = p.mc.cat;
-  cat.where = p.step_dir;
-  cat.chunk_bytes = p.manifest.chunk_bytes();
-  for (const pb::Tensor& t : p.manifest.tensors())
-    cat.tensors.push_back(
-        {t.name(), static_cast<DType>(t.dtype()), Shape(t.shape().begin(), t.shape().end())});
-  for (int i = 0; i < p.manifest.boxes_size(); ++i) {
-    const pb::SavedBox& b = p.manifest.boxes(i);
-    LoadPiece piece;
-    piece.tensor = b.tensor();
-    piece.box.offsets.assign(b.offsets().begin(), b.offsets().end());
-    piece.box.lengths.assign(b.lengths().begin(), b.lengths().end());
-    piece.nbytes = b.length();
-    piece.pfs_box = i;
-    piece.writer = static_cast<int>(b.writer());
-    cat.pieces.push_back(std::move(piece));
-  }
+  p.mc.cat.where = p.step_dir;
+  CatalogFromManifest(p.manifest, &p.mc.cat);
   return true;
 }
 
