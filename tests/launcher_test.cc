@@ -72,13 +72,26 @@ std::string Command(const Case& c, const std::vector<std::pair<std::string, std:
   return cmd;
 }
 
+// Why the mpirun cases cannot run here ("" when they can).
+std::string MpirunMissing() {
+  if (!PmixAvailable()) return "this cairn was built without PMIx";
+  if (std::system("command -v mpirun > /dev/null") != 0)
+    return "mpirun is not installed (Debian: openmpi-bin)";
+  return "";
+}
+
+// <root>/<name>, made: where a run's rank logs go.
+std::string OutDir(const TempDir& root, const std::string& name) {
+  const std::string out = root.path() + "/" + name;
+  EXPECT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok()) << out;
+  return out;
+}
+
 class UnderLauncher : public ::testing::TestWithParam<Case> {};
 
 TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
   const Case c = GetParam();
-  if (c.mpirun && !PmixAvailable()) GTEST_SKIP() << "this cairn was built without PMIx";
-  if (c.mpirun && std::system("command -v mpirun > /dev/null") != 0)
-    GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  if (const std::string why = c.mpirun ? MpirunMissing() : ""; !why.empty()) GTEST_SKIP() << why;
   TempDir root("launch");
   const std::string job = testing::UniqueJobId(std::string("launch-") + c.name);
   // The environment both launchers pass on. No CAIRN_RANK or CAIRN_WORLD_SIZE: the
@@ -97,8 +110,7 @@ TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
       {"CAIRN_CONNECT_ALL_MAX", c.lazy ? "2" : "64"},
       {"UCX_TLS", "tcp"}};
   auto run = [&](const std::vector<std::string>& args, const std::string& tag) {
-    const std::string out = root.path() + "/" + tag;
-    EXPECT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+    const std::string out = OutDir(root, tag);
     std::vector<std::string> argv = {CAIRN_RECOVERY_CHILD};
     argv.insert(argv.end(), args.begin(), args.end());
     const std::string cmd = Command(c, env, argv, out);
@@ -146,12 +158,9 @@ INSTANTIATE_TEST_SUITE_P(Launchers, UnderLauncher,
 // the addresses of, at most its 2 x log2(16) = 8 collective neighbours (group_child checks
 // both and fails above), and no rendezvous directory was made.
 TEST(UnderLauncher, LazyJobUnderMpirunLooksUpOnlyItsNeighbours) {
-  if (!PmixAvailable()) GTEST_SKIP() << "this cairn was built without PMIx";
-  if (std::system("command -v mpirun > /dev/null") != 0)
-    GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  if (const std::string why = MpirunMissing(); !why.empty()) GTEST_SKIP() << why;
   TempDir root("launch");
-  const std::string out = root.path() + "/out";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  const std::string out = OutDir(root, "out");
   const std::string job = testing::UniqueJobId("launch-lazy16");
   const std::string cmd = Command(Case{"mpirun", true, true},
                                   {{"CAIRN_JOB_ID", job},
@@ -174,12 +183,9 @@ TEST(UnderLauncher, LazyJobUnderMpirunLooksUpOnlyItsNeighbours) {
 // A job whose settings disagree with the launcher's numbering fails at start-up naming
 // both, instead of waiting for ranks that will never come.
 TEST(UnderLauncher, RankThatDisagreesWithPmixFailsNamingBoth) {
-  if (!PmixAvailable()) GTEST_SKIP() << "this cairn was built without PMIx";
-  if (std::system("command -v mpirun > /dev/null") != 0)
-    GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+  if (const std::string why = MpirunMissing(); !why.empty()) GTEST_SKIP() << why;
   TempDir root("launch");
-  const std::string out = root.path() + "/out";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  const std::string out = OutDir(root, "out");
   const Case c{"mpirun", true, false};
   const std::string cmd =
       Command(c,
