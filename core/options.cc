@@ -203,7 +203,8 @@ std::vector<Setting> MakeSettings() {
            {"files", BootstrapKind::kFiles}},
           "how ranks find each other at start-up: pmix (the launcher's key-value store: "
           "mpirun, srun --mpi=pmix; no file per rank), files (address files in the "
-          "rendezvous directory), auto (pmix when the launcher provides it, else files)"),
+          "rendezvous directory), auto (pmix when the launcher provides it and its job is "
+          "cairn's, of the same size; else files: torchrun under srun uses files)"),
       Int("CAIRN_CONNECT_ALL_MAX", nullptr, &Options::connect_all_max, 0, kMaxRanks,
           "jobs of at most this many ranks connect every pair at start-up (a missing rank "
           "fails the start at once); a larger job connects to a rank when it first talks "

@@ -1,10 +1,11 @@
 // Jobs started by real launchers: Open MPI's mpirun (the ranks find each other through
-// PMIx, transport/pmix_book.h; rank, world size and local rank come from OMPI_COMM_WORLD_*)
-// and `cairn launch` (address files in the rendezvous directory). Under each, 2 nodes x 2
-// ranks train with replication and a flush to the PFS, node 1's host tier is wiped, and the
-// job restarts under the same launcher: every rank restores the newest step bit-exact, node
-// 1 from node 0's memory, nothing from the PFS.
-// Skipped when this build has no PMIx or mpirun is not installed (the mpirun cases).
+// PMIx, transport/pmix_book.h; rank, world size and local rank come from OMPI_COMM_WORLD_*),
+// `cairn launch` (address files in the rendezvous directory), and `cairn launch` started by
+// `mpirun -n 1` (a launcher inside a PMIx one, as torchrun under srun: address files). Under each,
+// 2 nodes x 2 ranks train with replication and a flush to the PFS, node 1's host tier is wiped, and
+// the job restarts under the same launcher: every rank restores the newest step bit-exact, node 1
+// from node 0's memory, nothing from the PFS. Skipped when this build has no PMIx or mpirun is not
+// installed (the mpirun cases).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,10 +31,18 @@ constexpr int kNodes = 2, kPerNode = 2, kWorld = kNodes * kPerNode;
 constexpr int64_t kLast = 3;
 constexpr const char* kLauncherRows = "512";
 
+enum class Launcher {
+  kMpirun,            // mpirun starts the ranks: PMIx
+  kCairnLaunch,       // cairn launch starts them: address files
+  kCairnLaunchInside  // mpirun -n 1 starts cairn launch, which starts them (as torchrun
+                      // under srun): the PMIx job is not cairn's, so address files
+};
+
 struct Case {
   const char* name;
-  bool mpirun;
+  Launcher launcher;
   bool lazy;  // CAIRN_CONNECT_ALL_MAX below the world size
+  bool mpirun() const { return launcher != Launcher::kCairnLaunch; }
 };
 
 std::string Quote(const std::string& s) {
@@ -52,17 +61,21 @@ std::string Command(const Case& c, const std::vector<std::pair<std::string, std:
   std::string cmd = "timeout -k 10 240 env";
   for (const auto& [k, v] : env) cmd += " " + k + "=" + Quote(v);
   std::string rank_var;
-  if (c.mpirun) {
-    // mpirun puts every rank on this one host; "nodes" of per_node ranks are made by
-    // overriding only the local layout: the rank and world size come from the launcher.
-    cmd += " mpirun -n " + std::to_string(nodes * per_node) + " --oversubscribe --bind-to none";
+  auto mpirun = [&](int n) {
+    cmd += " mpirun -n " + std::to_string(n) + " --oversubscribe --bind-to none";
     if (geteuid() == 0) cmd += " --allow-run-as-root";
     for (const auto& e : env) cmd += " -x " + e.first;
+  };
+  if (c.launcher == Launcher::kMpirun) {
+    // mpirun puts every rank on this one host; "nodes" of per_node ranks are made by
+    // overriding only the local layout: the rank and world size come from the launcher.
+    mpirun(nodes * per_node);
     rank_var = "$OMPI_COMM_WORLD_RANK";
     child = "CAIRN_LOCAL_WORLD_SIZE=" + std::to_string(per_node) +
             " CAIRN_LOCAL_RANK=$((OMPI_COMM_WORLD_RANK % " + std::to_string(per_node) + ")) " +
             child;
   } else {
+    if (c.launcher == Launcher::kCairnLaunchInside) mpirun(1);
     cmd += " " + Quote(CAIRN_CLI) + " launch --nodes " + std::to_string(nodes) +
            " --ranks-per-node " + std::to_string(per_node) + " --timeout 200 --";
     rank_var = "$RANK";
@@ -91,7 +104,7 @@ class UnderLauncher : public ::testing::TestWithParam<Case> {};
 
 TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
   const Case c = GetParam();
-  if (const std::string why = c.mpirun ? MpirunMissing() : ""; !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = c.mpirun() ? MpirunMissing() : ""; !why.empty()) GTEST_SKIP() << why;
   TempDir root("launch");
   const std::string job = testing::UniqueJobId(std::string("launch-") + c.name);
   // The environment both launchers pass on. No CAIRN_RANK or CAIRN_WORLD_SIZE: the
@@ -128,12 +141,18 @@ TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
   namespace fs = std::filesystem;
   const fs::path rdv = fs::path(root.path()) / "pfs" / job / "rendezvous";
   const std::string logs = Logs(train, kWorld);
-  if (c.mpirun) {
+  if (c.launcher == Launcher::kMpirun) {
     EXPECT_NE(logs.find("PMIx namespace"), std::string::npos) << logs;
     EXPECT_FALSE(fs::exists(rdv)) << "a PMIx job wrote a rendezvous directory";
   } else {
-    EXPECT_EQ(logs.find("PMIx"), std::string::npos) << logs;
     EXPECT_TRUE(fs::exists(rdv / "token"));
+    EXPECT_EQ(logs.find("PMIx namespace"), std::string::npos) << logs;
+  }
+  if (c.launcher == Launcher::kCairnLaunchInside) {
+    EXPECT_NE(logs.find("rank 0 of 1, but cairn's job has 4 ranks: finding the ranks through "
+                        "address files"),
+              std::string::npos)
+        << logs;
   }
 
   fs::remove_all(fs::path(root.path()) / "host" / job / "node-1");
@@ -147,10 +166,12 @@ TEST_P(UnderLauncher, TrainsLosesANodeAndRestoresItFromItsPeer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Launchers, UnderLauncher,
-                         ::testing::Values(Case{"mpirun", true, false},
-                                           Case{"mpirun_lazy", true, true},
-                                           Case{"cairn_launch", false, false},
-                                           Case{"cairn_launch_lazy", false, true}),
+                         ::testing::Values(Case{"mpirun", Launcher::kMpirun, false},
+                                           Case{"mpirun_lazy", Launcher::kMpirun, true},
+                                           Case{"cairn_launch", Launcher::kCairnLaunch, false},
+                                           Case{"cairn_launch_lazy", Launcher::kCairnLaunch, true},
+                                           Case{"cairn_launch_inside_mpirun",
+                                                Launcher::kCairnLaunchInside, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // A lazy job of 16 ranks under mpirun: after barriers, allgathers and a broadcast from
@@ -162,7 +183,7 @@ TEST(UnderLauncher, LazyJobUnderMpirunLooksUpOnlyItsNeighbours) {
   TempDir root("launch");
   const std::string out = OutDir(root, "out");
   const std::string job = testing::UniqueJobId("launch-lazy16");
-  const std::string cmd = Command(Case{"mpirun", true, true},
+  const std::string cmd = Command(Case{"mpirun", Launcher::kMpirun, true},
                                   {{"CAIRN_JOB_ID", job},
                                    {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
                                    {"CAIRN_CONNECT_ALL_MAX", "8"},
@@ -180,19 +201,20 @@ TEST(UnderLauncher, LazyJobUnderMpirunLooksUpOnlyItsNeighbours) {
       << "a PMIx job wrote to the shared filesystem";
 }
 
-// A job whose settings disagree with the launcher's numbering fails at start-up naming
-// both, instead of waiting for ranks that will never come.
+// With CAIRN_BOOTSTRAP=pmix, a job whose settings disagree with the launcher's numbering
+// fails at start-up naming both, instead of waiting for ranks that will never come.
 TEST(UnderLauncher, RankThatDisagreesWithPmixFailsNamingBoth) {
   if (const std::string why = MpirunMissing(); !why.empty()) GTEST_SKIP() << why;
   TempDir root("launch");
   const std::string out = OutDir(root, "out");
-  const Case c{"mpirun", true, false};
+  const Case c{"mpirun", Launcher::kMpirun, false};
   const std::string cmd =
       Command(c,
               {{"CAIRN_JOB_ID", testing::UniqueJobId("launch-bad")},
                {"CAIRN_HOST_ROOT", root.path() + "/host"},
                {"CAIRN_PFS_ROOT", root.path() + "/pfs"},
                {"CAIRN_WORLD_SIZE", "8"},
+               {"CAIRN_BOOTSTRAP", "pmix"},  // auto would take address files instead
                {"CAIRN_CONNECT_TIMEOUT_S", "5"},
                {"UCX_TLS", "tcp"}},
               {CAIRN_RECOVERY_CHILD, "restore", "flat", kLauncherRows, "1"}, out);

@@ -18,6 +18,8 @@
 
 namespace cairn {
 
+class Logger;
+
 class AddressBook {
  public:
   virtual ~AddressBook() = default;
@@ -40,7 +42,8 @@ class AddressBook {
 // The book Options::bootstrap selects for options.rank of options.world_size:
 // files (Rendezvous over options.pfs_fs, else options.fs), pmix (FailedPrecondition when
 // this build has no PMIx or the process was not started by a PMIx launcher), or auto (pmix
-// when PMIX_NAMESPACE is set and this build has PMIx, else files).
-Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& options);
+// when PMIX_NAMESPACE is set, this build has PMIx and the PMIx job is cairn's job, i.e. of
+// the same size; else files, said in an info line on `log`).
+Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& options, const Logger* log);
 
 }  // namespace cairn

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/log.h"
 #include "transport/rendezvous.h"
 
 #if CAIRN_HAVE_PMIX
@@ -144,7 +145,8 @@ bool PmixAvailable() {
   return true;
 }
 
-Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options& o, bool collect) {
+Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options& o, bool collect,
+                                                         bool* other_job) {
   if (!std::getenv("PMIX_NAMESPACE"))
     return Status::FailedPrecondition(
         "CAIRN_BOOTSTRAP=pmix, but this process was not started by a PMIx launcher "
@@ -164,11 +166,19 @@ Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options& o, bool 
   uint32_t size = 0;
   if (v->type == PMIX_UINT32) size = v->data.uint32;
   PMIX_VALUE_RELEASE(v);
+  const std::string says = "the launcher's PMIx says this process is rank " +
+                           std::to_string(me.rank) + " of " + std::to_string(size);
+  if (other_job && static_cast<int>(size) != o.world_size) {
+    // Another launcher inside the PMIx one (torchrun under srun --mpi=pmix): the PMIx job
+    // is not cairn's. Every rank sees the same two sizes, so every rank decides alike.
+    *other_job = true;
+    return Status::FailedPrecondition(says + ", but cairn's job has " +
+                                      std::to_string(o.world_size) + " ranks");
+  }
   if (static_cast<int>(me.rank) != o.rank || static_cast<int>(size) != o.world_size)
     return Status::FailedPrecondition(
-        "the launcher's PMIx says this process is rank " + std::to_string(me.rank) + " of " +
-        std::to_string(size) + ", but cairn was configured as rank " + std::to_string(o.rank) +
-        " of " + std::to_string(o.world_size) +
+        says + ", but cairn was configured as rank " + std::to_string(o.rank) + " of " +
+        std::to_string(o.world_size) +
         " (CAIRN_RANK / CAIRN_WORLD_SIZE, or RANK / WORLD_SIZE, disagree with the launcher)");
   return std::unique_ptr<AddressBook>(std::move(book));
 }
@@ -179,7 +189,7 @@ bool PmixAvailable() {
   return false;
 }
 
-Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options&, bool) {
+Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options&, bool, bool*) {
   return Status::FailedPrecondition(
       "CAIRN_BOOTSTRAP=pmix, but this cairn was built without PMIx (install libpmix-dev and "
       "rebuild, or use CAIRN_BOOTSTRAP=files)");
@@ -187,12 +197,15 @@ Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options&, bool) {
 
 #endif
 
-Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& o) {
+Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& o, const Logger* log) {
   const bool lazy = o.world_size > o.connect_all_max;
-  const bool pmix =
-      o.bootstrap == BootstrapKind::kPmix ||
-      (o.bootstrap == BootstrapKind::kAuto && PmixAvailable() && std::getenv("PMIX_NAMESPACE"));
-  if (pmix) return OpenPmixAddressBook(o, !lazy);
+  if (o.bootstrap == BootstrapKind::kPmix) return OpenPmixAddressBook(o, !lazy);
+  if (o.bootstrap == BootstrapKind::kAuto && PmixAvailable() && std::getenv("PMIX_NAMESPACE")) {
+    bool other_job = false;
+    auto book = OpenPmixAddressBook(o, !lazy, &other_job);
+    if (book.ok() || !other_job) return book;
+    if (log) log->Info(book.status().message() + ": finding the ranks through address files");
+  }
   FileSystem* fs = o.pfs_fs ? o.pfs_fs : (o.fs ? o.fs : DefaultFileSystem());
   return std::unique_ptr<AddressBook>(
       std::make_unique<Rendezvous>(fs, o.RendezvousDir(), o.rank, o.world_size));

@@ -21,7 +21,10 @@ bool PmixAvailable();
 
 // PMIx_Init and the checks above: FailedPrecondition when this build has no PMIx, the
 // process was not started by a PMIx launcher, or PMIx's rank or job size disagree with
-// the options. `collect`: the start-up fence gathers every rank's address.
-Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options& options, bool collect);
+// the options. `collect`: the start-up fence gathers every rank's address. With
+// `other_job`, a PMIx job of another size than cairn's (a launcher inside the PMIx one,
+// as torchrun under srun) sets it and fails, so that the caller can use files instead.
+Result<std::unique_ptr<AddressBook>> OpenPmixAddressBook(const Options& options, bool collect,
+                                                         bool* other_job = nullptr);
 
 }  // namespace cairn

@@ -42,7 +42,7 @@ Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const 
   CAIRN_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<UcxComm> c(new UcxComm(options, log));
   Lock lk(c->mu_);
-  auto book = OpenAddressBook(options);
+  auto book = OpenAddressBook(options, log);
   if (!book.ok()) return book.status().WithContext("rank " + std::to_string(options.rank));
   c->book_ = std::move(*book);
   CAIRN_RETURN_IF_ERROR(c->Init().WithContext("rank " + std::to_string(options.rank)));
