@@ -26,7 +26,7 @@ std::string PmixError(pmix_status_t st) {
 class Infos {
  public:
   ~Infos() {
-    for (pmix_info_t& i : infos_) PMIX_INFO_DESTRUCT(&i);
+    for (size_t i = 0; i < n_; ++i) PMIX_INFO_DESTRUCT(&infos_[i]);  // only those loaded
   }
   void Add(const char* key, const void* value, pmix_data_type_t type) {
     pmix_info_t& i = infos_[n_++];
