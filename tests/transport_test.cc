@@ -15,6 +15,7 @@
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 #include "transport/pmix_book.h"
+#include "transport/rendezvous.h"
 #include "transport/ucx_comm.h"
 
 namespace cairn {
@@ -151,13 +152,19 @@ TEST_P(Intruder, ProcessWithoutTheTokenIsRefused) {
 INSTANTIATE_TEST_SUITE_P(Bootstrap, Intruder, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "lazy" : "full_mesh"; });
 
-TEST(Bootstrap, MissingRanksAreNamed) {
-  testing::TempDir pfs("missing");
+// Rank 0 of a `world`-rank job `name` alone, its PFS root in `pfs`.
+Options RankZeroAlone(const testing::TempDir& pfs, const std::string& name, int world) {
   Options o;
-  o.job_id = testing::UniqueJobId("missing");
+  o.job_id = testing::UniqueJobId(name);
   o.pfs_root = pfs.path();
   o.rank = 0;
-  o.world_size = 3;
+  o.world_size = world;
+  return o;
+}
+
+TEST(Bootstrap, MissingRanksAreNamed) {
+  testing::TempDir pfs("missing");
+  Options o = RankZeroAlone(pfs, "missing", 3);
   o.connect_timeout_s = 0.5;
   Logger log("test", 0);
   auto c = UcxComm::Connect(o, &log);
@@ -172,11 +179,7 @@ TEST(Bootstrap, MissingRanksAreNamed) {
 TEST(Bootstrap, PmixWithoutALauncherFailsSayingWhy) {
   if (std::getenv("PMIX_NAMESPACE")) GTEST_SKIP() << "running under a PMIx launcher";
   testing::TempDir pfs("nopmix");
-  Options o;
-  o.job_id = testing::UniqueJobId("nopmix");
-  o.pfs_root = pfs.path();
-  o.rank = 0;
-  o.world_size = 2;
+  Options o = RankZeroAlone(pfs, "nopmix", 2);
   o.bootstrap = BootstrapKind::kPmix;
   Logger log("test", 0);
   auto c = UcxComm::Connect(o, &log);

@@ -79,7 +79,7 @@ Status UcxComm::Init() {
   address_.assign(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(worker_, addr);
   peers_.resize(static_cast<size_t>(size_));
-  file_read_.assign(static_cast<size_t>(size_), 0);
+  address_read_.assign(static_cast<size_t>(size_), 0);
   for (int p = 0; p < size_; ++p) {
     peers_[static_cast<size_t>(p)] = std::make_unique<Peer>();
     peers_[static_cast<size_t>(p)]->self = this;
@@ -591,14 +591,14 @@ Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SA
 
 Status UcxComm::ReadAddress(int peer, std::string* address,
                             std::string* nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  file_read_[static_cast<size_t>(peer)] = 1;
+  address_read_[static_cast<size_t>(peer)] = 1;
   return book_->Read(peer, address, nonce);
 }
 
 int UcxComm::addresses_read() const {
   MutexLock lk(mu_);
   int n = 0;
-  for (uint8_t r : file_read_) n += r;
+  for (uint8_t r : address_read_) n += r;
   return n;
 }
 

@@ -40,7 +40,6 @@
 #include "core/log.h"
 #include "core/mutex.h"
 #include "transport/address_book.h"
-#include "transport/rendezvous.h"
 
 namespace cairn {
 
@@ -273,7 +272,7 @@ class UcxComm {
   std::string nonce_;  // of this process's address file
   bool lazy_ = false;
   // Read the address of rank p (guarded by mu_; sized by Init()).
-  std::vector<uint8_t> file_read_;
+  std::vector<uint8_t> address_read_;
   // Reads rank `peer`'s address from the book (counted in addresses_read()).
   Status ReadAddress(int peer, std::string* address, std::string* nonce) CAIRN_REQUIRES(mu_);
   bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;

@@ -59,9 +59,9 @@ struct Options {
   std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
   double connect_timeout_s = 120;      // start-up: how long to wait for every rank
   int connect_all_max = 64;            // jobs up to this size connect every pair at start
-  BootstrapKind bootstrap = BootstrapKind::kAuto;
-  double op_timeout_s = 300;        // a collective waiting on a silent peer
-  int replicas = 1;                 // copies of each version in other nodes' memory
+  BootstrapKind bootstrap = BootstrapKind::kAuto;  // how ranks find each other
+  double op_timeout_s = 300;                       // a collective waiting on a silent peer
+  int replicas = 1;                                // copies of each version in other nodes' memory
   double replicate_timeout_s = 30;  // a replica holder silent this long counts as down
   bool group_placement = false;     // Gemini's group placement instead of the ring
   int persist_every = 10;           // persist every k-th saved version (0: only flush())
