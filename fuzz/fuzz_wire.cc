@@ -8,6 +8,7 @@
 
 #include "persist/commit.h"
 #include "persist/save_planner.h"
+#include "transport/rendezvous.h"
 #include "transport/ucx_comm.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
