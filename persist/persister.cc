@@ -228,8 +228,15 @@ std::string Persister::OfferHeld(uint64_t newest,
       }
       HeldLayout l;
       l.created_wall_ns = view->header().created_wall_ns;
-      l.encoded = EncodeRankLayout(LayoutOf(view->header()));
+      const RankLayout layout = LayoutOf(view->header());
+      l.encoded = EncodeRankLayout(layout);
       l.hash = LayoutHash(l.encoded);
+      if (config_.planner.templates)
+        l.recognized = RecognizeLayout(layout, group_->rank(), group_->size());
+      if (l.recognized) {
+        l.template_hash = TemplateHash(EncodeTemplate(l.recognized->layout_template));
+        l.hash = TemplatedLayoutHash(l.template_hash, l.recognized->index);
+      }
       held[v.step] = std::move(l);
     }
     mine.held[v.step] = held[v.step].hash;
@@ -314,7 +321,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
 
   const int64_t t0 = NowNanos();
   CAIRN_KILL_POINT("persist.agreed");
-  auto done = PersistStep(*step, view.get(), hashes, layout.encoded);
+  auto done = PersistStep(*step, view.get(), hashes, layout);
   if (!done.ok())
     return fail(done.status().WithContext("persisting step " + std::to_string(*step)));
   last_committed_ = *step;
@@ -331,31 +338,54 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   return out;
 }
 
+Status Persister::Replan(const std::vector<uint64_t>& hashes, const HeldLayout& my_layout) {
+  const int me = group_->rank();
+  plan_.reset();
+  // Gather 1: template references, or explicit layouts (only the lowest rank of each
+  // distinct layout sends it; the others are known by hash).
+  LayoutMessage msg;
+  if (my_layout.recognized) {
+    msg.templated = true;
+    msg.template_hash = my_layout.template_hash;
+    msg.index = my_layout.recognized->index;
+  } else {
+    bool first_of_hash = true;
+    for (int r = 0; r < me; ++r) first_of_hash = first_of_hash && hashes[r] != hashes[me];
+    if (first_of_hash) msg.layout = my_layout.encoded;
+  }
+  CAIRN_ASSIGN_OR_RETURN(auto messages, group_->AllGather(EncodeLayoutMessage(msg)));
+  // Gather 2: each distinct template once.
+  std::vector<std::string> templates;
+  if (AnyTemplated(messages)) {
+    CAIRN_ASSIGN_OR_RETURN(
+        templates, group_->AllGather(SendsTemplate(messages, me)
+                                         ? EncodeTemplate(my_layout.recognized->layout_template)
+                                         : std::string()));
+  }
+  CAIRN_ASSIGN_OR_RETURN(PersistPlan plan,
+                         PlanPersist(messages, templates, hashes, config_.planner));
+  if (me == 0 && !plan.why_general.empty())
+    log_->Info("persist: the general save planner is used: " + plan.why_general);
+  plan_ = std::move(plan);
+  MutexLock lk(mu_);
+  ++stats_.plans;
+  stats_.max_writer_share = plan_->max_writer_share();
+  stats_.templated_plan = plan_->templated.has_value();
+  return Status::OK();
+}
+
 Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
                                        const std::vector<uint64_t>& hashes,
-                                       const std::string& my_layout) {
+                                       const HeldLayout& my_layout) {
   const int me = group_->rank();
 
   // 2. Plan, or reuse the plan.
-  if (!plan_ || plan_->layout_hashes != hashes) {
-    plan_.reset();
-    // Only the lowest rank of each distinct layout sends it; the others are known by hash.
-    bool first_of_hash = true;
-    for (int r = 0; r < me; ++r) first_of_hash = first_of_hash && hashes[r] != hashes[me];
-    CAIRN_ASSIGN_OR_RETURN(auto layouts,
-                           group_->AllGather(first_of_hash ? my_layout : std::string()));
-    CAIRN_ASSIGN_OR_RETURN(SavePlan plan, MakeSavePlan(layouts, hashes, config_.planner));
-    plan_ = std::move(plan);
-    MutexLock lk(mu_);
-    ++stats_.plans;
-    stats_.max_writer_share = plan_->max_writer_share();
-  }
-  const SavePlan& plan = *plan_;
+  if (!plan_ || plan_->layout_hashes != hashes) CAIRN_RETURN_IF_ERROR(Replan(hashes, my_layout));
 
   // 3. Write this rank's pieces and blobs.
   const std::string step_dir = JoinPath(config_.job_dir, StepDirName(step));
   LocationTable table;
-  table.status = view ? WriteShare(step_dir, *view, plan, &table)
+  table.status = view ? WriteShare(step_dir, *view, plan_->PiecesOf(me), &table)
                       : Status::Unavailable("step " + std::to_string(step) +
                                             " was replaced in the host tier by a newer capture "
                                             "before it could be written");
@@ -374,7 +404,7 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
         CAIRN_RETURN_IF_ERROR(t.status);
         tables.push_back(std::move(t));
       }
-      CAIRN_ASSIGN_OR_RETURN(pb::Manifest m, BuildManifest(plan, tables, config_.job, step,
+      CAIRN_ASSIGN_OR_RETURN(pb::Manifest m, BuildManifest(plan_->Full(), tables, config_.job, step,
                                                            config_.writer.chunk_bytes));
       m.set_created_wall_ns(WallNanos());
       CAIRN_RETURN_IF_ERROR(fs_->SyncDir(step_dir));
@@ -404,14 +434,10 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
 }
 
 Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& view,
-                             const SavePlan& plan, LocationTable* table) {
+                             const std::vector<WritePiece>& mine, LocationTable* table) {
   const int me = group_->rank();
   const SlotHeader& h = view.header();
   const uint64_t chunk = h.chunk_bytes;
-  const std::vector<size_t> mine = plan.PiecesOf(me);
-  const auto& list = plan.lists[plan.rank_list[static_cast<size_t>(me)]];
-  std::unordered_map<uint32_t, uint32_t> pos;  // plan shard -> index in the slot header
-  for (uint32_t j = 0; j < list.size(); ++j) pos.emplace(list[j], j);
 
   // The slot's bytes must still be the ones captured before they become the PFS copy.
   // Where a piece's chunks are the slot's chunks (the planner starts slabs on chunk
@@ -426,9 +452,10 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
   std::vector<WriteItem> items;
   std::vector<const SlotShard*> shard_of;
   const bool same_chunks = chunk == config_.writer.chunk_bytes;
-  for (size_t i : mine) {
-    const PlannedPiece& p = plan.pieces[i];
-    const SlotShard& s = h.shards[pos.at(p.shard)];
+  for (const WritePiece& p : mine) {
+    if (p.slot_shard >= h.shards.size() || p.src_offset + p.nbytes > h.shards[p.slot_shard].nbytes)
+      return Status::Internal("save plan: a piece outside the host slot's shards");
+    const SlotShard& s = h.shards[p.slot_shard];
     shard_of.push_back(&s);
     items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
     for (uint64_t k = 0, c = p.src_offset / chunk; c * chunk < p.src_offset + p.nbytes; ++c, ++k) {

@@ -40,6 +40,7 @@
 #include "core/mutex.h"
 #include "persist/commit.h"
 #include "persist/save_planner.h"
+#include "persist/templated_plan.h"
 #include "persist/writer.h"
 #include "tiers/host_tier.h"
 
@@ -65,6 +66,7 @@ struct PersisterStats {
   double write_seconds = 0;     // time this rank spent writing and fsyncing them
   double last_round_ms = 0;     // duration of the last committed round
   double max_writer_share = 0;  // of the last plan
+  bool templated_plan = false;  // the last plan came from layout templates
   int64_t newest_persisted_step = -1;
   std::string last_error;  // of the last failed round
 };
@@ -108,13 +110,16 @@ class Persister {
   Outcome Round(uint64_t newest, uint64_t seq);
   // Steps 2-5 of a round for `step`: `view` pins this rank's copy (nullptr if it was lost
   // since the offer: the round then fails on every rank), `my_layout` is its layout.
+  struct HeldLayout;
   Result<int64_t> PersistStep(int64_t step, const HostTier::View* view,
                               const std::vector<uint64_t>& layout_hashes,
-                              const std::string& my_layout);
+                              const HeldLayout& my_layout);
+  // Re-plans from every rank's layout (the exchange in persist/templated_plan.h).
+  Status Replan(const std::vector<uint64_t>& layout_hashes, const HeldLayout& my_layout);
   // Writes this rank's planned pieces and its blobs to its data file in `step_dir`, after
   // checking the slot's bytes still match their checksums; fills *table.
-  Status WriteShare(const std::string& step_dir, const HostTier::View& view, const SavePlan& plan,
-                    LocationTable* table);
+  Status WriteShare(const std::string& step_dir, const HostTier::View& view,
+                    const std::vector<WritePiece>& mine, LocationTable* table);
 
   PersistConfig config_;
   HostTier* tier_;
@@ -125,11 +130,13 @@ class Persister {
   RateLimiter limiter_;
   struct HeldLayout {
     int64_t created_wall_ns = 0;  // tells a version from a later one of the same step
-    uint64_t hash = 0;
-    std::string encoded;
+    uint64_t hash = 0;            // LayoutHash(encoded), or TemplatedLayoutHash
+    std::string encoded;          // EncodeRankLayout
+    std::optional<RecognizedLayout> recognized;  // its template, when it is one
+    uint64_t template_hash = 0;
   };
   std::map<int64_t, HeldLayout> layouts_;  // of the versions held at the last offer
-  std::optional<SavePlan> plan_;           // cached; used only by the drain thread
+  std::optional<PersistPlan> plan_;        // cached; used only by the drain thread
   int64_t last_committed_ = -1;            // the same on every rank (from the broadcast outcome)
   bool first_round_ = true;
 

@@ -49,16 +49,36 @@ int SplitDim(const Box& b) {
 
 }  // namespace
 
+void PutTensorMeta(ByteWriter& w, const TensorMeta& t) {
+  w.PutString(t.name);
+  w.Put<uint32_t>(static_cast<uint32_t>(t.dtype));
+  w.Put<uint32_t>(static_cast<uint32_t>(t.global_shape.size()));
+  for (int64_t e : t.global_shape) w.Put<int64_t>(e);
+}
+
+Status GetTensorMeta(ByteReader& r, TensorMeta* t, const char* what) {
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption("bad " + std::string(what) + ": " + why);
+  };
+  uint32_t dt = 0, nd = 0;
+  if (!r.GetString(&t->name, kMaxTensorNameBytes) || !r.Get(&dt) || !r.Get(&nd) ||
+      nd > kMaxTensorRank || r.remaining() < nd * sizeof(int64_t))
+    return bad("truncated tensor entry");
+  CAIRN_RETURN_IF_ERROR(CheckTensorName(t->name));
+  if (dt > 255 || !IsValidDType(static_cast<uint8_t>(dt)))
+    return bad("tensor '" + t->name + "' has an unknown dtype " + std::to_string(dt));
+  t->dtype = static_cast<DType>(dt);
+  t->global_shape.resize(nd);
+  for (int64_t& e : t->global_shape) r.Get(&e);
+  if (!CheckedNumElements(t->global_shape)) return bad("tensor '" + t->name + "' has a bad shape");
+  return Status::OK();
+}
+
 std::string EncodeRankLayout(const RankLayout& layout) {
   ByteWriter w;
   w.PutBytes(kLayoutMagic, sizeof(kLayoutMagic));
   w.Put<uint32_t>(static_cast<uint32_t>(layout.tensors.size()));
-  for (const TensorMeta& t : layout.tensors) {
-    w.PutString(t.name);
-    w.Put<uint32_t>(static_cast<uint32_t>(t.dtype));
-    w.Put<uint32_t>(static_cast<uint32_t>(t.global_shape.size()));
-    for (int64_t e : t.global_shape) w.Put<int64_t>(e);
-  }
+  for (const TensorMeta& t : layout.tensors) PutTensorMeta(w, t);
   w.Put<uint32_t>(static_cast<uint32_t>(layout.shards.size()));
   for (const RankLayout::Entry& s : layout.shards) {
     w.Put<uint32_t>(s.tensor);
@@ -80,19 +100,7 @@ Result<RankLayout> DecodeRankLayout(std::string_view bytes) {
   uint32_t nt = 0;
   if (!r.Get(&nt) || nt > r.remaining() / 12) return Bad("tensor count");
   out.tensors.resize(nt);
-  for (TensorMeta& t : out.tensors) {
-    uint32_t dt = 0, nd = 0;
-    if (!r.GetString(&t.name, kMaxTensorNameBytes) || !r.Get(&dt) || !r.Get(&nd) ||
-        nd > kMaxTensorRank || r.remaining() < nd * sizeof(int64_t))
-      return Bad("truncated tensor entry");
-    CAIRN_RETURN_IF_ERROR(CheckTensorName(t.name));
-    if (dt > 255 || !IsValidDType(static_cast<uint8_t>(dt)))
-      return Bad("tensor '" + t.name + "' has an unknown dtype " + std::to_string(dt));
-    t.dtype = static_cast<DType>(dt);
-    t.global_shape.resize(nd);
-    for (int64_t& e : t.global_shape) r.Get(&e);
-    if (!CheckedNumElements(t.global_shape)) return Bad("tensor '" + t.name + "' has a bad shape");
-  }
+  for (TensorMeta& t : out.tensors) CAIRN_RETURN_IF_ERROR(GetTensorMeta(r, &t, "layout"));
   uint32_t ns = 0;
   if (!r.Get(&ns) || ns > r.remaining() / 4) return Bad("shard count");
   out.shards.resize(ns);

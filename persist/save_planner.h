@@ -28,6 +28,9 @@
 
 namespace cairn {
 
+class ByteReader;
+class ByteWriter;
+
 // A rank's layout: its tensors and, in slot order, the boxes it holds of them.
 struct RankLayout {
   struct Entry {
@@ -39,6 +42,10 @@ struct RankLayout {
 };
 
 std::string EncodeRankLayout(const RankLayout& layout);
+// A tensor's name, dtype and shape as the layout encodings write them; GetTensorMeta
+// checks them (Corruption "bad <what>: ..." saying what is wrong).
+void PutTensorMeta(ByteWriter& w, const TensorMeta& t);
+Status GetTensorMeta(ByteReader& r, TensorMeta* t, const char* what);
 // Corruption saying what is wrong (checked: names, dtypes, boxes inside shapes).
 Result<RankLayout> DecodeRankLayout(std::string_view bytes);
 // The hash the plan cache compares (XXH3 of the encoding).
@@ -86,6 +93,10 @@ struct PlannerConfig {
   // and the slabs grow by at most 2x (the checksum chunk: a writer can then compare its
   // checksums with the host slot's instead of hashing the slot again).
   uint64_t align_bytes = 4ull << 20;
+  // Recognise layout templates (persist/templated_plan.h): fully sharded jobs are then
+  // planned without gathering or deduplicating every rank's boxes. Off: always the
+  // general plan above.
+  bool templates = true;
 };
 
 // Plans from every rank's encoded layout (indexed by rank). InvalidArgument naming the

@@ -23,12 +23,14 @@
 #include "persist/writer.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/persist_state.h"
+#include "tests/plan_check.h"
 #include "tests/power_loss_filesystem.h"
 #include "tests/test_util.h"
 
 namespace cairn {
 namespace {
 
+using testing::ExpectCoveredOnce;
 using testing::PersistState;
 using testing::TempDir;
 
@@ -39,34 +41,6 @@ std::string LayoutOf(const PersistState& s) {
     l.shards.push_back({static_cast<uint32_t>(i), Box::Whole(s.metas[i].global_shape)});
   }
   return EncodeRankLayout(l);
-}
-
-// Every unique shard is covered exactly once by the plan's pieces, each written by a rank
-// that holds it, and the pieces of a shard are consecutive slabs.
-void ExpectCoveredOnce(const SavePlan& plan) {
-  std::vector<std::vector<const PlannedPiece*>> of(plan.shards.size());
-  for (const PlannedPiece& p : plan.pieces) {
-    of[p.shard].push_back(&p);
-    const auto& list = plan.lists[plan.rank_list[static_cast<size_t>(p.writer)]];
-    EXPECT_NE(std::find(list.begin(), list.end(), p.shard), list.end())
-        << "piece written by rank " << p.writer << " which does not hold it";
-  }
-  for (size_t s = 0; s < plan.shards.size(); ++s) {
-    auto& v = of[s];
-    std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->src_offset < b->src_offset; });
-    uint64_t at = 0;
-    int64_t numel = 0;
-    for (const PlannedPiece* p : v) {
-      EXPECT_EQ(p->src_offset, at) << "shard " << s;
-      at += p->nbytes;
-      numel += p->box.numel();
-      auto in = Intersect(p->box, plan.shards[s].box);
-      ASSERT_TRUE(in.has_value());
-      EXPECT_EQ(*in, p->box);
-    }
-    EXPECT_EQ(at, plan.shards[s].nbytes) << "shard " << s;
-    EXPECT_EQ(numel, plan.shards[s].box.numel());
-  }
 }
 
 TEST(Manifest, RoundTripAndEveryCorruptionIsAnError) {

@@ -4,15 +4,16 @@
 //       saves START, START+1, ... in LAYOUT (tests/recovery_state.h) with a fence and a
 //       barrier per step, printing "saved <step> replicated <newest replicated step>";
 //       with LAST: after saving LAST waits until it is replicated (when the job
-//       replicates), flushes, prints "committed <step>", exits 0 when the flush committed
-//       LAST; without: runs until killed
+//       replicates), flushes, prints "committed <step> plan <templated|general>" (which
+//       save planner the persister used), exits 0 when the flush committed LAST; without:
+//       runs until killed
 //   recovery_child matrix LAYOUT ROWS LAST EVERY
 //       the crash matrix's training run (tests/crash_matrix.cc; also the node-loss test):
 //       saves 1..LAST like train, printing "saved <step> captured <c> replicated <r>
 //       persisted <p>" (the newest steps Stats reports) or "skipped <step>"; every EVERY
 //       steps it waits for the version to be captured and replicated and prints "complete
 //       <step>" when both succeeded; a failed barrier ends the run (exit 1); after LAST,
-//       flushes and prints "committed <step>"
+//       flushes and prints "committed <step> plan <templated|general>"
 //   recovery_child restore LAYOUT ROWS MIN_STEP
 //       restores into LAYOUT, checks every byte and the blob, prints "restored <step> tier
 //       <tier> received <bytes> pfs <job bytes read> needed <job bytes needed> resharded
@@ -179,7 +180,8 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "recovery_child: %s\n", r.status().ToString().c_str());
           return 1;
         }
-        std::printf("committed %lld\n", static_cast<long long>(*r));
+        std::printf("committed %lld plan %s\n", static_cast<long long>(*r),
+                    c.stats().persist.templated_plan ? "templated" : "general");
         return *r == last ? 0 : 1;
       }
     }

@@ -84,6 +84,9 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
   l->reset();
+  // tp2 x dp2 holds data-parallel replicas: the general planner cuts and balances them.
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(LastLine(train, r, "committed "), "committed 6 plan general");
 
   // Same world, ZeRO-style flat layout: resharded from the host tiers and replicas.
   auto got = RunRestore(root, job, 2, 2, "flat", 6, "flat4");
@@ -108,6 +111,53 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
       // Each needed byte read once by the job (reads are whole 64 KiB checksum chunks).
       EXPECT_GE(x.pfs, x.needed) << layout;
       EXPECT_LE(static_cast<double>(x.pfs), 1.05 * static_cast<double>(x.needed)) << layout;
+    }
+  }
+}
+
+// A fully sharded job (every layout distinct) is persisted through the templated plan: no
+// rank gathers the others' boxes. What it wrote must restore bit-exact, onto its own layout
+// and onto others, from the PFS alone.
+TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromThePfs) {
+  TempDir root("rfsdp");
+  const std::string job = testing::UniqueJobId("fsdp");
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "flat", kRows, "1", "3"}, train,
+                                     {{"CAIRN_PERSIST_EVERY", "0"}}));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
+  l->reset();
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(LastLine(train, r, "committed "), "committed 3 plan templated") << Logs(train, 4);
+  // Every byte written once: the MANIFEST's boxes of each tensor are disjoint and add up.
+  const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
+  auto m = ReadManifest(DefaultFileSystem(), JoinPath(job_dir, StepDirName(3)));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::vector<int64_t> covered(static_cast<size_t>(m->tensors_size()), 0);
+  for (const auto& b : m->boxes()) {
+    int64_t n = 1;
+    for (int64_t e : b.lengths()) n *= e;
+    covered[b.tensor()] += n;
+  }
+  for (int t = 0; t < m->tensors_size(); ++t) {
+    int64_t n = 1;
+    for (int64_t e : m->tensors(t).shape()) n *= e;
+    EXPECT_EQ(covered[static_cast<size_t>(t)], n) << m->tensors(t).name();
+  }
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host").ok());
+  // Onto its own layout, onto 3 flat ranges (every boundary moves) and onto tp2 x dp2 (a
+  // restoring job may have no more ranks than the saving one: each rank checks its blob).
+  for (auto [per_node, layout] :
+       {std::pair{2, "flat"}, std::pair{3, "flat"}, std::pair{2, "tp2"}}) {
+    const int nodes = per_node == 2 ? 2 : 1;
+    auto got = RunRestore(root, job, nodes, per_node, layout, 3,
+                          "fsdp-" + std::string(layout) + std::to_string(nodes * per_node));
+    ASSERT_EQ(got.size(), static_cast<size_t>(nodes * per_node));
+    for (const Restored& x : got) {
+      EXPECT_EQ(x.step, 3) << layout;
+      EXPECT_EQ(x.tier, "pfs") << layout;
+      EXPECT_GE(x.pfs, x.needed) << layout;
     }
   }
 }

@@ -1,0 +1,229 @@
+#include "persist/layout_template.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "core/bytes.h"
+#include "core/checksum.h"
+
+namespace cairn {
+namespace {
+
+constexpr char kTemplateMagic[4] = {'C', 'L', 'T', '1'};
+
+Status Bad(const std::string& what) {
+  return Status::Corruption("bad layout template: " + what);
+}
+
+// [begin, end) of part `index` of `parts` of `extent` elements.
+std::pair<int64_t, int64_t> PartRange(int64_t extent, SplitRule::Round round, uint32_t index,
+                                      uint32_t parts) {
+  const __int128 e = extent, i = index, n = parts;
+  if (round == SplitRule::Round::kFloor)
+    return {static_cast<int64_t>(e * i / n), static_cast<int64_t>(e * (i + 1) / n)};
+  const __int128 per = (e + n - 1) / n;
+  const __int128 b = std::min(e, per * i);
+  return {static_cast<int64_t>(b), static_cast<int64_t>(std::min(e, b + per))};
+}
+
+// The rules recognition tries for a tensor of `ndim` dimensions, in order.
+std::vector<SplitRule> Candidates(size_t ndim) {
+  using K = SplitRule::Kind;
+  using R = SplitRule::Round;
+  std::vector<SplitRule> out = {
+      {K::kWhole, R::kCeil, 0}, {K::kFlat, R::kCeil, 0}, {K::kFlat, R::kFloor, 0}};
+  for (size_t d = 0; d < ndim && d < 256; ++d) {
+    out.push_back({K::kChunk, R::kCeil, static_cast<uint8_t>(d)});
+    out.push_back({K::kChunk, R::kFloor, static_cast<uint8_t>(d)});
+  }
+  return out;
+}
+
+bool SameBoxes(const std::vector<Box>& a, const RankLayout& l, size_t begin, size_t end) {
+  if (a.size() != end - begin) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (!(a[k] == l.shards[begin + k].box)) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string SplitRule::ToString() const {
+  switch (kind) {
+    case Kind::kWhole:
+      return "whole";
+    case Kind::kFlat:
+      return round == Round::kCeil ? "flat/ceil" : "flat/floor";
+    case Kind::kChunk:
+      return std::string(round == Round::kCeil ? "chunk/ceil" : "chunk/floor") + " dim " +
+             std::to_string(dim);
+  }
+  return "?";
+}
+
+std::vector<Box> PartBoxes(const Shape& shape, const SplitRule& rule, uint32_t index,
+                           uint32_t parts) {
+  switch (rule.kind) {
+    case SplitRule::Kind::kWhole:
+      return {Box::Whole(shape)};
+    case SplitRule::Kind::kFlat: {
+      auto [b, e] = PartRange(NumElements(shape), rule.round, index, parts);
+      if (b == e) return {};
+      auto boxes = FlatRangeToBoxes(shape, b, e);
+      return boxes.ok() ? std::move(*boxes) : std::vector<Box>{};
+    }
+    case SplitRule::Kind::kChunk: {
+      if (rule.dim >= shape.size()) return {};
+      auto [b, e] = PartRange(shape[rule.dim], rule.round, index, parts);
+      Box box = Box::Whole(shape);
+      box.offsets[rule.dim] = b;
+      box.lengths[rule.dim] = e - b;
+      if (box.empty()) return {};
+      return {std::move(box)};
+    }
+  }
+  return {};
+}
+
+uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index, uint32_t parts) {
+  const int64_t total = NumElements(shape);
+  switch (rule.kind) {
+    case SplitRule::Kind::kWhole:
+      return static_cast<uint64_t>(total);
+    case SplitRule::Kind::kFlat: {
+      auto [b, e] = PartRange(total, rule.round, index, parts);
+      return static_cast<uint64_t>(e - b);
+    }
+    case SplitRule::Kind::kChunk: {
+      if (rule.dim >= shape.size() || shape[rule.dim] == 0) return 0;
+      auto [b, e] = PartRange(shape[rule.dim], rule.round, index, parts);
+      return static_cast<uint64_t>(e - b) * static_cast<uint64_t>(total / shape[rule.dim]);
+    }
+  }
+  return 0;
+}
+
+RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index) {
+  RankLayout out;
+  for (size_t k = 0; k < t.tensors.size(); ++k) {
+    std::vector<Box> boxes = PartBoxes(t.tensors[k].global_shape, t.rules[k], index, t.parts);
+    if (boxes.empty()) continue;
+    const auto id = static_cast<uint32_t>(out.tensors.size());
+    out.tensors.push_back(t.tensors[k]);
+    for (Box& b : boxes) out.shards.push_back({id, std::move(b)});
+  }
+  return out;
+}
+
+std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world) {
+  if (world < 1 || rank < 0 || rank >= world) return std::nullopt;
+  // Each tensor's shards must be consecutive, in the order of the tensors.
+  const size_t nt = layout.tensors.size();
+  std::vector<size_t> first(nt + 1, layout.shards.size());
+  size_t expect = 0;
+  for (size_t k = 0; k < layout.shards.size(); ++k) {
+    const uint32_t t = layout.shards[k].tensor;
+    if (t == expect) {
+      first[expect++] = k;
+    } else if (expect == 0 || t != expect - 1) {
+      return std::nullopt;
+    }
+  }
+  if (expect != nt) return std::nullopt;  // a tensor without shards
+  // The (n, index) candidates.
+  std::vector<std::pair<uint32_t, uint32_t>> tries = {
+      {static_cast<uint32_t>(world), static_cast<uint32_t>(rank)}};
+  std::vector<int> divisors;
+  for (int d = 1; static_cast<int64_t>(d) * d <= world; ++d)
+    if (world % d == 0) {
+      divisors.push_back(d);
+      if (d != world / d) divisors.push_back(world / d);
+    }
+  std::sort(divisors.rbegin(), divisors.rend());
+  for (int d : divisors) {
+    if (d == world || d == 1) continue;
+    const auto a = static_cast<uint32_t>(rank % d), b = static_cast<uint32_t>(rank / (world / d));
+    tries.push_back({static_cast<uint32_t>(d), a});
+    if (b != a) tries.push_back({static_cast<uint32_t>(d), b});
+  }
+  std::vector<std::vector<SplitRule>> candidates(nt);
+  for (size_t t = 0; t < nt; ++t) candidates[t] = Candidates(layout.tensors[t].global_shape.size());
+  for (auto [n, i] : tries) {
+    RecognizedLayout out;
+    out.layout_template.tensors = layout.tensors;
+    out.layout_template.rules.resize(nt);
+    bool all = true, any_split = false;
+    for (size_t t = 0; t < nt && all; ++t) {
+      bool found = false;
+      for (const SplitRule& rule : candidates[t]) {
+        if (SameBoxes(PartBoxes(layout.tensors[t].global_shape, rule, i, n), layout, first[t],
+                      first[t + 1])) {
+          out.layout_template.rules[t] = rule;
+          any_split = any_split || rule.split();
+          found = true;
+          break;
+        }
+      }
+      all = found;
+    }
+    if (!all) continue;
+    if (any_split) {
+      out.layout_template.parts = n;
+      out.index = i;
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::string EncodeTemplate(const LayoutTemplate& t) {
+  ByteWriter w;
+  w.PutBytes(kTemplateMagic, sizeof(kTemplateMagic));
+  w.Put<uint32_t>(t.parts);
+  w.Put<uint32_t>(static_cast<uint32_t>(t.tensors.size()));
+  for (size_t k = 0; k < t.tensors.size(); ++k) {
+    PutTensorMeta(w, t.tensors[k]);
+    w.Put<uint8_t>(static_cast<uint8_t>(t.rules[k].kind));
+    w.Put<uint8_t>(static_cast<uint8_t>(t.rules[k].round));
+    w.Put<uint8_t>(t.rules[k].dim);
+  }
+  return std::move(w.out());
+}
+
+Result<LayoutTemplate> DecodeTemplate(std::string_view bytes) {
+  ByteReader r(bytes);
+  char magic[4];
+  for (char& c : magic)
+    if (!r.Get(&c)) return Bad("truncated magic");
+  if (std::string_view(magic, 4) != std::string_view(kTemplateMagic, 4)) return Bad("wrong magic");
+  LayoutTemplate t;
+  uint32_t nt = 0;
+  if (!r.Get(&t.parts) || t.parts == 0) return Bad("part count");
+  if (!r.Get(&nt) || nt > r.remaining() / 15) return Bad("tensor count");
+  t.tensors.resize(nt);
+  t.rules.resize(nt);
+  std::unordered_set<std::string_view> names;
+  for (size_t k = 0; k < nt; ++k) {
+    TensorMeta& m = t.tensors[k];
+    CAIRN_RETURN_IF_ERROR(GetTensorMeta(r, &m, "layout template"));
+    const size_t nd = m.global_shape.size();
+    if (r.remaining() < 3) return Bad("truncated tensor entry");
+    uint8_t kind = 0, round = 0, dim = 0;
+    r.Get(&kind);
+    r.Get(&round);
+    r.Get(&dim);
+    if (kind > 2 || round > 1 || (kind == 2 && dim >= nd) || (kind != 2 && dim != 0))
+      return Bad("tensor '" + m.name + "' has a bad split rule");
+    t.rules[k] = {static_cast<SplitRule::Kind>(kind), static_cast<SplitRule::Round>(round), dim};
+  }
+  for (const TensorMeta& m : t.tensors)
+    if (!names.insert(m.name).second) return Bad("tensor '" + m.name + "' listed twice");
+  if (r.remaining() != 0) return Bad("trailing bytes");
+  return t;
+}
+
+uint64_t TemplateHash(std::string_view encoded) {
+  return Checksum(encoded.data(), encoded.size());
+}
+
+}  // namespace cairn

@@ -1,0 +1,446 @@
+#include "persist/templated_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <queue>
+#include <unordered_map>
+
+#include "core/bytes.h"
+#include "core/checksum.h"
+
+namespace cairn {
+namespace {
+
+constexpr char kTemplated = 'T', kExplicit = 'E';
+
+bool Lists(const std::vector<uint32_t>& sorted, uint32_t v) {
+  return std::binary_search(sorted.begin(), sorted.end(), v);
+}
+
+}  // namespace
+
+std::vector<WritePiece> WritePiecesOf(const SavePlan& plan, int rank) {
+  std::vector<WritePiece> out;
+  const auto& list = plan.lists[plan.rank_list[static_cast<size_t>(rank)]];
+  std::unordered_map<uint32_t, uint32_t> pos;  // plan shard -> index in the rank's slot
+  for (uint32_t j = 0; j < list.size(); ++j) pos.emplace(list[j], j);
+  for (size_t i : plan.PiecesOf(rank)) {
+    const PlannedPiece& p = plan.pieces[i];
+    out.push_back({pos.at(p.shard), p.box, p.src_offset, p.nbytes});
+  }
+  return out;
+}
+
+std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templates,
+                                               std::vector<uint32_t> rank_template,
+                                               std::vector<uint32_t> rank_index,
+                                               std::vector<uint64_t> layout_hashes,
+                                               const PlannerConfig& config, std::string* why) {
+  TemplatedPlan p;
+  p.templates = std::move(templates);
+  p.rank_template = std::move(rank_template);
+  p.rank_index = std::move(rank_index);
+  p.layout_hashes = std::move(layout_hashes);
+  const size_t world = p.rank_template.size();
+  if (world == 0 || p.rank_index.size() != world || p.layout_hashes.size() != world) {
+    *why = "one template, index and hash per rank needed";
+    return std::nullopt;
+  }
+  // 1. Every tensor once, with its rule; templates must agree on the tensors they share.
+  std::unordered_map<std::string, uint32_t> ids;
+  std::vector<SplitRule> rule;
+  std::vector<uint32_t> parts, first_template;
+  p.global_ids.resize(p.templates.size());
+  for (uint32_t t = 0; t < p.templates.size(); ++t) {
+    const LayoutTemplate& lt = p.templates[t];
+    for (size_t k = 0; k < lt.tensors.size(); ++k) {
+      auto [it, fresh] = ids.emplace(lt.tensors[k].name, static_cast<uint32_t>(p.tensors.size()));
+      const uint32_t g = it->second;
+      const uint32_t n = lt.rules[k].split() ? lt.parts : 1;
+      if (fresh) {
+        p.tensors.push_back(lt.tensors[k]);
+        rule.push_back(lt.rules[k]);
+        parts.push_back(n);
+        first_template.push_back(t);
+        p.in_templates.emplace_back();
+      } else if (!(p.tensors[g] == lt.tensors[k]) || !(rule[g] == lt.rules[k]) || parts[g] != n) {
+        *why = "tensor '" + lt.tensors[k].name + "' is " + rule[g].ToString() + " of " +
+               std::to_string(parts[g]) + " in one rank's layout and " + lt.rules[k].ToString() +
+               " of " + std::to_string(n) + " in another's (or its dtype or shape differ)";
+        return std::nullopt;
+      }
+      p.global_ids[t].push_back(g);
+      p.in_templates[g].push_back(t);
+    }
+  }
+  // 2. Classes: the distinct (template, index) pairs, i.e. the distinct layouts.
+  std::unordered_map<uint64_t, uint32_t> class_of;
+  p.rank_class.resize(world);
+  for (size_t r = 0; r < world; ++r) {
+    const uint32_t t = p.rank_template[r], i = p.rank_index[r];
+    if (t >= p.templates.size() || (i >= p.templates[t].parts)) {
+      *why = "rank " + std::to_string(r) + " names a template or index that does not exist";
+      return std::nullopt;
+    }
+    auto [it, fresh] = class_of.emplace((static_cast<uint64_t>(t) << 32) | i,
+                                        static_cast<uint32_t>(class_of.size()));
+    if (fresh) {
+      p.class_ranks.emplace_back();
+      p.class_template.push_back(t);
+      p.class_index.push_back(i);
+      if (p.index_classes.size() <= i) p.index_classes.resize(i + 1);
+      p.index_classes[i].push_back(it->second);
+    }
+    p.class_ranks[it->second].push_back(static_cast<uint32_t>(r));
+    p.rank_class[r] = it->second;
+  }
+  // 3. Whole tensors, grouped by the templates listing them (their holders), largest first
+  // to the least loaded holder.
+  p.writer_bytes.assign(world, 0);
+  p.whole_writer.assign(p.tensors.size(), -1);
+  std::map<std::vector<uint32_t>, std::vector<uint32_t>> by_holders;
+  for (uint32_t g = 0; g < p.tensors.size(); ++g)
+    if (!rule[g].split()) by_holders[p.in_templates[g]].push_back(g);
+  auto bytes_of = [&](uint32_t g, uint32_t index) {
+    return PartElements(p.tensors[g].global_shape, rule[g], index, parts[g]) *
+           DTypeSize(p.tensors[g].dtype);
+  };
+  // A box several ranks hold and larger than the general planner's slabs would be written
+  // whole by one of them (data-parallel replicas of large parts, large replicated
+  // tensors): then the general plan, which cuts and balances them, is better.
+  uint64_t total = 0;
+  for (const TensorMeta& t : p.tensors)
+    total += static_cast<uint64_t>(NumElements(t.global_shape)) * DTypeSize(t.dtype);
+  const uint64_t cut =
+      std::max<uint64_t>(total / (world * std::max<uint64_t>(config.split_factor, 1)),
+                         std::max<uint64_t>(config.min_piece_bytes, 1));
+  for (const auto& [holder_templates, group] : by_holders) {
+    size_t holders = 0;
+    for (size_t c = 0; c < p.class_ranks.size() && holders < 2; ++c)
+      if (Lists(holder_templates, p.class_template[c])) holders += p.class_ranks[c].size();
+    for (uint32_t g : group)
+      if (holders > 1 && bytes_of(g, 0) > cut) {
+        *why = "tensor '" + p.tensors[g].name + "' is held whole by several ranks and is " +
+               std::to_string(bytes_of(g, 0)) + " bytes (the general planner cuts it)";
+        return std::nullopt;
+      }
+  }
+  for (size_t c = 0; c < p.class_ranks.size(); ++c) {
+    const uint32_t t = p.class_template[c], i = p.class_index[c];
+    if (p.class_ranks[c].size() == 1 && p.index_classes[i].size() == 1) continue;
+    for (uint32_t g : p.global_ids[t]) {
+      if (!rule[g].split() || bytes_of(g, i) <= cut) continue;
+      uint64_t holders = 0;
+      for (uint32_t c2 : p.index_classes[i])
+        if (Lists(p.in_templates[g], p.class_template[c2])) holders += p.class_ranks[c2].size();
+      if (holders > 1) {
+        *why = "ranks " + std::to_string(p.class_ranks[c][0]) + " and others hold the same part " +
+               std::to_string(i) + " of tensor '" + p.tensors[g].name + "', " +
+               std::to_string(bytes_of(g, i)) +
+               " bytes (data-parallel replicas: the general planner cuts and balances it)";
+        return std::nullopt;
+      }
+    }
+  }
+  for (auto& [holder_templates, group] : by_holders) {
+    using Load = std::pair<uint64_t, uint32_t>;
+    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+    for (size_t c = 0; c < p.class_ranks.size(); ++c)
+      if (Lists(holder_templates, p.class_template[c]))
+        for (uint32_t r : p.class_ranks[c]) heap.push({p.writer_bytes[r], r});
+    std::vector<std::pair<uint64_t, uint32_t>> order;
+    for (uint32_t g : group) order.push_back({bytes_of(g, 0), g});
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    for (auto [bytes, g] : order) {
+      Load top = heap.top();
+      heap.pop();
+      p.whole_writer[g] = static_cast<int>(top.second);
+      top.first += bytes;
+      p.writer_bytes[top.second] = top.first;
+      heap.push(top);
+    }
+  }
+  // 4. Split parts: counted once each, for their writer.
+  for (size_t c = 0; c < p.class_ranks.size(); ++c) {
+    const uint32_t t = p.class_template[c], i = p.class_index[c];
+    for (uint32_t g : p.global_ids[t]) {
+      if (!rule[g].split()) continue;
+      // Only the first class of this index listing g counts the part.
+      uint32_t first = UINT32_MAX;
+      for (uint32_t c2 : p.index_classes[i])
+        if (Lists(p.in_templates[g], p.class_template[c2])) {
+          first = c2;
+          break;
+        }
+      if (first != c) continue;
+      const int w = p.SplitWriter(g, i);
+      if (w >= 0) p.writer_bytes[static_cast<size_t>(w)] += bytes_of(g, i);
+    }
+  }
+  return p;
+}
+
+int TemplatedPlan::SplitWriter(uint32_t g, uint32_t index) const {
+  if (index >= index_classes.size()) return -1;
+  const auto& classes = index_classes[index];
+  uint64_t h = 0;
+  for (uint32_t c : classes)
+    if (Lists(in_templates[g], class_template[c])) h += class_ranks[c].size();
+  if (h == 0) return -1;
+  uint64_t k = (static_cast<uint64_t>(g) + index) % h;
+  for (uint32_t c : classes) {
+    if (!Lists(in_templates[g], class_template[c])) continue;
+    if (k < class_ranks[c].size()) return static_cast<int>(class_ranks[c][k]);
+    k -= class_ranks[c].size();
+  }
+  return -1;
+}
+
+namespace {
+
+// Calls fn(g, split, boxes, writer) for each tensor of template `t` that part `i` holds, in
+// slot order: its global id, whether its rule splits it, its non-empty boxes and their
+// writer.
+template <typename Fn>
+void ForEachHeld(const TemplatedPlan& p, uint32_t t, uint32_t i, Fn&& fn) {
+  const LayoutTemplate& lt = p.templates[t];
+  for (size_t k = 0; k < lt.tensors.size(); ++k) {
+    const uint32_t g = p.global_ids[t][k];
+    const bool split = lt.rules[k].split();
+    std::vector<Box> boxes = PartBoxes(lt.tensors[k].global_shape, lt.rules[k], i, lt.parts);
+    if (boxes.empty()) continue;
+    fn(g, split, boxes, split ? p.SplitWriter(g, i) : p.whole_writer[g]);
+  }
+}
+
+}  // namespace
+
+std::vector<WritePiece> TemplatedPlan::PiecesOf(int rank) const {
+  std::vector<WritePiece> out;
+  uint32_t slot = 0;
+  ForEachHeld(
+      *this, rank_template[static_cast<size_t>(rank)], rank_index[static_cast<size_t>(rank)],
+      [&](uint32_t g, bool, std::vector<Box>& boxes, int w) {
+        for (Box& b : boxes) {
+          if (w == rank) {
+            const uint64_t nbytes = static_cast<uint64_t>(b.numel()) * DTypeSize(tensors[g].dtype);
+            out.push_back({slot, std::move(b), 0, nbytes});
+          }
+          ++slot;
+        }
+      });
+  return out;
+}
+
+SavePlan TemplatedPlan::Expand() const {
+  SavePlan plan;
+  plan.tensors = tensors;
+  plan.layout_hashes = layout_hashes;
+  plan.writer_bytes = writer_bytes;
+  plan.rank_list = rank_class;
+  const size_t nclasses = class_ranks.size();
+  plan.lists.resize(nclasses);
+  std::vector<std::vector<int>> writers(nclasses);  // per class, per slot
+  std::vector<int64_t> whole_id(tensors.size(), -1);
+  struct Key {
+    uint32_t g, index, k;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& x) const {
+      return static_cast<size_t>((static_cast<uint64_t>(x.g) * 0x9E3779B97F4A7C15ull) ^
+                                 (static_cast<uint64_t>(x.index) << 8) ^ x.k);
+    }
+  };
+  std::unordered_map<Key, uint32_t, KeyHash> shared;  // split parts held by several ranks
+  for (size_t c = 0; c < nclasses; ++c) {
+    const uint32_t i = class_index[c];
+    ForEachHeld(
+        *this, class_template[c], i, [&](uint32_t g, bool split, std::vector<Box>& boxes, int w) {
+          // Held by this class alone: no lookup needed.
+          const bool alone = split && index_classes[i].size() == 1 && class_ranks[c].size() == 1;
+          for (uint32_t b = 0; b < boxes.size(); ++b) {
+            auto fresh_id = [&]() {
+              PlanShard s;
+              s.tensor = g;
+              s.nbytes = static_cast<uint64_t>(boxes[b].numel()) * DTypeSize(tensors[g].dtype);
+              s.box = boxes[b];
+              plan.unique_bytes += s.nbytes;
+              plan.shards.push_back(std::move(s));
+              return static_cast<uint32_t>(plan.shards.size() - 1);
+            };
+            uint32_t id;
+            if (!split) {
+              if (whole_id[g] < 0) whole_id[g] = fresh_id();
+              id = static_cast<uint32_t>(whole_id[g]);
+            } else if (alone) {
+              id = fresh_id();
+            } else {
+              auto [it, fresh] = shared.emplace(Key{g, i, b}, 0);
+              if (fresh) it->second = fresh_id();
+              id = it->second;
+            }
+            plan.lists[c].push_back(id);
+            writers[c].push_back(w);
+          }
+        });
+  }
+  for (size_t r = 0; r < rank_class.size(); ++r) {
+    const uint32_t c = rank_class[r];
+    for (size_t j = 0; j < plan.lists[c].size(); ++j) {
+      if (writers[c][j] != static_cast<int>(r)) continue;
+      const PlanShard& s = plan.shards[plan.lists[c][j]];
+      plan.pieces.push_back({plan.lists[c][j], s.box, 0, s.nbytes, static_cast<int>(r)});
+    }
+  }
+  return plan;
+}
+
+double TemplatedPlan::max_writer_share() const {
+  SavePlan p;
+  p.writer_bytes = writer_bytes;
+  return p.max_writer_share();
+}
+
+uint64_t TemplatedLayoutHash(uint64_t template_hash, uint32_t index) {
+  ByteWriter w;
+  w.Put<char>(kTemplated);
+  w.Put<uint64_t>(template_hash);
+  w.Put<uint32_t>(index);
+  return Checksum(w.out().data(), w.out().size());
+}
+
+std::string EncodeLayoutMessage(const LayoutMessage& m) {
+  ByteWriter w;
+  if (m.templated) {
+    w.Put<char>(kTemplated);
+    w.Put<uint64_t>(m.template_hash);
+    w.Put<uint32_t>(m.index);
+  } else {
+    w.Put<char>(kExplicit);
+    w.PutBytes(m.layout.data(), m.layout.size());
+  }
+  return std::move(w.out());
+}
+
+Result<LayoutMessage> DecodeLayoutMessage(std::string_view bytes) {
+  LayoutMessage m;
+  if (bytes.empty()) return Status::Corruption("bad layout message: empty");
+  if (bytes[0] == kExplicit) {
+    m.layout = std::string(bytes.substr(1));
+    return m;
+  }
+  ByteReader r(bytes.substr(1));
+  if (bytes[0] != kTemplated || !r.Get(&m.template_hash) || !r.Get(&m.index) || r.remaining() != 0)
+    return Status::Corruption("bad layout message: " + std::to_string(bytes.size()) + " bytes");
+  m.templated = true;
+  return m;
+}
+
+bool AnyTemplated(const std::vector<std::string>& messages) {
+  for (const std::string& m : messages)
+    if (!m.empty() && m[0] == kTemplated) return true;
+  return false;
+}
+
+bool SendsTemplate(const std::vector<std::string>& messages, int rank) {
+  auto mine = DecodeLayoutMessage(messages[static_cast<size_t>(rank)]);
+  if (!mine.ok() || !mine->templated) return false;
+  for (int r = 0; r < rank; ++r) {
+    auto other = DecodeLayoutMessage(messages[static_cast<size_t>(r)]);
+    if (other.ok() && other->templated && other->template_hash == mine->template_hash) return false;
+  }
+  return true;
+}
+
+std::vector<WritePiece> PersistPlan::PiecesOf(int rank) const {
+  return templated ? templated->PiecesOf(rank) : WritePiecesOf(*full, rank);
+}
+
+const SavePlan& PersistPlan::Full() {
+  if (!full) full = templated->Expand();
+  return *full;
+}
+
+double PersistPlan::max_writer_share() const {
+  return templated ? templated->max_writer_share() : full->max_writer_share();
+}
+
+Result<PersistPlan> PlanPersist(const std::vector<std::string>& messages,
+                                const std::vector<std::string>& template_bytes,
+                                const std::vector<uint64_t>& hashes, const PlannerConfig& config) {
+  const size_t world = messages.size();
+  if (world == 0 || hashes.size() != world)
+    return Status::InvalidArgument("save plan: need one layout message and one hash per rank");
+  std::vector<LayoutMessage> msgs(world);
+  bool all_templated = true, any_templated = false;
+  for (size_t r = 0; r < world; ++r) {
+    auto m = DecodeLayoutMessage(messages[r]);
+    if (!m.ok()) return m.status().WithContext("save plan: rank " + std::to_string(r));
+    msgs[r] = std::move(*m);
+    all_templated = all_templated && msgs[r].templated;
+    any_templated = any_templated || msgs[r].templated;
+  }
+  // The templates, decoded once each, numbered by their lowest rank.
+  std::vector<LayoutTemplate> templates;
+  std::vector<uint32_t> rank_template(world, 0), rank_index(world, 0);
+  if (any_templated) {
+    if (template_bytes.size() != world)
+      return Status::InvalidArgument("save plan: templates gathered from " +
+                                     std::to_string(template_bytes.size()) + " of " +
+                                     std::to_string(world) + " ranks");
+    std::unordered_map<uint64_t, uint32_t> by_hash;
+    for (size_t r = 0; r < world; ++r) {
+      if (!msgs[r].templated) continue;
+      auto it = by_hash.find(msgs[r].template_hash);
+      if (it == by_hash.end()) {
+        if (template_bytes[r].empty())
+          return Status::InvalidArgument("save plan: rank " + std::to_string(r) +
+                                         " sent no template and no lower rank has its hash");
+        if (TemplateHash(template_bytes[r]) != msgs[r].template_hash)
+          return Status::Corruption("save plan: rank " + std::to_string(r) +
+                                    "'s template does not match its hash");
+        auto t = DecodeTemplate(template_bytes[r]);
+        if (!t.ok()) return t.status().WithContext("save plan: rank " + std::to_string(r));
+        it = by_hash.emplace(msgs[r].template_hash, static_cast<uint32_t>(templates.size())).first;
+        templates.push_back(std::move(*t));
+      }
+      rank_template[r] = it->second;
+      rank_index[r] = msgs[r].index;
+      if (rank_index[r] >= templates[it->second].parts)
+        return Status::InvalidArgument("save plan: rank " + std::to_string(r) + " is part " +
+                                       std::to_string(rank_index[r]) + " of a template of " +
+                                       std::to_string(templates[it->second].parts));
+    }
+  }
+  PersistPlan out;
+  out.layout_hashes = hashes;
+  if (all_templated) {
+    auto tp =
+        MakeTemplatedPlan(templates, rank_template, rank_index, hashes, config, &out.why_general);
+    if (tp) {
+      out.templated = std::move(*tp);
+      return out;
+    }
+  } else if (any_templated) {
+    out.why_general = "some ranks' layouts are not templates";
+  }
+  // The general planner, from every distinct layout (templated ones expanded once).
+  std::vector<std::string> layouts(world);
+  std::unordered_map<uint64_t, bool> seen;
+  for (size_t r = 0; r < world; ++r) {
+    if (!msgs[r].templated) {
+      layouts[r] = std::move(msgs[r].layout);
+    } else if (seen.emplace(hashes[r], true).second) {
+      layouts[r] = EncodeRankLayout(ExpandTemplate(templates[rank_template[r]], rank_index[r]));
+    }
+  }
+  CAIRN_ASSIGN_OR_RETURN(SavePlan plan, MakeSavePlan(layouts, hashes, config));
+  out.full = std::move(plan);
+  return out;
+}
+
+}  // namespace cairn

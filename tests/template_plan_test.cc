@@ -1,0 +1,391 @@
+// Layout templates and the save plans made from them (persist/layout_template.h,
+// persist/templated_plan.h): recognition is exact, the exchange sends each template once,
+// the templated plan writes every unique box once from a rank that holds it and agrees
+// with the general planner on what the job holds, and every case it does not handle falls
+// back to the general planner.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include "persist/layout_template.h"
+#include "persist/templated_plan.h"
+#include "tests/plan_check.h"
+
+namespace cairn {
+namespace {
+
+using testing::ExpectCoveredOnce;
+using K = SplitRule::Kind;
+using R = SplitRule::Round;
+
+// A small model: matrices, a 3-d tensor, a vector shorter than most worlds, a scalar.
+std::vector<TensorMeta> Model() {
+  return {{"embed", DType::kF32, {37, 5}},
+          {"w", DType::kBF16, {12, 16}},
+          {"cube", DType::kF32, {3, 4, 5}},
+          {"bias", DType::kF32, {5}},
+          {"step", DType::kI64, {}}};
+}
+
+LayoutTemplate Uniform(const std::vector<TensorMeta>& tensors, SplitRule rule, uint32_t parts) {
+  LayoutTemplate t;
+  t.tensors = tensors;
+  t.parts = parts;
+  for (const TensorMeta& m : tensors)
+    t.rules.push_back(m.global_shape.empty() ? SplitRule{} : rule);  // scalars stay whole
+  return t;
+}
+
+// What the persister's two gathers bring every rank when rank r holds layouts[r].
+struct Gathered {
+  std::vector<std::string> messages, templates;
+  std::vector<uint64_t> hashes;
+  int senders = 0;  // ranks that sent a template
+};
+Gathered Exchange(const std::vector<RankLayout>& layouts, bool templates = true) {
+  const int world = static_cast<int>(layouts.size());
+  Gathered g;
+  std::vector<std::optional<RecognizedLayout>> rec(layouts.size());
+  for (int r = 0; r < world; ++r) {
+    const RankLayout& l = layouts[static_cast<size_t>(r)];
+    const std::string encoded = EncodeRankLayout(l);
+    LayoutMessage m;
+    if (templates) rec[static_cast<size_t>(r)] = RecognizeLayout(l, r, world);
+    if (const auto& x = rec[static_cast<size_t>(r)]) {
+      m.templated = true;
+      m.template_hash = TemplateHash(EncodeTemplate(x->layout_template));
+      m.index = x->index;
+      g.hashes.push_back(TemplatedLayoutHash(m.template_hash, m.index));
+    } else {
+      g.hashes.push_back(LayoutHash(encoded));
+      bool first = true;
+      for (int q = 0; q < r; ++q)
+        first = first && g.hashes[static_cast<size_t>(q)] != g.hashes.back();
+      if (first) m.layout = encoded;
+    }
+    g.messages.push_back(EncodeLayoutMessage(m));
+  }
+  if (AnyTemplated(g.messages))
+    for (int r = 0; r < world; ++r) {
+      const bool send = SendsTemplate(g.messages, r);
+      g.senders += send;
+      g.templates.push_back(send ? EncodeTemplate(rec[static_cast<size_t>(r)]->layout_template)
+                                 : std::string());
+    }
+  return g;
+}
+
+// (tensor name, box) of every unique box a plan covers, sorted.
+std::vector<std::pair<std::string, std::string>> UniqueBoxes(const SavePlan& p) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const PlanShard& s : p.shards) out.push_back({p.tensors[s.tensor].name, s.box.ToString()});
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The templated plan against the general one made from the same layouts.
+void ExpectSameJobAsGeneralPlan(PersistPlan& plan, const std::vector<RankLayout>& layouts) {
+  const SavePlan& full = plan.Full();
+  ExpectCoveredOnce(full);
+  for (size_t i = 1; i < full.pieces.size(); ++i)
+    ASSERT_LE(full.pieces[i - 1].writer, full.pieces[i].writer) << "pieces not grouped by writer";
+  std::vector<std::string> encoded;
+  for (const RankLayout& l : layouts) encoded.push_back(EncodeRankLayout(l));
+  auto general = MakeSavePlan(encoded);
+  ASSERT_TRUE(general.ok()) << general.status().ToString();
+  EXPECT_EQ(UniqueBoxes(full), UniqueBoxes(*general));
+  EXPECT_EQ(full.unique_bytes, general->unique_bytes);
+  uint64_t written = 0;
+  for (size_t r = 0; r < layouts.size(); ++r) {
+    const std::vector<WritePiece> mine = plan.PiecesOf(static_cast<int>(r));
+    const std::vector<WritePiece> expanded = WritePiecesOf(full, static_cast<int>(r));
+    ASSERT_EQ(mine.size(), expanded.size()) << "rank " << r;
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      EXPECT_EQ(mine[k].slot_shard, expanded[k].slot_shard) << "rank " << r;
+      EXPECT_EQ(mine[k].box, expanded[k].box) << "rank " << r;
+      // The piece is the whole of the rank's shard at that slot position.
+      ASSERT_LT(mine[k].slot_shard, layouts[r].shards.size());
+      EXPECT_EQ(mine[k].box, layouts[r].shards[mine[k].slot_shard].box) << "rank " << r;
+      EXPECT_EQ(mine[k].nbytes, expanded[k].nbytes);
+      bytes += mine[k].nbytes;
+    }
+    EXPECT_EQ(bytes, full.writer_bytes[r]) << "rank " << r;
+    written += bytes;
+  }
+  EXPECT_EQ(written, full.unique_bytes);
+}
+
+TEST(LayoutTemplate, EveryRuleIsRecognisedExactly) {
+  const std::vector<TensorMeta> model = Model();
+  const std::vector<SplitRule> rules = {{K::kFlat, R::kCeil, 0},  {K::kFlat, R::kFloor, 0},
+                                        {K::kChunk, R::kCeil, 0}, {K::kChunk, R::kFloor, 0},
+                                        {K::kChunk, R::kCeil, 1}, {K::kChunk, R::kFloor, 1}};
+  int checked = 0;
+  for (int world : {1, 2, 3, 4, 6, 7, 12}) {
+    // n = world (FSDP), and n a divisor with index rank % n (TP inside DP).
+    for (int n : {world, world / 2}) {
+      if (n < 1 || world % n != 0) continue;
+      for (const SplitRule& rule : rules) {
+        // Chunk rules only on tensors that have the dimension: the others stay whole.
+        LayoutTemplate t = Uniform(model, rule, static_cast<uint32_t>(n));
+        for (size_t k = 0; k < model.size(); ++k)
+          if (rule.kind == K::kChunk && rule.dim >= model[k].global_shape.size()) t.rules[k] = {};
+        for (int r = 0; r < world; ++r) {
+          const RankLayout l = ExpandTemplate(t, static_cast<uint32_t>(r % n));
+          auto got = RecognizeLayout(l, r, world);
+          ASSERT_TRUE(got.has_value())
+              << rule.ToString() << " rank " << r << " of " << world << " parts " << n;
+          EXPECT_EQ(EncodeRankLayout(ExpandTemplate(got->layout_template, got->index)),
+                    EncodeRankLayout(l))
+              << rule.ToString() << " rank " << r << " of " << world << " parts " << n;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(LayoutTemplate, PartsCoverEachTensorOnceAndCountTheirElements) {
+  for (const TensorMeta& m : Model())
+    for (SplitRule rule : {SplitRule{K::kFlat, R::kCeil, 0}, SplitRule{K::kFlat, R::kFloor, 0},
+                           SplitRule{K::kChunk, R::kCeil, 0}})
+      for (uint32_t n : {1u, 2u, 3u, 7u, 40u}) {
+        if (m.global_shape.empty() && rule.kind == K::kChunk) continue;
+        uint64_t total = 0;
+        std::vector<Box> all;
+        for (uint32_t i = 0; i < n; ++i) {
+          uint64_t here = 0;
+          for (const Box& b : PartBoxes(m.global_shape, rule, i, n)) {
+            ASSERT_TRUE(CheckBoxInShape(b, m.global_shape).ok()) << b.ToString();
+            for (const Box& o : all) EXPECT_FALSE(Intersect(o, b).has_value()) << m.name;
+            all.push_back(b);
+            here += static_cast<uint64_t>(b.numel());
+          }
+          EXPECT_EQ(PartElements(m.global_shape, rule, i, n), here) << m.name << " " << i;
+          total += here;
+        }
+        EXPECT_EQ(total, static_cast<uint64_t>(NumElements(m.global_shape)))
+            << m.name << " " << rule.ToString() << " / " << n;
+      }
+}
+
+TEST(LayoutTemplate, OtherLayoutsAreNotTemplates) {
+  const std::vector<TensorMeta> model = Model();
+  const LayoutTemplate t = Uniform(model, {K::kFlat, R::kCeil, 0}, 4);
+  RankLayout l = ExpandTemplate(t, 1);
+  ASSERT_TRUE(RecognizeLayout(l, 1, 4).has_value());
+  // Held as part 1 by a rank the job numbers 2: no (n, index) explains it.
+  EXPECT_FALSE(RecognizeLayout(l, 2, 4).has_value());
+  // A box one element too long.
+  RankLayout longer = l;
+  longer.shards[0].box.lengths.back() += 1;
+  EXPECT_FALSE(RecognizeLayout(longer, 1, 4).has_value());
+  // The slot holds a tensor's boxes out of order.
+  RankLayout swapped = l;
+  std::swap(swapped.shards[0], swapped.shards.back());
+  EXPECT_FALSE(RecognizeLayout(swapped, 1, 4).has_value());
+  // Random boxes.
+  std::mt19937_64 rng(7);
+  int rejected = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    RankLayout x;
+    x.tensors.push_back({"m", DType::kF32, {40, 30}});
+    Box b = Box::Whole({40, 30});
+    b.offsets[0] = static_cast<int64_t>(rng() % 39);
+    b.lengths[0] = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(40 - b.offsets[0]));
+    b.offsets[1] = static_cast<int64_t>(rng() % 29) + 1;
+    b.lengths[1] = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(30 - b.offsets[1]));
+    x.shards.push_back({0, b});
+    auto got = RecognizeLayout(x, 1, 8);
+    if (!got) {
+      ++rejected;
+      continue;
+    }
+    // Whatever is recognised must expand to exactly this layout.
+    EXPECT_EQ(EncodeRankLayout(ExpandTemplate(got->layout_template, got->index)),
+              EncodeRankLayout(x));
+  }
+  EXPECT_GT(rejected, 150);
+}
+
+TEST(LayoutTemplate, EncodingRoundTripsAndEveryCorruptionIsAnError) {
+  LayoutTemplate t = Uniform(Model(), {K::kChunk, R::kFloor, 0}, 6);
+  t.rules[1] = {K::kFlat, R::kCeil, 0};
+  const std::string bytes = EncodeTemplate(t);
+  auto back = DecodeTemplate(bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, t);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto cut = DecodeTemplate(bytes.substr(0, n));
+    EXPECT_FALSE(cut.ok()) << "truncated to " << n;
+    if (!cut.ok()) {
+      EXPECT_EQ(cut.status().code(), StatusCode::kCorruption);
+    }
+  }
+  std::string extra = bytes + "x";
+  EXPECT_FALSE(DecodeTemplate(extra).ok());
+  // A chunk rule past the tensor's dimensions.
+  LayoutTemplate bad = t;
+  bad.rules[3] = {K::kChunk, R::kCeil, 1};  // "bias" is 1-d
+  auto st = DecodeTemplate(EncodeTemplate(bad));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("'bias' has a bad split rule"), std::string::npos)
+      << st.status().ToString();
+  LayoutTemplate twice = t;
+  twice.tensors[1].name = twice.tensors[0].name;
+  st = DecodeTemplate(EncodeTemplate(twice));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("listed twice"), std::string::npos);
+  EXPECT_FALSE(DecodeLayoutMessage("").ok());
+  EXPECT_FALSE(DecodeLayoutMessage("T123").ok());
+}
+
+TEST(TemplatedPlan, FullyShardedJobsWriteEveryBoxOnceFromTheRankHoldingIt) {
+  const std::vector<TensorMeta> model = Model();
+  for (SplitRule rule : {SplitRule{K::kFlat, R::kCeil, 0}, SplitRule{K::kFlat, R::kFloor, 0},
+                         SplitRule{K::kChunk, R::kCeil, 0}})
+    for (int world : {1, 2, 3, 5, 8, 16, 40})
+      // FSDP (n = world), and HSDP: 2 replicas of world / 2 shards (small parts: replicas
+      // take turns writing them).
+      for (int n : {world, world / 2}) {
+        if (n < 1 || world % n != 0 || (n != world && n == 1)) continue;
+        SCOPED_TRACE(rule.ToString() + ", " + std::to_string(world) + " ranks, " +
+                     std::to_string(n) + " parts");
+        const LayoutTemplate t = Uniform(model, rule, static_cast<uint32_t>(n));
+        std::vector<RankLayout> layouts;
+        for (int r = 0; r < world; ++r)
+          layouts.push_back(ExpandTemplate(t, static_cast<uint32_t>(r % n)));
+        Gathered g = Exchange(layouts);
+        // Ranks whose part of every split tensor is empty hold only the scalar: another
+        // template. Each distinct template is sent once.
+        std::set<std::string> distinct(g.templates.begin(), g.templates.end());
+        distinct.erase("");
+        EXPECT_EQ(g.senders, static_cast<int>(distinct.size()));
+        auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+        ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+        ASSERT_TRUE(plan->templated.has_value()) << plan->why_general;
+        EXPECT_EQ(plan->layout_hashes, g.hashes);
+        ExpectSameJobAsGeneralPlan(*plan, layouts);
+        if (n != world) {
+          // Both replicas write.
+          const SavePlan& full = plan->Full();
+          EXPECT_GT(full.writer_bytes[0], 0u);
+          EXPECT_GT(full.writer_bytes[static_cast<size_t>(n)], 0u);
+        }
+      }
+}
+
+TEST(TemplatedPlan, EveryCaseItDoesNotHandleFallsBackToTheGeneralPlanner) {
+  const std::vector<TensorMeta> model = Model();
+  struct Case {
+    const char* what;
+    std::vector<RankLayout> layouts;
+    const char* why;
+  };
+  std::vector<Case> cases;
+  {
+    // Tensor parallel 2 x data parallel 2: replicas hold the same 8 MiB half.
+    const LayoutTemplate t = Uniform({{"w", DType::kF32, {4096, 1024}}, {"b", DType::kF32, {1024}}},
+                                     {K::kChunk, R::kCeil, 0}, 2);
+    Case c{"replicas", {}, "hold the same part 0 of tensor 'w', 8388608 bytes"};
+    for (int r = 0; r < 4; ++r)
+      c.layouts.push_back(ExpandTemplate(t, static_cast<uint32_t>(r % 2)));
+    cases.push_back(c);
+  }
+  {
+    // Rank 0 holds a flat range, rank 1 a row chunk of "w": two rules for one tensor.
+    LayoutTemplate a = Uniform(model, {K::kFlat, R::kCeil, 0}, 2);
+    LayoutTemplate b = a;
+    b.rules[0] = {K::kChunk, R::kCeil, 1};
+    cases.push_back({"rules disagree", {ExpandTemplate(a, 0), ExpandTemplate(b, 1)}, "embed"});
+  }
+  {
+    // Rank 2 holds an irregular box: no template.
+    const LayoutTemplate t = Uniform(model, {K::kFlat, R::kCeil, 0}, 3);
+    Case c{"explicit",
+           {ExpandTemplate(t, 0), ExpandTemplate(t, 1), ExpandTemplate(t, 2)},
+           "not templates"};
+    c.layouts[2].shards[0].box.lengths.back() -= 1;
+    cases.push_back(c);
+  }
+  {
+    // A large tensor held whole by every rank beside a sharded one.
+    std::vector<TensorMeta> m = {{"big", DType::kF32, {1024, 1024}},
+                                 {"sharded", DType::kF32, {64, 1024}}};
+    LayoutTemplate t = Uniform(m, {K::kChunk, R::kCeil, 0}, 4);
+    t.rules[0] = {};
+    Case c{"large replicated tensor", {}, "'big' is held whole by several ranks"};
+    for (int r = 0; r < 4; ++r) c.layouts.push_back(ExpandTemplate(t, static_cast<uint32_t>(r)));
+    cases.push_back(c);
+  }
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Gathered g = Exchange(c.layouts);
+    auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_FALSE(plan->templated.has_value());
+    ASSERT_TRUE(plan->full.has_value());
+    EXPECT_NE(plan->why_general.find(c.why), std::string::npos) << plan->why_general;
+    ExpectCoveredOnce(*plan->full);
+    // The templated layouts were expanded for the general planner: same unique boxes as
+    // planning the explicit layouts.
+    std::vector<std::string> encoded;
+    for (const RankLayout& l : c.layouts) encoded.push_back(EncodeRankLayout(l));
+    auto general = MakeSavePlan(encoded);
+    ASSERT_TRUE(general.ok());
+    EXPECT_EQ(UniqueBoxes(*plan->full), UniqueBoxes(*general));
+    for (size_t r = 0; r < c.layouts.size(); ++r)
+      for (const WritePiece& p : plan->PiecesOf(static_cast<int>(r))) {
+        ASSERT_LT(p.slot_shard, c.layouts[r].shards.size());
+        EXPECT_TRUE(Intersect(p.box, c.layouts[r].shards[p.slot_shard].box).has_value());
+      }
+  }
+  // With templates off nothing is recognised.
+  const LayoutTemplate t = Uniform(model, {K::kFlat, R::kCeil, 0}, 3);
+  std::vector<RankLayout> fsdp;
+  for (uint32_t r = 0; r < 3; ++r) fsdp.push_back(ExpandTemplate(t, r));
+  Gathered g = Exchange(fsdp, /*templates=*/false);
+  EXPECT_TRUE(g.templates.empty());
+  auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->templated.has_value());
+  EXPECT_TRUE(plan->why_general.empty());
+}
+
+TEST(TemplatedPlan, BadGathersAreErrorsNamingTheRank) {
+  const LayoutTemplate t = Uniform(Model(), {K::kFlat, R::kCeil, 0}, 3);
+  std::vector<RankLayout> layouts;
+  for (uint32_t r = 0; r < 3; ++r) layouts.push_back(ExpandTemplate(t, r));
+  const Gathered good = Exchange(layouts);
+  ASSERT_TRUE(PlanPersist(good.messages, good.templates, good.hashes).ok());
+  auto expect_error = [&](const Gathered& g, const std::string& says) {
+    auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+    ASSERT_FALSE(plan.ok()) << says;
+    EXPECT_NE(plan.status().message().find(says), std::string::npos) << plan.status().ToString();
+  };
+  Gathered g = good;
+  g.templates[0].clear();  // the sender of the template sent nothing
+  expect_error(g, "rank 0 sent no template");
+  g = good;
+  g.templates[0][g.templates[0].size() - 1] ^= 1;
+  expect_error(g, "rank 0's template does not match its hash");
+  g = good;
+  g.templates.pop_back();
+  expect_error(g, "templates gathered from 2 of 3 ranks");
+  g = good;
+  LayoutMessage m = *DecodeLayoutMessage(g.messages[2]);
+  m.index = 3;
+  g.messages[2] = EncodeLayoutMessage(m);
+  expect_error(g, "rank 2 is part 3 of a template of 3");
+  g = good;
+  g.messages[1] = "Z";
+  expect_error(g, "rank 1");
+}
+
+}  // namespace
+}  // namespace cairn
