@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,13 @@
 #include <nlohmann/json.hpp>
 
 namespace cairn::bench {
+
+// This process's peak resident memory so far, in KiB (getrusage's ru_maxrss).
+inline long MaxRssKb() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
 
 // "a,b,c" -> {"a", "b", "c"} (empty items dropped).
 inline std::vector<std::string> SplitList(const std::string& s) {

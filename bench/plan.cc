@@ -46,6 +46,7 @@
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/save_planner.h"
+#include "persist/templated_plan.h"
 #include "recovery/load_planner.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_wire.h"
@@ -62,6 +63,8 @@ struct Args {
   int load_tp = 4, load_pp = 20, load_dp = 100;
   int fully_sharded = 0;  // > 0: that many ranks, each a flat 1/n of every tensor
   int load_ranks = 0;     // fully sharded: the loading job's ranks (0: 4/5 of them)
+  bool no_templates = false;
+  bool save_only = false;
 };
 
 constexpr int kBuffersPerStage = 40;
@@ -115,19 +118,42 @@ RankLayout StageLayout(const Args& a, int tp_size, int layers, int tp, int pp, i
 
 // Rank `r` of an n-rank fully sharded job (FSDP / ZeRO-3): the whole model (`layers`
 // layers and the buffers), each tensor's row-major elements cut into n contiguous flat
-// ranges (ceil division, the last ones shorter or empty), rank r holding range r as boxes.
+// ranges (ceil division, the last ones shorter or empty), rank r holding range r as boxes;
+// a tensor whose range is empty is not in the layout (a host slot holds no empty shard).
 RankLayout FlatLayout(const Args& a, int layers, int n, int r) {
-  RankLayout all = StageLayout(a, 1, layers, 0, 0, 0);
-  RankLayout l;
-  l.tensors = all.tensors;
-  for (uint32_t t = 0; t < all.tensors.size(); ++t) {
-    const int64_t numel = NumElements(all.tensors[t].global_shape);
-    const int64_t per = (numel + n - 1) / n;
-    const int64_t begin = std::min(numel, per * r), end = std::min(numel, begin + per);
-    auto boxes = FlatRangeToBoxes(all.tensors[t].global_shape, begin, end);
-    for (Box& b : *boxes) l.shards.push_back({t, std::move(b)});
+  LayoutTemplate t;
+  t.tensors = StageLayout(a, 1, layers, 0, 0, 0).tensors;
+  t.rules.assign(t.tensors.size(), {SplitRule::Kind::kFlat, SplitRule::Round::kCeil, 0});
+  t.parts = static_cast<uint32_t>(n);
+  return ExpandTemplate(t, static_cast<uint32_t>(r));
+}
+
+// What the persister's layout gathers bring a rank (persist/templated_plan.h).
+struct Gathered {
+  std::vector<std::string> messages, templates;
+  std::vector<uint64_t> hashes;
+  uint64_t bytes = 0;  // received by each rank, both gathers
+};
+
+// Rank r's message and hash, as the persister makes them from its layout; *tmpl is its
+// template's encoding when it has one.
+void Describe(const RankLayout& l, int r, int world, bool templates, std::string* message,
+              uint64_t* hash, std::string* tmpl) {
+  LayoutMessage m;
+  const std::string encoded = EncodeRankLayout(l);
+  auto rec = templates ? RecognizeLayout(l, r, world) : std::nullopt;
+  tmpl->clear();
+  if (rec) {
+    *tmpl = EncodeTemplate(rec->layout_template);
+    m.templated = true;
+    m.template_hash = TemplateHash(*tmpl);
+    m.index = rec->index;
+    *hash = TemplatedLayoutHash(m.template_hash, m.index);
+  } else {
+    m.layout = encoded;
+    *hash = LayoutHash(encoded);
   }
-  return l;
+  *message = EncodeLayoutMessage(m);
 }
 
 }  // namespace
@@ -158,6 +184,10 @@ int main(int argc, char** argv) {
   app.add_option("--load-ranks", a.load_ranks,
                  "with --fully-sharded: ranks of the loading job (default 4/5 of N)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--no-templates", a.no_templates,
+               "plan every layout with the general planner (as before layout templates)");
+  app.add_flag("--save-only", a.save_only,
+               "time the save side only (plan, cached plan, MANIFEST), not the restore");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   const bool fsdp = a.fully_sharded > 0;
   if (fsdp) {
@@ -172,9 +202,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int world = a.tp * a.pp * a.dp;
-  // rank = (dp * pp_size + pp) * tp_size + tp, as Megatron orders them.
-  std::vector<std::string> distinct(static_cast<size_t>(a.tp * a.pp));
-  std::vector<uint64_t> distinct_hash(distinct.size());
+  // rank = (dp * pp_size + pp) * tp_size + tp, as Megatron orders them: rank r holds
+  // distinct layout r % (tp * pp), which rank r % (tp * pp) describes for all of them (a
+  // rank's template index is its tp index, the same for its data-parallel replicas).
+  const size_t ndistinct = static_cast<size_t>(a.tp * a.pp);
+  std::vector<std::string> distinct(a.save_only ? 0 : ndistinct);  // encoded, for the restore
+  std::vector<std::string> message(ndistinct), tmpl(ndistinct);
+  std::vector<uint64_t> distinct_hash(ndistinct);
   size_t entries = 0;  // (rank, shard) pairs of the whole job
   // The rank (tp, pp)'s layout; fully sharded: rank tp's flat ranges.
   auto layout_of = [&](int tp, int pp) {
@@ -186,57 +220,129 @@ int main(int argc, char** argv) {
       RankLayout l = layout_of(tp, pp);
       entries += l.shards.size() * static_cast<size_t>(a.dp);
       const size_t k = static_cast<size_t>(pp * a.tp + tp);
-      distinct[k] = EncodeRankLayout(l);
-      distinct_hash[k] = LayoutHash(distinct[k]);
+      if (!a.save_only) distinct[k] = EncodeRankLayout(l);
+      Describe(l, static_cast<int>(k), world, !a.no_templates, &message[k], &distinct_hash[k],
+               &tmpl[k]);
     }
-  // What a rank holds after the layout allgather: bytes from the lowest rank of each
-  // distinct layout, hashes from everyone.
-  std::vector<std::string> gathered(static_cast<size_t>(world));
-  std::vector<uint64_t> hashes(static_cast<size_t>(world));
+  // What a rank holds after the layout gathers: template references from everyone (or
+  // explicit layouts from the lowest rank of each), each template once.
+  Gathered gathered;
+  gathered.messages.resize(static_cast<size_t>(world));
+  gathered.hashes.resize(static_cast<size_t>(world));
+  bool any_templated = false;
   for (int r = 0; r < world; ++r) {
-    const size_t k = static_cast<size_t>(r % (a.tp * a.pp));
-    hashes[static_cast<size_t>(r)] = distinct_hash[k];
-    if (r < a.tp * a.pp) gathered[static_cast<size_t>(r)] = distinct[k];
+    const size_t k = static_cast<size_t>(r) % ndistinct;
+    gathered.hashes[static_cast<size_t>(r)] = distinct_hash[k];
+    const bool templated = !tmpl[k].empty();
+    any_templated = any_templated || templated;
+    gathered.messages[static_cast<size_t>(r)] = templated || r < static_cast<int>(ndistinct)
+                                                    ? message[k]
+                                                    : EncodeLayoutMessage(LayoutMessage{});
   }
+  if (any_templated) {
+    gathered.templates.resize(static_cast<size_t>(world));
+    std::set<uint64_t> sent;
+    for (int r = 0; r < world; ++r) {
+      const size_t k = static_cast<size_t>(r) % ndistinct;
+      if (!tmpl[k].empty() && sent.insert(TemplateHash(tmpl[k])).second)
+        gathered.templates[static_cast<size_t>(r)] = tmpl[k];
+    }
+  }
+  for (const std::string& m : gathered.messages) gathered.bytes += m.size();
+  for (const std::string& t : gathered.templates) gathered.bytes += t.size();
+  message.clear();
+  tmpl.clear();
 
   std::vector<double> plan_t, cached_t, manifest_t;
-  SavePlan plan;
+  std::optional<PersistPlan> persist_plan;
   uint64_t manifest_bytes = 0;
+  size_t my_pieces = 0;
   std::string manifest;  // the last one, encoded
+  long rss_after_plan_kb = 0;
   for (int rep = 0; rep < a.repeats; ++rep) {
+    // What every rank does after the gathers: plan, and find the pieces it writes.
+    persist_plan.reset();
     int64_t t0 = NowNanos();
-    auto p = MakeSavePlan(gathered, hashes);
+    auto p = PlanPersist(gathered.messages, gathered.templates, gathered.hashes);
+    if (p.ok()) my_pieces = p->PiecesOf(0).size();
     plan_t.push_back(NanosToSeconds(NowNanos() - t0));
     if (!p.ok()) {
       std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
       return 1;
     }
-    plan = std::move(*p);
+    persist_plan = std::move(*p);
+    // (before any MANIFEST: what a rank other than 0 ever holds for planning)
+    if (rep == 0) rss_after_plan_kb = cairn::bench::MaxRssKb();
 
-    // A later round: this rank re-derives its hash and compares everyone's.
+    // A later round: this rank re-derives its hash (its layout's template, when it is
+    // one) and compares everyone's.
     t0 = NowNanos();
     RankLayout mine = layout_of(0, 0);
-    const uint64_t h = LayoutHash(EncodeRankLayout(mine));
-    const bool same = h == hashes[0] && plan.layout_hashes == hashes;
+    std::string msg, mine_tmpl;
+    uint64_t h = 0;
+    Describe(mine, 0, world, !a.no_templates, &msg, &h, &mine_tmpl);
+    const bool same = h == gathered.hashes[0] && persist_plan->layout_hashes == gathered.hashes;
     cached_t.push_back(NanosToSeconds(NowNanos() - t0));
     if (!same) {
       std::fprintf(stderr, "plan: cache check failed\n");
       return 1;
     }
 
-    // Location tables as the writers would report them.
+    // Rank 0: the MANIFEST from the plan (expanded, when templated) and the location
+    // tables the writers would report.
     const uint64_t chunk = 4ull << 20;  // CAIRN_CHUNK_BYTES default
-    const std::vector<LocationTable> tables =
-        cairn::bench::SimulatedLocationTables(plan, chunk, 5000);
     t0 = NowNanos();
-    auto m = BuildManifest(plan, tables, "bench", 1000, chunk);
+    const SavePlan& full = persist_plan->Full();
+    const int64_t expand_ns = NowNanos() - t0;
+    const std::vector<LocationTable> tables =
+        cairn::bench::SimulatedLocationTables(full, chunk, 5000);
+    t0 = NowNanos();
+    auto m = BuildManifest(full, tables, "bench", 1000, chunk);
     if (!m.ok()) {
       std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
       return 1;
     }
     manifest = EncodeManifest(*m);
     manifest_bytes = manifest.size();
-    manifest_t.push_back(NanosToSeconds(NowNanos() - t0));
+    manifest_t.push_back(NanosToSeconds(NowNanos() - t0 + expand_ns));
+  }
+  const SavePlan& plan = persist_plan->Full();
+
+  using cairn::bench::Round;
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const long rss_after_manifest_kb = cairn::bench::MaxRssKb();
+  nlohmann::ordered_json j = {
+      {"bench", "plan"},
+      {"ranks", world},
+      {"shards", entries / static_cast<size_t>(world)},
+      {"entries", entries},
+      {"templated", persist_plan->templated.has_value()},
+      {"layout_gather_bytes", gathered.bytes},
+      {"distinct_layouts", plan.lists.size()},
+      {"unique_boxes", plan.shards.size()},
+      {"pieces", plan.pieces.size()},
+      {"my_pieces", my_pieces},
+      {"unique_tb", Round(static_cast<double>(plan.unique_bytes) / 1e12, 3)},
+      {"plan_s", Round(med(plan_t), 4)},
+      {"cached_plan_s", Round(med(cached_t), 6)},
+      {"plan_rss_mb", Round(static_cast<double>(rss_after_plan_kb) / 1024, 1)},
+      {"manifest_s", Round(med(manifest_t), 4)},
+      {"manifest_bytes", manifest_bytes},
+      {"manifest_rss_mb", Round(static_cast<double>(rss_after_manifest_kb) / 1024, 1)},
+      {"max_writer_share", Round(plan.max_writer_share(), 4)}};
+  std::fprintf(stderr,
+               "plan: %d ranks x %zu shards, %zu distinct layouts, %zu unique boxes, %zu pieces, "
+               "%s plan%s%s\n",
+               world, entries / static_cast<size_t>(world), plan.lists.size(), plan.shards.size(),
+               plan.pieces.size(), persist_plan->templated ? "templated" : "general",
+               persist_plan->why_general.empty() ? "" : ": ", persist_plan->why_general.c_str());
+  if (fsdp) j["fully_sharded"] = true;
+  if (a.save_only) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
   }
 
   // The restore's discovery and agreement over `world` simulated ranks.
@@ -248,7 +354,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> encoded(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r) {
       Inventory inv;
-      inv.layout_hash = hashes[static_cast<size_t>(r)];
+      inv.layout_hash = gathered.hashes[static_cast<size_t>(r)];
       const int partner = (r - kPerNode + world) % world;
       for (int64_t step : {998, 999, 1000}) {
         inv.held.push_back({r, step, static_cast<uint32_t>(world)});
@@ -299,7 +405,6 @@ int main(int argc, char** argv) {
     CatalogFromManifest(*m, &cat);
     catalog_t.push_back(NanosToSeconds(NowNanos() - t0));
   }
-  std::sort(catalog_t.begin(), catalog_t.end());
   // Plans restoring onto `classes` (distinct encoded layouts; rank r is class r % size):
   // the median time, and rank 0's part.
   struct Load {
@@ -372,50 +477,23 @@ int main(int argc, char** argv) {
   const size_t targets = load.targets;
   uint64_t restore_metadata_bytes = inventory_bytes + manifest_bytes;
   for (const std::string& l : load_layouts) restore_metadata_bytes += l.size();
-  std::sort(agree_t.begin(), agree_t.end());
-  std::sort(plan_t.begin(), plan_t.end());
-  std::sort(cached_t.begin(), cached_t.end());
-  std::sort(manifest_t.begin(), manifest_t.end());
-  auto med = [](const std::vector<double>& v) { return v[v.size() / 2]; };
-  std::fprintf(stderr,
-               "plan: %d ranks x %zu shards, %zu distinct layouts, %zu unique boxes, %zu pieces\n",
-               world, entries / static_cast<size_t>(world), plan.lists.size(), plan.shards.size(),
-               plan.pieces.size());
   std::fprintf(stderr,
                "load: onto %d ranks, %zu distinct targets, %zu spans, %zu runs; rank 0 reads %zu "
                "runs, receives %zu spans, sends %zu\n",
                load_world, targets, lp.spans.size(), lp.runs.size(), mine.my_runs.size(),
                mine.gets.size() - mine.my_runs.size(), mine.puts.size());
-  using cairn::bench::Round;
-  nlohmann::ordered_json j = {
-      {"bench", "plan"},
-      {"ranks", world},
-      {"shards", entries / static_cast<size_t>(world)},
-      {"entries", entries},
-      {"distinct_layouts", plan.lists.size()},
-      {"unique_boxes", plan.shards.size()},
-      {"pieces", plan.pieces.size()},
-      {"unique_tb", Round(static_cast<double>(plan.unique_bytes) / 1e12, 3)},
-      {"plan_s", Round(med(plan_t), 4)},
-      {"cached_plan_s", Round(med(cached_t), 6)},
-      {"manifest_s", Round(med(manifest_t), 4)},
-      {"manifest_bytes", manifest_bytes},
-      {"max_writer_share", Round(plan.max_writer_share(), 4)},
-      {"agree_s", Round(med(agree_t), 4)},
-      {"inventory_bytes", inventory_bytes},
-      {"load_ranks", load_world},
-      {"load_distinct_targets", targets},
-      {"load_runs", lp.runs.size()},
-      {"catalog_s", Round(catalog_t[catalog_t.size() / 2], 4)},
-      {"load_plan_s", Round(load.s, 4)},
-      {"restore_metadata_bytes", restore_metadata_bytes},
-      {"load_read_over_needed", Round(static_cast<double>(lp.pfs_bytes_to_read) /
-                                          static_cast<double>(lp.unique_bytes_needed),
-                                      4)}};
-  if (fsdp) {
-    j["fully_sharded"] = true;
-    j["load_plan_same_layout_s"] = Round(same.s, 4);
-  }
+  j["agree_s"] = Round(med(agree_t), 4);
+  j["inventory_bytes"] = inventory_bytes;
+  j["load_ranks"] = load_world;
+  j["load_distinct_targets"] = targets;
+  j["load_runs"] = lp.runs.size();
+  j["catalog_s"] = Round(med(catalog_t), 4);
+  j["load_plan_s"] = Round(load.s, 4);
+  j["restore_metadata_bytes"] = restore_metadata_bytes;
+  j["load_read_over_needed"] = Round(
+      static_cast<double>(lp.pfs_bytes_to_read) / static_cast<double>(lp.unique_bytes_needed), 4);
+  if (fsdp) j["load_plan_same_layout_s"] = Round(same.s, 4);
+  j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
