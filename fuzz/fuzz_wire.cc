@@ -1,20 +1,41 @@
 // libFuzzer target: the records ranks send each other (a rank's layout for the save
-// planner, a writer's location table for the commit) and the rendezvous address file. The
-// first byte picks the parser; whatever decodes must round-trip.
+// planner, its layout message and template, a writer's location table for the commit), a
+// writer's index file and the rendezvous address file. The first byte picks the parser;
+// whatever decodes must round-trip (a template must also expand for each of its parts).
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
 #include "persist/commit.h"
+#include "persist/layout_template.h"
 #include "persist/save_planner.h"
+#include "persist/step_index.h"
+#include "persist/templated_plan.h"
 #include "transport/rendezvous.h"
 #include "transport/ucx_comm.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view b(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 3) {
+  switch (data[0] % 6) {
+    case 3: {
+      auto t = cairn::DecodeTemplate(b);
+      if (!t.ok()) break;
+      if (cairn::EncodeTemplate(*t) != b) std::abort();
+      for (uint32_t i = 0; i < t->parts && i < 4; ++i) (void)cairn::ExpandTemplate(*t, i);
+      break;
+    }
+    case 4: {
+      auto x = cairn::DecodeWriterIndex(b);
+      if (x.ok() && cairn::EncodeWriterIndex(*x) != b) std::abort();
+      break;
+    }
+    case 5: {
+      auto m = cairn::DecodeLayoutMessage(b);
+      if (m.ok() && !cairn::DecodeLayoutMessage(cairn::EncodeLayoutMessage(*m)).ok()) std::abort();
+      break;
+    }
     case 0: {
       auto l = cairn::DecodeRankLayout(b);
       if (l.ok() && !cairn::DecodeRankLayout(cairn::EncodeRankLayout(*l)).ok()) std::abort();

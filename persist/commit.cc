@@ -21,6 +21,12 @@ std::string EncodeLocationTable(const LocationTable& t) {
   w.Put<uint32_t>(kTableMagic);
   w.PutStatus(t.status);
   if (!t.status.ok()) return std::move(w.out());
+  w.Put<uint8_t>(t.indexed ? 1 : 0);
+  if (t.indexed) {
+    w.Put<uint32_t>(t.index_pieces);
+    w.Put<uint64_t>(t.index_bytes);
+    w.Put<uint64_t>(t.index_checksum);
+  }
   w.Put<uint32_t>(static_cast<uint32_t>(t.pieces.size()));
   for (const auto& p : t.pieces) {
     w.Put<uint64_t>(p.offset);
@@ -44,6 +50,11 @@ Result<LocationTable> DecodeLocationTable(std::string_view bytes) {
   LocationTable t;
   if (!r.GetStatus(&t.status, 1 << 20)) return Bad("truncated status");
   if (!t.status.ok()) return t;
+  uint8_t indexed = 0;
+  if (!r.Get(&indexed) || indexed > 1) return Bad("truncated");
+  t.indexed = indexed == 1;
+  if (t.indexed && (!r.Get(&t.index_pieces) || !r.Get(&t.index_bytes) || !r.Get(&t.index_checksum)))
+    return Bad("truncated index digest");
   uint32_t n = 0;
   if (!r.Get(&n) || n > r.remaining() / 12) return Bad("piece count");
   t.pieces.resize(n);
@@ -63,25 +74,34 @@ Result<LocationTable> DecodeLocationTable(std::string_view bytes) {
   return t;
 }
 
-Result<pb::Manifest> BuildManifest(const SavePlan& plan, const std::vector<LocationTable>& tables,
-                                   const std::string& job, int64_t step, uint64_t chunk_bytes) {
-  const int world = plan.world_size();
-  if (static_cast<int>(tables.size()) != world)
-    return Status::InvalidArgument("manifest: " + std::to_string(tables.size()) +
-                                   " location tables for " + std::to_string(world) + " ranks");
+Result<pb::Manifest> ManifestHead(uint32_t version, const std::vector<TensorMeta>& tensors,
+                                  size_t tables, int world, const std::string& job, int64_t step,
+                                  uint64_t chunk_bytes) {
+  if (static_cast<int>(tables) != world)
+    return Status::InvalidArgument("manifest: " + std::to_string(tables) + " location tables for " +
+                                   std::to_string(world) + " ranks");
   pb::Manifest m;
-  m.set_format_version(kManifestFormatVersion);
+  m.set_format_version(version);
   m.set_job(job);
   m.set_step(step);
   m.set_world_size(static_cast<uint32_t>(world));
   m.set_chunk_bytes(chunk_bytes);
-  m.mutable_tensors()->Reserve(static_cast<int>(plan.tensors.size()));
-  for (const TensorMeta& t : plan.tensors) {
+  m.mutable_tensors()->Reserve(static_cast<int>(tensors.size()));
+  for (const TensorMeta& t : tensors) {
     pb::Tensor* pt = m.add_tensors();
     pt->set_name(t.name);
     pt->set_dtype(static_cast<uint32_t>(t.dtype));
     pt->mutable_shape()->Add(t.global_shape.begin(), t.global_shape.end());
   }
+  return m;
+}
+
+Result<pb::Manifest> BuildManifest(const SavePlan& plan, const std::vector<LocationTable>& tables,
+                                   const std::string& job, int64_t step, uint64_t chunk_bytes) {
+  const int world = plan.world_size();
+  CAIRN_ASSIGN_OR_RETURN(
+      pb::Manifest m, ManifestHead(kManifestFormatVersion, plan.tensors, tables.size(), world, job,
+                                   step, chunk_bytes));
   m.mutable_shards()->Reserve(static_cast<int>(plan.shards.size()));
   for (const PlanShard& s : plan.shards) {
     pb::Shard* ps = m.add_shards();

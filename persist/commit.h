@@ -30,12 +30,23 @@ struct LocationTable {
     uint64_t checksum = 0;
   };
   Status status;  // not OK: this rank failed to write (the message says why)
-  std::vector<Piece> pieces;
+  // A templated plan's writer puts its pieces in its index file (persist/step_index.h)
+  // and reports only the file's digest here.
+  bool indexed = false;
+  uint32_t index_pieces = 0;
+  uint64_t index_bytes = 0, index_checksum = 0;
+  std::vector<Piece> pieces;  // when not indexed
   std::vector<Blob> blobs;
 };
 
 std::string EncodeLocationTable(const LocationTable& t);
 Result<LocationTable> DecodeLocationTable(std::string_view bytes);
+
+// The fields every MANIFEST starts with (format `version`, what was saved, the tensors);
+// InvalidArgument when there is not one location table per rank.
+Result<pb::Manifest> ManifestHead(uint32_t version, const std::vector<TensorMeta>& tensors,
+                                  size_t tables, int world, const std::string& job, int64_t step,
+                                  uint64_t chunk_bytes);
 
 // The MANIFEST of `step` from the plan and every rank's table (indexed by rank; all OK).
 // InvalidArgument when a table does not match the plan.

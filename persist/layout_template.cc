@@ -103,6 +103,55 @@ uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index,
   return 0;
 }
 
+std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
+                                                              const SplitRule& rule, uint32_t parts,
+                                                              const Box& box) {
+  if (box.empty() || box.ndim() != shape.size()) return std::nullopt;
+  int64_t extent = 0, lo = 0, hi = 0;  // the box's hull [lo, hi) in the index space cut
+  switch (rule.kind) {
+    case SplitRule::Kind::kWhole:
+      return std::pair<uint32_t, uint32_t>{0, 0};
+    case SplitRule::Kind::kFlat: {
+      extent = NumElements(shape);
+      int64_t stride = 1;
+      for (size_t d = shape.size(); d-- > 0;) {
+        lo += box.offsets[d] * stride;
+        hi += (box.offsets[d] + box.lengths[d] - 1) * stride;
+        stride *= shape[d];
+      }
+      hi += 1;
+      break;
+    }
+    case SplitRule::Kind::kChunk:
+      if (rule.dim >= shape.size()) return std::nullopt;
+      extent = shape[rule.dim];
+      lo = box.offsets[rule.dim];
+      hi = lo + box.lengths[rule.dim];
+      break;
+  }
+  // Part ranges are ordered and do not overlap: the first part ending after lo, the last
+  // beginning before hi.
+  uint32_t a = 0, b = parts;
+  while (a < b) {
+    const uint32_t m = a + (b - a) / 2;
+    if (PartRange(extent, rule.round, m, parts).second <= lo)
+      a = m + 1;
+    else
+      b = m;
+  }
+  const uint32_t first = a;
+  a = first, b = parts;
+  while (a < b) {
+    const uint32_t m = a + (b - a) / 2;
+    if (PartRange(extent, rule.round, m, parts).first < hi)
+      a = m + 1;
+    else
+      b = m;
+  }
+  if (a == first) return std::nullopt;
+  return std::pair<uint32_t, uint32_t>{first, a - 1};
+}
+
 RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index) {
   RankLayout out;
   for (size_t k = 0; k < t.tensors.size(); ++k) {

@@ -7,6 +7,8 @@
 #include "cairn/tensor.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
+#include "persist/layout_template.h"
+#include "persist/step_index.h"
 
 namespace cairn {
 namespace {
@@ -89,10 +91,44 @@ Result<pb::Manifest> DecodeManifest(std::string_view bytes) {
   return m;
 }
 
+namespace {
+
+// Format 2: templates and per-rank tables instead of shards, lists and boxes.
+Status ValidateTemplated(const pb::Manifest& m) {
+  if (m.shards_size() || m.lists_size() || m.rank_list_size() || m.files_size() || m.boxes_size())
+    return Bad("format 2 with format 1 layout fields");
+  std::vector<uint32_t> parts;
+  for (const std::string& bytes : m.templates()) {
+    auto t = DecodeTemplate(bytes);
+    if (!t.ok()) return Bad(t.status().message());
+    if (t->parts > m.world_size()) return Bad("a template of more parts than ranks");
+    parts.push_back(t->parts);
+  }
+  const int world = static_cast<int>(m.world_size());
+  if (m.rank_template_size() != world || m.rank_index_size() != world ||
+      m.index_pieces_size() != world || m.index_bytes_size() != world ||
+      m.index_checksums_size() != world)
+    return Bad("per-rank tables are not of the world size " + std::to_string(world));
+  for (int r = 0; r < world; ++r)
+    if (m.rank_template(r) >= parts.size() || m.rank_index(r) >= parts[m.rank_template(r)])
+      return Bad("rank " + std::to_string(r) + " names a missing template or part");
+  for (const pb::Blob& b : m.blobs()) {
+    Status st = CheckTensorName(b.name());
+    if (!st.ok()) return Bad("blob: " + st.message());
+    if (b.rank() >= m.world_size() || b.offset() > (1ull << 62) || b.length() > (1ull << 40))
+      return Bad("blob '" + b.name() + "' has a bad rank or range");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status ValidateManifest(const pb::Manifest& m) {
-  if (m.format_version() != kManifestFormatVersion)
+  if (m.format_version() != kManifestFormatVersion &&
+      m.format_version() != kTemplatedManifestVersion)
     return Bad("format version " + std::to_string(m.format_version()) + " (this cairn reads " +
-               std::to_string(kManifestFormatVersion) + ")");
+               std::to_string(kManifestFormatVersion) + " and " +
+               std::to_string(kTemplatedManifestVersion) + ")");
   if (m.step() < 0) return Bad("negative step");
   if (m.world_size() < 1 || m.world_size() > (1u << 24))
     return Bad("world size " + std::to_string(m.world_size()));
@@ -107,6 +143,7 @@ Status ValidateManifest(const pb::Manifest& m) {
         !CheckedNumElements(Shape(t.shape().begin(), t.shape().end())))
       return Bad("tensor '" + t.name() + "' has a bad shape");
   }
+  if (m.format_version() == kTemplatedManifestVersion) return ValidateTemplated(m);
   Box box;
   for (int i = 0; i < m.shards_size(); ++i) {
     const pb::Shard& s = m.shards(i);
@@ -158,13 +195,21 @@ Status ValidateManifest(const pb::Manifest& m) {
   return Status::OK();
 }
 
-Result<pb::Manifest> ReadManifest(FileSystem* fs, const std::string& step_dir) {
+Result<pb::Manifest> ReadManifestFile(FileSystem* fs, const std::string& step_dir) {
   const std::string path = JoinPath(step_dir, "MANIFEST");
   auto bytes = ReadWholeFile(fs, path, kMaxManifestBytes);
   if (!bytes.ok()) return bytes.status();
   auto m = DecodeManifest(*bytes);
   if (!m.ok()) return m.status().WithContext(path);
   return m;
+}
+
+Result<pb::Manifest> ReadManifest(FileSystem* fs, const std::string& step_dir) {
+  CAIRN_ASSIGN_OR_RETURN(pb::Manifest m, ReadManifestFile(fs, step_dir));
+  if (m.format_version() != kTemplatedManifestVersion) return m;
+  auto full = ExpandManifest(m, FileIndexReader(fs, step_dir));
+  if (!full.ok()) return full.status().WithContext(step_dir);
+  return full;
 }
 
 Result<int64_t> ReadLatest(FileSystem* fs, const std::string& job_dir) {

@@ -1,6 +1,7 @@
 // The parallel-filesystem format: directory names, the MANIFEST file and LATEST.
 //
 //   <pfs_root>/<job>/step-<000123>/data/<rank>.bin   payloads, each box 4 KiB aligned
+//   <pfs_root>/<job>/step-<000123>/data/<rank>.idx   format 2: where the rank's pieces lie
 //   <pfs_root>/<job>/step-<000123>/MANIFEST          framed protobuf (persist/manifest.proto)
 //   <pfs_root>/<job>/LATEST                          "<step>\n": the newest committed step
 // persist/FORMAT.md describes the bytes. A step directory without MANIFEST does not exist
@@ -41,10 +42,14 @@ std::string EncodeManifest(const pb::Manifest& m);
 // saying what is wrong (the caller adds the file name).
 Result<pb::Manifest> DecodeManifest(std::string_view bytes);
 // Format version, names, dtypes, boxes inside shapes, indices in range, chunk tables
-// consistent with lengths, file names of the form "data/<n>.bin", layout sizes.
+// consistent with lengths, file names of the form "data/<n>.bin", layout sizes; for
+// format 2 the templates and per-rank tables.
 Status ValidateManifest(const pb::Manifest& m);
 
-// Reads and decodes "<step_dir>/MANIFEST"; errors name the file.
+// Reads and decodes "<step_dir>/MANIFEST" as it is (format 1 or 2); errors name the file.
+Result<pb::Manifest> ReadManifestFile(FileSystem* fs, const std::string& step_dir);
+// Same, with a format-2 MANIFEST expanded to format 1's shape (every box, located: reads
+// every writer's index file, persist/step_index.h).
 Result<pb::Manifest> ReadManifest(FileSystem* fs, const std::string& step_dir);
 // The step LATEST names; NotFound when there is none, Corruption naming the file when it
 // does not parse.

@@ -16,6 +16,7 @@
 #include "core/trace.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
+#include "persist/step_index.h"
 
 namespace cairn {
 namespace {
@@ -389,6 +390,16 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
                       : Status::Unavailable("step " + std::to_string(step) +
                                             " was replaced in the host tier by a newer capture "
                                             "before it could be written");
+  if (table.status.ok() && plan_->templated) {
+    // Format 2: where the pieces lie goes to this rank's index file, not to rank 0.
+    const std::string index = EncodeWriterIndex(table.pieces);
+    table.status = WriteFileAtomic(fs_, JoinPath(step_dir, IndexFileName(me)), index);
+    table.indexed = true;
+    table.index_pieces = static_cast<uint32_t>(table.pieces.size());
+    table.index_bytes = index.size();
+    table.index_checksum = Checksum(index.data(), index.size());
+    table.pieces.clear();
+  }
   if (!table.status.ok()) table.status = table.status.WithContext("rank " + std::to_string(me));
 
   // 4. Gather the tables; rank 0 commits.
@@ -404,8 +415,12 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
         CAIRN_RETURN_IF_ERROR(t.status);
         tables.push_back(std::move(t));
       }
-      CAIRN_ASSIGN_OR_RETURN(pb::Manifest m, BuildManifest(plan_->Full(), tables, config_.job, step,
-                                                           config_.writer.chunk_bytes));
+      CAIRN_ASSIGN_OR_RETURN(
+          pb::Manifest m, plan_->templated
+                              ? BuildTemplatedManifest(*plan_->templated, tables, config_.job, step,
+                                                       config_.writer.chunk_bytes)
+                              : BuildManifest(plan_->Full(), tables, config_.job, step,
+                                              config_.writer.chunk_bytes));
       m.set_created_wall_ns(WallNanos());
       CAIRN_RETURN_IF_ERROR(fs_->SyncDir(step_dir));
       CAIRN_KILL_POINT("commit.step_synced");

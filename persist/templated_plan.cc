@@ -27,7 +27,7 @@ std::vector<WritePiece> WritePiecesOf(const SavePlan& plan, int rank) {
   for (uint32_t j = 0; j < list.size(); ++j) pos.emplace(list[j], j);
   for (size_t i : plan.PiecesOf(rank)) {
     const PlannedPiece& p = plan.pieces[i];
-    out.push_back({pos.at(p.shard), p.box, p.src_offset, p.nbytes});
+    out.push_back({plan.shards[p.shard].tensor, pos.at(p.shard), p.box, p.src_offset, p.nbytes});
   }
   return out;
 }
@@ -36,7 +36,7 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
                                                std::vector<uint32_t> rank_template,
                                                std::vector<uint32_t> rank_index,
                                                std::vector<uint64_t> layout_hashes,
-                                               const PlannerConfig& config, std::string* why) {
+                                               const PlannerConfig* config, std::string* why) {
   TemplatedPlan p;
   p.templates = std::move(templates);
   p.rank_template = std::move(rank_template);
@@ -49,8 +49,8 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
   }
   // 1. Every tensor once, with its rule; templates must agree on the tensors they share.
   std::unordered_map<std::string, uint32_t> ids;
-  std::vector<SplitRule> rule;
-  std::vector<uint32_t> parts, first_template;
+  std::vector<SplitRule>& rule = p.rules;
+  std::vector<uint32_t>& parts = p.parts;
   p.global_ids.resize(p.templates.size());
   for (uint32_t t = 0; t < p.templates.size(); ++t) {
     const LayoutTemplate& lt = p.templates[t];
@@ -62,7 +62,6 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
         p.tensors.push_back(lt.tensors[k]);
         rule.push_back(lt.rules[k]);
         parts.push_back(n);
-        first_template.push_back(t);
         p.in_templates.emplace_back();
       } else if (!(p.tensors[g] == lt.tensors[k]) || !(rule[g] == lt.rules[k]) || parts[g] != n) {
         *why = "tensor '" + lt.tensors[k].name + "' is " + rule[g].ToString() + " of " +
@@ -79,7 +78,7 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
   p.rank_class.resize(world);
   for (size_t r = 0; r < world; ++r) {
     const uint32_t t = p.rank_template[r], i = p.rank_index[r];
-    if (t >= p.templates.size() || (i >= p.templates[t].parts)) {
+    if (t >= p.templates.size() || i >= p.templates[t].parts || i >= world) {
       *why = "rank " + std::to_string(r) + " names a template or index that does not exist";
       return std::nullopt;
     }
@@ -110,11 +109,12 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
   // whole by one of them (data-parallel replicas of large parts, large replicated
   // tensors): then the general plan, which cuts and balances them, is better.
   uint64_t total = 0;
-  for (const TensorMeta& t : p.tensors)
+  for (const TensorMeta& t : config ? p.tensors : std::vector<TensorMeta>{})
     total += static_cast<uint64_t>(NumElements(t.global_shape)) * DTypeSize(t.dtype);
   const uint64_t cut =
-      std::max<uint64_t>(total / (world * std::max<uint64_t>(config.split_factor, 1)),
-                         std::max<uint64_t>(config.min_piece_bytes, 1));
+      config ? std::max<uint64_t>(total / (world * std::max<uint64_t>(config->split_factor, 1)),
+                                  std::max<uint64_t>(config->min_piece_bytes, 1))
+             : UINT64_MAX;
   for (const auto& [holder_templates, group] : by_holders) {
     size_t holders = 0;
     for (size_t c = 0; c < p.class_ranks.size() && holders < 2; ++c)
@@ -163,8 +163,8 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
       heap.push(top);
     }
   }
-  // 4. Split parts: counted once each, for their writer.
-  for (size_t c = 0; c < p.class_ranks.size(); ++c) {
+  // 4. Split parts: counted once each, for their writer (not for a reader of a MANIFEST).
+  for (size_t c = 0; config && c < p.class_ranks.size(); ++c) {
     const uint32_t t = p.class_template[c], i = p.class_index[c];
     for (uint32_t g : p.global_ids[t]) {
       if (!rule[g].split()) continue;
@@ -227,7 +227,7 @@ std::vector<WritePiece> TemplatedPlan::PiecesOf(int rank) const {
         for (Box& b : boxes) {
           if (w == rank) {
             const uint64_t nbytes = static_cast<uint64_t>(b.numel()) * DTypeSize(tensors[g].dtype);
-            out.push_back({slot, std::move(b), 0, nbytes});
+            out.push_back({g, slot, std::move(b), 0, nbytes});
           }
           ++slot;
         }
@@ -420,7 +420,7 @@ Result<PersistPlan> PlanPersist(const std::vector<std::string>& messages,
   out.layout_hashes = hashes;
   if (all_templated) {
     auto tp =
-        MakeTemplatedPlan(templates, rank_template, rank_index, hashes, config, &out.why_general);
+        MakeTemplatedPlan(templates, rank_template, rank_index, hashes, &config, &out.why_general);
     if (tp) {
       out.templated = std::move(*tp);
       return out;

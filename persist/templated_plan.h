@@ -39,6 +39,7 @@ namespace cairn {
 // What one rank is planned to write: a box of the shard at `slot_shard` in its slot,
 // starting at byte `src_offset` of that shard's row-major bytes.
 struct WritePiece {
+  uint32_t tensor = 0;  // index into the plan's tensors
   uint32_t slot_shard = 0;
   Box box;
   uint64_t src_offset = 0;
@@ -56,6 +57,8 @@ struct TemplatedPlan {
 
   // Derived by MakeTemplatedPlan.
   std::vector<TensorMeta> tensors;                    // every tensor, first seen first
+  std::vector<SplitRule> rules;                       // per tensor
+  std::vector<uint32_t> parts;                        // per tensor (1 when whole)
   std::vector<std::vector<uint32_t>> global_ids;      // template -> its tensors' ids
   std::vector<std::vector<uint32_t>> in_templates;    // tensor -> templates listing it
   std::vector<std::vector<uint32_t>> class_ranks;     // class -> its ranks, ascending
@@ -79,12 +82,14 @@ struct TemplatedPlan {
 // planner does better: they disagree on a tensor they share; or a box held by several
 // ranks (a whole tensor, or a part that data-parallel replicas hold) is larger than the
 // general planner's slabs: it would cut and balance it (and with replicas, layouts
-// repeat, which keeps it fast). The caller then uses the general plan.
+// repeat, which keeps it fast). The caller then uses the general plan. With `config` null
+// (a reader rebuilding the plan a MANIFEST was saved with) only the first check is made,
+// and writer_bytes counts only whole tensors.
 std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templates,
                                                std::vector<uint32_t> rank_template,
                                                std::vector<uint32_t> rank_index,
                                                std::vector<uint64_t> layout_hashes,
-                                               const PlannerConfig& config, std::string* why);
+                                               const PlannerConfig* config, std::string* why);
 
 // The layout hash of a templated rank (what Persister's offers carry).
 uint64_t TemplatedLayoutHash(uint64_t template_hash, uint32_t index);

@@ -21,6 +21,7 @@
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
 #include "persist/save_planner.h"
+#include "persist/step_index.h"
 #include "recovery/load_planner.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_transfer.h"
@@ -68,6 +69,10 @@ struct Pass {
   std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;
   LoadTargets lt;
   LoadPlan plan;
+  // A format-2 PFS step: this rank planned alone, from the index files its targets need
+  // (p.manifest then holds only those pieces).
+  bool solo = false;
+  uint64_t job_needed = 0;  // solo: the bytes every rank's targets needed, summed
 };
 
 // The restore collective on one rank: discovery, agreement, planning, transfer, outcome,
@@ -93,8 +98,16 @@ class Restorer {
   // 3. Pins this rank's copies of a memory step, gathers the target layouts and the shard
   // tables, and for a PFS step reads the MANIFEST (false: unreadable, step skipped).
   Result<bool> Catalog(const std::vector<Inventory>& inv, Pass& p);
-  Result<bool> CatalogPfs(Pass& p);
+  // Rank 0 reads the chosen PFS step's MANIFEST as it is and broadcasts it (false:
+  // unreadable, step skipped).
+  Result<bool> FetchManifest(Pass& p);
   Status Plan(Pass& p);
+  // A format-2 step: this rank's pieces from the index files its targets need, a plan
+  // of its own reads, and a job-wide check that every saved tensor is some rank's target
+  // (false: an index file is corrupt somewhere, step skipped).
+  Result<bool> PlanFromIndex(Pass& p);
+  // Skips a step that cannot be read (every rank calls it alike).
+  void Skip(Pass& p, const Status& why);
   // 4. Moves this rank's bytes and blobs; the status of the attempt.
   Status Transfer(Pass& p, Attempt& a, RestoreReport& r);
   Status ExchangeBlobs(Pass& p, Attempt& a, std::string* blob_bytes);
@@ -205,17 +218,27 @@ Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, Pass& p) {
                     &p.mc, &p.tensor_ids, &p.piece_ids)
               .WithContext(who_));
   }
-  if (p.choice.from_pfs) return CatalogPfs(p);
+  if (p.choice.from_pfs) {
+    p.mc.cat.where = p.step_dir;
+    CatalogFromManifest(p.manifest, &p.mc.cat);
+  }
   return true;
 }
 
-Result<bool> Restorer::CatalogPfs(Pass& p) {
+void Restorer::Skip(Pass& p, const Status& why) {
+  env_.log->Warning("skipping step " + std::to_string(p.choice.step) +
+                    " on the PFS: " + why.ToString());
+  skipped_.push_back(why.message());
+  excluded_.insert({p.choice.step, true});
+}
+
+Result<bool> Restorer::FetchManifest(Pass& p) {
   const int64_t step = p.choice.step;
   p.step_dir = JoinPath(env_.pfs_job_dir, StepDirName(step));
   std::string encoded;
   Status read_st;
   if (env_.rank == 0) {
-    auto m = ReadManifest(env_.pfs_fs, p.step_dir);
+    auto m = ReadManifestFile(env_.pfs_fs, p.step_dir);
     if (m.ok())
       encoded = EncodeManifest(*m);
     else
@@ -230,15 +253,65 @@ Result<bool> Restorer::CatalogPfs(Pass& p) {
   if (!br.GetStatus(&st0, kMaxText)) return Status::Corruption(who_ + ": garbled manifest");
   if (!st0.ok()) {
     // An unreadable MANIFEST: skip the step like a corrupt one.
-    env_.log->Warning("skipping step " + std::to_string(step) + " on the PFS: " + st0.ToString());
-    skipped_.push_back(st0.message());
-    excluded_.insert({step, true});
+    Skip(p, st0);
     return false;
   }
   CAIRN_ASSIGN_OR_RETURN(p.manifest, DecodeManifest(got.substr(got.size() - br.remaining())));
-  p.mc.cat.where = p.step_dir;
-  CatalogFromManifest(p.manifest, &p.mc.cat);
   return true;
+}
+
+Result<bool> Restorer::PlanFromIndex(Pass& p) {
+  p.solo = true;
+  const pb::Manifest saved = std::move(p.manifest);
+  std::vector<std::pair<std::string, Box>> want;
+  for (const ShardSpec& t : targets_) want.push_back({t.meta.name, t.box});
+  const int blob_rank = env_.rank < static_cast<int>(saved.world_size()) ? env_.rank : -1;
+  // Which saved tensors this rank's targets name (the job-wide check below).
+  std::unordered_map<std::string, size_t> ids;
+  for (int i = 0; i < saved.tensors_size(); ++i) ids.emplace(saved.tensors(i).name(), i);
+  std::string named((static_cast<size_t>(saved.tensors_size()) + 7) / 8, '\0');
+  for (const ShardSpec& t : targets_)
+    if (auto it = ids.find(t.meta.name); it != ids.end())
+      named[it->second / 8] = static_cast<char>(named[it->second / 8] | (1 << (it->second % 8)));
+  const int64_t plan_t0 = NowNanos();
+  Status st = [&]() -> Status {
+    CAIRN_ASSIGN_OR_RETURN(p.manifest, PartialManifest(saved, want, blob_rank,
+                                                       FileIndexReader(env_.pfs_fs, p.step_dir)));
+    p.mc.cat.step = p.choice.step;
+    p.mc.cat.from_pfs = true;
+    p.mc.cat.where = p.step_dir;
+    CatalogFromManifest(p.manifest, &p.mc.cat);
+    // Planned alone: this rank is class 0, every other rank an empty class 1.
+    p.lt.classes = {LayoutOf(targets_), RankLayout{}};
+    p.lt.class_of_rank.assign(static_cast<size_t>(env_.group->size()), 1);
+    p.lt.class_of_rank[static_cast<size_t>(env_.rank)] = 0;
+    CAIRN_ASSIGN_OR_RETURN(p.plan, MakeLoadPlan(p.mc.cat, p.lt));
+    return Status::OK();
+  }();
+  Trace::Record("restore plan", "restore", plan_t0, NowNanos());
+  if (!st.ok()) st = st.WithContext(who_ + ", step " + std::to_string(p.choice.step));
+  auto all = GatherChecked(env_.group, st, named);
+  if (!all.ok()) {
+    if (all.status().code() != StatusCode::kCorruption) return all.status();
+    Skip(p, all.status());
+    return false;
+  }
+  if (options_.partial) return true;
+  std::string names;
+  size_t missing = 0;
+  for (int i = 0; i < saved.tensors_size(); ++i) {
+    bool any = false;
+    for (const std::string& bits : *all)
+      any = any || (static_cast<size_t>(i / 8) < bits.size() && (bits[i / 8] >> (i % 8)) & 1);
+    if (any) continue;
+    if (missing++ < 5) names += (missing > 1 ? ", '" : "'") + saved.tensors(i).name() + "'";
+  }
+  if (missing == 0) return true;
+  if (missing > 5) names += " and " + std::to_string(missing - 5) + " more";
+  return Status::InvalidArgument(who_ + ", step " + std::to_string(p.choice.step) + " (" +
+                                 p.step_dir + "): saved tensor(s) " + names +
+                                 " are in no rank's targets (RestoreOptions::partial allows "
+                                 "that)");
 }
 
 Status Restorer::Plan(Pass& p) {
@@ -339,16 +412,18 @@ Result<bool> Restorer::Outcome(const Status& st, Pass& p, RestoreReport& r) {
   ByteWriter w;
   w.PutStatus(st);
   w.Put<uint64_t>(r.pfs_bytes_read);
+  w.Put<uint64_t>(p.solo ? p.plan.unique_bytes_needed : 0);
   CAIRN_ASSIGN_OR_RETURN(auto outcomes, env_.group->AllGather(w.out()));
   Status first_bad, first_corrupt;
-  uint64_t job_pfs = 0;
+  uint64_t job_pfs = 0, job_needed = 0;
   for (size_t k = 0; k < outcomes.size(); ++k) {
     ByteReader rd(outcomes[k]);
     Status s;
-    uint64_t n = 0;
-    if (!rd.GetStatus(&s, kMaxText) || !rd.Get(&n))
+    uint64_t n = 0, needed = 0;
+    if (!rd.GetStatus(&s, kMaxText) || !rd.Get(&n) || !rd.Get(&needed))
       s = Status::Corruption("garbled outcome from rank " + std::to_string(k));
     job_pfs += n;
+    job_needed += needed;
     if (s.code() == StatusCode::kCorruption) {
       if (first_corrupt.ok()) first_corrupt = s;
     } else if (!s.ok() && first_bad.ok()) {
@@ -366,6 +441,7 @@ Result<bool> Restorer::Outcome(const Status& st, Pass& p, RestoreReport& r) {
     return false;
   }
   r.job_pfs_bytes_read = job_pfs;
+  p.job_needed = job_needed;
   return true;
 }
 
@@ -396,7 +472,7 @@ void Restorer::Describe(const Pass& p, RestoreReport& r) const {
       if (!saved.count({ids[t.meta.name], key})) r.resharded = true;
     }
   }
-  r.job_unique_bytes_needed = p.plan.unique_bytes_needed;
+  r.job_unique_bytes_needed = p.solo ? p.job_needed : p.plan.unique_bytes_needed;
   r.seconds = NanosToSeconds(NowNanos() - t0_);
 }
 
@@ -405,9 +481,19 @@ Result<RestoreReport> Restorer::Run() {
     CAIRN_ASSIGN_OR_RETURN(std::vector<Inventory> inv, Discover());
     Pass p;
     CAIRN_ASSIGN_OR_RETURN(p.choice, Agree(inv));
-    CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p));
-    if (!usable) continue;
-    CAIRN_RETURN_IF_ERROR(Plan(p));
+    if (p.choice.from_pfs) {
+      CAIRN_ASSIGN_OR_RETURN(bool readable, FetchManifest(p));
+      if (!readable) continue;
+    }
+    if (p.choice.from_pfs && p.manifest.format_version() == kTemplatedManifestVersion) {
+      // No target layouts gathered, no job-wide plan: each rank reads what it needs.
+      CAIRN_ASSIGN_OR_RETURN(bool usable, PlanFromIndex(p));
+      if (!usable) continue;
+    } else {
+      CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p));
+      if (!usable) continue;
+      CAIRN_RETURN_IF_ERROR(Plan(p));
+    }
     RestoreReport r;
     Attempt a(env_, targets_, p.mc.cat, p.plan);
     a.manifest = p.choice.from_pfs ? &p.manifest : nullptr;

@@ -118,21 +118,39 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
 // A fully sharded job (every layout distinct) is persisted through the templated plan: no
 // rank gathers the others' boxes. What it wrote must restore bit-exact, onto its own layout
 // and onto others, from the PFS alone.
+// A fully sharded job (every layout distinct) is persisted through the templated plan: no
+// rank gathers the others' boxes, and the step is written in format 2 (a MANIFEST without
+// boxes, an index file per writer). It must restore bit-exact from the PFS alone, onto its
+// own layout and onto others, each rank reading the index files it needs; a bad index
+// file makes the restore skip the step for the older one.
 TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromThePfs) {
   TempDir root("rfsdp");
   const std::string job = testing::UniqueJobId("fsdp");
-  const std::string train = root.path() + "/train";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
-  auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "flat", kRows, "1", "3"}, train,
-                                     {{"CAIRN_PERSIST_EVERY", "0"}}));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
-  l->reset();
-  for (int r = 0; r < 4; ++r)
-    EXPECT_EQ(LastLine(train, r, "committed "), "committed 3 plan templated") << Logs(train, 4);
-  // Every byte written once: the MANIFEST's boxes of each tensor are disjoint and add up.
   const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
-  auto m = ReadManifest(DefaultFileSystem(), JoinPath(job_dir, StepDirName(3)));
+  FileSystem* fs = DefaultFileSystem();
+  // Two runs: steps 1..3 (3 flushed), then 4..5 (5 flushed).
+  for (auto [first, last] : {std::pair{"1", "3"}, std::pair{"4", "5"}}) {
+    const std::string train = root.path() + "/train" + first;
+    ASSERT_TRUE(fs->MakeDirs(train, 0700).ok());
+    auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "flat", kRows, first, last},
+                                       train, {{"CAIRN_PERSIST_EVERY", "0"}}));
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
+    l->reset();
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(LastLine(train, r, "committed "),
+                "committed " + std::string(last) + " plan templated")
+          << Logs(train, 4);
+  }
+  // Format 2 on disk; expanded, every byte written once: the boxes of each tensor add up.
+  const std::string step5 = JoinPath(job_dir, StepDirName(5));
+  auto raw = ReadManifestFile(fs, step5);
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  EXPECT_EQ(raw->format_version(), 2u);
+  EXPECT_EQ(raw->boxes_size(), 0);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(fs->Exists(JoinPath(step5, "data/" + std::to_string(r) + ".idx")));
+  auto m = ReadManifest(fs, step5);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   std::vector<int64_t> covered(static_cast<size_t>(m->tensors_size()), 0);
   for (const auto& b : m->boxes()) {
@@ -145,21 +163,42 @@ TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromTheP
     for (int64_t e : m->tensors(t).shape()) n *= e;
     EXPECT_EQ(covered[static_cast<size_t>(t)], n) << m->tensors(t).name();
   }
-  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host").ok());
-  // Onto its own layout, onto 3 flat ranges (every boundary moves) and onto tp2 x dp2 (a
-  // restoring job may have no more ranks than the saving one: each rank checks its blob).
+  ASSERT_TRUE(fs->RemoveAll(root.path() + "/host").ok());
+  // Onto its own layout (each rank reads exactly its own pieces), onto 3 flat ranges
+  // (every boundary moves) and onto tp2 x dp2 (replicas each read their half). A restoring
+  // job has no more ranks than the saving one: each rank checks its blob.
   for (auto [per_node, layout] :
        {std::pair{2, "flat"}, std::pair{3, "flat"}, std::pair{2, "tp2"}}) {
     const int nodes = per_node == 2 ? 2 : 1;
-    auto got = RunRestore(root, job, nodes, per_node, layout, 3,
+    auto got = RunRestore(root, job, nodes, per_node, layout, 5,
                           "fsdp-" + std::string(layout) + std::to_string(nodes * per_node));
     ASSERT_EQ(got.size(), static_cast<size_t>(nodes * per_node));
     for (const Restored& x : got) {
-      EXPECT_EQ(x.step, 3) << layout;
+      EXPECT_EQ(x.step, 5) << layout;
       EXPECT_EQ(x.tier, "pfs") << layout;
       EXPECT_GE(x.pfs, x.needed) << layout;
+      EXPECT_LE(static_cast<double>(x.pfs), 1.05 * static_cast<double>(x.needed)) << layout;
+      if (nodes * per_node == 4 && std::string(layout) == "flat") {
+        EXPECT_EQ(x.pfs, x.needed);
+        EXPECT_EQ(x.resharded, 0);
+      }
     }
   }
+  // Rank 1's index file of step 5 is damaged: every rank skips step 5 for step 3.
+  const std::string idx = JoinPath(step5, "data/1.idx");
+  auto bytes = ReadWholeFile(fs, idx, 1 << 20);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomic(fs, idx, *bytes).ok());
+  auto got = RunRestore(root, job, 2, 2, "flat", 3, "fsdp-damaged");
+  ASSERT_EQ(got.size(), 4u);
+  for (const Restored& x : got) {
+    EXPECT_EQ(x.step, 3);
+    EXPECT_EQ(x.tier, "pfs");
+    EXPECT_EQ(x.skipped, 1u);
+  }
+  const std::string log = Logs(root.path() + "/fsdp-damaged", 4);
+  EXPECT_NE(log.find("data/1.idx"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <random>
 #include <set>
 
+#include "core/checksum.h"
 #include "persist/layout_template.h"
+#include "persist/step_index.h"
 #include "persist/templated_plan.h"
 #include "tests/plan_check.h"
 
@@ -385,6 +387,200 @@ TEST(TemplatedPlan, BadGathersAreErrorsNamingTheRank) {
   g = good;
   g.messages[1] = "Z";
   expect_error(g, "rank 1");
+}
+
+// A fully sharded step as the persister commits it in format 2: each writer's index
+// (pieces laid end to end, one checksum per 64 KiB chunk) and the MANIFEST.
+struct SavedStep {
+  TemplatedPlan plan;
+  pb::Manifest manifest;                   // format 2, as written
+  std::map<int, std::string> index_files;  // data/<rank>.idx
+  std::vector<LocationTable> tables;       // what format 1 would have carried
+};
+SavedStep Save(const std::vector<RankLayout>& layouts) {
+  Gathered g = Exchange(layouts);
+  auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+  EXPECT_TRUE(plan.ok() && plan->templated.has_value());
+  SavedStep s;
+  s.plan = *plan->templated;
+  std::vector<LocationTable> digests(layouts.size());
+  s.tables.resize(layouts.size());
+  const uint64_t chunk = 64 << 10;
+  for (size_t r = 0; r < layouts.size(); ++r) {
+    uint64_t at = 0;
+    for (const WritePiece& p : s.plan.PiecesOf(static_cast<int>(r))) {
+      LocationTable::Piece loc{at, {}};
+      for (uint64_t c = 0; c * chunk < p.nbytes; ++c) loc.chunk_checksums.push_back(at * 31 + c);
+      at += (p.nbytes + 4095) / 4096 * 4096;
+      s.tables[r].pieces.push_back(loc);
+    }
+    s.tables[r].blobs.push_back({"who", at, 8, 42 + r});
+    const std::string idx = EncodeWriterIndex(s.tables[r].pieces);
+    s.index_files[static_cast<int>(r)] = idx;
+    digests[r] = {Status::OK(),
+                  true,
+                  static_cast<uint32_t>(s.tables[r].pieces.size()),
+                  idx.size(),
+                  Checksum(idx.data(), idx.size()),
+                  {},
+                  s.tables[r].blobs};
+  }
+  auto m = BuildTemplatedManifest(s.plan, digests, "job", 7, chunk);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  auto back = DecodeManifest(EncodeManifest(*m));
+  EXPECT_TRUE(back.ok()) << back.status().ToString();
+  s.manifest = *back;
+  return s;
+}
+
+TEST(StepIndex, ExpandingTheManifestGivesTheFormatOneManifest) {
+  const LayoutTemplate t = Uniform(Model(), {K::kFlat, R::kCeil, 0}, 8);
+  std::vector<RankLayout> layouts;
+  for (uint32_t r = 0; r < 8; ++r) layouts.push_back(ExpandTemplate(t, r));
+  SavedStep s = Save(layouts);
+  EXPECT_EQ(s.manifest.format_version(), kTemplatedManifestVersion);
+  EXPECT_EQ(s.manifest.boxes_size(), 0);
+  int reads = 0;
+  auto full = ExpandManifest(s.manifest, [&](int w) -> Result<std::string> {
+    ++reads;
+    return s.index_files.at(w);
+  });
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  EXPECT_EQ(reads, 8);
+  auto v1 = BuildManifest(s.plan.Expand(), s.tables, "job", 7, 64 << 10);
+  ASSERT_TRUE(v1.ok());
+  EXPECT_EQ(full->SerializeAsString(), v1->SerializeAsString());
+}
+
+TEST(StepIndex, ARankReadsOnlyTheIndexFilesOfThePartsItsTargetsMeet) {
+  const std::vector<TensorMeta> model = Model();
+  const int world = 16;
+  const LayoutTemplate t = Uniform(model, {K::kFlat, R::kCeil, 0}, world);
+  std::vector<RankLayout> layouts;
+  for (int r = 0; r < world; ++r) layouts.push_back(ExpandTemplate(t, static_cast<uint32_t>(r)));
+  SavedStep s = Save(layouts);
+  // Restored onto 16 (the same parts), 5 (flat ranges across several saved ones) and 2
+  // ranks with the rows of each matrix split in 2 (chunks of dim 0).
+  for (auto [n, rule] : {std::pair{16u, SplitRule{K::kFlat, R::kCeil, 0}},
+                         std::pair{5u, SplitRule{K::kFlat, R::kFloor, 0}},
+                         std::pair{2u, SplitRule{K::kChunk, R::kCeil, 0}}})
+    for (uint32_t r = 0; r < n; ++r) {
+      SCOPED_TRACE(rule.ToString() + " " + std::to_string(r) + " of " + std::to_string(n));
+      const RankLayout target = ExpandTemplate(Uniform(model, rule, n), r);
+      std::vector<std::pair<std::string, Box>> want;
+      for (const auto& e : target.shards) want.push_back({target.tensors[e.tensor].name, e.box});
+      std::set<int> read;
+      uint64_t index_bytes = 0;
+      auto part = PartialManifest(
+          s.manifest, want, static_cast<int>(r),
+          [&](int w) -> Result<std::string> {
+            read.insert(w);
+            return s.index_files.at(w);
+          },
+          &index_bytes);
+      ASSERT_TRUE(part.ok()) << part.status().ToString();
+      // Every target element is in exactly one saved box of the partial manifest, and
+      // every box listed meets some target.
+      for (const auto& [name, box] : want) {
+        int64_t covered = 0;
+        for (const pb::SavedBox& b : part->boxes()) {
+          if (part->tensors(static_cast<int>(b.tensor())).name() != name) continue;
+          Box saved{{b.offsets().begin(), b.offsets().end()},
+                    {b.lengths().begin(), b.lengths().end()}};
+          if (auto in = Intersect(saved, box)) covered += in->numel();
+        }
+        EXPECT_EQ(covered, box.numel()) << name << " " << box.ToString();
+      }
+      for (const pb::SavedBox& b : part->boxes()) {
+        Box saved{{b.offsets().begin(), b.offsets().end()},
+                  {b.lengths().begin(), b.lengths().end()}};
+        bool meets = false;
+        for (const auto& [name, box] : want)
+          meets = meets || (part->tensors(static_cast<int>(b.tensor())).name() == name &&
+                            Intersect(saved, box).has_value());
+        EXPECT_TRUE(meets);
+        EXPECT_EQ(part->files(static_cast<int>(b.file())),
+                  DataFileName(static_cast<int>(b.writer())));
+      }
+      // Its own blobs, in its data file.
+      ASSERT_EQ(part->blobs_size(), 1);
+      EXPECT_EQ(part->files(static_cast<int>(part->blobs(0).file())),
+                DataFileName(static_cast<int>(r)));
+      uint64_t expect_bytes = 0;
+      for (int w : read) expect_bytes += s.index_files.at(w).size();
+      EXPECT_EQ(index_bytes, expect_bytes);
+      if (n == 16) {
+        // Its own parts; the scalar's writer, rank 0.
+        EXPECT_EQ(read, (std::set<int>{0, static_cast<int>(r)}));
+      } else if (n == 5) {
+        EXPECT_LE(read.size(), 6u);  // 16 / 5 parts and the boundaries, and rank 0
+      } else {
+        // A row half is a contiguous half of each tensor's flat order: about half the
+        // writers, and those of the small tensors.
+        EXPECT_LT(read.size(), 16u);
+      }
+    }
+}
+
+TEST(StepIndex, ABadIndexFileOrManifestIsAnErrorNamingIt) {
+  const LayoutTemplate t = Uniform(Model(), {K::kChunk, R::kCeil, 0}, 4);
+  std::vector<RankLayout> layouts;
+  for (uint32_t r = 0; r < 4; ++r) layouts.push_back(ExpandTemplate(t, r));
+  SavedStep s = Save(layouts);
+  std::vector<std::pair<std::string, Box>> all;
+  for (const TensorMeta& m : Model()) all.push_back({m.name, Box::Whole(m.global_shape)});
+  auto expect = [&](std::map<int, std::string> files, const std::string& says) {
+    auto part = PartialManifest(s.manifest, all, -1,
+                                [&](int w) -> Result<std::string> { return files.at(w); });
+    ASSERT_FALSE(part.ok()) << says;
+    EXPECT_EQ(part.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(part.status().message().find(says), std::string::npos) << part.status().ToString();
+    auto full =
+        ExpandManifest(s.manifest, [&](int w) -> Result<std::string> { return files.at(w); });
+    EXPECT_FALSE(full.ok());
+  };
+  auto files = s.index_files;
+  files[2][10] ^= 1;
+  expect(files, "data/2.idx");
+  files = s.index_files;
+  files[3].pop_back();
+  expect(files, "data/3.idx");
+  // A well-formed index whose checksums are not the ones committed (a stale or rewritten
+  // file): only the MANIFEST's digest tells.
+  files = s.index_files;
+  auto stale = *DecodeWriterIndex(files[0]);
+  stale[0].chunk_checksums[0] ^= 1;
+  files[0] = EncodeWriterIndex(stale);
+  expect(files, "data/0.idx: " + std::to_string(files[0].size()) +
+                    " bytes that do not match the MANIFEST's length");
+  // A writer that reports a piece too few (its file consistent with its own digest).
+  SavedStep fewer = s;
+  auto pieces = *DecodeWriterIndex(s.index_files.at(1));
+  pieces.pop_back();
+  fewer.index_files[1] = EncodeWriterIndex(pieces);
+  fewer.manifest.set_index_bytes(1, fewer.index_files[1].size());
+  fewer.manifest.set_index_checksums(
+      1, Checksum(fewer.index_files[1].data(), fewer.index_files[1].size()));
+  fewer.manifest.set_index_pieces(1, static_cast<uint32_t>(pieces.size()));
+  auto part = PartialManifest(fewer.manifest, all, -1, [&](int w) -> Result<std::string> {
+    return fewer.index_files.at(w);
+  });
+  ASSERT_FALSE(part.ok());
+  EXPECT_NE(part.status().message().find("data/1.idx"), std::string::npos)
+      << part.status().ToString();
+  // MANIFEST fields out of range.
+  pb::Manifest bad = s.manifest;
+  bad.set_rank_index(2, 9);
+  EXPECT_FALSE(ValidateManifest(bad).ok());
+  bad = s.manifest;
+  bad.mutable_index_bytes()->RemoveLast();
+  EXPECT_FALSE(ValidateManifest(bad).ok());
+  bad = s.manifest;
+  bad.set_templates(0, "CLT1");
+  EXPECT_FALSE(ValidateManifest(bad).ok());
+  bad = s.manifest;
+  bad.add_boxes();
+  EXPECT_FALSE(ValidateManifest(bad).ok());
 }
 
 }  // namespace
