@@ -34,6 +34,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -46,6 +48,7 @@
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/save_planner.h"
+#include "persist/step_index.h"
 #include "persist/templated_plan.h"
 #include "recovery/load_planner.h"
 #include "recovery/restore_agree.h"
@@ -156,6 +159,39 @@ void Describe(const RankLayout& l, int r, int world, bool templates, std::string
   *message = EncodeLayoutMessage(m);
 }
 
+// Format 2 as the writers of a templated plan would leave it: each writer's pieces laid
+// end to end in its data file, their index file, and the digest it reports to rank 0.
+struct SimulatedIndex {
+  std::vector<std::string> files;      // per writer
+  std::vector<LocationTable> digests;  // per writer
+  uint64_t total_bytes = 0, pieces = 0, bytes = 0;
+};
+void SimulateIndexFiles(const TemplatedPlan& plan, uint64_t chunk, SimulatedIndex* out) {
+  const int world = plan.world_size();
+  out->files.resize(static_cast<size_t>(world));
+  out->digests.resize(static_cast<size_t>(world));
+  for (int w = 0; w < world; ++w) {
+    std::vector<LocationTable::Piece> locs;
+    uint64_t at = 0;
+    for (const WritePiece& p : plan.PiecesOf(w)) {
+      locs.push_back(
+          {at, std::vector<uint64_t>((p.nbytes + chunk - 1) / chunk, 0x1234567890abcdefull)});
+      at += (p.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
+      out->bytes += p.nbytes;
+    }
+    std::string& f = out->files[static_cast<size_t>(w)];
+    f = EncodeWriterIndex(locs);
+    LocationTable& d = out->digests[static_cast<size_t>(w)];
+    d.indexed = true;
+    d.index_pieces = static_cast<uint32_t>(locs.size());
+    d.index_bytes = f.size();
+    d.index_checksum = Checksum(f.data(), f.size());
+    d.blobs.push_back({"rng", at, 5000, 42});
+    out->total_bytes += f.size();
+    out->pieces += locs.size();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,7 +243,9 @@ int main(int argc, char** argv) {
   // rank's template index is its tp index, the same for its data-parallel replicas).
   const size_t ndistinct = static_cast<size_t>(a.tp * a.pp);
   std::vector<std::string> distinct(a.save_only ? 0 : ndistinct);  // encoded, for the restore
-  std::vector<std::string> message(ndistinct), tmpl(ndistinct);
+  std::vector<std::string> message(ndistinct);
+  std::vector<uint64_t> tmpl_hash(ndistinct, 0);  // 0: not a template
+  std::map<uint64_t, std::string> tmpl_bytes;     // each distinct template once
   std::vector<uint64_t> distinct_hash(ndistinct);
   size_t entries = 0;  // (rank, shard) pairs of the whole job
   // The rank (tp, pp)'s layout; fully sharded: rank tp's flat ranges.
@@ -220,9 +258,15 @@ int main(int argc, char** argv) {
       RankLayout l = layout_of(tp, pp);
       entries += l.shards.size() * static_cast<size_t>(a.dp);
       const size_t k = static_cast<size_t>(pp * a.tp + tp);
-      if (!a.save_only) distinct[k] = EncodeRankLayout(l);
+      std::string tmpl;
       Describe(l, static_cast<int>(k), world, !a.no_templates, &message[k], &distinct_hash[k],
-               &tmpl[k]);
+               &tmpl);
+      if (!tmpl.empty()) {
+        tmpl_hash[k] = TemplateHash(tmpl);
+        tmpl_bytes.emplace(tmpl_hash[k], std::move(tmpl));
+      }
+      // Kept for the general restore path (a templated one never needs them).
+      if (!a.save_only && tmpl_hash[k] == 0) distinct[k] = EncodeRankLayout(l);
     }
   // What a rank holds after the layout gathers: template references from everyone (or
   // explicit layouts from the lowest rank of each), each template once.
@@ -233,7 +277,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < world; ++r) {
     const size_t k = static_cast<size_t>(r) % ndistinct;
     gathered.hashes[static_cast<size_t>(r)] = distinct_hash[k];
-    const bool templated = !tmpl[k].empty();
+    const bool templated = tmpl_hash[k] != 0;
     any_templated = any_templated || templated;
     gathered.messages[static_cast<size_t>(r)] = templated || r < static_cast<int>(ndistinct)
                                                     ? message[k]
@@ -244,20 +288,21 @@ int main(int argc, char** argv) {
     std::set<uint64_t> sent;
     for (int r = 0; r < world; ++r) {
       const size_t k = static_cast<size_t>(r) % ndistinct;
-      if (!tmpl[k].empty() && sent.insert(TemplateHash(tmpl[k])).second)
-        gathered.templates[static_cast<size_t>(r)] = tmpl[k];
+      if (tmpl_hash[k] != 0 && sent.insert(tmpl_hash[k]).second)
+        gathered.templates[static_cast<size_t>(r)] = tmpl_bytes.at(tmpl_hash[k]);
     }
   }
   for (const std::string& m : gathered.messages) gathered.bytes += m.size();
   for (const std::string& t : gathered.templates) gathered.bytes += t.size();
   message.clear();
-  tmpl.clear();
+  tmpl_bytes.clear();
 
   std::vector<double> plan_t, cached_t, manifest_t;
   std::optional<PersistPlan> persist_plan;
   uint64_t manifest_bytes = 0;
   size_t my_pieces = 0;
   std::string manifest;  // the last one, encoded
+  SimulatedIndex index;  // format 2
   long rss_after_plan_kb = 0;
   for (int rep = 0; rep < a.repeats; ++rep) {
     // What every rank does after the gathers: plan, and find the pieces it writes.
@@ -288,9 +333,24 @@ int main(int argc, char** argv) {
       return 1;
     }
 
-    // Rank 0: the MANIFEST from the plan (expanded, when templated) and the location
-    // tables the writers would report.
     const uint64_t chunk = 4ull << 20;  // CAIRN_CHUNK_BYTES default
+    if (persist_plan->templated) {
+      // Format 2: each writer writes its index file (in parallel, not timed); rank 0
+      // builds the MANIFEST from every rank's digest.
+      if (rep == 0) SimulateIndexFiles(*persist_plan->templated, chunk, &index);
+      t0 = NowNanos();
+      auto m =
+          BuildTemplatedManifest(*persist_plan->templated, index.digests, "bench", 1000, chunk);
+      if (!m.ok()) {
+        std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
+        return 1;
+      }
+      manifest = EncodeManifest(*m);
+      manifest_bytes = manifest.size();
+      manifest_t.push_back(NanosToSeconds(NowNanos() - t0));
+      continue;
+    }
+    // Rank 0: the MANIFEST from the plan and the location tables the writers report.
     t0 = NowNanos();
     const SavePlan& full = persist_plan->Full();
     const int64_t expand_ns = NowNanos() - t0;
@@ -306,7 +366,23 @@ int main(int argc, char** argv) {
     manifest_bytes = manifest.size();
     manifest_t.push_back(NanosToSeconds(NowNanos() - t0 + expand_ns));
   }
-  const SavePlan& plan = persist_plan->Full();
+  // Counts for the report (a templated plan is expanded only here, untimed).
+  size_t distinct_layouts = 0, unique_boxes = 0, pieces = 0;
+  uint64_t unique_bytes = 0;
+  double writer_share = 0;
+  if (persist_plan->templated) {
+    distinct_layouts = persist_plan->templated->class_ranks.size();
+    unique_boxes = pieces = index.pieces;
+    unique_bytes = index.bytes;
+    writer_share = persist_plan->templated->max_writer_share();
+  } else {
+    const SavePlan& plan = persist_plan->Full();
+    distinct_layouts = plan.lists.size();
+    unique_boxes = plan.shards.size();
+    pieces = plan.pieces.size();
+    unique_bytes = plan.unique_bytes;
+    writer_share = plan.max_writer_share();
+  }
 
   using cairn::bench::Round;
   auto med = [](std::vector<double> v) {
@@ -321,23 +397,23 @@ int main(int argc, char** argv) {
       {"entries", entries},
       {"templated", persist_plan->templated.has_value()},
       {"layout_gather_bytes", gathered.bytes},
-      {"distinct_layouts", plan.lists.size()},
-      {"unique_boxes", plan.shards.size()},
-      {"pieces", plan.pieces.size()},
+      {"distinct_layouts", distinct_layouts},
+      {"unique_boxes", unique_boxes},
+      {"pieces", pieces},
       {"my_pieces", my_pieces},
-      {"unique_tb", Round(static_cast<double>(plan.unique_bytes) / 1e12, 3)},
+      {"unique_tb", Round(static_cast<double>(unique_bytes) / 1e12, 3)},
       {"plan_s", Round(med(plan_t), 4)},
       {"cached_plan_s", Round(med(cached_t), 6)},
       {"plan_rss_mb", Round(static_cast<double>(rss_after_plan_kb) / 1024, 1)},
       {"manifest_s", Round(med(manifest_t), 4)},
       {"manifest_bytes", manifest_bytes},
       {"manifest_rss_mb", Round(static_cast<double>(rss_after_manifest_kb) / 1024, 1)},
-      {"max_writer_share", Round(plan.max_writer_share(), 4)}};
+      {"max_writer_share", Round(writer_share, 4)}};
   std::fprintf(stderr,
                "plan: %d ranks x %zu shards, %zu distinct layouts, %zu unique boxes, %zu pieces, "
                "%s plan%s%s\n",
-               world, entries / static_cast<size_t>(world), plan.lists.size(), plan.shards.size(),
-               plan.pieces.size(), persist_plan->templated ? "templated" : "general",
+               world, entries / static_cast<size_t>(world), distinct_layouts, unique_boxes, pieces,
+               persist_plan->templated ? "templated" : "general",
                persist_plan->why_general.empty() ? "" : ": ", persist_plan->why_general.c_str());
   if (fsdp) j["fully_sharded"] = true;
   if (a.save_only) {
@@ -383,6 +459,105 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+  }
+
+  const int load_world = a.load_tp * a.load_pp * a.load_dp;
+  if (persist_plan->templated) {
+    // Format 2: every rank decodes the small MANIFEST and rebuilds the plan (catalog_s),
+    // then plans its own reads: the index files of the parts its targets meet, and a
+    // load plan of its own (load_plan_s, the slowest of the ranks sampled).
+    std::vector<double> catalog_t;
+    std::optional<pb::Manifest> m;
+    std::optional<TemplatedPlan> tp;
+    for (int rep = 0; rep < a.repeats; ++rep) {
+      const int64_t t0 = NowNanos();
+      auto d = DecodeManifest(manifest);
+      auto p = d.ok() ? PlanOfManifest(*d) : Result<TemplatedPlan>(d.status());
+      if (!p.ok()) {
+        std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
+        return 1;
+      }
+      catalog_t.push_back(NanosToSeconds(NowNanos() - t0));
+      m = std::move(*d);
+      tp = std::move(*p);
+    }
+    const IndexReader reader = [&](int w) -> Result<std::string> {
+      return index.files[static_cast<size_t>(w)];
+    };
+    struct Solo {
+      double s = 0;
+      uint64_t index_bytes = 0, read = 0, needed = 0;
+    };
+    // Rank r of an n-rank flat layout plans its restore.
+    auto solo = [&](int n, int r) -> Result<Solo> {
+      Solo out;
+      std::vector<double> t;
+      for (int rep = 0; rep < a.repeats; ++rep) {
+        const int64_t t0 = NowNanos();
+        const RankLayout target = FlatLayout(a, a.layers_per_stage, n, r);
+        std::vector<std::pair<std::string, Box>> want;
+        for (const auto& e : target.shards) want.push_back({target.tensors[e.tensor].name, e.box});
+        CAIRN_ASSIGN_OR_RETURN(pb::Manifest part,
+                               PartialManifest(*m, *tp, want, r, reader, &out.index_bytes));
+        LoadCatalog cat;
+        cat.step = 1000;
+        cat.from_pfs = true;
+        cat.where = "simulated";
+        CatalogFromManifest(part, &cat);
+        LoadTargets lt;
+        lt.classes = {target, RankLayout{}};
+        lt.class_of_rank.assign(static_cast<size_t>(n), 1);
+        lt.class_of_rank[static_cast<size_t>(r)] = 0;
+        CAIRN_ASSIGN_OR_RETURN(LoadPlan lp, MakeLoadPlan(cat, lt));
+        const RankLoad mine = ForRank(lp, cat, r);
+        t.push_back(NanosToSeconds(NowNanos() - t0));
+        out.read = lp.pfs_bytes_to_read;
+        out.needed = lp.unique_bytes_needed;
+        if (mine.gets.size() != lp.spans.size() || lp.pfs_bytes_to_read < lp.unique_bytes_needed)
+          return Status::Internal("rank " + std::to_string(r) + " does not read all it needs");
+      }
+      out.s = med(t);
+      return out;
+    };
+    // The slowest of the first, middle and last ranks, onto both layouts.
+    auto worst = [&](int n, Solo* w) -> Status {
+      for (int r : {0, n / 2, n - 1}) {
+        CAIRN_ASSIGN_OR_RETURN(Solo x, solo(n, r));
+        w->s = std::max(w->s, x.s);
+        w->index_bytes = std::max(w->index_bytes, x.index_bytes);
+        if (x.needed > 0 &&
+            (w->needed == 0 || static_cast<double>(x.read) / static_cast<double>(x.needed) >
+                                   static_cast<double>(w->read) / static_cast<double>(w->needed)))
+          w->read = x.read, w->needed = x.needed;
+      }
+      return Status::OK();
+    };
+    Solo other, same;
+    Status st = worst(load_world, &other);
+    if (st.ok()) st = worst(world, &same);
+    if (!st.ok()) {
+      std::fprintf(stderr, "plan: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    // What a restoring rank receives or reads: every rank's inventory, the MANIFEST, the
+    // index files it reads, and one bit per saved tensor from every rank (the check that
+    // every saved tensor is some rank's target).
+    const uint64_t bits = static_cast<uint64_t>(load_world) *
+                          ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
+    j["agree_s"] = Round(med(agree_t), 4);
+    j["inventory_bytes"] = inventory_bytes;
+    j["load_ranks"] = load_world;
+    j["index_file_bytes"] = index.total_bytes;
+    j["catalog_s"] = Round(med(catalog_t), 4);
+    j["load_plan_s"] = Round(other.s, 4);
+    j["load_plan_same_layout_s"] = Round(same.s, 4);
+    j["restore_metadata_bytes"] =
+        inventory_bytes + manifest_bytes + std::max(other.index_bytes, same.index_bytes) + bits;
+    j["load_read_over_needed"] =
+        Round(static_cast<double>(other.read) / static_cast<double>(other.needed), 4);
+    j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
   }
 
   // Restoring that step onto another layout: the catalog of its PFS pieces, and the
@@ -454,7 +629,6 @@ int main(int argc, char** argv) {
     out.ok = true;
     return out;
   };
-  const int load_world = a.load_tp * a.load_pp * a.load_dp;
   const int layers = a.pp * a.layers_per_stage / a.load_pp;
   const int stages_per_saved = a.load_pp / a.pp;
   std::vector<std::string> load_layouts;
@@ -469,6 +643,11 @@ int main(int argc, char** argv) {
   // Fully sharded: also onto the saving job's own layout (every rank reads its own bytes).
   Load same;
   if (fsdp) {
+    // (layouts that were templates were not kept: made again)
+    for (size_t k = 0; k < distinct.size(); ++k)
+      if (distinct[k].empty())
+        distinct[k] =
+            EncodeRankLayout(layout_of(static_cast<int>(k) % a.tp, static_cast<int>(k) / a.tp));
     same = plan_load(distinct, world);
     if (!same.ok) return 1;
   }
