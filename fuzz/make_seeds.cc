@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "cairn/checkpointer.h"
+#include "core/checksum.h"
 #include "core/filesystem.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/save_planner.h"
+#include "persist/step_index.h"
+#include "persist/templated_plan.h"
 #include "tiers/slot_header.h"
 
 using namespace cairn;
@@ -114,6 +117,47 @@ int main(int argc, char** argv) {
   Append<uint32_t>(&addr, static_cast<uint32_t>(ucx.size()));
   addr += ucx;
   Put(out, "fuzz_wire", 2, std::string(1, '\2') + addr);
+
+  // Format 2: a 3-rank fully sharded step (template "CLT1", index file "CIX1", layout
+  // message), and its MANIFEST for fuzz_manifest.
+  LayoutTemplate lt;
+  lt.tensors = {
+      {"embed.weight", DType::kBF16, {64, 32}}, {"b", DType::kF32, {7}}, {"step", DType::kI64, {}}};
+  lt.rules = {{SplitRule::Kind::kFlat, SplitRule::Round::kCeil, 0},
+              {SplitRule::Kind::kChunk, SplitRule::Round::kFloor, 0},
+              {}};
+  lt.parts = 3;
+  const std::string tb = EncodeTemplate(lt);
+  Put(out, "fuzz_wire", 3, std::string(1, '\3') + tb);
+  LayoutMessage msg;
+  msg.templated = true;
+  msg.template_hash = TemplateHash(tb);
+  msg.index = 2;
+  Put(out, "fuzz_wire", 5, std::string(1, '\5') + EncodeLayoutMessage(msg));
+  std::string plan_why;
+  auto tp = MakeTemplatedPlan({lt}, {0, 0, 0}, {0, 1, 2}, {1, 2, 3}, nullptr, &plan_why);
+  if (!tp) return 1;
+  std::vector<LocationTable> digests(3);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<LocationTable::Piece> locs;
+    uint64_t at = 0;
+    for (size_t k = 0; k < tp->PiecesOf(r).size(); ++k) {
+      locs.push_back({at, {0x1111u + at}});
+      at += 4096;
+    }
+    const std::string idx = EncodeWriterIndex(locs);
+    if (r == 1) Put(out, "fuzz_wire", 4, std::string(1, '\4') + idx);
+    digests[r].indexed = true;
+    digests[r].index_pieces = static_cast<uint32_t>(locs.size());
+    digests[r].index_bytes = idx.size();
+    digests[r].index_checksum = Checksum(idx.data(), idx.size());
+    digests[r].blobs = {{"rng", at, 3, 99}};
+  }
+  auto m2 = BuildTemplatedManifest(*tp, digests, "seed", 1, 1 << 20);
+  if (!m2.ok()) return 1;
+  const std::string e2 = EncodeManifest(*m2);
+  Put(out, "fuzz_manifest", 2, std::string(1, '\0') + e2);
+  Put(out, "fuzz_manifest", 3, std::string(1, '\1') + e2.substr(16, e2.size() - 24));
 
   // Flat ranges: ndim, dims (u16), begin, end (i32).
   auto flat = [](std::vector<uint16_t> dims, int32_t b, int32_t e) {
