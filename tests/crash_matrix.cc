@@ -4,10 +4,13 @@
 // complete, bit-exact.
 //
 //   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128]
-//                [--nodes 2] [--replicas 1] [--placement ring|group] [--keep]
+//                [--nodes 2] [--replicas 1] [--placement ring|group] [--layout tp2|flat]
+//                [--keep]
 //
 // The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel
-// NODES, a version every iteration, replication to REPLICAS other nodes,
+// NODES (or, --layout flat, fully sharded: every rank a flat range of every tensor, so the
+// persister plans from layout templates and commits MANIFEST format 2), a version every
+// iteration, replication to REPLICAS other nodes,
 // CAIRN_PERSIST_EVERY=4, a flush at the end. Every `every` steps each rank waits for the version to
 // be captured and replicated and prints "complete <step>"; each rank prints the newest persisted
 // step it has seen.
@@ -67,6 +70,7 @@ struct Config {
   int replicas = 1;
   bool group = false;
   bool keep = false;
+  std::string layout = "tp2";
 };
 
 constexpr int kPerNode = 2;
@@ -128,7 +132,7 @@ class Matrix {
     return s;
   }
   std::vector<std::string> TrainArgs() const {
-    return {"matrix", "tp2", std::to_string(cfg_.rows), std::to_string(cfg_.steps),
+    return {"matrix", cfg_.layout, std::to_string(cfg_.rows), std::to_string(cfg_.steps),
             std::to_string(cfg_.every)};
   }
 
@@ -165,7 +169,8 @@ Matrix::Restore Matrix::RunRestore(const std::string& job, const std::string& ou
   r.step.assign(world_, -1);
   r.tier.assign(world_, "");
   (void)DefaultFileSystem()->MakeDirs(out, 0700);
-  auto l = LocalLauncher::Start(Spec(job, {"restore", "tp2", std::to_string(cfg_.rows), "0"}, out));
+  auto l = LocalLauncher::Start(
+      Spec(job, {"restore", cfg_.layout, std::to_string(cfg_.rows), "0"}, out));
   if (!l.ok()) {
     r.all_ok = false;
     r.crashed = true;
@@ -405,11 +410,11 @@ int Matrix::Run() {
     tiers += std::string(tiers.empty() ? "" : ",") + "\"" + t + "\":" + std::to_string(n);
   std::printf(
       "{\"bench\":\"crash_matrix\",\"nodes\":%d,\"replicas\":%d,\"placement\":\"%s\","
-      "\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
+      "\"layout\":\"%s\",\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
       "\"points\":%zu,\"census_ok\":%s,\"nothing_restorable\":%d,\"restored_from\":{%s},"
       "\"seed\":%llu,\"seconds\":%.0f}\n",
-      cfg_.nodes, cfg_.replicas, cfg_.group ? "group" : "ring", cfg_.trials, fired_, failures_,
-      points.size(), census_ok ? "true" : "false", tiers_["none"], tiers.c_str(),
+      cfg_.nodes, cfg_.replicas, cfg_.group ? "group" : "ring", cfg_.layout.c_str(), cfg_.trials,
+      fired_, failures_, points.size(), census_ok ? "true" : "false", tiers_["none"], tiers.c_str(),
       static_cast<unsigned long long>(cfg_.seed), secs);
   if (cfg_.keep && failures_ > 0) root_.Keep();
   return failures_ == 0 && census_ok ? 0 : 1;
@@ -450,13 +455,19 @@ int main(int argc, char** argv) {
         return 2;
       }
       c.group = v == "group";
+    } else if (a == "--layout") {
+      c.layout = next();
+      if (c.layout != "tp2" && c.layout != "flat") {
+        std::fprintf(stderr, "crash_matrix: --layout is tp2 or flat, not %s\n", c.layout.c_str());
+        return 2;
+      }
     } else if (a == "--keep") {
       c.keep = true;
     } else {
       std::fprintf(stderr,
                    "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
                    "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
-                   "[--keep]\n(see the comment at the top of "
+                   "[--layout tp2|flat] [--keep]\n(see the comment at the top of "
                    "tests/crash_matrix.cc)\n");
       return a == "--help" ? 0 : 2;
     }
