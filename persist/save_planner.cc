@@ -127,6 +127,10 @@ uint64_t LayoutHash(std::string_view encoded) {
 }
 
 double SavePlan::max_writer_share() const {
+  return MaxWriterShare(writer_bytes);
+}
+
+double MaxWriterShare(const std::vector<uint64_t>& writer_bytes) {
   if (writer_bytes.empty()) return 1;
   const uint64_t total = std::accumulate(writer_bytes.begin(), writer_bytes.end(), uint64_t{0});
   if (total == 0) return 1;

@@ -84,6 +84,9 @@ struct SavePlan {
   std::vector<size_t> PiecesOf(int rank) const;
 };
 
+// The largest of `writer_bytes` over their mean (1 when perfectly even, or none).
+double MaxWriterShare(const std::vector<uint64_t>& writer_bytes);
+
 struct PlannerConfig {
   // Unique boxes larger than max(unique_bytes / (world * split_factor), min_piece_bytes)
   // are cut into slabs of about that size.

@@ -300,9 +300,7 @@ SavePlan TemplatedPlan::Expand() const {
 }
 
 double TemplatedPlan::max_writer_share() const {
-  SavePlan p;
-  p.writer_bytes = writer_bytes;
-  return p.max_writer_share();
+  return MaxWriterShare(writer_bytes);
 }
 
 uint64_t TemplatedLayoutHash(uint64_t template_hash, uint32_t index) {
