@@ -30,10 +30,10 @@ struct TensorIndex {
 
 }  // namespace
 
-int LoadPlan::HolderFor(const LoadPiece& p, int rank) {
-  if (p.holders.empty()) return -1;
-  if (std::binary_search(p.holders.begin(), p.holders.end(), rank)) return rank;
-  return p.holders[static_cast<size_t>(rank) % p.holders.size()];
+int LoadPlan::HolderFor(const std::vector<int>& holders, int rank) {
+  if (holders.empty()) return -1;
+  if (std::binary_search(holders.begin(), holders.end(), rank)) return rank;
+  return holders[static_cast<size_t>(rank) % holders.size()];
 }
 
 namespace {
@@ -101,7 +101,10 @@ class LoadPlanBuilder {
   Status AddTarget(uint32_t c, const RankLayout& layout, uint32_t ti, const std::string& who) {
     const TensorMeta& meta = layout.tensors[layout.shards[ti].tensor];
     const Box& tbox = layout.shards[ti].box;
+    const bool checked = c < targets_.checked_classes;
     auto it = tensor_ids_.find(meta.name);
+    if (!checked && (it == tensor_ids_.end() || !(cat_.tensors[it->second] == meta)))
+      return Status::OK();  // the receiver's own plan says what is wrong
     if (it == tensor_ids_.end())
       return Status::NotFound(who + ": tensor '" + meta.name + "' was not saved");
     const TensorMeta& saved = cat_.tensors[it->second];
@@ -113,7 +116,7 @@ class LoadPlanBuilder {
       return Status::InvalidArgument(who + ": tensor '" + meta.name + "' was saved with shape " +
                                      ShapeToString(saved.global_shape) + " but the target has " +
                                      ShapeToString(meta.global_shape));
-    used_[it->second] = true;
+    if (checked) used_[it->second] = true;
     const size_t elem = DTypeSize(meta.dtype);
     const TensorIndex& ix = index_[it->second];
     size_t begin = 0, end = ix.pieces.size();
@@ -133,7 +136,7 @@ class LoadPlanBuilder {
       if (!region || region->empty()) continue;
       covered += region->numel();
       auto [lo, hi] = ByteHull(piece.box, *region, elem);
-      hulls_.push_back({p, {lo, hi}});
+      if (checked) hulls_.push_back({p, {lo, hi}});
       const uint64_t clo = lo / cat_.chunk_bytes * cat_.chunk_bytes;
       const uint64_t chi =
           std::min(piece.nbytes, (hi + cat_.chunk_bytes - 1) / cat_.chunk_bytes * cat_.chunk_bytes);
@@ -148,7 +151,7 @@ class LoadPlanBuilder {
       }
       plan_.fills[c].push_back({sit->second, ti, std::move(*region)});
     }
-    if (covered < tbox.numel()) {
+    if (checked && covered < tbox.numel()) {
       std::string saved_boxes;
       for (size_t k = 0; k < ix.pieces.size() && k < 4; ++k)
         saved_boxes += " " + cat_.pieces[ix.pieces[k]].box.ToString();
@@ -337,12 +340,18 @@ RankLoad ForRank(const LoadPlan& plan, const LoadCatalog& cat, int rank) {
     }
     return out;
   }
+  // Gets are in span order, which is piece order; so are puts, per receiver.
+  std::unordered_map<int, uint32_t> next;
+  for (RankLoad::Get& g : out.gets)
+    if (g.how == RankLoad::How::kRecv) g.seq = next[g.from]++;
+  next.clear();
   for (uint32_t p = 0; p < cat.pieces.size(); ++p) {
     const LoadPiece& piece = cat.pieces[p];
     if (!std::binary_search(piece.holders.begin(), piece.holders.end(), rank)) continue;
     for (uint32_t s = plan.piece_first_span[p]; s < plan.piece_first_span[p + 1]; ++s)
       for (int t : plan.members[plan.spans[s].cls])
-        if (t != rank && LoadPlan::HolderFor(piece, t) == rank) out.puts.push_back({t, s});
+        if (t != rank && LoadPlan::HolderFor(piece, t) == rank)
+          out.puts.push_back({t, s, next[t]++});
   }
   return out;
 }

@@ -55,6 +55,12 @@ struct LoadCatalog {
 struct LoadTargets {
   std::vector<RankLayout> classes;
   std::vector<uint32_t> class_of_rank;  // world-size entries
+  // Classes [0, checked_classes) must be restorable from the catalog: their tensors saved
+  // alike and every box covered (errors otherwise), and they count in unique_bytes_needed
+  // and unrestored. A rank that plans alone from part of the catalog (its own targets as
+  // class 0) adds the layouts of the ranks it sends to as unchecked classes: they get the
+  // spans of the pieces the catalog has, and nothing is said about the rest.
+  uint32_t checked_classes = UINT32_MAX;
 };
 
 struct LoadPlan {
@@ -90,7 +96,8 @@ struct LoadPlan {
 
   // The rank `rank` gets piece `p` of a memory version from: itself when it holds it,
   // else one of the holders (spread by rank).
-  static int HolderFor(const LoadPiece& p, int rank);
+  static int HolderFor(const LoadPiece& p, int rank) { return HolderFor(p.holders, rank); }
+  static int HolderFor(const std::vector<int>& sorted_holders, int rank);
 };
 
 // Fills `catalog`'s chunk size, tensors and pieces from a PFS step's MANIFEST (one piece
@@ -105,14 +112,20 @@ Result<LoadPlan> MakeLoadPlan(const LoadCatalog& catalog, const LoadTargets& tar
 // One rank's part of a plan.
 struct RankLoad {
   enum class How { kLocal, kPfs, kRecv };
+  // Memory versions: `seq` numbers the pieces one rank sends another, in piece order (the
+  // sender's puts to a rank and that rank's gets from it list the same pieces in the same
+  // order, also when each planned alone from catalogs sorted alike), so message tags need
+  // not be global piece numbers.
   struct Get {
     uint32_t span = 0;
     How how = How::kLocal;
-    int from = -1;  // kRecv: the sender
+    int from = -1;     // kRecv: the sender
+    uint32_t seq = 0;  // kRecv of a memory version
   };
   struct Put {
     int to = -1;
     uint32_t span = 0;  // the receiver's span (bytes to send)
+    uint32_t seq = 0;   // memory versions
   };
   std::vector<Get> gets;          // one per span of this rank's class
   std::vector<Put> puts;          // spans this rank sends, by (piece, receiver)

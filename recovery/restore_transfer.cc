@@ -37,6 +37,7 @@ Status Attempt::Run() {
   direct.assign(plan.spans.size(), false);
   for (uint32_t fi = 0; fi < plan.fills[cls].size(); ++fi)
     fills_of_span[plan.fills[cls][fi].span].push_back(fi);
+  // Message tags: a PFS piece's number, or a memory piece's number between the two ranks.
   if (cat.pieces.size() >= (1u << 24))
     return Status::InvalidArgument(who + ": more than 2^24 saved pieces");
   Status st;
@@ -52,7 +53,7 @@ Status Attempt::Run() {
     if ((n + kMsgBytes - 1) / kMsgBytes > 255)
       return Status::InvalidArgument(who + ": a saved piece over 16 GiB");
     for (uint64_t k = 0; k * kMsgBytes < n; ++k)
-      CAIRN_RETURN_IF_ERROR(env.transport->PostRecv(g.from, Seq(sp.piece, k),
+      CAIRN_RETURN_IF_ERROR(env.transport->PostRecv(g.from, Seq(cat.from_pfs ? sp.piece : g.seq, k),
                                                     at[g.span] + k * kMsgBytes,
                                                     std::min(kMsgBytes, n - k * kMsgBytes)));
     report->bytes_received += n;
@@ -83,7 +84,7 @@ Status Attempt::Run() {
       const uint64_t m = std::min(kMsgBytes, n - k * kMsgBytes);
       if (!Packed(put.span))
         VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
-      Status s = env.transport->Send(put.to, Seq(sp.piece, k), it->second + k * kMsgBytes, m);
+      Status s = env.transport->Send(put.to, Seq(put.seq, k), it->second + k * kMsgBytes, m);
       if (!s.ok() && st.ok()) st = s;
     }
   }
