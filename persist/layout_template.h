@@ -25,6 +25,7 @@
 
 #include "cairn/status.h"
 #include "persist/save_planner.h"
+#include "tiers/slot_header.h"
 
 namespace cairn {
 
@@ -62,6 +63,9 @@ uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index,
 std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
                                                               const SplitRule& rule, uint32_t parts,
                                                               const Box& box);
+
+// The layout a host slot holds (its shards in slot order, tensors first seen first).
+RankLayout SlotLayout(const SlotHeader& h);
 
 // The layout part `index` of the template holds.
 RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index);

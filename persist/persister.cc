@@ -21,18 +21,6 @@
 namespace cairn {
 namespace {
 
-RankLayout LayoutOf(const SlotHeader& h) {
-  RankLayout l;
-  std::unordered_map<std::string, uint32_t> ids;
-  l.shards.reserve(h.shards.size());
-  for (const SlotShard& s : h.shards) {
-    auto [it, fresh] = ids.emplace(s.name, static_cast<uint32_t>(l.tensors.size()));
-    if (fresh) l.tensors.push_back(TensorMeta{s.name, s.dtype, s.global_shape});
-    l.shards.push_back({it->second, s.box});
-  }
-  return l;
-}
-
 // What a rank brings to a round: its newest mark and the versions it holds.
 struct Offer {
   uint64_t newest_mark = 0;
@@ -229,7 +217,7 @@ std::string Persister::OfferHeld(uint64_t newest,
       }
       HeldLayout l;
       l.created_wall_ns = view->header().created_wall_ns;
-      const RankLayout layout = LayoutOf(view->header());
+      const RankLayout layout = SlotLayout(view->header());
       l.encoded = EncodeRankLayout(layout);
       l.hash = LayoutHash(l.encoded);
       if (config_.planner.templates)

@@ -460,7 +460,8 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("bytes_received", &RestoreReport::bytes_received)
       .def_readonly("pfs_bytes_read", &RestoreReport::pfs_bytes_read)
       .def_readonly("job_pfs_bytes_read", &RestoreReport::job_pfs_bytes_read)
-      .def_readonly("job_unique_bytes_needed", &RestoreReport::job_unique_bytes_needed);
+      .def_readonly("job_unique_bytes_needed", &RestoreReport::job_unique_bytes_needed)
+      .def_readonly("templated_plan", &RestoreReport::templated_plan);
 
   py::class_<VersionInfo>(m, "VersionInfo")
       .def_readonly("step", &VersionInfo::step)

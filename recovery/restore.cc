@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -18,11 +20,13 @@
 #include "core/clock.h"
 #include "core/mutex.h"
 #include "core/trace.h"
+#include "persist/layout_template.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
 #include "persist/save_planner.h"
 #include "persist/step_index.h"
 #include "recovery/load_planner.h"
+#include "recovery/memory_plan.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_transfer.h"
 #include "recovery/restore_wire.h"
@@ -69,8 +73,9 @@ struct Pass {
   std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;
   LoadTargets lt;
   LoadPlan plan;
-  // A format-2 PFS step: this rank planned alone, from the index files its targets need
-  // (p.manifest then holds only those pieces).
+  // This rank planned alone: a format-2 PFS step, from the index files its targets need
+  // (p.manifest then holds only those pieces), or a memory step from layout templates
+  // (p.mc.cat then holds only the pieces it needs or sends).
   bool solo = false;
   uint64_t job_needed = 0;  // solo: the bytes every rank's targets needed, summed
 };
@@ -95,9 +100,21 @@ class Restorer {
   Result<std::vector<Inventory>> Discover();
   // 2. The step and tier to restore; an error naming what is held when there is none.
   Result<Choice> Agree(const std::vector<Inventory>& inv);
-  // 3. Pins this rank's copies of a memory step, gathers the target layouts and the shard
-  // tables, and for a PFS step reads the MANIFEST (false: unreadable, step skipped).
-  Result<bool> Catalog(const std::vector<Inventory>& inv, Pass& p);
+  // 3. Pins this rank's copies of a memory step (an error to pass on in the next gather).
+  Status Pin(Pass& p);
+  // Gathers the target layouts and, for a memory step, the shard tables (of the versions
+  // pinned, or `pin_st`); for a PFS step catalogs the MANIFEST read.
+  Result<bool> Catalog(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st);
+  // A memory step whose saved and target layouts are all templates: two small gathers,
+  // then each rank plans alone (recovery/memory_plan.h). false: some layout is no
+  // template, or they disagree; the general catalog is needed.
+  Result<bool> PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st);
+  // After planning alone: every rank's status, and (unless options_.partial) that every
+  // saved tensor is some rank's target. `skip_corrupt`: a Corruption skips the step (PFS).
+  Result<bool> CheckAlone(Pass& p, Status st, const std::vector<std::string>& saved_names,
+                          bool skip_corrupt);
+  // The error for saved tensors no rank restores.
+  Status Unrestored(const Pass& p, const std::vector<std::string>& names, size_t count) const;
   // Rank 0 reads the chosen PFS step's MANIFEST as it is and broadcasts it (false:
   // unreadable, step skipped).
   Result<bool> FetchManifest(Pass& p);
@@ -168,27 +185,25 @@ Result<Choice> Restorer::Agree(const std::vector<Inventory>& inv) {
       (have_pfs_ ? ", PFS " + env_.pfs_job_dir : ", no PFS") + ")");
 }
 
-Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, Pass& p) {
+Status Restorer::Pin(Pass& p) {
+  for (const HeldVersion& v : held_) {
+    if (v.step != p.choice.step) continue;
+    auto pv = env_.memory->Pin(v);
+    if (!pv.ok()) return pv.status().WithContext(who_);
+    // This rank's own version first: it is the one read locally.
+    if (v.source == env_.rank)
+      p.pinned.insert(p.pinned.begin(), std::move(*pv));
+    else
+      p.pinned.push_back(std::move(*pv));
+  }
+  return Status::OK();
+}
+
+Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st) {
   const int64_t step = p.choice.step;
   p.mc.cat.step = step;
   p.mc.cat.from_pfs = p.choice.from_pfs;
-  Status pin_st;
-  if (!p.choice.from_pfs) {
-    p.mc.cat.where = "host memory";
-    for (const HeldVersion& v : held_) {
-      if (v.step != step) continue;
-      auto pv = env_.memory->Pin(v);
-      if (!pv.ok()) {
-        pin_st = pv.status().WithContext(who_);
-        break;
-      }
-      // This rank's own version first: it is the one read locally.
-      if (v.source == env_.rank)
-        p.pinned.insert(p.pinned.begin(), std::move(*pv));
-      else
-        p.pinned.push_back(std::move(*pv));
-    }
-  }
+  if (!p.choice.from_pfs) p.mc.cat.where = "host memory";
   // Each distinct target layout travels once: from the lowest rank that has it.
   bool send_layout = true;
   for (size_t r = 0; r < inv.size(); ++r) {
@@ -266,13 +281,6 @@ Result<bool> Restorer::PlanFromIndex(Pass& p) {
   std::vector<std::pair<std::string, Box>> want;
   for (const ShardSpec& t : targets_) want.push_back({t.meta.name, t.box});
   const int blob_rank = env_.rank < static_cast<int>(saved.world_size()) ? env_.rank : -1;
-  // Which saved tensors this rank's targets name (the job-wide check below).
-  std::unordered_map<std::string, size_t> ids;
-  for (int i = 0; i < saved.tensors_size(); ++i) ids.emplace(saved.tensors(i).name(), i);
-  std::string named((static_cast<size_t>(saved.tensors_size()) + 7) / 8, '\0');
-  for (const ShardSpec& t : targets_)
-    if (auto it = ids.find(t.meta.name); it != ids.end())
-      named[it->second / 8] = static_cast<char>(named[it->second / 8] | (1 << (it->second % 8)));
   const int64_t plan_t0 = NowNanos();
   Status st = [&]() -> Status {
     CAIRN_ASSIGN_OR_RETURN(p.manifest, PartialManifest(saved, want, blob_rank,
@@ -289,27 +297,49 @@ Result<bool> Restorer::PlanFromIndex(Pass& p) {
     return Status::OK();
   }();
   Trace::Record("restore plan", "restore", plan_t0, NowNanos());
+  p.mc.cat.where = p.step_dir;
+  std::vector<std::string> names;
+  for (const pb::Tensor& t : saved.tensors()) names.push_back(t.name());
+  return CheckAlone(p, std::move(st), names, /*skip_corrupt=*/true);
+}
+
+Result<bool> Restorer::CheckAlone(Pass& p, Status st, const std::vector<std::string>& saved_names,
+                                  bool skip_corrupt) {
   if (!st.ok()) st = st.WithContext(who_ + ", step " + std::to_string(p.choice.step));
+  // One bit per saved tensor this rank's targets name.
+  std::unordered_map<std::string_view, size_t> ids;
+  for (size_t i = 0; i < saved_names.size(); ++i) ids.emplace(saved_names[i], i);
+  std::string named((saved_names.size() + 7) / 8, '\0');
+  for (const ShardSpec& t : targets_)
+    if (auto it = ids.find(t.meta.name); it != ids.end())
+      named[it->second / 8] = static_cast<char>(named[it->second / 8] | (1 << (it->second % 8)));
   auto all = GatherChecked(env_.group, st, named);
   if (!all.ok()) {
-    if (all.status().code() != StatusCode::kCorruption) return all.status();
+    if (!skip_corrupt || all.status().code() != StatusCode::kCorruption) return all.status();
     Skip(p, all.status());
     return false;
   }
   if (options_.partial) return true;
-  std::string names;
-  size_t missing = 0;
-  for (int i = 0; i < saved.tensors_size(); ++i) {
+  std::vector<std::string> missing;
+  size_t count = 0;
+  for (size_t i = 0; i < saved_names.size(); ++i) {
     bool any = false;
     for (const std::string& bits : *all)
-      any = any || (static_cast<size_t>(i / 8) < bits.size() && (bits[i / 8] >> (i % 8)) & 1);
+      any = any || (i / 8 < bits.size() && (bits[i / 8] >> (i % 8)) & 1);
     if (any) continue;
-    if (missing++ < 5) names += (missing > 1 ? ", '" : "'") + saved.tensors(i).name() + "'";
+    if (count++ < 5) missing.push_back(saved_names[i]);
   }
-  if (missing == 0) return true;
-  if (missing > 5) names += " and " + std::to_string(missing - 5) + " more";
+  if (count == 0) return true;
+  return Unrestored(p, missing, count);
+}
+
+Status Restorer::Unrestored(const Pass& p, const std::vector<std::string>& names,
+                            size_t count) const {
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < 5; ++i) list += (i ? ", '" : "'") + names[i] + "'";
+  if (count > 5) list += " and " + std::to_string(count - 5) + " more";
   return Status::InvalidArgument(who_ + ", step " + std::to_string(p.choice.step) + " (" +
-                                 p.step_dir + "): saved tensor(s) " + names +
+                                 p.mc.cat.where + "): saved tensor(s) " + list +
                                  " are in no rank's targets (RestoreOptions::partial allows "
                                  "that)");
 }
@@ -324,14 +354,157 @@ Status Restorer::Plan(Pass& p) {
   p.plan = std::move(*plan);
   const auto& unrestored = p.plan.unrestored;
   if (unrestored.empty() || options_.partial) return Status::OK();
-  std::string names;
-  for (size_t i = 0; i < unrestored.size() && i < 5; ++i)
-    names += (i ? ", '" : "'") + unrestored[i] + "'";
-  if (unrestored.size() > 5) names += " and " + std::to_string(unrestored.size() - 5) + " more";
-  return Status::InvalidArgument(who_ + ", step " + std::to_string(p.choice.step) + " (" +
-                                 p.mc.cat.where + "): saved tensor(s) " + names +
-                                 " are in no rank's targets (RestoreOptions::partial allows "
-                                 "that)");
+  return Unrestored(p, unrestored, unrestored.size());
+}
+
+Result<bool> Restorer::PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p,
+                                       const Status& pin_st) {
+  const int64_t step = p.choice.step;
+  const int world = env_.group->size();
+  uint32_t saved_world = 0;  // of the job that saved the chosen step (one world: Choose)
+  for (const Inventory& i : inv)
+    for (const HeldVersion& v : i.held)
+      if (v.step == step) saved_world = std::max(saved_world, v.world_size);
+  TemplatedMemoryStep ts;
+  ts.step = step;
+  ts.holders.resize(saved_world);
+  for (size_t r = 0; r < inv.size(); ++r)
+    for (const HeldVersion& v : inv[r].held)
+      if (v.step == step && v.source >= 0 && static_cast<uint32_t>(v.source) < saved_world &&
+          (ts.holders[v.source].empty() || ts.holders[v.source].back() != static_cast<int>(r)))
+        ts.holders[v.source].push_back(static_cast<int>(r));
+  // Gather 1: template references (this rank's targets; the versions it is the lowest
+  // holder of).
+  LayoutRefs mine;
+  std::map<uint64_t, std::string> my_templates;
+  auto refer = [&](const RankLayout& l, int r, int w, TemplateRef* ref) {
+    if (!env_.templates) return;
+    auto rec = RecognizeLayout(l, r, w);
+    if (!rec) return;
+    std::string enc = EncodeTemplate(rec->layout_template);
+    *ref = {true, TemplateHash(enc), rec->index};
+    my_templates.emplace(ref->hash, std::move(enc));
+  };
+  refer(LayoutOf(targets_), env_.rank, world, &mine.target);
+  std::set<int> reported;
+  for (const auto& pv : p.pinned) {
+    const SlotHeader& h = pv->header();
+    const int src = static_cast<int>(h.rank);
+    if (src >= static_cast<int>(saved_world) || ts.holders[src].empty() ||
+        ts.holders[src].front() != env_.rank || !reported.insert(src).second)
+      continue;
+    SavedRef s;
+    s.source = src;
+    s.chunk_bytes = h.chunk_bytes;
+    s.blob_bytes = EncodeBlobs(h, pv->data()).size();
+    refer(SlotLayout(h), src, static_cast<int>(saved_world), &s.layout);
+    mine.saved.push_back(s);
+  }
+  CAIRN_ASSIGN_OR_RETURN(auto all, GatherChecked(env_.group, pin_st, EncodeLayoutRefs(mine)));
+  std::vector<LayoutRefs> refs(all.size());
+  std::vector<const SavedRef*> of_source(saved_world, nullptr);
+  bool templated = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto d = DecodeLayoutRefs(all[r]);
+    if (!d.ok()) return d.status().WithContext(who_ + ": from rank " + std::to_string(r));
+    refs[r] = std::move(*d);
+    templated = templated && refs[r].target.templated;
+  }
+  for (size_t r = 0; r < refs.size(); ++r)
+    for (const SavedRef& s : refs[r].saved) {
+      if (static_cast<uint32_t>(s.source) >= saved_world || ts.holders[s.source].empty() ||
+          ts.holders[s.source].front() != static_cast<int>(r) || of_source[s.source])
+        return Status::Corruption(who_ + ": rank " + std::to_string(r) +
+                                  " reported the layout of rank " + std::to_string(s.source) +
+                                  "'s version of step " + std::to_string(step) +
+                                  ", which it is not the first holder of");
+      of_source[s.source] = &s;
+      templated = templated && s.layout.templated;
+    }
+  for (const SavedRef* s : of_source) templated = templated && s;
+  if (!templated) return false;
+  ts.chunk_bytes = of_source[0]->chunk_bytes;
+  for (const SavedRef* s : of_source)
+    if (s->chunk_bytes != ts.chunk_bytes || s->chunk_bytes == 0)
+      return Status::InvalidArgument(
+          "ranks saved step " + std::to_string(step) + " with different chunk sizes (" +
+          std::to_string(s->chunk_bytes) + " and " + std::to_string(ts.chunk_bytes) + ")");
+  // Gather 2: each template once, from the first rank naming it.
+  std::map<uint64_t, int> first;
+  for (size_t r = 0; r < refs.size(); ++r) {
+    first.emplace(refs[r].target.hash, static_cast<int>(r));
+    for (const SavedRef& s : refs[r].saved) first.emplace(s.layout.hash, static_cast<int>(r));
+  }
+  std::vector<std::string> send;
+  for (const auto& [hash, enc] : my_templates)
+    if (first.at(hash) == env_.rank) send.push_back(enc);
+  CAIRN_ASSIGN_OR_RETURN(auto lists,
+                         GatherChecked(env_.group, Status::OK(), EncodeTemplateList(send)));
+  std::map<uint64_t, LayoutTemplate> templates;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    auto list = DecodeTemplateList(lists[r]);
+    if (!list.ok()) return list.status().WithContext(who_ + ": from rank " + std::to_string(r));
+    for (const std::string& enc : *list) {
+      auto t = DecodeTemplate(enc);
+      if (!t.ok()) return t.status().WithContext(who_ + ": from rank " + std::to_string(r));
+      templates.emplace(TemplateHash(enc), std::move(*t));
+    }
+  }
+  // The saved plan (per source) and the target plan (per rank).
+  auto make = [&](size_t n, auto ref_of) -> std::optional<TemplatedPlan> {
+    std::vector<LayoutTemplate> list;
+    std::map<uint64_t, uint32_t> ids;
+    std::vector<uint32_t> rank_template(n), rank_index(n);
+    std::vector<uint64_t> hashes(n);
+    for (size_t r = 0; r < n; ++r) {
+      const TemplateRef& ref = ref_of(r);
+      auto it = templates.find(ref.hash);
+      if (it == templates.end()) return std::nullopt;
+      auto [id, fresh] = ids.emplace(ref.hash, static_cast<uint32_t>(list.size()));
+      if (fresh) list.push_back(it->second);
+      rank_template[r] = id->second;
+      rank_index[r] = ref.index;
+      hashes[r] = TemplatedLayoutHash(ref.hash, ref.index);
+    }
+    std::string why;
+    return MakeTemplatedPlan(std::move(list), std::move(rank_template), std::move(rank_index),
+                             std::move(hashes), nullptr, &why);
+  };
+  auto saved =
+      make(saved_world, [&](size_t s) -> const TemplateRef& { return of_source[s]->layout; });
+  auto wanted = make(refs.size(), [&](size_t r) -> const TemplateRef& { return refs[r].target; });
+  if (!saved || !wanted) return false;
+  ts.saved = std::move(*saved);
+  ts.targets = std::move(*wanted);
+  // Blobs: every holder of a source can provide them; the first one sends.
+  p.mc.blob_providers.resize(saved_world);
+  for (uint32_t s = 0; s < saved_world; ++s)
+    for (int h : ts.holders[s]) p.mc.blob_providers[s].push_back({h, of_source[s]->blob_bytes});
+  p.solo = true;
+  const int64_t plan_t0 = NowNanos();
+  Status st = [&]() -> Status {
+    CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, cairn::PlanMemoryAlone(ts, env_.rank));
+    p.mc.cat = std::move(mp.cat);
+    p.lt = std::move(mp.lt);
+    p.plan = std::move(mp.plan);
+    return Status::OK();
+  }();
+  Trace::Record("restore plan", "restore", plan_t0, NowNanos());
+  p.mc.cat.where = "host memory";
+  for (uint32_t t = 0; t < p.mc.cat.tensors.size(); ++t)
+    p.tensor_ids.emplace(p.mc.cat.tensors[t].name, t);
+  for (uint32_t i = 0; i < p.mc.cat.pieces.size(); ++i) {
+    const LoadPiece& piece = p.mc.cat.pieces[i];
+    std::vector<int64_t> key = piece.box.offsets;
+    key.insert(key.end(), piece.box.lengths.begin(), piece.box.lengths.end());
+    p.piece_ids.emplace(std::make_pair(piece.tensor, std::move(key)), i);
+  }
+  std::vector<std::string> names;
+  for (const TensorMeta& t : ts.saved.tensors) names.push_back(t.name);
+  // (A Corruption here is an error: memory versions that fail verification are skipped
+  // after the transfer.)
+  CAIRN_RETURN_IF_ERROR(CheckAlone(p, std::move(st), names, /*skip_corrupt=*/false).status());
+  return true;
 }
 
 Status Restorer::ExchangeBlobs(Pass& p, Attempt& a, std::string* blob_bytes) {
@@ -473,6 +646,7 @@ void Restorer::Describe(const Pass& p, RestoreReport& r) const {
     }
   }
   r.job_unique_bytes_needed = p.solo ? p.job_needed : p.plan.unique_bytes_needed;
+  r.templated_plan = p.solo;
   r.seconds = NanosToSeconds(NowNanos() - t0_);
 }
 
@@ -490,9 +664,16 @@ Result<RestoreReport> Restorer::Run() {
       CAIRN_ASSIGN_OR_RETURN(bool usable, PlanFromIndex(p));
       if (!usable) continue;
     } else {
-      CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p));
-      if (!usable) continue;
-      CAIRN_RETURN_IF_ERROR(Plan(p));
+      const Status pin_st = p.choice.from_pfs ? Status::OK() : Pin(p);
+      bool alone = false;
+      if (!p.choice.from_pfs) {
+        CAIRN_ASSIGN_OR_RETURN(alone, PlanMemoryAlone(inv, p, pin_st));
+      }
+      if (!alone) {
+        CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p, pin_st));
+        if (!usable) continue;
+        CAIRN_RETURN_IF_ERROR(Plan(p));
+      }
     }
     RestoreReport r;
     Attempt a(env_, targets_, p.mc.cat, p.plan);

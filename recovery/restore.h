@@ -97,13 +97,17 @@ struct RestoreEnv {
   double timeout_s = 60;
   int read_threads = 4;      // PFS readers per rank
   bool host_targets = true;  // targets are host memory: reads and receives may land in them
+  // Plan memory restores of fully sharded jobs from layout templates (recovery/memory_plan.h)
+  // when every layout is one; off: always the general catalog (tests, benchmarks).
+  bool templates = true;
 };
 
 // The decoders of what ranks send each other during a restore, for the fuzz targets: `kind`
 // 0 is a rank's inventory (held versions, PFS steps), 1 a rank's shard tables (of a job of
 // `saved_world` ranks), 2 the (status, payload) frame every restore message travels in,
-// holding an inventory. OK when the bytes decode, the status a frame carries, Corruption /
-// InvalidArgument otherwise.
+// holding an inventory, 3 a rank's layout references (memory restores planned from
+// templates), 4 a list of encoded templates. OK when the bytes decode, the status a frame carries,
+// Corruption / InvalidArgument otherwise.
 Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t saved_world);
 
 Result<RestoreReport> Restore(const RestoreEnv& env, std::span<const ShardSpec> targets,

@@ -1,6 +1,7 @@
 #include "recovery/restore_wire.h"
 
 #include "core/bytes.h"
+#include "persist/layout_template.h"
 
 namespace cairn::restore_internal {
 
@@ -33,6 +34,66 @@ Result<Inventory> DecodeInventory(std::string_view b) {
   for (int64_t& s : inv.pfs_steps)
     if (!r.Get(&s)) return Status::Corruption("bad inventory");
   return inv;
+}
+
+namespace {
+void PutRef(ByteWriter& w, const TemplateRef& r) {
+  w.Put<uint8_t>(r.templated ? 1 : 0);
+  w.Put<uint64_t>(r.hash);
+  w.Put<uint32_t>(r.index);
+}
+bool GetRef(ByteReader& rd, TemplateRef* r) {
+  uint8_t t = 0;
+  if (!rd.Get(&t) || t > 1 || !rd.Get(&r->hash) || !rd.Get(&r->index)) return false;
+  r->templated = t == 1;
+  return true;
+}
+}  // namespace
+
+std::string EncodeLayoutRefs(const LayoutRefs& refs) {
+  ByteWriter w;
+  PutRef(w, refs.target);
+  w.Put<uint32_t>(static_cast<uint32_t>(refs.saved.size()));
+  for (const SavedRef& s : refs.saved) {
+    w.Put<int32_t>(s.source);
+    PutRef(w, s.layout);
+    w.Put<uint64_t>(s.chunk_bytes);
+    w.Put<uint64_t>(s.blob_bytes);
+  }
+  return std::move(w.out());
+}
+
+Result<LayoutRefs> DecodeLayoutRefs(std::string_view b) {
+  ByteReader r(b);
+  LayoutRefs refs;
+  uint32_t n = 0;
+  if (!GetRef(r, &refs.target) || !r.Get(&n) || n > r.remaining() / 33)
+    return Status::Corruption("bad layout references");
+  refs.saved.resize(n);
+  for (SavedRef& s : refs.saved)
+    if (!r.Get(&s.source) || s.source < 0 || !GetRef(r, &s.layout) || !r.Get(&s.chunk_bytes) ||
+        !r.Get(&s.blob_bytes))
+      return Status::Corruption("bad layout references");
+  if (r.remaining() != 0) return Status::Corruption("bad layout references: trailing bytes");
+  return refs;
+}
+
+std::string EncodeTemplateList(const std::vector<std::string>& encoded) {
+  ByteWriter w;
+  w.Put<uint32_t>(static_cast<uint32_t>(encoded.size()));
+  for (const std::string& e : encoded) w.PutString(e);
+  return std::move(w.out());
+}
+
+Result<std::vector<std::string>> DecodeTemplateList(std::string_view b) {
+  ByteReader r(b);
+  uint32_t n = 0;
+  if (!r.Get(&n) || n > r.remaining() / 4) return Status::Corruption("bad template list");
+  std::vector<std::string> out(n);
+  for (std::string& e : out)
+    if (!r.GetString(&e, b.size())) return Status::Corruption("bad template list");
+  if (r.remaining() != 0) return Status::Corruption("bad template list: trailing bytes");
+  return out;
 }
 
 // One rank's (status, payload) message: the payload when the status is OK, that status
@@ -198,6 +259,14 @@ Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t
     // A rank's status-framed message (every restore allgather), then an inventory in it.
     auto payload = restore_internal::DecodeChecked(bytes, 1);
     return payload.ok() ? restore_internal::DecodeInventory(*payload).status() : payload.status();
+  }
+  if (kind == 3) return restore_internal::DecodeLayoutRefs(bytes).status();
+  if (kind == 4) {
+    // A list of templates, each decoded as the restore decodes them.
+    auto list = restore_internal::DecodeTemplateList(bytes);
+    if (!list.ok()) return list.status();
+    for (const std::string& t : *list) CAIRN_RETURN_IF_ERROR(DecodeTemplate(t).status());
+    return Status::OK();
   }
   restore_internal::MemoryCatalog mc;
   std::unordered_map<std::string, uint32_t> tensor_ids;

@@ -53,6 +53,33 @@ Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
 std::string EncodeBlobs(const SlotHeader& h, const std::byte* data);
 std::string EncodeTables(const std::vector<std::unique_ptr<PinnedVersion>>& pinned);
 
+// A memory restore's first gather when layouts may be templates (recovery/memory_plan.h):
+// this rank's target layout as a template reference, and for each saved version of the
+// step this rank is the lowest holder of, that version's layout as one, its chunk size
+// and the size of its blobs. A layout that is no template is sent as `templated` false
+// (the restore then gathers the general catalog).
+struct TemplateRef {
+  bool templated = false;
+  uint64_t hash = 0;  // TemplateHash of the encoded template
+  uint32_t index = 0;
+};
+struct SavedRef {
+  int32_t source = 0;
+  TemplateRef layout;
+  uint64_t chunk_bytes = 0;
+  uint64_t blob_bytes = 0;  // EncodeBlobs size
+};
+struct LayoutRefs {
+  TemplateRef target;
+  std::vector<SavedRef> saved;
+};
+std::string EncodeLayoutRefs(const LayoutRefs& refs);
+Result<LayoutRefs> DecodeLayoutRefs(std::string_view b);
+
+// The second gather: the encoded templates this rank is the first to name.
+std::string EncodeTemplateList(const std::vector<std::string>& encoded);
+Result<std::vector<std::string>> DecodeTemplateList(std::string_view b);
+
 struct MemoryCatalog {
   LoadCatalog cat;
   std::vector<std::vector<std::pair<int, uint64_t>>> blob_providers;  // per source: (rank, size)

@@ -206,12 +206,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf(
-        "restored %lld tier %s received %llu pfs %llu needed %llu resharded %d skipped %zu\n",
+        "restored %lld tier %s received %llu pfs %llu needed %llu resharded %d skipped %zu plan "
+        "%s\n",
         static_cast<long long>(r->step), r->tier.c_str(),
         static_cast<unsigned long long>(r->bytes_received),
         static_cast<unsigned long long>(r->job_pfs_bytes_read),
         static_cast<unsigned long long>(r->job_unique_bytes_needed), r->resharded ? 1 : 0,
-        r->skipped.size());
+        r->skipped.size(), r->templated_plan ? "alone" : "job");
     std::fflush(stdout);
     return r->step >= arg ? 0 : 1;
   }

@@ -67,6 +67,7 @@ TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
     EXPECT_EQ(x.pfs, 0u) << "rank " << r << " job read the PFS";
     EXPECT_EQ(x.tier, r >= 2 ? "peer" : "host") << "rank " << r;
     EXPECT_EQ(x.resharded, 0);
+    EXPECT_EQ(x.plan, "alone") << "rank " << r;  // tp2 x dp2 layouts are templates
     if (r >= 2) {
       EXPECT_GT(x.received, 0u);
     }
@@ -116,14 +117,12 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
 }
 
 // A fully sharded job (every layout distinct) is persisted through the templated plan: no
-// rank gathers the others' boxes. What it wrote must restore bit-exact, onto its own layout
-// and onto others, from the PFS alone.
-// A fully sharded job (every layout distinct) is persisted through the templated plan: no
 // rank gathers the others' boxes, and the step is written in format 2 (a MANIFEST without
-// boxes, an index file per writer). It must restore bit-exact from the PFS alone, onto its
-// own layout and onto others, each rank reading the index files it needs; a bad index
-// file makes the restore skip the step for the older one.
-TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromThePfs) {
+// boxes, an index file per writer). From memory, with a node lost, onto its own layout and
+// onto others, every rank plans its own part from the templates; from the PFS alone, each
+// rank reads the index files it needs; a bad index file makes the restore skip the step
+// for the older one. Every restore is bit-exact.
+TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromMemoryAndThePfs) {
   TempDir root("rfsdp");
   const std::string job = testing::UniqueJobId("fsdp");
   const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
@@ -162,6 +161,23 @@ TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromTheP
     int64_t n = 1;
     for (int64_t e : m->tensors(t).shape()) n *= e;
     EXPECT_EQ(covered[static_cast<size_t>(t)], n) << m->tensors(t).name();
+  }
+  // Node 1's memory is lost: its ranks get their bytes from their partners' replicas; then
+  // tp2 x dp2 and the last dimension halved, from memory (every rank sends and receives).
+  ASSERT_TRUE(fs->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
+  for (const std::string layout : {"flat", "tp2", "col2"}) {
+    auto got = RunRestore(root, job, 2, 2, layout, 5, "fsdp-mem-" + layout);
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t r = 0; r < got.size(); ++r) {
+      const Restored& x = got[r];
+      EXPECT_EQ(x.step, 5) << layout;
+      EXPECT_EQ(x.plan, "alone") << layout << " rank " << r;
+      EXPECT_EQ(x.pfs, 0u) << layout;
+      EXPECT_EQ(x.resharded, layout == "flat" ? 0 : 1) << layout;
+      if (layout == "flat") {
+        EXPECT_EQ(x.tier, r >= 2 ? "peer" : "host") << "rank " << r;
+      }
+    }
   }
   ASSERT_TRUE(fs->RemoveAll(root.path() + "/host").ok());
   // Onto its own layout (each rank reads exactly its own pieces), onto 3 flat ranges

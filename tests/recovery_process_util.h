@@ -46,20 +46,22 @@ inline std::string LastLine(const std::string& dir, int r, const std::string& pr
   return last;
 }
 
-// "restored <step> tier <t> received <n> pfs <n> needed <n> resharded <0|1> skipped <n>"
+// "restored <step> tier <t> received <n> pfs <n> needed <n> resharded <0|1> skipped <n>
+// plan <alone|job>" (alone: every rank planned its own part from layout templates)
 struct Restored {
   int64_t step = -1;
   std::string tier;
   uint64_t received = 0, pfs = 0, needed = 0;
   int resharded = -1;
   size_t skipped = 0;
+  std::string plan;
 };
 inline Restored ParseRestored(const std::string& line) {
   Restored r;
   std::istringstream in(line);
   std::string w;
   in >> w >> r.step >> w >> r.tier >> w >> r.received >> w >> r.pfs >> w >> r.needed >> w >>
-      r.resharded >> w >> r.skipped;
+      r.resharded >> w >> r.skipped >> w >> r.plan;
   return r;
 }
 

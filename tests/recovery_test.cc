@@ -21,6 +21,7 @@
 #include "core/filesystem.h"
 #include "core/log.h"
 #include "persist/commit.h"
+#include "persist/layout_template.h"
 #include "persist/manifest.h"
 #include "persist/writer.h"
 #include "recovery/load_planner.h"
@@ -242,6 +243,39 @@ std::vector<std::vector<Box>> RandomLayout(std::mt19937_64& rng, const Shape& sh
   return out;
 }
 
+// The boxes each of `world` ranks holds under a layout template (persist/layout_template.h):
+// every tensor split by a random rule into d parts (d = world or a divisor of it), rank r
+// holding part r % d or r / (world / d): FSDP, ZeRO-3, DTensor Shard, tensor parallel
+// inside data parallel.
+std::vector<std::vector<std::pair<size_t, Box>>> TemplateLayouts(std::mt19937_64& rng,
+                                                                 const std::vector<Tensor>& tensors,
+                                                                 int world) {
+  std::vector<int> divisors;
+  for (int d = 1; d <= world; ++d)
+    if (world % d == 0) divisors.push_back(d);
+  const int d = rng() % 2 ? world : divisors[rng() % divisors.size()];
+  const bool blocked = rng() % 2;
+  std::vector<std::vector<std::pair<size_t, Box>>> out(static_cast<size_t>(world));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Shape& shape = tensors[i].meta.global_shape;
+    using K = SplitRule::Kind;
+    using R = SplitRule::Round;
+    const uint8_t dim = static_cast<uint8_t>(rng() % shape.size());
+    const SplitRule rules[] = {{K::kWhole, R::kCeil, 0},
+                               {K::kFlat, R::kCeil, 0},
+                               {K::kFlat, R::kFloor, 0},
+                               {K::kChunk, R::kCeil, dim},
+                               {K::kChunk, R::kFloor, dim}};
+    const SplitRule rule = rules[rng() % std::size(rules)];
+    for (int r = 0; r < world; ++r) {
+      const auto index = static_cast<uint32_t>(blocked ? r / (world / d) : r % d);
+      for (Box& b : PartBoxes(shape, rule, index, static_cast<uint32_t>(d)))
+        out[static_cast<size_t>(r)].push_back({i, std::move(b)});
+    }
+  }
+  return out;
+}
+
 std::vector<std::byte> Extract(const Tensor& t, const Box& box) {
   const size_t elem = DTypeSize(t.meta.dtype);
   std::vector<std::byte> out(static_cast<size_t>(box.numel()) * elem);
@@ -402,7 +436,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
   SCOPED_TRACE("seed " + std::to_string(seed));
   const DType dtypes[] = {DType::kF64, DType::kF32, DType::kBF16,  DType::kI64,
                           DType::kI16, DType::kU8,  DType::kF8E4M3};
-  int resharded = 0, with_peers = 0, fallbacks = 0, pfs_cases = 0;
+  int resharded = 0, with_peers = 0, fallbacks = 0, pfs_cases = 0, alone = 0, alone_with_peers = 0;
   constexpr int kCases = 220;
   for (int c = 0; c < kCases; ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -424,7 +458,14 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
     const uint64_t chunk = uint64_t{8} << (rng() % 8);
     std::vector<std::vector<std::pair<size_t, Box>>> saved(static_cast<size_t>(saved_world)),
         wanted(static_cast<size_t>(world));
-    for (size_t i = 0; i < tensors.size(); ++i) {
+    // Every other case saves and restores layout templates (fully sharded jobs): memory
+    // restores of those are planned by each rank alone (recovery/memory_plan.h).
+    const bool templates = c % 2 == 1;
+    if (templates) {
+      saved = TemplateLayouts(rng, tensors, saved_world);
+      wanted = TemplateLayouts(rng, tensors, world);
+    }
+    for (size_t i = 0; i < tensors.size() && !templates; ++i) {
       auto s = RandomLayout(rng, tensors[i].meta.global_shape, saved_world);
       for (int r = 0; r < saved_world; ++r)
         for (Box& b : s[static_cast<size_t>(r)]) saved[static_cast<size_t>(r)].push_back({i, b});
@@ -496,6 +537,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
     RestoreOptions opts;
     opts.partial = true;  // a random layout may leave a tensor to no rank of the target
     auto results = RunRestore(world, tensors, memory, wanted, opts, job_dir);
+    const int with_peers_before = with_peers;
     const int64_t expect_step = results[0].report.ok() && results[0].report->step == 1 ? 1 : 2;
     const std::vector<Tensor>* expect = expect_step == 1 ? &older : &tensors;
     for (int r = 0; r < world; ++r) {
@@ -522,6 +564,11 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
       resharded += res.report->resharded;
       with_peers += res.report->bytes_received > 0;
       if (on_pfs && expect_step == 2) {
+        EXPECT_FALSE(res.report->templated_plan);  // format 1: planned job-wide
+      }
+      // Every rank plans alike: alone, or all from the job-wide catalog.
+      EXPECT_EQ(res.report->templated_plan, results[0].report->templated_plan);
+      if (on_pfs && expect_step == 2) {
         ASSERT_EQ(res.report->tier, "pfs");
         // Every byte some target needs read once by the job, in whole checksum chunks.
         ASSERT_GE(res.report->job_pfs_bytes_read, res.report->job_unique_bytes_needed);
@@ -529,16 +576,22 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
                   res.report->job_unique_bytes_needed + 2 * chunk * 64 * tensors.size());
       }
     }
+    if (!on_pfs && results[0].report->templated_plan) {
+      ++alone;
+      alone_with_peers += with_peers > with_peers_before;
+    }
   }
   std::printf(
       "%d cases (%d from the PFS): %d rank restores resharded, %d received from peers, "
-      "%d fell back\n",
-      kCases, pfs_cases, resharded, with_peers, fallbacks);
+      "%d fell back; %d memory cases planned alone from templates (%d with peers)\n",
+      kCases, pfs_cases, resharded, with_peers, fallbacks, alone, alone_with_peers);
   // The cases really exercised what they claim to.
   EXPECT_GT(resharded, kCases / 2);
   EXPECT_GT(with_peers, kCases / 2);
   EXPECT_GT(fallbacks, 0);
   EXPECT_GT(pfs_cases, kCases / 5);
+  EXPECT_GT(alone, kCases / 5);
+  EXPECT_GT(alone_with_peers, kCases / 10);
 }
 
 TEST(Recovery, ErrorsNameTheTensorStepAndRankBeforeWritingAnyTarget) {
