@@ -14,6 +14,7 @@
 #include "persist/save_planner.h"
 #include "persist/step_index.h"
 #include "persist/templated_plan.h"
+#include "recovery/restore_wire.h"
 #include "tiers/slot_header.h"
 
 using namespace cairn;
@@ -223,5 +224,17 @@ int main(int argc, char** argv) {
   Put(out, "fuzz_restore", 4, std::string("\3\0", 2) + offer);
   // Rank 0's outcome of a round: "left published" byte, then a status.
   Put(out, "fuzz_restore", 5, std::string("\4\0\1", 3) + failed);
+  // A memory restore's layout references (target template 3 of a rank, the saved layouts of
+  // ranks 3 and 7 it first holds) and a list of one template.
+  restore_internal::LayoutRefs refs;
+  refs.target = {true, 0x5eed, 3};
+  refs.saved = {{3, {true, 0xfeed, 3}, 1 << 16, 40}, {7, {false, 0, 0}, 1 << 16, 40}};
+  Put(out, "fuzz_restore", 6, std::string("\5\4", 2) + restore_internal::EncodeLayoutRefs(refs));
+  LayoutTemplate flat4;
+  flat4.tensors = {{"layers.0.w", DType::kF32, {8, 16}}, {"step", DType::kI64, {}}};
+  flat4.rules = {{SplitRule::Kind::kFlat, SplitRule::Round::kCeil, 0}, {}};
+  flat4.parts = 4;
+  Put(out, "fuzz_restore", 7,
+      std::string("\6\4", 2) + restore_internal::EncodeTemplateList({EncodeTemplate(flat4)}));
   return 0;
 }
