@@ -105,6 +105,8 @@ TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
     for (int r = 0; r < kWorld; ++r) {
       const Restored& x = got[static_cast<size_t>(r)];
       EXPECT_EQ(x.step, kLast) << "rank " << r;
+      // Flat ranges are templates: from memory or the PFS, every rank plans alone.
+      EXPECT_EQ(x.plan, "alone") << "rank " << r;
       if (memory) {
         EXPECT_EQ(x.pfs, 0u) << "rank " << r << " read the PFS; placement keeps a copy";
         EXPECT_EQ(x.tier, lost.count(r / kPerNode) ? "peer" : "host") << "rank " << r;
