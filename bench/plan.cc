@@ -51,6 +51,7 @@
 #include "persist/step_index.h"
 #include "persist/templated_plan.h"
 #include "recovery/load_planner.h"
+#include "recovery/memory_plan.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_wire.h"
 
@@ -190,6 +191,123 @@ void SimulateIndexFiles(const TemplatedPlan& plan, uint64_t chunk, SimulatedInde
     out->total_bytes += f.size();
     out->pieces += locs.size();
   }
+}
+
+// A memory restore of the fully sharded step (host tiers and peers), planned by each rank
+// alone (recovery/memory_plan.h): source s's version is held by rank s and by its ring
+// partner on the next node, s + 8; onto n ranks of another layout, by ranks s mod n and
+// (s + 8) mod n. `lost`: node 1 (ranks 8..15) lost its memory and restarted empty.
+struct MemoryRestore {
+  uint64_t gather_bytes = 0;  // what the two gathers and the final check bring each rank
+  double catalog_s = 0;       // decode every rank's references and the templates, build plans
+  double plan_s = 0;          // the slowest sampled rank: PlanMemoryAlone + its RankLoad
+  uint64_t general_layout_bytes = 0;  // the general path's layout gather alone, per rank
+};
+
+Status MemoryRestores(const Args& a, int world, int n, bool lost, MemoryRestore* out) {
+  using namespace cairn::restore_internal;
+  constexpr int kPerNode = 8;
+  auto gone = [&](int r) { return lost && r >= kPerNode && r < 2 * kPerNode; };
+  TemplatedMemoryStep step;
+  step.step = 1000;
+  step.chunk_bytes = 4ull << 20;
+  step.holders.resize(static_cast<size_t>(world));
+  for (int s = 0; s < world; ++s) {
+    auto& h = step.holders[static_cast<size_t>(s)];
+    for (int x : {s % n, (s + kPerNode) % n})
+      if (!gone(x)) h.push_back(x);
+    std::sort(h.begin(), h.end());
+    h.erase(std::unique(h.begin(), h.end()), h.end());
+    if (h.empty()) return Status::Internal("source " + std::to_string(s) + " held nowhere");
+  }
+  // Gather 1 (each rank's references) and gather 2 (each template once), as sent.
+  auto tmpl = [&](int world_of) -> Result<std::string> {
+    auto rec = RecognizeLayout(FlatLayout(a, a.layers_per_stage, world_of, 0), 0, world_of);
+    if (!rec) return Status::Internal("the flat layout is no template");
+    return EncodeTemplate(rec->layout_template);
+  };
+  CAIRN_ASSIGN_OR_RETURN(const std::string saved_t, tmpl(world));
+  CAIRN_ASSIGN_OR_RETURN(const std::string target_t, tmpl(n));
+  std::vector<std::string> refs(static_cast<size_t>(n));
+  {
+    std::vector<LayoutRefs> r(static_cast<size_t>(n));
+    for (int x = 0; x < n; ++x)
+      r[static_cast<size_t>(x)].target = {true, TemplateHash(target_t), static_cast<uint32_t>(x)};
+    for (int s = 0; s < world; ++s)
+      r[static_cast<size_t>(step.holders[static_cast<size_t>(s)].front())].saved.push_back(
+          {s, {true, TemplateHash(saved_t), static_cast<uint32_t>(s)}, step.chunk_bytes, 40});
+    for (int x = 0; x < n; ++x) {
+      refs[static_cast<size_t>(x)] = EncodeLayoutRefs(r[static_cast<size_t>(x)]);
+      out->gather_bytes += refs[static_cast<size_t>(x)].size() + 5;  // + the status frame
+    }
+  }
+  const std::string lists =
+      EncodeTemplateList(saved_t == target_t ? std::vector<std::string>{saved_t}
+                                             : std::vector<std::string>{saved_t, target_t});
+  out->gather_bytes += lists.size() + static_cast<uint64_t>(n) * 9;  // others send none
+  // The check that every saved tensor is some rank's target: a bit per tensor per rank.
+  auto saved_layout = DecodeTemplate(saved_t);
+  if (!saved_layout.ok()) return saved_layout.status();
+  out->gather_bytes += static_cast<uint64_t>(n) * ((saved_layout->tensors.size() + 7) / 8 + 5);
+  out->general_layout_bytes =
+      static_cast<uint64_t>(n) * EncodeRankLayout(FlatLayout(a, a.layers_per_stage, n, 0)).size();
+  // Every rank: decode the references and templates, build the two plans.
+  std::vector<double> cat_t;
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    const int64_t t0 = NowNanos();
+    std::vector<uint32_t> src_index(static_cast<size_t>(world)), tgt_index(static_cast<size_t>(n));
+    for (int x = 0; x < n; ++x) {
+      CAIRN_ASSIGN_OR_RETURN(LayoutRefs r, DecodeLayoutRefs(refs[static_cast<size_t>(x)]));
+      tgt_index[static_cast<size_t>(x)] = r.target.index;
+      for (const SavedRef& sr : r.saved)
+        src_index[static_cast<size_t>(sr.source)] = sr.layout.index;
+    }
+    CAIRN_ASSIGN_OR_RETURN(auto encoded, DecodeTemplateList(lists));
+    std::vector<LayoutTemplate> templates;
+    for (const std::string& e : encoded) {
+      CAIRN_ASSIGN_OR_RETURN(LayoutTemplate t, DecodeTemplate(e));
+      templates.push_back(std::move(t));
+    }
+    auto plan = [&](uint32_t t, std::vector<uint32_t> index) -> Result<TemplatedPlan> {
+      std::vector<uint64_t> hashes(index.size());
+      const uint64_t h = TemplateHash(encoded[t]);
+      for (size_t r = 0; r < index.size(); ++r) hashes[r] = TemplatedLayoutHash(h, index[r]);
+      std::string why;
+      std::vector<uint32_t> which(index.size(), 0);
+      auto p = MakeTemplatedPlan({templates[t]}, std::move(which), std::move(index),
+                                 std::move(hashes), nullptr, &why);
+      if (!p) return Status::Internal(why);
+      return std::move(*p);
+    };
+    CAIRN_ASSIGN_OR_RETURN(step.saved, plan(0, src_index));
+    CAIRN_ASSIGN_OR_RETURN(step.targets, plan(templates.size() > 1 ? 1 : 0, tgt_index));
+    cat_t.push_back(NanosToSeconds(NowNanos() - t0));
+  }
+  std::sort(cat_t.begin(), cat_t.end());
+  out->catalog_s = cat_t[cat_t.size() / 2];
+  // The sampled ranks: with a lost node, a lost rank, its partner and one untouched;
+  // otherwise the first, middle and last.
+  const std::vector<int> sample = lost ? std::vector<int>{kPerNode % n, (2 * kPerNode) % n, 0}
+                                       : std::vector<int>{0, n / 2, n - 1};
+  for (int r : sample) {
+    std::vector<double> t;
+    RankLoad load;
+    for (int rep = 0; rep < a.repeats; ++rep) {
+      const int64_t t0 = NowNanos();
+      CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, PlanMemoryAlone(step, r));
+      load = ForRank(mp.plan, mp.cat, r);
+      t.push_back(NanosToSeconds(NowNanos() - t0));
+    }
+    std::sort(t.begin(), t.end());
+    out->plan_s = std::max(out->plan_s, t[t.size() / 2]);
+    if (load.gets.empty()) return Status::Internal("rank " + std::to_string(r) + " gets nothing");
+    // A lost rank receives everything from its partner, which sends it.
+    if (lost && gone(r))
+      for (const RankLoad::Get& g : load.gets)
+        if (g.how != RankLoad::How::kRecv || g.from != (r + kPerNode) % n)
+          return Status::Internal("lost rank " + std::to_string(r) + " not fed by its partner");
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -544,6 +662,13 @@ int main(int argc, char** argv) {
     // every saved tensor is some rank's target).
     const uint64_t bits = static_cast<uint64_t>(load_world) *
                           ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
+    MemoryRestore mem_same, mem_other;
+    st = MemoryRestores(a, world, world, true, &mem_same);
+    if (st.ok()) st = MemoryRestores(a, world, load_world, false, &mem_other);
+    if (!st.ok()) {
+      std::fprintf(stderr, "plan: memory restore: %s\n", st.ToString().c_str());
+      return 1;
+    }
     j["agree_s"] = Round(med(agree_t), 4);
     j["inventory_bytes"] = inventory_bytes;
     j["load_ranks"] = load_world;
@@ -555,6 +680,12 @@ int main(int argc, char** argv) {
         inventory_bytes + manifest_bytes + std::max(other.index_bytes, same.index_bytes) + bits;
     j["load_read_over_needed"] =
         Round(static_cast<double>(other.read) / static_cast<double>(other.needed), 4);
+    j["memory_catalog_s"] = Round(std::max(mem_same.catalog_s, mem_other.catalog_s), 4);
+    j["memory_plan_lost_node_s"] = Round(mem_same.plan_s, 4);
+    j["memory_plan_other_layout_s"] = Round(mem_other.plan_s, 4);
+    j["memory_restore_metadata_bytes"] =
+        inventory_bytes + std::max(mem_same.gather_bytes, mem_other.gather_bytes) + bits;
+    j["memory_general_layout_bytes"] = mem_other.general_layout_bytes;
     j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
     std::printf("%s\n", j.dump().c_str());
     return 0;
