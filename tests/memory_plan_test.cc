@@ -14,6 +14,7 @@
 #include "persist/templated_plan.h"
 #include "recovery/load_planner.h"
 #include "recovery/memory_plan.h"
+#include "tests/plan_check.h"
 
 namespace cairn {
 namespace {
@@ -21,22 +22,10 @@ namespace {
 using K = SplitRule::Kind;
 using R = SplitRule::Round;
 
-std::vector<TensorMeta> Model() {
-  return {{"embed", DType::kF32, {37, 5}},
-          {"w", DType::kBF16, {12, 16}},
-          {"cube", DType::kF32, {3, 4, 5}},
-          {"bias", DType::kF32, {5}},
-          {"step", DType::kI64, {}}};
-}
-
-// Every tensor split by `rule` in `parts` (scalars and the tensors in `whole` whole).
+// Every tensor of the small model split by `rule` in `parts` (scalars and the tensors in
+// `whole` whole).
 LayoutTemplate Uniform(SplitRule rule, uint32_t parts, std::set<std::string> whole = {}) {
-  LayoutTemplate t;
-  t.tensors = Model();
-  t.parts = parts;
-  for (const TensorMeta& m : t.tensors)
-    t.rules.push_back(m.global_shape.empty() || whole.count(m.name) ? SplitRule{} : rule);
-  return t;
+  return testing::UniformTemplate(testing::SmallModel(), rule, parts, whole);
 }
 
 // world ranks, rank r holding part index(r) of `t`.

@@ -1,11 +1,14 @@
-// Checks of a save plan shared by the planner tests.
+// Checks of a save plan and layouts shared by the planner tests.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "persist/layout_template.h"
 #include "persist/save_planner.h"
 
 namespace cairn::testing {
@@ -36,6 +39,27 @@ inline void ExpectCoveredOnce(const SavePlan& plan) {
     EXPECT_EQ(at, plan.shards[s].nbytes) << "shard " << s;
     EXPECT_EQ(numel, plan.shards[s].box.numel());
   }
+}
+
+// A small model for the template tests: matrices, a 3-d tensor, a vector shorter than
+// most worlds, a scalar.
+inline std::vector<TensorMeta> SmallModel() {
+  return {{"embed", DType::kF32, {37, 5}},
+          {"w", DType::kBF16, {12, 16}},
+          {"cube", DType::kF32, {3, 4, 5}},
+          {"bias", DType::kF32, {5}},
+          {"step", DType::kI64, {}}};
+}
+
+// Every tensor split by `rule` into `parts` (scalars and the tensors named in `whole` whole).
+inline LayoutTemplate UniformTemplate(const std::vector<TensorMeta>& tensors, SplitRule rule,
+                                      uint32_t parts, const std::set<std::string>& whole = {}) {
+  LayoutTemplate t;
+  t.tensors = tensors;
+  t.parts = parts;
+  for (const TensorMeta& m : tensors)
+    t.rules.push_back(m.global_shape.empty() || whole.count(m.name) ? SplitRule{} : rule);
+  return t;
 }
 
 }  // namespace cairn::testing

@@ -23,22 +23,12 @@ using testing::ExpectCoveredOnce;
 using K = SplitRule::Kind;
 using R = SplitRule::Round;
 
-// A small model: matrices, a 3-d tensor, a vector shorter than most worlds, a scalar.
 std::vector<TensorMeta> Model() {
-  return {{"embed", DType::kF32, {37, 5}},
-          {"w", DType::kBF16, {12, 16}},
-          {"cube", DType::kF32, {3, 4, 5}},
-          {"bias", DType::kF32, {5}},
-          {"step", DType::kI64, {}}};
+  return testing::SmallModel();
 }
 
 LayoutTemplate Uniform(const std::vector<TensorMeta>& tensors, SplitRule rule, uint32_t parts) {
-  LayoutTemplate t;
-  t.tensors = tensors;
-  t.parts = parts;
-  for (const TensorMeta& m : tensors)
-    t.rules.push_back(m.global_shape.empty() ? SplitRule{} : rule);  // scalars stay whole
-  return t;
+  return testing::UniformTemplate(tensors, rule, parts);
 }
 
 // What the persister's two gathers bring every rank when rank r holds layouts[r].
