@@ -109,6 +109,11 @@ class Restorer {
   // then each rank plans alone (recovery/memory_plan.h). false: some layout is no
   // template, or they disagree; the general catalog is needed.
   Result<bool> PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st);
+  // Its two gathers: every rank's template references (target; the saved versions it is
+  // the lowest holder of), then each template once; fills *out and the blob providers.
+  // false: some layout is no template, or the templates disagree.
+  Result<bool> GatherTemplates(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st,
+                               TemplatedMemoryStep* out);
   // After planning alone: every rank's status, and (unless options_.partial) that every
   // saved tensor is some rank's target. `skip_corrupt`: a Corruption skips the step (PFS).
   Result<bool> CheckAlone(Pass& p, Status st, const std::vector<std::string>& saved_names,
@@ -357,15 +362,15 @@ Status Restorer::Plan(Pass& p) {
   return Unrestored(p, unrestored, unrestored.size());
 }
 
-Result<bool> Restorer::PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p,
-                                       const Status& pin_st) {
+Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Pass& p,
+                                       const Status& pin_st, TemplatedMemoryStep* out) {
   const int64_t step = p.choice.step;
   const int world = env_.group->size();
   uint32_t saved_world = 0;  // of the job that saved the chosen step (one world: Choose)
   for (const Inventory& i : inv)
     for (const HeldVersion& v : i.held)
       if (v.step == step) saved_world = std::max(saved_world, v.world_size);
-  TemplatedMemoryStep ts;
+  TemplatedMemoryStep& ts = *out;
   ts.step = step;
   ts.holders.resize(saved_world);
   for (size_t r = 0; r < inv.size(); ++r)
@@ -480,6 +485,14 @@ Result<bool> Restorer::PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& 
   p.mc.blob_providers.resize(saved_world);
   for (uint32_t s = 0; s < saved_world; ++s)
     for (int h : ts.holders[s]) p.mc.blob_providers[s].push_back({h, of_source[s]->blob_bytes});
+  return true;
+}
+
+Result<bool> Restorer::PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p,
+                                       const Status& pin_st) {
+  TemplatedMemoryStep ts;
+  CAIRN_ASSIGN_OR_RETURN(bool templated, GatherTemplates(inv, p, pin_st, &ts));
+  if (!templated) return false;
   p.solo = true;
   const int64_t plan_t0 = NowNanos();
   Status st = [&]() -> Status {
