@@ -430,7 +430,7 @@ Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Pass& 
   if (!templated) return false;
   ts.chunk_bytes = of_source[0]->chunk_bytes;
   for (const SavedRef* s : of_source)
-    if (s->chunk_bytes != ts.chunk_bytes || s->chunk_bytes == 0)
+    if (s->chunk_bytes != ts.chunk_bytes || s->chunk_bytes == 0 || s->chunk_bytes > kMaxChunkBytes)
       return Status::InvalidArgument(
           "ranks saved step " + std::to_string(step) + " with different chunk sizes (" +
           std::to_string(s->chunk_bytes) + " and " + std::to_string(ts.chunk_bytes) + ")");

@@ -195,7 +195,7 @@ Status AddTables(int holder, std::string_view bytes, uint32_t saved_world, Memor
     uint32_t nshards = 0;
     if (!r.Get(&source) || !r.Get(&chunk) || !r.Get(&blob_bytes) || !r.Get(&nshards) ||
         source < 0 || static_cast<uint32_t>(source) >= saved_world || source >= (1 << 24) ||
-        chunk == 0)
+        chunk == 0 || chunk > kMaxChunkBytes)
       return bad();
     if (cat.chunk_bytes == 0) cat.chunk_bytes = chunk;
     if (chunk != cat.chunk_bytes)

@@ -118,5 +118,26 @@ TEST(SlotHeader, HostileFieldsAreRejected) {
   EXPECT_FALSE(DecodeSlotHeader(EncodeSlotHeader(h)).ok());  // byte count mismatch / overflow
 }
 
+// A chunk size near 2^64 (found by fuzz_slot_header): the chunk count of a small shard
+// came out right only because the rounding wrapped, and its chunk range ended before it
+// began. Such sizes are refused; up to the limit the ranges stay inside the shard.
+TEST(SlotHeader, ChunkSizesThatWouldWrapAreRefused) {
+  SlotHeader h = Sample();
+  h.shards = {SlotShard{"step", DType::kI64, {}, Box{}, 128, 8, 0, 1}};
+  h.blobs.clear();
+  h.data_bytes = 136;
+  h.chunk_checksums = {7};
+  for (uint64_t chunk : {~uint64_t{0} - 57, kMaxChunkBytes + 1}) {
+    h.chunk_bytes = chunk;
+    auto d = DecodeSlotHeader(EncodeSlotHeader(h));
+    ASSERT_FALSE(d.ok()) << chunk;
+    EXPECT_NE(d.status().message().find("chunk size"), std::string::npos) << d.status().ToString();
+  }
+  h.chunk_bytes = kMaxChunkBytes;
+  auto d = DecodeSlotHeader(EncodeSlotHeader(h));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->ChunkRange(d->shards[0], 0), std::make_pair(uint64_t{128}, uint64_t{136}));
+}
+
 }  // namespace
 }  // namespace cairn

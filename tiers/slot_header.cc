@@ -21,9 +21,9 @@ Status Bad(const std::string& what) {
 }  // namespace
 
 std::pair<uint64_t, uint64_t> SlotHeader::ChunkRange(const SlotShard& s, uint32_t i) const {
-  uint64_t b = s.offset + static_cast<uint64_t>(i) * chunk_bytes;
-  uint64_t e = std::min(b + chunk_bytes, s.offset + s.nbytes);
-  return {b, e};
+  // (No sums that can wrap: i < num_chunks keeps b inside the shard.)
+  const uint64_t b = s.offset + static_cast<uint64_t>(i) * chunk_bytes;
+  return {b, b + std::min(chunk_bytes, s.offset + s.nbytes - b)};
 }
 
 std::string EncodeSlotHeader(const SlotHeader& h) {
@@ -88,7 +88,8 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
       state > static_cast<uint32_t>(VersionState::kReplicatedPersisted))
     return Bad("unknown state " + std::to_string(state));
   h.state = static_cast<VersionState>(state);
-  if (h.chunk_bytes == 0) return Bad("chunk size 0");
+  if (h.chunk_bytes == 0 || h.chunk_bytes > kMaxChunkBytes)
+    return Bad("chunk size " + std::to_string(h.chunk_bytes) + " (1 byte to 1 TiB)");
   // Every record takes at least this many bytes; counts beyond what is present are lies.
   if (n_shards > r.remaining() / 32 || n_blobs > r.remaining() / 28 || n_chunks > r.remaining() / 8)
     return Bad("counts larger than the header (" + std::to_string(n_shards) + " shards, " +
@@ -125,7 +126,7 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
     if (want != s.nbytes) return Bad("tensor '" + s.name + "': byte count does not match box");
     if (s.offset > h.data_bytes || s.nbytes > h.data_bytes - s.offset)
       return Bad("tensor '" + s.name + "': bytes lie outside the data file");
-    const uint64_t chunks = (s.nbytes + h.chunk_bytes - 1) / h.chunk_bytes;
+    const uint64_t chunks = s.nbytes == 0 ? 0 : (s.nbytes - 1) / h.chunk_bytes + 1;
     if (s.num_chunks != chunks || s.first_chunk > n_chunks ||
         s.num_chunks > n_chunks - s.first_chunk)
       return Bad("tensor '" + s.name + "': chunk table inconsistent");
