@@ -4,6 +4,7 @@
 #include "cairn/checkpointer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_set>
 
 #include "api/channels.h"
@@ -43,6 +44,9 @@ class Checkpointer::Impl {
 
   Options options_;
   Logger log_;
+  // Slot mappings pinned for device copies, and those the driver refused (Stats).
+  std::atomic<uint64_t> slots_pinned_{0};
+  std::atomic<uint64_t> slots_not_pinned_{0};
   std::unique_ptr<CopyEngine> engine_;  // outlives tier_ (the tier unregisters slots)
   std::unique_ptr<HostTier> tier_;
   std::unique_ptr<CapturePipeline> pipeline_;
@@ -64,12 +68,19 @@ Status Checkpointer::Impl::OpenTier(FileSystem* fs) {
   CopyEngine* e = engine_.get();
   // Pinning a slot (CUDA) is for speed only: a mapping the driver will not pin (some
   // filesystems refuse long-term pins of their pages) is still copied into, more slowly.
-  const Logger* log = &log_;
-  tc.on_map = [e, log](void* p, size_t n) {
+  // Either outcome is logged and counted (Stats::capture.slots_pinned / slots_not_pinned).
+  tc.on_map = [this, e](void* p, size_t n) {
+    if (!e->pins_host()) return Status::OK();
+    const std::string size = std::to_string(n >> 20) + " MiB";
     Status st = e->RegisterHost(p, n);
-    if (!st.ok())
-      log->Warning("a host slot could not be pinned for device copies (" + st.ToString() +
-                   "); copies into it go through the driver's staging, slower");
+    if (st.ok()) {
+      slots_pinned_.fetch_add(1, std::memory_order_relaxed);
+      log_.Info("pinned a host slot mapping of " + size + " for device copies");
+    } else {
+      slots_not_pinned_.fetch_add(1, std::memory_order_relaxed);
+      log_.Warning("a host slot mapping of " + size + " could not be pinned for device copies (" +
+                   st.ToString() + "); copies into it go through the driver's staging, slower");
+    }
     return Status::OK();
   };
   tc.on_unmap = [e](void* p, size_t n) { e->UnregisterHost(p, n); };
@@ -190,6 +201,8 @@ Stats Checkpointer::Impl::GetStats() const {
   Stats s;
   s.save = pipeline_->save_stats();
   s.capture = pipeline_->capture_stats();
+  s.capture.slots_pinned = slots_pinned_.load(std::memory_order_relaxed);
+  s.capture.slots_not_pinned = slots_not_pinned_.load(std::memory_order_relaxed);
   if (replicator_) {
     ReplicatorStats r = replicator_->stats();
     s.replication.replicated = r.replicated;

@@ -430,6 +430,9 @@ PYBIND11_MODULE(_cairn, m) {
       .def_property_readonly("newest_captured_step",
                              [](const Stats& s) { return s.capture.newest_captured_step; })
       .def_property_readonly("copy_engine", [](const Stats& s) { return s.capture.copy_engine; })
+      .def_property_readonly("slots_pinned", [](const Stats& s) { return s.capture.slots_pinned; })
+      .def_property_readonly("slots_not_pinned",
+                             [](const Stats& s) { return s.capture.slots_not_pinned; })
       .def_property_readonly("replicated", [](const Stats& s) { return s.replication.replicated; })
       .def_property_readonly("replicate_failed",
                              [](const Stats& s) { return s.replication.failed; })

@@ -65,7 +65,9 @@ class CopyEngine {
   virtual void ChecksumHost(std::span<const HostRange> ranges, uint64_t* out) = 0;
 
   // Host memory the engine will copy into or out of (a slot mapping). The CUDA engine pins
-  // it (cudaHostRegister); the host engine does nothing.
+  // it (cudaHostRegister); the host engine does nothing. pins_host() says whether
+  // RegisterHost pins at all (its OK means "pinned" only then).
+  virtual bool pins_host() const { return false; }
   virtual Status RegisterHost(void* p, size_t n) {
     (void)p, (void)n;
     return Status::OK();

@@ -126,6 +126,7 @@ class CudaCopyEngine final : public CopyEngine {
 
   std::string_view name() const override { return "cuda"; }
   bool checksums_while_copying() const override { return false; }
+  bool pins_host() const override { return true; }
 
   Status Copy(std::span<const CopyChunk> chunks, uint64_t* checksums) override {
     (void)checksums;  // computed by the caller from the host bytes

@@ -28,6 +28,11 @@ struct CaptureStats {
   double copy_gbps = 0;       // bytes_copied / copy_seconds / 1e9
   int64_t newest_captured_step = -1;
   std::string copy_engine;  // "host" or "cuda"
+  // Host slot mappings the copy engine pinned for device copies (cudaHostRegister), and
+  // those the driver refused to pin (copied into through the driver's staging: slower,
+  // and a device copy into one blocks the capture thread). Both 0 with the host engine.
+  uint64_t slots_pinned = 0;
+  uint64_t slots_not_pinned = 0;
 };
 
 // A host slot -> other nodes' memory (REPLICATED); zero when the job has one node or
