@@ -359,9 +359,10 @@ class Checkpointer:
     def fence(self):
         """Orders what comes next after the copy of the saved versions (the optimizer hook
         calls it before every step): host tensors are copied when it returns; for CUDA
-        tensors the current stream waits on the GPU and the host does not."""
-        stream = self._stream()
-        self._ck.fence(stream=stream if stream else None)
+        tensors the current stream waits on the GPU and the host does not. The current
+        stream is always named, the default one (0) included: a save() made on another
+        stream must still order the stream the optimizer runs on."""
+        self._ck.fence(stream=self._stream())
 
     def fence_host(self):
         """Blocks until every byte of the saved versions is in host memory."""

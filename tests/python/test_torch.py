@@ -143,6 +143,13 @@ class TorchTraining(unittest.TestCase):
         self.assertEqual(len(got), STEPS)
         for s in range(1, STEPS + 1):
             self.assertEqual(got[s][0], want[s][0], f"loss at step {s} (restored {step})")
+        if "cuda" in args:  # torch_train.py's last line: how the host slots were pinned
+            pins = [l.split() for l in text.splitlines() if l.startswith("slots pinned ")]
+            self.assertEqual(len(pins), 1, text)
+            pinned, refused, engine = int(pins[0][2]), int(pins[0][4]), pins[0][6]
+            self.assertEqual(engine, "cuda", text)
+            self.assertGreater(pinned, 0, text)
+            self.assertEqual(refused, 0, f"host slots the driver refused to pin:\n{text}")
 
     @unittest.skipUnless(
         torch.cuda.is_available() and int(torch.__version__.split(".")[0]) >= 2,
@@ -288,10 +295,6 @@ class DTensorState(unittest.TestCase):
                 self.assertIn("restored step 1 from pfs", text)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 @unittest.skipUnless(_has_dtensor(), "needs PyTorch 2.x with DTensor (scripts/debian13.sh)")
 class TPTraining(unittest.TestCase):
     """A tensor-parallel model (2-way TP x 2-way DP, 4 processes) trained with AdamW and a
@@ -368,8 +371,9 @@ class TPTraining(unittest.TestCase):
                               "and DCP agree", text)
 
 
-class TorchUnits(unittest.TestCase):
-    """The shard building and restore paths, in one process."""
+class _InProcessJob:
+    """A temporary job for a test that runs cairn.torch in its own process (CAIRN_* of
+    the job in the environment, no persistence)."""
 
     def setUp(self):
         import torch
@@ -386,6 +390,33 @@ class TorchUnits(unittest.TestCase):
         import cairn.torch
 
         return cairn.torch.Checkpointer(model, optimizer, **kw)
+
+
+class TorchUnits(_InProcessJob, unittest.TestCase):
+    """The shard building and restore paths, in one process."""
+
+    def test_fence_names_the_current_stream_the_default_one_included(self):
+        """fence() passes the current stream to the core even when it is the default
+        stream (0): the core's fence() without a stream orders the streams given at save(),
+        so after a save() on a side stream an optimizer on the default stream would run
+        unordered with the copy (TorchGpu checks the ordering itself on a GPU)."""
+        with self.ckpt(self.torch.nn.Linear(2, 2)) as c:
+            real, calls = c._ck, []
+
+            class Spy:  # the core Checkpointer, recording what fence() is given
+                closed = False
+
+                def fence(self, **kw):
+                    calls.append(kw)
+                    return real.fence(**kw)
+
+            c._stream = lambda: 0  # what a CUDA model on the default stream gives
+            c._ck = Spy()
+            try:
+                c.fence()
+            finally:
+                c._ck = real
+        self.assertEqual(calls, [{"stream": 0}])
 
     @unittest.skipUnless(_has_dcp_flatten(), "needs torch.distributed.checkpoint (PyTorch 2.4+)")
     def test_state_names_are_the_ones_dcp_flattens_to(self):
@@ -580,6 +611,46 @@ class TorchUnits(unittest.TestCase):
             opt.step()  # the hook is gone with the checkpointer
 
 
+@unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA device")
+class TorchGpu(_InProcessJob, unittest.TestCase):
+    """cairn.torch on CUDA tensors, in one process (the GPU suite, ctest -L gpu)."""
+
+    def test_a_save_on_a_side_stream_orders_the_optimizer_on_the_default_stream(self):
+        """save() on a side stream whose queued work delays the copy by about half a
+        second, then the optimizer step on the default stream (its hook fences first): the
+        version holds the weights before the step. With a fence that ordered the save's
+        stream instead of the current one, the step overwrote them before the copy read
+        them."""
+        torch = self.torch
+        model = torch.nn.Linear(2048, 2048, bias=False, device="cuda")
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        ck = self.ckpt(model, opt)
+        self.addCleanup(ck.close)
+        with torch.no_grad():
+            model.weight.fill_(3.0)
+        model.weight.grad = torch.ones_like(model.weight)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(1 << 30)  # GPU cycles: the copy waits for them
+            self.assertTrue(ck.save(1))
+        opt.step()  # default stream: 3.0 - 1.0 * 1.0
+        ck.fence_host()
+        ck.wait_captured()
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(model.weight, torch.full_like(model.weight, 2.0)))
+        with torch.no_grad():
+            model.weight.zero_()
+        self.assertEqual(ck.restore(1), 1)
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(model.weight, torch.full_like(model.weight, 3.0)),
+                        "the version holds the weights of after the optimizer step")
+        st = ck.stats()
+        self.assertEqual(st.copy_engine, "cuda")
+        self.assertGreater(st.slots_pinned, 0)
+        self.assertEqual(st.slots_not_pinned, 0, "host slots the driver refused to pin")
+
+
 class CoreModule(unittest.TestCase):
     """The C++ core as `cairn`: buffers, blobs, errors."""
 
@@ -758,3 +829,7 @@ class CoreModule(unittest.TestCase):
         # of the call (it asked for the GIL); in between only a released GIL lets it run.
         inside = sum(1 for x in stamps if t0 + 0.007 < x < t1 - 0.007)
         self.assertGreater(inside, 0, f"no Python ran during {(t1 - t0) * 1e3:.0f} ms of restore()")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,7 +1,8 @@
 """One rank of the PyTorch tests: trains TinyLM with AdamW, a cairn checkpoint every step
 (unless --no-cairn), resuming from the newest version. Settings come from CAIRN_* and
 RANK / WORLD_SIZE. Appends "<step> <loss as float.hex> <newest replicated step>" per step
-to --out (flushed), and prints "restored <step> tier <tier> extra <step in the user dict>"."""
+to --out (flushed), and prints "restored <step> tier <tier> extra <step in the user dict>"
+and, on a GPU, "slots pinned <n> refused <n> engine <copy engine>" at the end."""
 
 import argparse
 import os
@@ -60,6 +61,10 @@ def main():
             out.write(f"{step} {loss.item().hex()} {repl}\n")
             out.flush()
     if ck is not None:
+        if a.device != "cpu":
+            st = ck.stats()
+            print(f"slots pinned {st.slots_pinned} refused {st.slots_not_pinned} "
+                  f"engine {st.copy_engine}", flush=True)
         ck.close()
     if a.ddp_init:
         torch.distributed.destroy_process_group()
