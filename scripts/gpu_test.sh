@@ -22,6 +22,7 @@
 #   OUT                  where the logs go (default build-gpu/logs); a device call's $OUT
 #   CAIRN_DEPS_DIR       the dependency folder (default deps/gpu)
 #   CAIRN_CTEST_ARGS     ctest's selection instead of "-L gpu" (scripts/gpu_sim.sh)
+#   CAIRN_BUILD_TARGETS  build only these targets (scripts/gpu_sim.sh; default: all)
 #   CAIRN_BENCH_BYTES    the bench's state (default 8G)
 #   CAIRN_CALL_SECONDS   the call's limit the steps fit into (default 600)
 #   CAIRN_GPU_REQUIRED   1 (the default where nvidia-smi is on PATH): a GPU machine, where
@@ -259,9 +260,10 @@ do_build() {
     case "$summary" in *kernels=off*) fail "configure found no nvcc: the GPU tests would be built without their kernels and skip" ;; esac
     case "$summary" in *python=off*) fail "configure found no Python headers or pybind11 for $py: the Python GPU tests and the bench need the module" ;; esac
   fi
-  local t0=$SECONDS
-  say "building ($(nproc) jobs)"
-  if ! cmake --build "$build" -j "$(nproc)" >>"$out/$step.log" 2>&1; then
+  local t0=$SECONDS targets=()
+  if [ -n "${CAIRN_BUILD_TARGETS:-}" ]; then read -r -a targets <<<"--target $CAIRN_BUILD_TARGETS"; fi
+  say "building ${CAIRN_BUILD_TARGETS:-everything} ($(nproc) jobs)"
+  if ! cmake --build "$build" -j "$(nproc)" "${targets[@]}" >>"$out/$step.log" 2>&1; then
     grep -E "error|FAILED" "$out/$step.log" | head -20
     fail "the build failed (the whole log is in $step.log)"
   fi
