@@ -63,6 +63,7 @@ class Checkpointer::Impl {
 Status Checkpointer::Impl::OpenTier(FileSystem* fs) {
   HostTierConfig tc;
   tc.dir = HostTier::RankDir(options_.host_root, options_.job_id, options_.node, options_.rank);
+  tc.trust_top = options_.host_root;
   tc.slots = options_.slots;
   tc.slot_bytes = options_.slot_bytes;
   CopyEngine* e = engine_.get();
@@ -119,7 +120,7 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
   // in common when it died (with 2, a source whose pushes ran ahead had evicted them).
   store_ = std::make_unique<ReplicaStore>(
       JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &log_,
-      o.slots);
+      o.slots, o.host_root);
   if (nodes > 1)
     replicator_ =
         std::make_unique<Replicator>(comm_.get(), channels_.replication, std::move(placement),

@@ -47,7 +47,7 @@ struct Args {
   int rounds = 6;
   int iters = 4;
   int threads = 1;
-  std::string host_root = "/dev/shm/cairn";
+  std::string host_root = DefaultHostRoot();
 };
 
 // The optimizer step: writes one float in every 64 KiB of the state.

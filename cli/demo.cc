@@ -50,7 +50,7 @@ struct DemoArgs {
   int64_t dim = 256;
   int64_t vocab = 8192;
   int persist_every = 10;
-  std::string host_root = "/dev/shm/cairn";
+  std::string host_root = DefaultHostRoot();
   std::string pfs_root;  // "": $TMPDIR (or /var/tmp)/cairn-demo
   std::string job;
   std::string corrupt;  // "", "flip" or "resealed" (testing the demo's own checks)
@@ -847,7 +847,7 @@ int DemoMain(int argc, char** argv) {
       "     checks every value.\n"
       "It prints progress and a summary: stall per iteration, bytes copied / replicated /\n"
       "persisted, recovery time by tier. Exit code 0 when every check passes, 1 otherwise.\n"
-      "The host tiers go under --host-root (default /dev/shm/cairn), the PFS under\n"
+      "The host tiers go under --host-root (default /dev/shm/cairn-<uid>), the PFS under\n"
       "--pfs-root (default $TMPDIR or /var/tmp, /cairn-demo); both are removed at the end\n"
       "unless --keep or a check failed. --corrupt-replica damages node 0's replica of rank\n"
       "2 before the restart, to show the checks are real: 'flip' flips a bit (cairn's\n"

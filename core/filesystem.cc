@@ -14,6 +14,11 @@
 namespace cairn {
 namespace {
 
+FileInfo InfoOf(const struct stat& st) {
+  return FileInfo{static_cast<uint32_t>(st.st_uid), static_cast<uint32_t>(st.st_mode),
+                  static_cast<uint64_t>(st.st_size)};
+}
+
 class PosixFileSystem final : public FileSystem {
  public:
   Result<int> Open(const std::string& path, int flags, mode_t mode) override {
@@ -85,8 +90,17 @@ class PosixFileSystem final : public FileSystem {
   Result<FileInfo> Stat(const std::string& path) override {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
-    return FileInfo{static_cast<uint32_t>(st.st_uid), static_cast<uint32_t>(st.st_mode),
-                    static_cast<uint64_t>(st.st_size)};
+    return InfoOf(st);
+  }
+  Result<FileInfo> LinkStat(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "lstat " + path);
+    return InfoOf(st);
+  }
+  Result<FileInfo> FileStat(int fd) override {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat");
+    return InfoOf(st);
   }
   Result<uint64_t> FreeBytes(const std::string& path) override {
     struct statvfs st;
@@ -197,7 +211,17 @@ Status File::Close() {
 
 Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  CAIRN_ASSIGN_OR_RETURN(File f, fs->OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+  // A new file, never a link or a file already there (a stale temporary of an earlier
+  // process with this pid is removed first): writing through a link someone put there
+  // would overwrite whatever it points to.
+  const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
+  auto opened = fs->OpenFile(tmp, create, 0600);
+  if (!opened.ok() && opened.status().error_number() == EEXIST) {
+    (void)fs->Unlink(tmp);
+    opened = fs->OpenFile(tmp, create, 0600);
+  }
+  if (!opened.ok()) return opened.status();
+  File f = std::move(*opened);
   Status st = f.WriteAt(bytes.data(), bytes.size(), 0).WithContext(tmp);
   if (st.ok()) st = f.Sync().WithContext(tmp);
   Status cst = f.Close();
@@ -214,6 +238,11 @@ Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view
 
 Result<std::string> ReadWholeFile(FileSystem* fs, const std::string& path, uint64_t max_bytes) {
   CAIRN_ASSIGN_OR_RETURN(File f, fs->OpenFile(path, O_RDONLY, 0));
+  return ReadAll(f, max_bytes);
+}
+
+Result<std::string> ReadAll(File& f, uint64_t max_bytes) {
+  const std::string& path = f.path();
   auto size = f.Size();
   if (!size.ok()) return size.status().WithContext(path);
   if (*size > max_bytes)

@@ -54,8 +54,13 @@ class FileSystem {
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   // Hard link: fails with EEXIST (Status::error_number()) when `to` exists.
   virtual Status Link(const std::string& from, const std::string& to) = 0;
-  // NotFound when `path` does not exist.
+  // NotFound when `path` does not exist. Follows symbolic links.
   virtual Result<FileInfo> Stat(const std::string& path) = 0;
+  // As Stat, but a symbolic link is reported as itself (lstat).
+  virtual Result<FileInfo> LinkStat(const std::string& path) = 0;
+  // What the open descriptor `fd` is (fstat): the file actually opened, whatever its path
+  // names by now.
+  virtual Result<FileInfo> FileStat(int fd) = 0;
   // Bytes an unprivileged writer can still allocate on the filesystem holding `path`.
   virtual Result<uint64_t> FreeBytes(const std::string& path) = 0;
   virtual Status Unlink(const std::string& path) = 0;
@@ -130,6 +135,8 @@ class ForwardingFileSystem : public FileSystem {
     return base_->Link(from, to);
   }
   Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Result<FileInfo> LinkStat(const std::string& p) override { return base_->LinkStat(p); }
+  Result<FileInfo> FileStat(int fd) override { return base_->FileStat(fd); }
   Result<uint64_t> FreeBytes(const std::string& p) override { return base_->FreeBytes(p); }
   Status Unlink(const std::string& p) override { return base_->Unlink(p); }
   Status MakeDirs(const std::string& p, mode_t mode) override { return base_->MakeDirs(p, mode); }
@@ -154,6 +161,8 @@ Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view
 
 // Reads a whole file (at most `max_bytes`; Corruption naming the file if it is larger).
 Result<std::string> ReadWholeFile(FileSystem* fs, const std::string& path, uint64_t max_bytes);
+// The same for a file already open (errors name its path).
+Result<std::string> ReadAll(File& f, uint64_t max_bytes);
 
 // "a/b" + "c" -> "a/b/c".
 std::string JoinPath(const std::string& a, const std::string& b);

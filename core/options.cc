@@ -1,5 +1,7 @@
 #include "cairn/options.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -50,6 +52,10 @@ Status ParseBytes(const char* var, const char* text, uint64_t* out) {
 }
 
 }  // namespace
+
+std::string DefaultHostRoot() {
+  return "/dev/shm/cairn-" + std::to_string(::geteuid());
+}
 
 Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what) {
   uint64_t v = 0;
@@ -161,9 +167,11 @@ std::vector<Setting> MakeSettings() {
       Derived(Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", &Options::job_id,
                    "job name; separates the files of concurrent jobs"),
               "TORCHELASTIC_RUN_ID, else 'default'"),
-      Text("CAIRN_HOST_ROOT", nullptr, &Options::host_root,
-           "host-tier root (tmpfs survives the process; a DAX filesystem gives persistent "
-           "memory)"),
+      Derived(Text("CAIRN_HOST_ROOT", nullptr, &Options::host_root,
+                   "host-tier root (tmpfs survives the process; a DAX filesystem gives "
+                   "persistent memory); must be this user's own: a directory another user "
+                   "made or can write is refused"),
+              "/dev/shm/cairn-<uid>, one per user"),
       Int("CAIRN_SLOTS", nullptr, &Options::slots, 2, 64,
           "host slots per rank (ring), each as large as a version: the newest version, one a "
           "drain or replica push may hold, and one to capture into (with 2, saves are "

@@ -14,6 +14,7 @@
 #include "core/kill_point.h"
 #include "core/mutex.h"
 #include "core/trace.h"
+#include "core/trusted_path.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/step_index.h"
@@ -481,7 +482,13 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
   }
   for (const SlotBlob& b : h.blobs) items.push_back({view.data() + b.offset, b.nbytes, 0});
   LayOutItems(items, kPfsAlign);
-  CAIRN_RETURN_IF_ERROR(fs_->MakeDirs(JoinPath(step_dir, "data"), 0700));
+  // The job's PFS directories: real directories nobody outside their owner and group can
+  // write (core/trusted_path.h), checked before this rank writes into them.
+  CAIRN_RETURN_IF_ERROR(MakeTrustedDirs(fs_, config_.job_dir, JoinPath(step_dir, "data"),
+                                        TreeKind::kShared,
+                                        "cairn writes checkpoints only where other users cannot "
+                                        "replace them: give CAIRN_PFS_ROOT a directory of your "
+                                        "own or your project's"));
   const int64_t t0 = NowNanos();
   CAIRN_ASSIGN_OR_RETURN(WriteReport rep, WriteDataFile(fs_, JoinPath(step_dir, DataFileName(me)),
                                                         items, config_.writer, &limiter_, log_));

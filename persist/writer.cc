@@ -75,13 +75,15 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
     log->Warning(path + ": chunk size or offsets not 4 KiB aligned; writing without O_DIRECT");
   Result<File> file = Status::Internal("not opened");
   if (direct) {
-    file = fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    file =
+        fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!file.ok() && file.status().error_number() == EINVAL) {
       if (log) log->Info(path + ": O_DIRECT refused by the filesystem; writing buffered");
       direct = false;
     }
   }
-  if (!direct) file = fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (!direct)
+    file = fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (!file.ok()) return file.status();
   File& f = *file;
   report.direct = direct;

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <map>
 
@@ -11,6 +12,7 @@
 #include "cairn/options.h"
 #include "cairn/status.h"
 #include "core/filesystem.h"
+#include "core/trusted_path.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 
@@ -79,7 +81,7 @@ TEST(Options, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->rank, 0);
   EXPECT_EQ(o->world_size, 1);
   EXPECT_EQ(o->slots, 3);
-  EXPECT_EQ(o->host_root, "/dev/shm/cairn");
+  EXPECT_EQ(o->host_root, "/dev/shm/cairn-" + std::to_string(::geteuid()));  // one per user
   EXPECT_EQ(o->job_id, "default");
   EXPECT_EQ(o->chunk_bytes, 4u << 20);
   EXPECT_EQ(o->full_policy, FullPolicy::kSkip);
@@ -306,6 +308,106 @@ TEST(FileSystem, MakeDirsAndRemoveAll) {
   ASSERT_TRUE(fs->RemoveAll(JoinPath(dir.path(), "a")).ok());
   EXPECT_FALSE(fs->Exists(JoinPath(dir.path(), "a")));
   EXPECT_TRUE(fs->RemoveAll(JoinPath(dir.path(), "a")).ok());
+}
+
+// What counts as this user's own (core/trusted_path.h). Another user is played by chown to
+// an unused uid, which only root can do.
+constexpr uid_t kOtherUid = 61234;
+#define CAIRN_REQUIRE_ROOT() \
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by chown"
+
+std::string Mk(const std::string& path, mode_t mode, uid_t owner) {
+  EXPECT_EQ(::mkdir(path.c_str(), 0700), 0) << path;
+  EXPECT_EQ(::chmod(path.c_str(), mode), 0) << path;  // exactly, whatever the umask
+  EXPECT_EQ(::chown(path.c_str(), owner, owner), 0) << path;
+  return path;
+}
+
+TEST(TrustedPath, APrivateTreeRefusesWhatAnotherUserMadeOrCanWriteAndNamesIt) {
+  CAIRN_REQUIRE_ROOT();
+  testing::TempDir dir("trust");
+  FileSystem* fs = DefaultFileSystem();
+  const std::string remedy = "use a directory of your own";
+  struct Case {
+    std::string top;
+    std::string want;  // in the error ("" = accepted)
+  };
+  const std::string d = dir.path();
+  std::vector<Case> cases = {
+      {Mk(d + "/theirs-open", 0777, kOtherUid), "uid 61234"},  // the root
+      {Mk(d + "/theirs-closed", 0755, kOtherUid), "belongs to another user"},
+      {Mk(d + "/mine-group", 0770, 0), "can be written by other users"},
+      {Mk(d + "/sticky", 01777, kOtherUid) + "/mine", ""},  // like /dev/shm: fine below
+      {Mk(d + "/open", 0777, 0) + "/mine", "can be written by any user, who could replace"},
+      {Mk(d + "/mine", 0700, 0), ""},
+  };
+  ASSERT_EQ(::symlink(Mk(d + "/linked", 0700, 0).c_str(), (d + "/link").c_str()), 0);
+  cases.push_back({d + "/link", "is a symbolic link"});
+  for (const Case& c : cases) {
+    Status st = MakeTrustedDirs(fs, c.top, c.top + "/job/node-0", TreeKind::kPrivate, remedy);
+    if (c.want.empty()) {
+      EXPECT_TRUE(st.ok()) << c.top << ": " << st.ToString();
+      continue;
+    }
+    ASSERT_FALSE(st.ok()) << c.top;
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+    EXPECT_NE(st.message().find(c.want), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find(remedy), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find(" mode "), std::string::npos) << st.ToString();
+    EXPECT_FALSE(fs->Exists(c.top + "/job")) << c.top << ": written to before it was checked";
+  }
+  // A directory below the top that another user made first is refused too.
+  const std::string top = Mk(d + "/top", 0700, 0);
+  Mk(top + "/job", 0777, kOtherUid);
+  Status st = MakeTrustedDirs(fs, top, top + "/job/node-0", TreeKind::kPrivate, remedy);
+  EXPECT_NE(st.message().find(top + "/job ("), std::string::npos) << st.ToString();
+  // A shared tree (the PFS) trusts a group that can write, never the world.
+  EXPECT_TRUE(MakeTrustedDirs(fs, Mk(d + "/proj", 02770, kOtherUid), d + "/proj/job",
+                              TreeKind::kShared, remedy)
+                  .ok());
+  EXPECT_FALSE(MakeTrustedDirs(fs, Mk(d + "/world", 0777, kOtherUid), d + "/world/job",
+                               TreeKind::kShared, remedy)
+                   .ok());
+}
+
+TEST(TrustedPath, OnlyThisUsersOwnPrivateRegularFilesAreOpened) {
+  CAIRN_REQUIRE_ROOT();
+  testing::TempDir dir("trustf");
+  FileSystem* fs = DefaultFileSystem();
+  auto make = [&](const std::string& name, mode_t mode, uid_t owner) {
+    const std::string p = dir.path() + "/" + name;
+    EXPECT_TRUE(WriteFileAtomic(fs, p, "bytes").ok());
+    EXPECT_EQ(::chmod(p.c_str(), mode), 0);
+    EXPECT_EQ(::chown(p.c_str(), owner, owner), 0);
+    return p;
+  };
+  const std::string mine = make("mine", 0600, 0);
+  auto ok = ReadOwnFile(fs, mine, 100);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, "bytes");
+  ASSERT_EQ(::symlink(mine.c_str(), (dir.path() + "/link").c_str()), 0);
+  ASSERT_EQ(::mkfifo((dir.path() + "/fifo").c_str(), 0600), 0);  // must not block the open
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {make("theirs", 0600, kOtherUid), "is not a file of this user"},
+      {make("theirs-open", 0666, kOtherUid), "uid 61234"},
+      {make("readable", 0644, 0), "can be read or written by other users"},
+      {dir.path() + "/link", "is a symbolic link"},
+      {dir.path() + "/fifo", "is not a regular file"},
+  };
+  for (const auto& [path, want] : refused) {
+    auto r = ReadOwnFile(fs, path, 100);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().ToString();
+  }
+  // Writing never goes through a link someone put where a temporary file will be made.
+  const std::string target = make("target", 0600, 0);
+  const std::string out = dir.path() + "/published";
+  ASSERT_EQ(::symlink(target.c_str(), (out + ".tmp." + std::to_string(::getpid())).c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomic(fs, out, "new").ok());
+  EXPECT_EQ(*ReadOwnFile(fs, target, 100), "bytes") << "wrote through the planted link";
+  EXPECT_EQ(*ReadOwnFile(fs, out, 100), "new");
 }
 
 }  // namespace

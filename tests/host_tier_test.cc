@@ -3,7 +3,10 @@
 
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -202,6 +205,68 @@ TEST_F(HostTierTest, FaultsDuringCaptureKeepThePreviousVersion) {
   t.reset();
   auto t2 = OpenTier();
   ASSERT_EQ(t2->Versions().front().step, newest);
+}
+
+// Another user is played by chown to an unused uid (root only).
+constexpr uid_t kOtherUid = 61234;
+
+TEST_F(HostTierTest, ARootAnotherUserMadeIsRefusedNamingItBeforeAnythingIsWritten) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by chown";
+  const std::string host = root_.path() + "/shared";
+  ASSERT_EQ(::mkdir(host.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(host.c_str(), 0777), 0);
+  ASSERT_EQ(::chown(host.c_str(), kOtherUid, kOtherUid), 0);
+  HostTierConfig c;
+  c.dir = HostTier::RankDir(host, "secjob", 0, 0);
+  c.trust_top = host;
+  auto t = HostTier::Open(c, DefaultFileSystem(), &log_);
+  ASSERT_FALSE(t.ok()) << "opened a host root another user made, that anyone can write";
+  EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition);
+  for (const std::string& want :
+       std::vector<std::string>{host + " (uid 61234", "mode 0777", "CAIRN_HOST_ROOT"})
+    EXPECT_NE(t.status().message().find(want), std::string::npos) << t.status().ToString();
+  EXPECT_FALSE(DefaultFileSystem()->Exists(host + "/secjob"));
+}
+
+TEST_F(HostTierTest, AVersionAnotherUserPlantedOrLinkedInIsRefusedAndRemoved) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by chown";
+  {
+    auto t = OpenTier(DefaultFileSystem(), 3);
+    ASSERT_TRUE(Capture(*t, 1, 'a').ok());
+    ASSERT_TRUE(Capture(*t, 2, 'b').ok());
+  }
+  // A whole, valid version of step 9 made in a tier of its own (the other user's).
+  const std::string other = HostTier::RankDir(root_.path(), "other", 0, 0);
+  int slot = -1;
+  {
+    HostTierConfig c;
+    c.dir = other;
+    c.slots = 2;
+    auto t = HostTier::Open(c, DefaultFileSystem(), &log_);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_TRUE(Capture(**t, 9, 'z', &slot).ok());
+  }
+  const std::string from = other + "/slot-" + std::to_string(slot);
+  namespace fs = std::filesystem;
+  // Planted: copies owned by the other user, readable and writable by all (slot 5); and
+  // links to its files (slot 6).
+  for (const char* ext : {"", ".hdr"}) {
+    const std::string to = dir_ + "/slot-5" + ext;
+    fs::copy_file(from + ext, to);
+    ASSERT_EQ(::chown(to.c_str(), kOtherUid, kOtherUid), 0);
+    ASSERT_EQ(::chmod(to.c_str(), 0666), 0);
+    ASSERT_EQ(::symlink((from + ext).c_str(), (dir_ + "/slot-6" + ext).c_str()), 0);
+  }
+  auto t = OpenTier(DefaultFileSystem(), 3);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(Steps(*t), (std::vector<int64_t>{2, 1}));
+  EXPECT_FALSE(t->Pin(9).ok());
+  for (const char* name : {"slot-5", "slot-5.hdr", "slot-6", "slot-6.hdr"})
+    EXPECT_FALSE(DefaultFileSystem()->Exists(dir_ + "/" + name)) << name << " was kept";
+  EXPECT_TRUE(DefaultFileSystem()->Exists(from + ".hdr")) << "removed what a link pointed to";
+  // The tier still works: the ring goes on with this user's own files.
+  ASSERT_TRUE(Capture(*t, 3, 'c').ok());
+  EXPECT_EQ(Steps(*t).front(), 3);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // cadence / garbage collection / I/O-fault behaviour (the multi-process cases are in
 // persist_process_test.cc).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -408,6 +410,34 @@ TEST(Persist, FlushCommitsAStepThatReadsBackBitExactInAnyLayout) {
   Status v = VerifyStep(fs, step_dir, *m);
   EXPECT_EQ(v.code(), StatusCode::kCorruption);
   EXPECT_NE(v.message().find("data/0.bin"), std::string::npos) << v.message();
+}
+
+// The PFS tier writes only into directories no one outside their owner and group can
+// change: a job directory another user made writable by all is refused, naming it, and
+// the step already committed stays LATEST (another user is played by chown).
+TEST(Persist, AJobDirectoryAnyUserCanWriteIsRefusedAndLatestStays) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by chown";
+  TempDir root("persisttrust");
+  Options o = PersistOptions(root, "trust");
+  PersistState s(16);
+  auto ck = Checkpointer::Open(o);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  s.Fill(1);
+  ASSERT_TRUE((*ck)->save(1, s.Shards()).ok());
+  ASSERT_TRUE((*ck)->fence().ok());
+  ASSERT_TRUE((*ck)->flush().ok());
+  const std::string job = JobDir(o);
+  ASSERT_EQ(::chown(job.c_str(), 61234, 61234), 0);
+  ASSERT_EQ(::chmod(job.c_str(), 0777), 0);
+  s.Fill(2);
+  ASSERT_TRUE((*ck)->save(2, s.Shards()).ok());
+  ASSERT_TRUE((*ck)->fence().ok());
+  auto r = (*ck)->flush();
+  ASSERT_FALSE(r.ok()) << "wrote step 2 into a job directory anyone can write";
+  EXPECT_NE(r.status().message().find(job + " (uid 61234"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_FALSE(DefaultFileSystem()->Exists(JoinPath(job, StepDirName(2))));
+  EXPECT_EQ(*ReadLatest(DefaultFileSystem(), job), 1);
 }
 
 TEST(Persist, EveryKthSaveIsDrainedAndTheDestructorFinishesTheDueOnes) {

@@ -244,5 +244,47 @@ TEST(Bootstrap, TokenIsPrivateAndStable) {
   EXPECT_NE(c.status().message().find("0600"), std::string::npos);
 }
 
+// The rendezvous trusts only what this user made: its directory, the token and every
+// address file, each checked on what was opened (another user is played by chown).
+TEST(Bootstrap, ADirectoryOrFileAnotherUserMadeOrLinkedInIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by chown";
+  constexpr uid_t kOther = 61234;
+  testing::TempDir dir("rdvtrust");
+  const std::string open = dir.path() + "/open";
+  ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  ASSERT_EQ(::chown(open.c_str(), kOther, kOther), 0);
+  auto t = LoadOrCreateJobToken(open);
+  ASSERT_FALSE(t.ok()) << "used a rendezvous directory another user made, writable by all";
+  EXPECT_NE(t.status().message().find(open + " (uid 61234"), std::string::npos)
+      << t.status().ToString();
+  EXPECT_FALSE(DefaultFileSystem()->Exists(open + "/token"));
+
+  const std::string rdv = dir.path() + "/rdv";
+  ASSERT_TRUE(LoadOrCreateJobToken(rdv).ok());
+  // A token reached through a link (to a file that would pass every other check).
+  const std::string elsewhere = dir.path() + "/elsewhere";
+  ASSERT_TRUE(WriteFileAtomic(DefaultFileSystem(), elsewhere, std::string(64, 'a')).ok());
+  ASSERT_EQ(::unlink((rdv + "/token").c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (rdv + "/token").c_str()), 0);
+  auto linked = LoadOrCreateJobToken(rdv);
+  ASSERT_FALSE(linked.ok()) << "read the job token through a link";
+  EXPECT_NE(linked.status().message().find("symbolic link"), std::string::npos)
+      << linked.status().ToString();
+  // An address file of another user: not a rank of this job.
+  Rendezvous book(DefaultFileSystem(), rdv, 0, 2);
+  const std::string addr = book.AddressPath(1);
+  ASSERT_TRUE(
+      WriteFileAtomic(DefaultFileSystem(), addr, EncodeAddressFile(1, 2, "0123456789abcdef", "x"))
+          .ok());
+  std::string address, nonce;
+  ASSERT_TRUE(book.Read(1, &address, &nonce).ok());  // this user's: read
+  ASSERT_EQ(::chown(addr.c_str(), kOther, kOther), 0);
+  Status st = book.Read(1, &address, &nonce);
+  ASSERT_FALSE(st.ok()) << "read an address file another user made";
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find(addr), std::string::npos) << st.ToString();
+}
+
 }  // namespace
 }  // namespace cairn

@@ -9,6 +9,7 @@
 
 #include "core/kill_point.h"
 #include "core/mutex.h"
+#include "core/trusted_path.h"
 
 namespace cairn {
 namespace {
@@ -62,9 +63,22 @@ std::string HostTier::RankDir(const std::string& host_root, const std::string& j
 Result<std::unique_ptr<HostTier>> HostTier::Open(HostTierConfig config, FileSystem* fs,
                                                  const Logger* log) {
   if (config.slots < 2) return Status::InvalidArgument("a host tier needs at least 2 slots");
-  CAIRN_RETURN_IF_ERROR(fs->MakeDirs(config.dir, 0700).WithContext("host tier"));
+  const std::string top = config.trust_top.empty() ? config.dir : config.trust_top;
+  CAIRN_RETURN_IF_ERROR(
+      MakeTrustedDirs(fs, top, config.dir, TreeKind::kPrivate,
+                      "the host tier keeps its versions only where no other user can change "
+                      "them: set CAIRN_HOST_ROOT to a directory of your own (the default is "
+                      "/dev/shm/cairn-<uid>, one per user)")
+          .WithContext("host tier"));
   const std::string lock_path = JoinPath(config.dir, ".lock");
-  CAIRN_ASSIGN_OR_RETURN(File lock, fs->OpenFile(lock_path, O_RDWR | O_CREAT, 0600));
+  auto opened = OpenOwnFile(fs, lock_path, O_RDWR | O_CREAT, 0600);
+  if (!opened.ok() && opened.status().code() == StatusCode::kFailedPrecondition) {
+    log->Warning("removing " + lock_path + ": " + opened.status().message());
+    CAIRN_RETURN_IF_ERROR(fs->Unlink(lock_path));
+    opened = OpenOwnFile(fs, lock_path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  }
+  if (!opened.ok()) return opened.status();
+  File lock = std::move(*opened);
   if (::flock(lock.fd(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK)
@@ -104,10 +118,12 @@ Status HostTier::Load() {
     s.data_path = JoinPath(config_.dir, SlotName(k));
     s.header_path = s.data_path + ".hdr";
     if (fs_->Exists(s.header_path)) {
-      auto bytes = ReadWholeFile(fs_, s.header_path, kMaxSlotHeaderBytes);
+      auto bytes = ReadOwnFile(fs_, s.header_path, kMaxSlotHeaderBytes);
       Result<SlotHeader> h =
           bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
-      if (!h.ok()) {
+      if (!h.ok() && h.status().code() == StatusCode::kFailedPrecondition) {
+        RemoveForeign(s, h.status());
+      } else if (!h.ok()) {
         log_->Warning("ignoring " + s.header_path + ": " + h.status().message());
       } else if (!IsRestorable(h->state)) {
         log_->Info(s.header_path + ": step " + std::to_string(h->step) +
@@ -115,7 +131,9 @@ Status HostTier::Load() {
                    "slot will be reused");
       } else {
         auto f = MappedFile::Open(fs_, s.data_path);
-        if (!f.ok()) {
+        if (!f.ok() && f.status().code() == StatusCode::kFailedPrecondition) {
+          RemoveForeign(s, f.status());
+        } else if (!f.ok()) {
           log_->Warning("ignoring step " + std::to_string(h->step) + ": " + f.status().ToString());
         } else if ((*f)->size() < h->data_bytes) {
           log_->Warning("ignoring step " + std::to_string(h->step) + ": " + s.data_path +
@@ -132,11 +150,29 @@ Status HostTier::Load() {
       }
     }
   }
+  // A data file without a (trusted) header may still be another user's: refuse it now
+  // rather than map it for the next capture.
+  for (Slot& s : slots_) {
+    if (s.file || !fs_->Exists(s.data_path)) continue;
+    auto f = OpenOwnFile(fs_, s.data_path, O_RDONLY, 0);
+    if (!f.ok() && f.status().code() == StatusCode::kFailedPrecondition)
+      RemoveForeign(s, f.status());
+  }
   if (config_.slot_bytes > 0) {
     CAIRN_RETURN_IF_ERROR(EnsureRoom(config_.slot_bytes));
     for (Slot& s : slots_) CAIRN_RETURN_IF_ERROR(EnsureMapped(s, config_.slot_bytes));
   }
   return Status::OK();
+}
+
+void HostTier::RemoveForeign(Slot& s, const Status& why) {
+  log_->Warning("refusing slot " + std::to_string(s.index) + " of " + config_.dir + ": " +
+                why.message() + " (removed; its version is not restored)");
+  (void)fs_->Unlink(s.header_path);
+  (void)fs_->Unlink(s.data_path);
+  s.file.reset();
+  s.header.reset();
+  s.use = Use::kEmpty;
 }
 
 namespace {
@@ -174,7 +210,7 @@ Result<std::vector<VersionInfo>> HostTier::Scan(FileSystem* fs, const std::strin
     int k = SlotIndexOf(n);
     if (k < 0 || n.size() < 4 || n.compare(n.size() - 4, 4, ".hdr") != 0) continue;
     const std::string path = JoinPath(dir, n);
-    auto bytes = ReadWholeFile(fs, path, kMaxSlotHeaderBytes);
+    auto bytes = ReadOwnFile(fs, path, kMaxSlotHeaderBytes);
     Result<SlotHeader> h =
         bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
     if (!h.ok()) {

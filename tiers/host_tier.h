@@ -38,7 +38,10 @@
 namespace cairn {
 
 struct HostTierConfig {
-  std::string dir;          // the rank's directory (see RankDir)
+  std::string dir;  // the rank's directory (see RankDir)
+  // The top of the private tree `dir` lies in (the host root): every directory from there
+  // down must be this user's (core/trusted_path.h). Empty: `dir` itself.
+  std::string trust_top;
   int slots = 2;            // ring size, at least 2
   uint64_t slot_bytes = 0;  // if > 0: size and pre-fault every slot at Open
   // Called after a slot is mapped for capture and before it is unmapped (the CUDA engine
@@ -57,7 +60,11 @@ class HostTier {
   // Creates the directory (mode 0700) if needed, takes the rank's lock, removes temporary
   // files of dead processes and loads every slot header. Versions whose header is
   // CAPTURING, unreadable or whose data file is too short are not listed (and are logged).
-  // FailedPrecondition if another live process holds the directory.
+  // FailedPrecondition if another live process holds the directory, or if a directory from
+  // trust_top down is not this user's alone (naming it, its owner and mode), before
+  // anything is written. A slot file or header that is not this user's own regular file
+  // (another user's, a link) is refused with a warning and removed: its version is not
+  // listed, and a restore takes the next older version or tier.
   static Result<std::unique_ptr<HostTier>> Open(HostTierConfig config, FileSystem* fs,
                                                 const Logger* log);
   ~HostTier();
@@ -144,6 +151,8 @@ class HostTier {
   Status Load();
   Status EnsureMapped(Slot& s, uint64_t bytes);
   void Unregister(Slot& s);
+  // Logs why slot `s`'s files are not this user's own, removes them and empties the slot.
+  void RemoveForeign(Slot& s, const Status& why);
   // Index of the slot with the newest restorable version, -1 if none. Caller holds mu_.
   int NewestLocked() const CAIRN_REQUIRES(mu_);
   std::string StepsHeldLocked() const CAIRN_REQUIRES(mu_);
@@ -151,8 +160,8 @@ class HostTier {
   HostTierConfig config_;
   FileSystem* fs_;
   const Logger* log_;
-  File lock_;  // flocked while this process owns the directory
-  std::atomic<uint64_t> allocated_{0};    // bytes of the slot files, as sized
+  File lock_;                              // flocked while this process owns the directory
+  std::atomic<uint64_t> allocated_{0};     // bytes of the slot files, as sized
   std::atomic<uint64_t> room_checked_{0};  // EnsureRoom passed for versions this large
   mutable Mutex mu_;
   Mutex state_mu_;  // serialises SetState's header rewrites

@@ -5,6 +5,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/trusted_path.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -19,7 +21,7 @@ Status Pmem2Error(const std::string& what, const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(FileSystem* fs, const std::string& path) {
-  CAIRN_ASSIGN_OR_RETURN(File file, fs->OpenFile(path, O_RDWR | O_CREAT, 0600));
+  CAIRN_ASSIGN_OR_RETURN(File file, OpenOwnFile(fs, path, O_RDWR | O_CREAT, 0600));
   std::unique_ptr<MappedFile> f(new MappedFile(path, std::move(file)));
   CAIRN_ASSIGN_OR_RETURN(uint64_t size, f->file_.Size());
   if (size > 0) CAIRN_RETURN_IF_ERROR(f->Map(size));

@@ -22,7 +22,8 @@ namespace cairn {
 class MappedFile {
  public:
   // Opens (creating with mode 0600 if missing) `path` read-write and maps its current size
-  // (nothing is mapped while it is empty).
+  // (nothing is mapped while it is empty). Only this user's own regular file, never through
+  // a link (OpenOwnFile: FailedPrecondition naming its owner and mode otherwise).
   static Result<std::unique_ptr<MappedFile>> Open(FileSystem* fs, const std::string& path);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;

@@ -15,6 +15,7 @@ Result<HostTier*> ReplicaStore::TierFor(int source_rank) {
   if (it != tiers_.end()) return it->second.get();
   HostTierConfig c;
   c.dir = SourceDir(node_dir_, source_rank);
+  c.trust_top = host_root_;
   c.slots = slots_;
   CAIRN_ASSIGN_OR_RETURN(auto tier, HostTier::Open(std::move(c), fs_, log_));
   HostTier* t = tier.get();

@@ -21,9 +21,15 @@ namespace cairn {
 
 class ReplicaStore {
  public:
-  // `node_dir` is <host_root>/<job>/node-<n>.
-  ReplicaStore(std::string node_dir, FileSystem* fs, const Logger* log, int slots = 2)
-      : node_dir_(std::move(node_dir)), fs_(fs), log_(log), slots_(slots) {}
+  // `node_dir` is <host_root>/<job>/node-<n>; `host_root` the top of its private tree
+  // (HostTierConfig::trust_top; empty: each source's directory itself).
+  ReplicaStore(std::string node_dir, FileSystem* fs, const Logger* log, int slots = 2,
+               std::string host_root = "")
+      : node_dir_(std::move(node_dir)),
+        host_root_(std::move(host_root)),
+        fs_(fs),
+        log_(log),
+        slots_(slots) {}
 
   static std::string SourceDir(const std::string& node_dir, int source_rank);
   // The tier holding `source_rank`'s replicas, opened (and locked) on first use.
@@ -42,6 +48,7 @@ class ReplicaStore {
 
  private:
   std::string node_dir_;
+  std::string host_root_;
   FileSystem* fs_;
   const Logger* log_;
   int slots_;

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/trusted_path.h"
+
 namespace cairn {
 namespace {
 
@@ -38,25 +40,29 @@ std::string Rendezvous::AddressPath(int rank) const {
 }
 
 Status Rendezvous::MakeDir() {
-  return fs_->MakeDirs(dir_, 0700).WithContext("rendezvous directory " + dir_);
+  return MakeTrustedDirs(fs_, dir_, dir_, TreeKind::kPrivate,
+                         "the rendezvous directory holds the job token and the ranks' "
+                         "addresses, so only this user may write it: set "
+                         "CAIRN_RENDEZVOUS_DIR to a directory of your own")
+      .WithContext("rendezvous directory " + dir_);
 }
 
 Result<std::string> Rendezvous::LoadOrCreateToken() {
   CAIRN_RETURN_IF_ERROR(MakeDir());
   const std::string path = JoinPath(dir_, "token");
   for (int attempt = 0; attempt < 2; ++attempt) {
-    auto info = fs_->Stat(path);
-    if (info.ok()) {
-      if (info->uid != ::geteuid() || (info->mode & 077) != 0)
-        return Status::FailedPrecondition("job token " + path +
-                                          " must be a 0600 file of this user; refusing to use it");
-      CAIRN_ASSIGN_OR_RETURN(std::string token, ReadWholeFile(fs_, path, 4096));
-      if (token.size() != kTokenHexBytes)
+    // Checked on the file opened (never through a link): this user's own, 0600.
+    auto read = ReadOwnFile(fs_, path, 4096);
+    if (read.ok()) {
+      if (read->size() != kTokenHexBytes)
         return Status::Corruption("job token " + path +
                                   " is malformed; delete it to make a new one");
-      return token;
+      return std::move(*read);
     }
-    if (info.status().code() != StatusCode::kNotFound) return info.status();
+    if (read.status().code() == StatusCode::kFailedPrecondition)
+      return Status::FailedPrecondition("job token: " + read.status().message() +
+                                        " (it must be a 0600 file of this user)");
+    if (read.status().code() != StatusCode::kNotFound) return read.status();
     // Create it atomically: a complete temporary file hard-linked into place, so racing
     // ranks all end up reading the one that won.
     CAIRN_ASSIGN_OR_RETURN(std::string token, RandomHex(kTokenHexBytes / 2));
@@ -115,7 +121,9 @@ Result<std::string> Rendezvous::Publish(std::string_view address) {
 
 Status Rendezvous::Read(int peer, std::string* address, std::string* nonce) {
   const std::string path = AddressPath(peer);
-  CAIRN_ASSIGN_OR_RETURN(std::string b, ReadWholeFile(fs_, path, 1 << 20));
+  // Every rank of a job runs as its user: an address file of anyone else (or a link) is
+  // not a rank's, and connecting to it would hand the job token to its maker.
+  CAIRN_ASSIGN_OR_RETURN(std::string b, ReadOwnFile(fs_, path, 1 << 20));
   return ParseAddressFile(b, peer, world_, address, nonce).WithContext(path);
 }
 

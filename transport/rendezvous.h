@@ -28,14 +28,17 @@ class Rendezvous final : public AddressBook {
       : fs_(fs), dir_(std::move(dir)), rank_(rank), world_(world) {}
 
   // The job token, created (0600, atomically: racing ranks all read the winner's) when the
-  // directory has none. FailedPrecondition when the file is not this user's 0600 file.
+  // directory has none. FailedPrecondition when the file is not this user's 0600 file (a
+  // link included: checked on the file opened).
   Result<std::string> LoadOrCreateToken();
   // Creates the directory (0700) without a token (a token given by the caller).
+  // FailedPrecondition when it, as found, is not this user's alone (core/trusted_path.h).
   Status MakeDir();
   // Publishes this rank's address with a fresh nonce (returned), replacing an older file.
   Result<std::string> Publish(std::string_view address);
   // Rank `peer`'s address and nonce: NotFound until its file appears; Corruption or
-  // FailedPrecondition naming the file when it is malformed or of another world size.
+  // FailedPrecondition naming the file when it is malformed, of another world size, or not
+  // this user's own 0600 file.
   Status Read(int peer, std::string* address, std::string* nonce) override;
   // Removes this rank's address file (at shutdown; errors ignored).
   void Withdraw() override;

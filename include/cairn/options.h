@@ -39,9 +39,14 @@ enum class BootstrapKind {
   kFiles,  // address files in the rendezvous directory
 };
 
+// The default host root: /dev/shm/cairn-<effective uid>, one per user, so two users of a
+// node never share one (and neither can create the other's first unnoticed: the host
+// tier refuses a root that is not its user's own).
+std::string DefaultHostRoot();
+
 struct Options {
   std::string job_id = "default";
-  std::string host_root = "/dev/shm/cairn";
+  std::string host_root = DefaultHostRoot();
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
