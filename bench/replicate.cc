@@ -88,7 +88,8 @@ int Child(const std::vector<uint64_t>& sizes) {
       std::vector<UcxComm::PendingRecv> rs;
       for (uint32_t k = 0; k < chunks; ++k)
         rs.push_back((*comm)->StartRecv(0, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
-                                        buf + k * kChunk, std::min(kChunk, size - k * kChunk)));
+                                        buf + k * kChunk, std::min(kChunk, size - k * kChunk),
+                                        UcxComm::Auth::kContent));
       if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok()) return -1;
       for (auto& r : rs)
         if (!(*comm)->FinishRecv(r, 120).ok()) return -1;
@@ -100,7 +101,8 @@ int Child(const std::vector<uint64_t>& sizes) {
     std::vector<UcxComm::PendingSend> ss;
     for (uint32_t k = 0; k < chunks; ++k)
       ss.push_back((*comm)->StartSend(1, MakeTag(kChannels.replication.data, 0, seq << 16 | k),
-                                      buf + k * kChunk, std::min(kChunk, size - k * kChunk)));
+                                      buf + k * kChunk, std::min(kChunk, size - k * kChunk),
+                                      UcxComm::Auth::kContent));
     for (auto& x : ss)
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
     if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ack, 1, seq), 120).ok()) return -1;

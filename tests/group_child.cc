@@ -8,7 +8,17 @@
 //   group_child intruder      joins with a wrong job token: must be refused (in a lazy job:
 //                             its message gets no answer)
 //   group_child victim        a legitimate rank facing an intruder: must refuse it (in a
-//                             lazy job: its receive from the intruder fails)
+//                             lazy job: the intruder's message is dropped, its receive
+//                             times out)
+//   group_child imp-victim    (3 launcher ranks: imp-victim, imp-legit, impersonator) ranks 0
+//   group_child imp-legit     and 1 of a 2-rank job; a third process reached rank 0's worker
+//   group_child impersonator  (its address copied into a rendezvous directory of its own)
+//                             and, claiming to be rank 1, sends messages with a wrong token,
+//                             then again as a second incarnation with a token of its own.
+//                             Rank 0 must get only rank 1's real messages on every receive
+//                             path (exact tag, any rank, a posted receive into a buffer) and
+//                             count the dropped ones; the impersonator must get no answer.
+//                             They pace each other with flag files in GROUP_CHILD_FLAGS.
 //   group_child abandon       posts a receive nobody answers and drops its handle: the
 //                             request must be counted, then cancelled and freed; then the
 //                             collectives as above
@@ -22,9 +32,12 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "api/channels.h"
 #include "cairn/options.h"
+#include "core/filesystem.h"
 #include "transport/ucx_comm.h"
 #include "transport/ucx_group.h"
 
@@ -44,6 +57,134 @@ int Fail(const std::string& what) {
   return 1;
 }
 
+// Flag files in GROUP_CHILD_FLAGS, by which the impersonation test's processes pace
+// each other.
+std::string FlagPath(const std::string& name) {
+  const char* dir = std::getenv("GROUP_CHILD_FLAGS");
+  return JoinPath(dir ? dir : ".", name);
+}
+void Raise(const std::string& name) {
+  (void)WriteFileAtomic(DefaultFileSystem(), FlagPath(name), "");
+}
+// Waits for flag `name`, driving `comm`'s worker meanwhile (a rank's service thread does:
+// others' connections to it are made by its progress).
+bool Await(const std::string& name, UcxComm* comm = nullptr, double seconds = 60) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!DefaultFileSystem()->Exists(FlagPath(name))) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    if (comm) comm->Progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+// What rank 1 sends rank 0, real or forged, in the impersonation test: (channel, seq).
+constexpr Channel kImpExact{40}, kImpAny{41}, kImpPosted{42}, kImpReply{43};
+constexpr size_t kPostedBytes = 1 << 20;  // a rendezvous-sized message
+
+int Impersonation(const std::string& mode, Options o, const Logger& log) {
+  o.world_size = 2;
+  o.local_world_size = 1;
+  if (mode == "impersonator") {
+    // Claims rank 1 in a rendezvous directory of its own holding rank 0's address.
+    if (!Await("ready")) return Fail("rank 0 never became ready");
+    const std::string job_rdv = o.RendezvousDir();
+    o.rank = 1;
+    o.connect_all_max = 0;  // lazy: connect to rank 0 only, when sending to it
+    o.rendezvous_dir = FlagPath("imp-rdv");
+    if (Status st = DefaultFileSystem()->MakeDirs(o.rendezvous_dir, 0700); !st.ok())
+      return Fail(st.ToString());
+    auto addr = ReadWholeFile(DefaultFileSystem(), JoinPath(job_rdv, "rank-0.addr"), 1 << 20);
+    if (!addr.ok()) return Fail(addr.status().ToString());
+    if (Status st =
+            WriteFileAtomic(DefaultFileSystem(), JoinPath(o.rendezvous_dir, "rank-0.addr"), *addr);
+        !st.ok())
+      return Fail(st.ToString());
+    std::vector<std::unique_ptr<UcxComm>> keep;  // alive until rank 0 is done
+    std::vector<UcxComm::PendingSend> posted;
+    for (int round = 1; round <= 2; ++round) {
+      // A wrong token, then (a new incarnation) a token of its own directory: none is the
+      // job's.
+      auto c = UcxComm::Connect(o, &log, round == 1 ? std::string(64, 'f') : "");
+      if (!c.ok()) return Fail(c.status().ToString());
+      const uint32_t base = round * 10;
+      const std::string forged = "forged";
+      for (const auto& [ch, seq] : {std::pair{kImpExact, base + 1}, std::pair{kImpAny, base + 2}})
+        if (Status st = (*c)->Send(0, MakeTag(ch, 1, seq), forged.data(), forged.size()); !st.ok())
+          return Fail("round " + std::to_string(round) + ": " + st.ToString());
+      static std::string big(kPostedBytes, 'F');
+      posted.push_back(
+          (*c)->StartSend(0, MakeTag(kImpPosted, 1, base + 3), big.data(), big.size()));
+      Raise("forged-" + std::to_string(round));
+      // Nothing comes back to it, whatever it sent.
+      auto answer = (*c)->Recv(0, MakeTag(kImpReply, 0, base), 2);
+      if (answer.ok()) return Fail("rank 0 answered the impersonator");
+      keep.push_back(std::move(*c));
+      // Its own worker must progress for its sends to reach rank 0.
+      if (!Await("victim-" + std::to_string(round), keep.back().get()))
+        return Fail("rank 0 never finished round " + std::to_string(round));
+    }
+    posted.clear();  // cancels what rank 0 never took
+    return 0;
+  }
+  auto c = UcxComm::Connect(o, &log);
+  if (!c.ok()) return Fail(c.status().ToString());
+  const std::string real = "real";
+  static std::string big(kPostedBytes, 'R');
+  for (int round = 1; round <= 2; ++round) {
+    const uint32_t base = round * 10;
+    const std::string r = std::to_string(round);
+    if (mode == "imp-legit") {
+      if (!Await("forged-" + r)) return Fail("the impersonator never sent round " + r);
+      for (const auto& [ch, seq] : {std::pair{kImpExact, base + 1}, std::pair{kImpAny, base + 2}})
+        if (Status st = (*c)->Send(0, MakeTag(ch, 1, seq), real.data(), real.size()); !st.ok())
+          return Fail(st.ToString());
+      if (Status st = (*c)->Send(0, MakeTag(kImpPosted, 1, base + 3), big.data(), big.size());
+          !st.ok())
+        return Fail(st.ToString());
+      if (!Await("victim-" + r)) return Fail("rank 0 never finished round " + r);
+      continue;
+    }
+    if (round == 1) Raise("ready");  // its address file is published
+    if (!Await("forged-" + r, c->get())) return Fail("the impersonator never sent round " + r);
+    auto exact = (*c)->Recv(1, MakeTag(kImpExact, 1, base + 1), 30);
+    if (!exact.ok() || *exact != real)
+      return Fail("round " + r + ", exact receive: " +
+                  (exact.ok() ? "got '" + *exact + "'" : exact.status().ToString()));
+    auto any = (*c)->RecvAny(kImpAny, 30);
+    if (!any.ok() || any->bytes != real || any->source != 1)
+      return Fail("round " + r + ", receive from any rank: " +
+                  (any.ok() ? "got '" + any->bytes + "'" : any.status().ToString()));
+    // A posted receive takes whichever matching message comes first: the forged one is
+    // refused, and the real one is taken by the next.
+    std::string buf(kPostedBytes, '\0');
+    Status posted;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      auto p = (*c)->StartRecv(1, MakeTag(kImpPosted, 1, base + 3), buf.data(), buf.size());
+      posted = (*c)->FinishRecv(p, 30);
+      if (posted.ok()) break;
+    }
+    if (!posted.ok() || buf != big)
+      return Fail(
+          "round " + r + ", posted receive: " +
+          (posted.ok() ? std::string("the buffer holds the forged bytes") : posted.ToString()));
+    // The forged posted message may arrive after the real one: a further receive on its
+    // tag must refuse it, never fill the buffer.
+    while ((*c)->refused_messages() < static_cast<uint64_t>(3 * round)) {
+      auto p = (*c)->StartRecv(1, MakeTag(kImpPosted, 1, base + 3), buf.data(), buf.size());
+      if ((*c)->FinishRecv(p, 30).ok()) return Fail("round " + r + ": took a forged message");
+      if ((*c)->refused_messages() < static_cast<uint64_t>(3 * round))
+        return Fail("round " + r + ": " + std::to_string((*c)->refused_messages()) +
+                    " messages refused, fewer than the impersonator sent");
+    }
+    Raise("victim-" + r);
+  }
+  if (mode == "imp-victim")
+    std::printf("rank 0: every real message taken, %llu forged ones refused\n",
+                static_cast<unsigned long long>((*c)->refused_messages()));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,6 +193,8 @@ int main(int argc, char** argv) {
   auto o = Options::FromEnvironment();
   if (!o.ok()) return Fail(o.status().ToString());
   Logger log("group_child rank " + std::to_string(o->rank), 1);
+  if (mode == "imp-victim" || mode == "imp-legit" || mode == "impersonator")
+    return Impersonation(mode, *o, log);
   if (mode == "intruder" || mode == "victim") {
     auto c = UcxComm::Connect(*o, &log, mode == "intruder" ? std::string(64, 'f') : "");
     if (c.ok() && (*c)->lazy()) {
@@ -63,10 +206,11 @@ int main(int argc, char** argv) {
         auto r = (*c)->Recv(0, MakeTag(ch.collective, 0, 8), 3);
         return r.ok() ? Fail("the victim answered the intruder") : 0;
       }
-      auto r = (*c)->Recv(1, MakeTag(ch.collective, 1, 7), 20);
+      // Its message, without the job token, is dropped: the receive waits on and times out.
+      auto r = (*c)->Recv(1, MakeTag(ch.collective, 1, 7), 8);
       if (r.ok()) return Fail("accepted a message from a rank without the job token");
-      if (r.status().message().find("never presented the job token") == std::string::npos)
-        return Fail("refused for the wrong reason: " + r.status().ToString());
+      if ((*c)->refused_messages() == 0)
+        return Fail("the intruder's message was not refused: " + r.status().ToString());
       return 0;
     }
     if (c.ok()) return Fail("joined a job it should have been refused from");

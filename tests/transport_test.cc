@@ -152,6 +152,31 @@ TEST_P(Intruder, ProcessWithoutTheTokenIsRefused) {
 INSTANTIATE_TEST_SUITE_P(Bootstrap, Intruder, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "lazy" : "full_mesh"; });
 
+// A process that reached a rank's worker but holds a wrong token, or one of its own, gets
+// nothing and changes nothing: its messages tagged as a rank that greeted properly are
+// dropped on every receive path (an exact receive, a receive from any rank, a posted
+// receive into a buffer), also from its second incarnation, and the two ranks take only
+// each other's real messages (group_child imp-*).
+TEST(Bootstrap, AnImpersonatorWithoutTheJobTokenGetsNothingAndChangesNothing) {
+  testing::TempDir pfs("imp");
+  testing::TempDir flags("impflags");
+  LaunchSpec spec;
+  spec.nodes = 3;
+  spec.argv = {CAIRN_GROUP_CHILD};
+  spec.rank_args = {{"imp-victim"}, {"imp-legit"}, {"impersonator"}};
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("imp")},
+              {"CAIRN_PFS_ROOT", pfs.path()},
+              {"CAIRN_CONNECT_TIMEOUT_S", "30"},
+              {"GROUP_CHILD_FLAGS", flags.path()},
+              {"UCX_TLS", "tcp"}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(120));
+  const char* roles[] = {"rank 0 (the victim)", "rank 1", "the impersonator"};
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ((*l)->ranks()[static_cast<size_t>(r)].exit_code, 0) << roles[r];
+}
+
 // Rank 0 of a `world`-rank job `name` alone, its PFS root in `pfs`.
 Options RankZeroAlone(const testing::TempDir& pfs, const std::string& name, int world) {
   Options o;

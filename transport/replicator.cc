@@ -186,8 +186,8 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   std::vector<UcxComm::PendingSend> sends;
   for (uint32_t c = 0; c < chunks; ++c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    sends.push_back(
-        comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)), view.data() + b, len));
+    sends.push_back(comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)),
+                                     view.data() + b, len, UcxComm::Auth::kContent));
   }
   Status first;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
@@ -256,7 +256,10 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
   std::vector<UcxComm::PendingRecv> recvs(chunks);
   auto post = [&](uint32_t c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    recvs[c] = comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), *mem + b, len);
+    // Without the token in front (zero copy): every chunk is checked against the offer's
+    // header, which came with the token, before the replica is kept (below).
+    recvs[c] = comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), *mem + b, len,
+                                UcxComm::Auth::kContent);
   };
   for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
   CAIRN_KILL_POINT("replicate.ready");

@@ -260,12 +260,48 @@ UcxComm::PendingSend UcxComm::Started(int peer, void* request, const char* what)
   return p;
 }
 
-UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n) {
+namespace {
+
+// A UCX iov datatype transfer of `frame`'s buffers: the token, then `n` bytes at `buf`.
+size_t Frame(TokenFrame& frame, const void* token, size_t token_bytes, void* buf, size_t n,
+             ucp_request_param_t* prm) {
+  frame.iov[0] = {const_cast<void*>(token), token_bytes};
+  frame.iov[1] = {buf, n};
+  prm->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+  prm->datatype = ucp_dt_make_iov();
+  return n > 0 ? 2 : 1;
+}
+
+}  // namespace
+
+void UcxComm::Refused(int peer, uint64_t tag) {
+  const uint64_t n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const int64_t now = NowNanos();
+  if (log_ && now - refusal_logged_ns_ > 10'000'000'000) {
+    refusal_logged_ns_ = now;
+    log_->Warning("dropped a message tagged as from rank " + std::to_string(peer) + " on channel " +
+                  std::to_string(tag >> 56) + " that did not carry the job token (" +
+                  std::to_string(n) + " so far): a process outside the job reached this rank");
+  }
+}
+
+UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf, size_t n,
+                                        Auth auth) {
   Lock lk(mu_);
-  if (Status st = EnsurePeer(lk, peer, "send"); !st.ok()) return PendingSend{{}, peer, st};
+  if (Status st = EnsurePeer(lk, peer, "send"); !st.ok()) return PendingSend{{}, {}, peer, st};
+  if (auth == Auth::kContent) {
+    ucp_request_param_t prm{};
+    return Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm),
+                   "send");
+  }
+  auto frame = std::make_unique<TokenFrame>();
   ucp_request_param_t prm{};
-  return Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm),
-                 "send");
+  const size_t count = Frame(*frame, token_.data(), token_.size(), const_cast<void*>(buf), n, &prm);
+  PendingSend p = Started(
+      peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, frame->iov, count, tag, &prm),
+      "send");
+  if (p.request) p.frame = std::move(frame);  // UCX reads the iov until the send completes
+  return p;
 }
 
 Status UcxComm::FinishSend(PendingSend& send, double timeout_s) {
@@ -275,7 +311,7 @@ Status UcxComm::FinishSend(PendingSend& send, double timeout_s) {
                      "send");
 }
 
-UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_t n) {
+UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_t n, Auth auth) {
   Lock lk(mu_);
   PendingRecv r;
   r.peer = peer;
@@ -284,8 +320,24 @@ UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_
     r.status = EnsurePeer(lk, peer, "receive");
     if (!r.status.ok()) return r;
   }
+  r.tag = tag;
+  if (auth == Auth::kContent) {
+    ucp_request_param_t prm{};
+    auto req = Own(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm), peer, "receive");
+    if (req.ok())
+      r.request = std::move(*req);
+    else
+      r.status = req.status();
+    return r;
+  }
+  // The sender's token lands in frame->received; an unfilled one never matches.
+  r.frame = std::make_unique<TokenFrame>();
+  r.frame->received.assign(token_.size(), '\0');
   ucp_request_param_t prm{};
-  auto req = Own(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm), peer, "receive");
+  const size_t count =
+      Frame(*r.frame, r.frame->received.data(), r.frame->received.size(), buf, n, &prm);
+  auto req =
+      Own(ucp_tag_recv_nbx(worker_, r.frame->iov, count, tag, ~uint64_t{0}, &prm), peer, "receive");
   if (req.ok())
     r.request = std::move(*req);
   else
@@ -297,6 +349,12 @@ Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
   if (!recv.status.ok()) return recv.status;
   Lock lk(mu_);
   CAIRN_RETURN_IF_ERROR(WaitRequest(lk, recv.request, recv.peer, timeout_s, "receive"));
+  if (recv.frame && recv.frame->received != token_) {
+    Refused(recv.peer, recv.tag);
+    return Status::FailedPrecondition("receive " + Who(recv.peer) +
+                                      ": the message did not carry the job token; refused (the "
+                                      "receive buffer's bytes are not the sender's)");
+  }
   if (!Verified(lk, recv.peer))
     return Status::FailedPrecondition("receive " + Who(recv.peer) +
                                       ": the sender never presented the job token; refused");
@@ -320,9 +378,23 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
           UcxRequest req,
           Own(ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm), from, "receive"));
       CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive"));
-      if ((info.sender_tag >> 56) != kHello.id && !Verified(lk, from))
-        return Status::FailedPrecondition("receive " + Who(from) +
-                                          ": the sender never presented the job token; refused");
+      if ((info.sender_tag >> 56) != kHello.id) {
+        // Every other message starts with the job token: without it, dropped, and the
+        // probe goes on for the real one.
+        if (out->size() < token_.size() || out->compare(0, token_.size(), token_) != 0) {
+          Refused(from, info.sender_tag);
+          if (sender_tag) *sender_tag = 0;
+          if (NowNanos() > deadline)
+            return Status::Unavailable(
+                "receive " + (peer >= 0 ? Who(peer) : std::string("from any rank")) +
+                ": nothing with the job token arrived within " + std::to_string(timeout_s) + " s");
+          continue;
+        }
+        out->erase(0, token_.size());
+        if (!Verified(lk, from))
+          return Status::FailedPrecondition("receive " + Who(from) +
+                                            ": the sender never presented the job token; refused");
+      }
       return Status::OK();
     }
     const bool idle = ucp_worker_progress(worker_) == 0;
@@ -414,7 +486,7 @@ UcxComm::RemoteKey::~RemoteKey() {
 UcxComm::PendingSend UcxComm::StartPut(int peer, const void* src, size_t n, uint64_t remote_addr,
                                        const RemoteKey& key) {
   Lock lk(mu_);
-  if (Status st = CheckPeer(peer, "put"); !st.ok()) return PendingSend{{}, peer, st};
+  if (Status st = CheckPeer(peer, "put"); !st.ok()) return PendingSend{{}, {}, peer, st};
   ucp_request_param_t prm{};
   return Started(
       peer,
