@@ -23,7 +23,6 @@ Needs torch >= 2.2 (the StorageReader interface with reset()).
 
 import io
 import os
-import pickle
 
 import torch
 from torch.distributed.checkpoint import StorageReader as _StorageReader
@@ -38,7 +37,7 @@ from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
 from . import _cairn
-from .torch import _DTYPES, _STATE_BLOB, _error
+from .torch import _DTYPES, _STATE_BLOB, _decode, _error
 
 _TORCH_DTYPES = {name: dt for dt, name in _DTYPES.items()}
 
@@ -47,10 +46,14 @@ class StorageReader(_StorageReader):
     """A DCP StorageReader over a committed step of a cairn job's PFS tier.
 
     `path`: <pfs_root>/<job id> (or give it to dcp.load as checkpoint_id); `step`: a
-    committed step (default: the newest, the one LATEST names)."""
+    committed step (default: the newest, the one LATEST names). `allow_pickle`: read the
+    state dict's non-tensor entries of versions saved before cairn stored them as data (or
+    saved with allow_pickle=True); see cairn.torch. DCP's own items (what dcp.load reads
+    through this reader) are deserialized by DCP itself, under its own rules."""
 
-    def __init__(self, path=None, step=None):
+    def __init__(self, path=None, step=None, allow_pickle=False):
         super().__init__()
+        self.allow_pickle = bool(allow_pickle)
         self.path = None if path is None else os.fspath(path)
         self.step = step
         self._pfs = None
@@ -142,5 +145,7 @@ class StorageReader(_StorageReader):
         """The state dict's non-tensor entries, as rank 0 saved them."""
         if self._plain_cache is None:
             blobs = self._open().blobs(0)
-            self._plain_cache = pickle.loads(blobs[_STATE_BLOB]) if _STATE_BLOB in blobs else {}
+            self._plain_cache = (_decode(blobs[_STATE_BLOB], "state dict's non-tensor entries",
+                                         self._pfs.step, self.allow_pickle)
+                                 if _STATE_BLOB in blobs else {})
         return self._plain_cache

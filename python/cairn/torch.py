@@ -23,8 +23,13 @@ no fence ordered, calls fence_host() first.
 
 Besides the tensors, each version holds the RNG states (torch, CUDA when present, numpy,
 Python's random), the optimizer's param_groups and non-tensor state, and a user dict
-(`extra`: data-loader position, scheduler state, ...). These are pickled: restoring from a
-checkpoint trusts it as much as torch.load does.
+(`extra`: data-loader position, scheduler state, ...). They are stored as data, never as
+code: dicts, lists, tuples, sets, strings, bytes, numbers, None and tensors, written with
+pickle's opcodes and read back by an unpickler that refuses every other type (as
+torch.load(weights_only=True) does), so a restore never runs code a checkpoint carries.
+An `extra` holding other objects needs allow_pickle=True, on save and on restore; so do
+versions saved by cairn before this format (their blobs are plain pickles), and the error
+says so. Use it only for checkpoints that nobody else could have written.
 
 Sharded state: FlatRange (a 1-D tensor holding a flat range of a larger tensor, as ZeRO
 and FSDP keep them) and objects with the ShardedTensor interface (local_shards() with
@@ -33,8 +38,10 @@ reshard them into another layout. Pass them in `tensors`, or let them come from
 state_dict().
 """
 
+import collections
 import functools
 import importlib
+import io
 import operator
 import pickle
 import random
@@ -75,6 +82,121 @@ def _error(message, code="InvalidArgument"):
     e = _cairn.Error(message)
     e.code = code
     return e
+
+
+# -- blobs as data --------------------------------------------------------------------
+# A blob starts with the format it is in: _DATA_MAGIC (pickle's opcodes for plain data, read
+# by _DataUnpickler, which calls nothing but the constructors below) or _PICKLE_MAGIC (any
+# object, written and read only with allow_pickle=True). A blob with neither was saved
+# before these formats, as a plain pickle.
+_DATA_MAGIC = b"cairn-data-1\n"
+_PICKLE_MAGIC = b"cairn-pickle-1\n"
+_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def _tensor_from_bytes(dtype_name, shape, data):
+    """A CPU tensor from what _DataPickler wrote for one (the only tensor constructor the
+    unpickler calls)."""
+    dtype = _DTYPE_BY_NAME.get(dtype_name)
+    if dtype is None or not isinstance(data, bytes) or not isinstance(shape, tuple):
+        raise pickle.UnpicklingError(f"not a tensor cairn saved: dtype {dtype_name!r}")
+    n = functools.reduce(operator.mul, shape, 1)
+    if n * torch.empty((), dtype=dtype).element_size() != len(data):
+        raise pickle.UnpicklingError(f"a tensor of shape {shape} does not have {len(data)} bytes")
+    if n == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _dtype_from_name(name):
+    dtype = _DTYPE_BY_NAME.get(name)
+    if dtype is None:
+        raise pickle.UnpicklingError(f"not a dtype cairn saves: {name!r}")
+    return dtype
+
+
+class _Refused(TypeError):
+    pass
+
+
+class _DataPickler(pickle.Pickler):
+    """Pickles plain data only; tensors as (dtype, shape, bytes); anything else is _Refused."""
+
+    _PLAIN = (complex, bytearray, collections.OrderedDict)
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous()
+            if t.dtype not in _DTYPES:
+                raise _Refused(f"a tensor of dtype {t.dtype}")
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            return _tensor_from_bytes, (_DTYPES[t.dtype], tuple(t.shape), raw)
+        if isinstance(obj, torch.dtype) and obj in _DTYPES:
+            return _dtype_from_name, (_DTYPES[obj],)
+        if type(obj) in self._PLAIN or any(obj is f for f in _DataUnpickler._ALLOWED.values()):
+            return NotImplemented  # a plain type, or a constructor the unpickler allows
+        raise _Refused(f"a {type(obj).__module__}.{type(obj).__qualname__}")
+
+
+class _DataUnpickler(pickle.Unpickler):
+    """Loads what _DataPickler wrote and refuses every other global: nothing a blob names is
+    called but these constructors."""
+
+    _ALLOWED = {
+        ("builtins", "complex"): complex,
+        ("builtins", "bytearray"): bytearray,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        (__name__, "_tensor_from_bytes"): _tensor_from_bytes,
+        (__name__, "_dtype_from_name"): _dtype_from_name,
+    }
+
+    def find_class(self, module, name):
+        f = self._ALLOWED.get((module, name))
+        if f is None:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which cairn does not call")
+        return f
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it refers to a persistent object")
+
+
+def _encode(obj, what, allow_pickle=False):
+    """A blob holding `obj` (see above); `what` names it in errors."""
+    out = io.BytesIO()
+    out.write(_DATA_MAGIC)
+    try:
+        _DataPickler(out, protocol=5).dump(obj)
+    except _Refused as e:
+        if not allow_pickle:
+            raise _error(f"cairn.torch: {what} holds {e}, which a restore would not load: keep "
+                         "it to dicts, lists, tuples, sets, str, bytes, numbers, None and "
+                         "tensors, or pass allow_pickle=True (then restoring it runs whatever "
+                         "code it names: use it only for checkpoints nobody else can write)",
+                         "InvalidArgument") from None
+        return _PICKLE_MAGIC + pickle.dumps(obj, protocol=5)
+    return out.getvalue()
+
+
+def _decode(blob, what, step, allow_pickle=False):
+    """The object in `blob`, read without running code unless allow_pickle."""
+    blob = bytes(blob)
+    if blob.startswith(_DATA_MAGIC):
+        try:
+            return _DataUnpickler(io.BytesIO(memoryview(blob)[len(_DATA_MAGIC):])).load()
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as e:
+            raise _error(f"cairn.torch: the {what} of step {step} is not data cairn wrote ({e}); "
+                         "not restored", "DataLoss") from None
+    if allow_pickle:
+        body = blob[len(_PICKLE_MAGIC):] if blob.startswith(_PICKLE_MAGIC) else blob
+        return pickle.loads(body)
+    why = ("was saved with allow_pickle=True (it holds objects only pickle can rebuild)"
+           if blob.startswith(_PICKLE_MAGIC) else
+           "was saved by an older cairn, as a plain pickle")
+    raise _error(f"cairn.torch: the {what} of step {step} {why}; restoring it would run code "
+                 "the checkpoint names. If nobody else could have written this checkpoint, "
+                 "restore with allow_pickle=True (cairn.torch.Checkpointer(..., "
+                 "allow_pickle=True), cairn.dcp.StorageReader(..., allow_pickle=True))",
+                 "FailedPrecondition")
 
 
 class FlatRange:
@@ -320,7 +442,8 @@ class Checkpointer:
     tensor).
     """
 
-    def __init__(self, model, optimizer=None, *, options=None, tensors=None, **settings):
+    def __init__(self, model, optimizer=None, *, options=None, tensors=None, allow_pickle=False,
+                 **settings):
         opts = options if options is not None else _cairn.Options.from_environment()
         for k, v in settings.items():
             if not hasattr(opts, k):
@@ -330,6 +453,7 @@ class Checkpointer:
         self.optimizer = optimizer
         self.tensors = dict(tensors or {})
         self.extra = None  # the user dict of the last restore
+        self.allow_pickle = bool(allow_pickle)  # see the module's text
         self.last_report = None  # its cairn.RestoreReport
         self._ck = _cairn.Checkpointer(opts)
         self._fqn = None  # id(parameter) -> name, once asked for
@@ -349,9 +473,10 @@ class Checkpointer:
         got = self._unchanged_state()
         shards, plain = got if got is not None else self._flat_state(snapshot_buffers=True)
         blobs = self._rng_blobs()
-        blobs[_STATE_BLOB] = pickle.dumps(plain)
+        blobs[_STATE_BLOB] = _encode(plain, "the state dict's non-tensor entries",
+                                     self.allow_pickle)
         if extra is not None:
-            blobs[_USER_BLOB] = pickle.dumps(extra)
+            blobs[_USER_BLOB] = _encode(extra, "extra", self.allow_pickle)
         if self.optimizer is not None and not self.optimizer.state:
             blobs[_NO_OPTIM_STATE_BLOB] = b""
         return self._ck.save(int(step), shards, blobs, stream=self._stream()) == "queued"
@@ -380,7 +505,12 @@ class Checkpointer:
             if e.code == "NotFound" and step is None:
                 return None
             raise
-        plain = pickle.loads(head.blobs[_STATE_BLOB]) if _STATE_BLOB in head.blobs else {}
+        plain = (_decode(head.blobs[_STATE_BLOB], "state dict's non-tensor entries", head.step,
+                         self.allow_pickle) if _STATE_BLOB in head.blobs else {})
+        # Every blob is read before anything is changed: a refused one leaves all as it was.
+        rng = self._decode_rng(head.blobs, head.step)
+        extra = (_decode(head.blobs[_USER_BLOB], "extra", head.step, self.allow_pickle)
+                 if _USER_BLOB in head.blobs else None)
         if self.optimizer is not None and _NO_OPTIM_STATE_BLOB in head.blobs:
             self.optimizer.state.clear()  # as it was: a fresh optimizer's
         elif self.optimizer is not None and any(k.startswith("optim.") for k in plain):
@@ -392,8 +522,8 @@ class Checkpointer:
             for tmp, view in copies:
                 view.copy_(tmp)
         self._set_plain(plain)
-        self._set_rng(report.blobs)
-        self.extra = pickle.loads(report.blobs[_USER_BLOB]) if _USER_BLOB in report.blobs else None
+        self._set_rng(rng)
+        self.extra = extra
         self.last_report = report
         return report.step
 
@@ -618,26 +748,39 @@ class Checkpointer:
     def _rng_blobs():
         b = {
             "rng.torch": torch.get_rng_state().numpy().tobytes(),
-            "rng.python": pickle.dumps(random.getstate()),
+            "rng.python": _encode(random.getstate(), "Python's RNG state"),
         }
         if _np is not None:
             # its 624-word key as bytes: pickling the array costs 5 times more
             name, key, pos, has_gauss, gauss = _np.random.get_state()
-            b["rng.numpy"] = pickle.dumps((name, key.tobytes(), pos, has_gauss, gauss))
+            b["rng.numpy"] = _encode((name, key.tobytes(), pos, has_gauss, gauss),
+                                     "numpy's RNG state")
         if torch.cuda.is_available():
-            b["rng.cuda"] = pickle.dumps([s.cpu() for s in torch.cuda.get_rng_state_all()])
+            b["rng.cuda"] = _encode([s.cpu() for s in torch.cuda.get_rng_state_all()],
+                                    "the CUDA RNG states")
         return b
 
-    @staticmethod
-    def _set_rng(blobs):
+    def _decode_rng(self, blobs, step):
+        """The RNG states in `blobs`, read (as data) and not yet set."""
+        out = {}
         if "rng.torch" in blobs:
-            torch.set_rng_state(torch.frombuffer(bytearray(blobs["rng.torch"]), dtype=torch.uint8))
-        if "rng.python" in blobs:
-            random.setstate(pickle.loads(blobs["rng.python"]))
-        if _np is not None and "rng.numpy" in blobs:
-            state = pickle.loads(blobs["rng.numpy"])
+            out["torch"] = torch.frombuffer(bytearray(blobs["rng.torch"]), dtype=torch.uint8)
+        for key, what in (("python", "Python's RNG state"), ("numpy", "numpy's RNG state"),
+                          ("cuda", "CUDA RNG states")):
+            if "rng." + key in blobs:
+                out[key] = _decode(blobs["rng." + key], what, step, self.allow_pickle)
+        return out
+
+    @staticmethod
+    def _set_rng(rng):
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "python" in rng:
+            random.setstate(rng["python"])
+        if _np is not None and "numpy" in rng:
+            state = rng["numpy"]
             if isinstance(state[1], bytes):
                 state = (state[0], _np.frombuffer(state[1], dtype=_np.uint32), *state[2:])
             _np.random.set_state(state)
-        if "rng.cuda" in blobs and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(pickle.loads(blobs["rng.cuda"]))
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])

@@ -395,6 +395,97 @@ class _InProcessJob:
 class TorchUnits(_InProcessJob, unittest.TestCase):
     """The shard building and restore paths, in one process."""
 
+    def _planted(self, blob_name, blob):
+        """A model, and a version of it (step 1) whose blob `blob_name` is `blob`, as a
+        process that knows cairn's blob names could write one."""
+        import cairn.torch
+
+        self._jobs = getattr(self, "_jobs", 0) + 1  # a job of its own each time
+        os.environ["CAIRN_JOB_ID"] = f"{self.job.id}-{self._jobs}"
+        model = self.torch.nn.Linear(2, 2)
+        with self.ckpt(model) as ck:
+            self.assertTrue(ck.save(1, extra={"epoch": 1}))
+            shards, _ = ck._flat_state(snapshot_buffers=True)
+            blobs = ck._rng_blobs()
+            blobs.update({"torch.state": cairn.torch._encode({}, "plain"), blob_name: blob})
+            self.assertEqual(ck._ck.save(2, shards, blobs, stream=ck._stream()), "queued")
+            ck.flush()
+        return model
+
+    def test_a_blob_crafted_to_run_code_never_runs(self):
+        """Restoring never runs code from a checkpoint: a version whose blobs are pickles
+        naming a function (os.system, as an attacker would write them), in the old format
+        or dressed as cairn's data format, is refused with an error that says why, and the
+        function never runs (its marker file is not created)."""
+        import pickle
+
+        import cairn.torch
+
+        marker = os.path.join(self.job.root, "pwned")
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        crafted = pickle.dumps(Evil())
+        for name, blob, says in (
+                ("user", crafted, "older cairn"),
+                ("torch.state", crafted, "older cairn"),
+                ("rng.python", crafted, "older cairn"),
+                ("user", cairn.torch._PICKLE_MAGIC + crafted, "allow_pickle=True"),
+                ("user", cairn.torch._DATA_MAGIC + crafted, "posix.system"),
+                ("rng.numpy", cairn.torch._DATA_MAGIC + crafted, "posix.system")):
+            with self.subTest(blob=name, format=blob[:14]):
+                model = self._planted(name, blob)
+                with self.ckpt(model) as ck:
+                    with self.assertRaises(cairn.torch._cairn.Error) as e:
+                        ck.restore(2)
+                    self.assertIn(says, str(e.exception))
+                    self.assertIn("step 2", str(e.exception))
+                    self.assertFalse(os.path.exists(marker), "the crafted blob ran its code")
+                    # The version before it restores.
+                    self.assertEqual(ck.restore(1), 1)
+                    self.assertEqual(ck.extra, {"epoch": 1})
+        # With the opt-in, for a checkpoint its user trusts, the old format loads.
+        model = self._planted("user", pickle.dumps({"loader": 7}))
+        with self.assertRaises(cairn.torch._cairn.Error):
+            with self.ckpt(model) as ck:
+                ck.restore(2)
+        with self.ckpt(model, allow_pickle=True) as ck:
+            self.assertEqual(ck.restore(2), 2)
+            self.assertEqual(ck.extra, {"loader": 7})
+
+    def test_extra_is_data_unless_pickle_is_allowed(self):
+        """`extra` of plain data and tensors comes back equal (no pickle needed); an object
+        of a class of its own is refused at save() naming its type, and with
+        allow_pickle=True it is saved and restored."""
+        import fractions
+
+        import cairn.torch
+
+        torch = self.torch
+        data = {"epoch": 3, "seen": [1, 2.5, "x", None, True, b"\x00"], "t": (1, 2),
+                "set": {1, 2}, "c": 1 + 2j, "tensor": torch.arange(6, dtype=torch.bfloat16).view(2, 3),
+                "empty": torch.zeros(0, 4), "dtype": torch.float16}
+        model = torch.nn.Linear(2, 2)
+        with self.ckpt(model) as ck:
+            self.assertTrue(ck.save(1, extra=data))
+            with self.assertRaises(cairn.torch._cairn.Error) as e:
+                ck.save(2, extra={"frac": fractions.Fraction(1, 3)})
+            self.assertIn("fractions.Fraction", str(e.exception))
+            self.assertIn("allow_pickle=True", str(e.exception))
+            ck.flush()
+            self.assertEqual(ck.restore(), 1)
+            got = ck.extra
+        self.assertTrue(torch.equal(got.pop("tensor"), data.pop("tensor")))
+        self.assertEqual(got.pop("empty").shape, data.pop("empty").shape)
+        self.assertEqual(got, data)
+        with self.ckpt(model, allow_pickle=True) as ck:
+            self.assertTrue(ck.save(3, extra={"frac": fractions.Fraction(1, 3)}))
+            ck.flush()
+            self.assertEqual(ck.restore(3), 3)
+            self.assertEqual(ck.extra, {"frac": fractions.Fraction(1, 3)})
+
     def test_fence_names_the_current_stream_the_default_one_included(self):
         """fence() passes the current stream to the core even when it is the default
         stream (0): the core's fence() without a stream orders the streams given at save(),
