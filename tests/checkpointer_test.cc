@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -18,6 +21,7 @@
 #include "persist/manifest.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
+#include "tiers/host_tier.h"
 
 namespace cairn {
 namespace {
@@ -615,6 +619,149 @@ TEST(Security, FilesAre0600AndDirectories0700) {
     walk(top);
   EXPECT_GE(files, 5);  // slot, header, lock, data file, MANIFEST, LATEST
   EXPECT_GE(dirs, 3);
+}
+
+}  // namespace
+}  // namespace cairn
+
+namespace cairn {
+namespace {
+
+// Runs `body` in a child process acting as `uid` (its group too, no supplementary groups),
+// the way another user of the machine would; returns its exit code (what `body` returned).
+int AsUser(uid_t uid, const std::function<int()>& body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 ||
+        ::setresuid(uid, uid, uid) != 0)
+      ::_exit(99);
+    ::_exit(body());
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+int Says(bool ok, const std::string& what) {
+  if (!ok) std::fprintf(stderr, "%s\n", what.c_str());
+  return ok ? 0 : 1;
+}
+
+// The scenario of two ordinary users, alice and mallory, on one node (uids no account uses,
+// so nothing of the machine's user database is touched): a host root mallory made for
+// everyone (0777) is refused by alice's job at open, naming its owner and mode and what to
+// do, and nothing of hers is written there; then, in alice's own tree, mallory's whole
+// version of the same job (step 9, her bytes and blobs) planted as her files readable and
+// writable by all, and through a link, is refused, and alice's restore gives her own newest
+// good step, from the PFS.
+TEST(TwoUsers, AVersionAnotherUserMadeOrPlantedIsNeverRestored) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two other users (setresuid)";
+  const uid_t alice = 61000 + static_cast<uid_t>(::getpid() % 500) * 2, mallory = alice + 1;
+  testing::TempDir base("twousers");
+  ASSERT_EQ(::chmod(base.path().c_str(), 01777), 0);  // like /tmp: anyone may make a directory
+  const std::string shared = base.path() + "/shared";
+  const std::string job = testing::UniqueJobId("twousers");
+  auto options = [&](const std::string& host) {
+    Options o;
+    o.job_id = job;
+    o.host_root = base.path() + "/" + host;
+    o.pfs_root = base.path() + "/pfs-" + host;
+    o.log_level = 0;
+    o.copy_engine = CopyEngineKind::kHost;
+    o.persist_every = 0;  // only flush() persists
+    return o;
+  };
+  // 1. mallory makes the root first, for everyone.
+  ASSERT_EQ(AsUser(mallory,
+                   [&] {
+                     return Says(
+                         ::mkdir(shared.c_str(), 0777) == 0 && ::chmod(shared.c_str(), 0777) == 0,
+                         "mkdir " + shared);
+                   }),
+            0);
+  // 2. alice's job with it as its root is refused at open, and writes nothing there.
+  EXPECT_EQ(AsUser(alice,
+                   [&] {
+                     Options o = options("shared");
+                     o.pfs_root = base.path() + "/pfs-alice";
+                     auto c = Checkpointer::Open(o);
+                     if (c.ok()) return Says(false, "opened a root another user made for all");
+                     const std::string m = c.status().ToString();
+                     return Says(
+                         m.find(shared) != std::string::npos &&
+                             m.find("uid " + std::to_string(mallory)) != std::string::npos &&
+                             m.find("0777") != std::string::npos &&
+                             m.find("CAIRN_HOST_ROOT") != std::string::npos,
+                         "refused without saying why: " + m);
+                   }),
+            0);
+  auto left = DefaultFileSystem()->ListDir(shared);
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty()) << "alice's job wrote into " << shared;
+
+  // 3. alice's own job: steps 1..3, step 3 flushed to the PFS, then 4 and 5 in memory.
+  auto run = [&](const std::string& host, int64_t first, int64_t last, int64_t flush_at) {
+    Options o = options(host);
+    auto c = Checkpointer::Open(o);
+    if (!c.ok()) return Says(false, c.status().ToString());
+    State s;
+    for (int64_t step = first; step <= last; ++step) {
+      s.Fill(static_cast<uint64_t>(step) * 100);
+      Status st = (*c)->save(step, s.Shards(), {{"rng", host + std::to_string(step)}}).status();
+      if (st.ok()) st = (*c)->wait_captured();
+      if (!st.ok()) return Says(false, st.ToString());
+      if (step == flush_at) {
+        auto f = (*c)->flush();
+        if (!f.ok() || *f != step) return Says(false, "flush: " + f.status().ToString());
+      }
+    }
+    return 0;
+  };
+  ASSERT_EQ(AsUser(alice, [&] { return run("alice", 1, 5, 3); }), 0);
+  // 4. mallory's version of the same job, step 9, in a root of her own.
+  ASSERT_EQ(AsUser(mallory, [&] { return run("mallory", 9, 9, -1); }), 0);
+  // 5. Planted in alice's tree (by whatever means mallory had: root plays them): her slot
+  // files as mallory's, readable and writable by all, and one through a link.
+  const std::string mine = HostTier::RankDir(base.path() + "/alice", job, 0, 0);
+  const std::string hers = HostTier::RankDir(base.path() + "/mallory", job, 0, 0);
+  auto names = DefaultFileSystem()->ListDir(hers);
+  ASSERT_TRUE(names.ok());
+  std::string slot;  // mallory's slot holding step 9
+  for (const std::string& n : *names)
+    if (n.starts_with("slot-") && !n.ends_with(".hdr") && !n.ends_with(".tmp")) slot = n;
+  ASSERT_FALSE(slot.empty());
+  namespace fs = std::filesystem;
+  int planted = 0;
+  auto my_names = DefaultFileSystem()->ListDir(mine);
+  ASSERT_TRUE(my_names.ok()) << my_names.status().ToString();
+  for (const std::string& n : *my_names) {
+    if (!n.starts_with("slot-") || n.ends_with(".tmp")) continue;
+    const std::string to = mine + "/" + n,
+                      from = hers + "/" + slot + (n.ends_with(".hdr") ? ".hdr" : "");
+    ASSERT_TRUE(fs::remove(to));
+    if (planted++ < 2) {
+      ASSERT_EQ(::symlink(from.c_str(), to.c_str()), 0);
+    } else {
+      fs::copy_file(from, to);
+      ASSERT_EQ(::chown(to.c_str(), mallory, mallory), 0);
+      ASSERT_EQ(::chmod(to.c_str(), 0666), 0);
+    }
+  }
+  ASSERT_GE(planted, 4);  // at least two slots, each its data and header
+  // 6. alice restores her own step 3 from the PFS, bit-exact, never mallory's step 9.
+  EXPECT_EQ(AsUser(alice,
+                   [&] {
+                     auto c = Checkpointer::Open(options("alice"));
+                     if (!c.ok()) return Says(false, c.status().ToString());
+                     State r;
+                     auto rep = (*c)->restore(r.Shards());
+                     if (!rep.ok()) return Says(false, rep.status().ToString());
+                     return Says(rep->step == 3 && rep->tier == "pfs" && r.Holds(300) &&
+                                     rep->blobs.at("rng") == "alice3",
+                                 "restored step " + std::to_string(rep->step) + " from " +
+                                     rep->tier + ", blob " + rep->blobs.at("rng"));
+                   }),
+            0);
 }
 
 }  // namespace
