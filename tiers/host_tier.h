@@ -1,7 +1,7 @@
 // HostTier: one rank's ring of host-memory slots that outlive the process.
 //
 // Each slot is a data file "slot-<k>" mapped with libpmem2 and a header "slot-<k>.hdr"
-// under <host_root>/<job>/node-<n>/rank-<r>/ (default host root /dev/shm/cairn, a tmpfs
+// under <host_root>/<job>/node-<n>/rank-<r>/ (default host root /dev/shm/cairn-<uid>, a tmpfs
 // that survives the process; on a DAX filesystem the same code gives persistent memory).
 //
 // Life of a version in a slot:
