@@ -289,17 +289,18 @@ UcxComm::PendingSend UcxComm::StartSend(int peer, uint64_t tag, const void* buf,
                                         Auth auth) {
   Lock lk(mu_);
   if (Status st = EnsurePeer(lk, peer, "send"); !st.ok()) return PendingSend{{}, {}, peer, st};
-  if (auth == Auth::kContent) {
-    ucp_request_param_t prm{};
-    return Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, buf, n, tag, &prm),
-                   "send");
-  }
-  auto frame = std::make_unique<TokenFrame>();
   ucp_request_param_t prm{};
-  const size_t count = Frame(*frame, token_.data(), token_.size(), const_cast<void*>(buf), n, &prm);
-  PendingSend p = Started(
-      peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, frame->iov, count, tag, &prm),
-      "send");
+  std::unique_ptr<TokenFrame> frame;
+  const void* data = buf;
+  size_t count = n;
+  if (auth == Auth::kToken) {
+    frame = std::make_unique<TokenFrame>();
+    count = Frame(*frame, token_.data(), token_.size(), const_cast<void*>(buf), n, &prm);
+    data = frame->iov;
+  }
+  PendingSend p =
+      Started(peer, ucp_tag_send_nbx(peers_[static_cast<size_t>(peer)]->ep, data, count, tag, &prm),
+              "send");
   if (p.request) p.frame = std::move(frame);  // UCX reads the iov until the send completes
   return p;
 }
@@ -321,23 +322,17 @@ UcxComm::PendingRecv UcxComm::StartRecv(int peer, uint64_t tag, void* buf, size_
     if (!r.status.ok()) return r;
   }
   r.tag = tag;
-  if (auth == Auth::kContent) {
-    ucp_request_param_t prm{};
-    auto req = Own(ucp_tag_recv_nbx(worker_, buf, n, tag, ~uint64_t{0}, &prm), peer, "receive");
-    if (req.ok())
-      r.request = std::move(*req);
-    else
-      r.status = req.status();
-    return r;
-  }
-  // The sender's token lands in frame->received; an unfilled one never matches.
-  r.frame = std::make_unique<TokenFrame>();
-  r.frame->received.assign(token_.size(), '\0');
   ucp_request_param_t prm{};
-  const size_t count =
-      Frame(*r.frame, r.frame->received.data(), r.frame->received.size(), buf, n, &prm);
-  auto req =
-      Own(ucp_tag_recv_nbx(worker_, r.frame->iov, count, tag, ~uint64_t{0}, &prm), peer, "receive");
+  void* data = buf;
+  size_t count = n;
+  if (auth == Auth::kToken) {
+    // The sender's token lands in frame->received; an unfilled one never matches.
+    r.frame = std::make_unique<TokenFrame>();
+    r.frame->received.assign(token_.size(), '\0');
+    count = Frame(*r.frame, r.frame->received.data(), r.frame->received.size(), buf, n, &prm);
+    data = r.frame->iov;
+  }
+  auto req = Own(ucp_tag_recv_nbx(worker_, data, count, tag, ~uint64_t{0}, &prm), peer, "receive");
   if (req.ok())
     r.request = std::move(*req);
   else
@@ -370,18 +365,29 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
     ucp_tag_recv_info_t info{};
     ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
     if (msg) {
-      out->assign(info.length, '\0');
       if (sender_tag) *sender_tag = info.sender_tag;
       const int from = peer >= 0 ? peer : static_cast<int>((info.sender_tag >> 32) & 0xffffff);
+      // Every message but a hello starts with the job token: it lands apart from the bytes.
+      const bool hello = (info.sender_tag >> 56) == kHello.id;
+      const bool framed = !hello && info.length >= token_.size();
+      out->assign(framed ? info.length - token_.size() : info.length, '\0');
       ucp_request_param_t prm{};
+      TokenFrame frame;
+      void* data = out->data();
+      size_t count = out->size();
+      if (framed) {
+        frame.received.assign(token_.size(), '\0');
+        count = Frame(frame, frame.received.data(), frame.received.size(), out->data(), out->size(),
+                      &prm);
+        data = frame.iov;
+      }
       CAIRN_ASSIGN_OR_RETURN(
           UcxRequest req,
-          Own(ucp_tag_msg_recv_nbx(worker_, out->data(), out->size(), msg, &prm), from, "receive"));
+          Own(ucp_tag_msg_recv_nbx(worker_, data, count, msg, &prm), from, "receive"));
       CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive"));
-      if ((info.sender_tag >> 56) != kHello.id) {
-        // Every other message starts with the job token: without it, dropped, and the
-        // probe goes on for the real one.
-        if (out->size() < token_.size() || out->compare(0, token_.size(), token_) != 0) {
+      if (!hello) {
+        // Without the token, dropped, and the probe goes on for the real one.
+        if (!framed || frame.received != token_) {
           Refused(from, info.sender_tag);
           if (sender_tag) *sender_tag = 0;
           if (NowNanos() > deadline)
@@ -390,7 +396,6 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
                 ": nothing with the job token arrived within " + std::to_string(timeout_s) + " s");
           continue;
         }
-        out->erase(0, token_.size());
         if (!Verified(lk, from))
           return Status::FailedPrecondition("receive " + Who(from) +
                                             ": the sender never presented the job token; refused");
