@@ -211,10 +211,15 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
       worst = steps[i].stall_ms;
       worst_step = steps[i].step;
     }
-  // Against the loop's own pace before the kill (sanitizer builds copy far slower).
+  // Against the loop's own pace before the kill (sanitizer builds copy far slower). A wait
+  // on the dead partner would last up to the 3 s replication timeout; the floor of 250 ms
+  // (12x below it) leaves room for what the restarted partner's start costs this loop on
+  // a 2-core machine (its 3 x 40 MiB slots pre-faulted while the fence copies 32 MiB): under
+  // ctest -j2 in the Debian 13 root, stalls of 103 to 157 ms after the restart failed the
+  // floor of 100 ms on the code before and after issue 31 alike (tests/RELIABILITY.md).
   double before = 0;
   for (size_t i = 5; i < steps_before_kill; ++i) before = std::max(before, steps[i].stall_ms);
-  EXPECT_LT(worst, std::max(100.0, 3 * before + 20))
+  EXPECT_LT(worst, std::max(250.0, 3 * before + 20))
       << "rank 0 stalled at step " << worst_step << " while its partner was dead or restarting "
       << "(worst stall before the kill: " << before << " ms)";
   // Failures were counted, and versions replicated again after the restart.
