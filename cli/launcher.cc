@@ -43,7 +43,10 @@ Result<std::unique_ptr<LocalLauncher>> LocalLauncher::Start(const LaunchSpec& sp
 Status LocalLauncher::Spawn(LaunchedRank& r) {
   const LaunchSpec& spec = spec_;
   const int world = spec.nodes * spec.ranks_per_node;
-  std::vector<std::string> args = spec.argv;
+  std::vector<std::string> args;
+  if (static_cast<size_t>(r.node) < spec.node_prefix.size())
+    args = spec.node_prefix[static_cast<size_t>(r.node)];
+  args.insert(args.end(), spec.argv.begin(), spec.argv.end());
   if (static_cast<size_t>(r.rank) < spec.rank_args.size())
     for (const auto& a : spec.rank_args[static_cast<size_t>(r.rank)]) args.push_back(a);
   std::vector<std::pair<std::string, std::string>> env = {

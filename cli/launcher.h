@@ -25,6 +25,11 @@ struct LaunchSpec {
   std::vector<std::vector<std::string>> rank_args;
   // Per-rank extra variables, set after `env` (indexed by rank; may be shorter).
   std::vector<std::vector<std::pair<std::string, std::string>>> rank_env;
+  // Per-node words put in front of argv (indexed by node; may be shorter): a rank of node n
+  // runs `node_prefix[n]... argv...`, e.g. `ip netns exec <namespace>` to run a node in a
+  // network namespace of its own (scripts/netns_cluster.sh). The prefix must exec argv, so
+  // that signals to the rank reach the program.
+  std::vector<std::vector<std::string>> node_prefix;
   // If set, each rank's stdout and stderr are appended to <output_dir>/rank-<r>.log.
   std::string output_dir;
 };

@@ -1,0 +1,95 @@
+#include "testing/netns_cluster.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace cairn::testing {
+namespace {
+
+// Runs argv, collecting stdout and stderr; the exit status as a Status naming the command.
+Status RunCommand(const std::vector<std::string>& argv, std::string* out) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return Status::FromErrno(errno, "pipe");
+  const pid_t pid = ::fork();
+  if (pid < 0) return Status::FromErrno(errno, "fork");
+  if (pid == 0) {
+    ::dup2(pipefd[1], STDOUT_FILENO);
+    ::dup2(pipefd[1], STDERR_FILENO);
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::_Exit(127);
+  }
+  ::close(pipefd[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (out) *out = text;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::OK();
+  std::string cmd;
+  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  return Status::Unavailable(cmd + " failed (status " + std::to_string(status) + "): " + text);
+}
+
+}  // namespace
+
+std::string NetnsCluster::Unavailable(const std::string& script) {
+  std::string out;
+  Status st = RunCommand({"bash", script, "check"}, &out);
+  if (st.ok()) return "";
+  return out.empty() ? st.message() : out;
+}
+
+Result<std::unique_ptr<NetnsCluster>> NetnsCluster::Up(const std::string& script,
+                                                       const std::string& name, int nodes,
+                                                       const std::string& rate) {
+  std::unique_ptr<NetnsCluster> c(new NetnsCluster(script, name, nodes));
+  // The owner is this process, so that a cluster whose test was killed is swept later.
+  ::setenv("CAIRN_NETNS_OWNER", std::to_string(::getpid()).c_str(), 1);
+  std::vector<std::string> args = {"up", name, std::to_string(nodes)};
+  if (!rate.empty()) args.push_back(rate);
+  CAIRN_RETURN_IF_ERROR(c->Run(args));
+  return c;
+}
+
+NetnsCluster::~NetnsCluster() {
+  Status st = Run({"down", name_});
+  if (!st.ok()) std::fprintf(stderr, "NetnsCluster: %s\n", st.ToString().c_str());
+}
+
+Status NetnsCluster::Run(const std::vector<std::string>& args, std::string* out) const {
+  std::vector<std::string> argv = {"bash", script_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, out);
+}
+
+std::vector<std::string> NetnsCluster::node_prefix(int node) const {
+  return {"ip", "netns", "exec", name_ + "-n" + std::to_string(node)};
+}
+
+std::string NetnsCluster::address(int node) const {
+  return "10.77.0." + std::to_string(node + 1);
+}
+
+Status NetnsCluster::Cut(int node) {
+  return Run({"cut", name_, std::to_string(node)});
+}
+
+Status NetnsCluster::Heal(int node) {
+  return Run({"heal", name_, std::to_string(node)});
+}
+
+Status NetnsCluster::SetRate(int node, const std::string& rate) {
+  return Run({"rate", name_, std::to_string(node), rate});
+}
+
+}  // namespace cairn::testing

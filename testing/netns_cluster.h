@@ -1,0 +1,48 @@
+// NetnsCluster: a small cluster on this machine for tests, made and removed by
+// scripts/netns_cluster.sh: N nodes, each a network namespace with one link to a switch,
+// node i at 10.77.0.(i+1) on its eth0. A test runs its ranks inside with node_prefix()
+// (LaunchSpec::node_prefix) and partitions a node with Cut().
+// The cluster is removed when the object goes, and by the next Up() when the process that
+// made it was killed before that.
+// Thread-safety: one thread drives a cluster.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cairn/status.h"
+
+namespace cairn::testing {
+
+class NetnsCluster {
+ public:
+  // Why namespaces cannot be made on this machine ("" when they can): a test skips with it.
+  static std::string Unavailable(const std::string& script);
+  // Makes cluster `name` (unique per test: letters, digits, '-', at most 24) of `nodes`
+  // nodes; `rate` ("200mbit") limits every node link both ways, "" for none.
+  static Result<std::unique_ptr<NetnsCluster>> Up(const std::string& script,
+                                                  const std::string& name, int nodes,
+                                                  const std::string& rate = "");
+  ~NetnsCluster();  // kills what still runs inside and deletes the namespaces
+  NetnsCluster(const NetnsCluster&) = delete;
+  NetnsCluster& operator=(const NetnsCluster&) = delete;
+
+  // The words that run a program inside node `node`.
+  std::vector<std::string> node_prefix(int node) const;
+  std::string address(int node) const;
+  // Takes node `node`'s switch port down (a partition: no reset reaches anyone) / up.
+  Status Cut(int node);
+  Status Heal(int node);
+  // Sets (or, with "", removes) the rate limit of node `node`'s link, both ways.
+  Status SetRate(int node, const std::string& rate);
+
+ private:
+  NetnsCluster(std::string script, std::string name, int nodes)
+      : script_(std::move(script)), name_(std::move(name)), nodes_(nodes) {}
+  Status Run(const std::vector<std::string>& args, std::string* out = nullptr) const;
+  std::string script_, name_;
+  int nodes_;
+};
+
+}  // namespace cairn::testing
