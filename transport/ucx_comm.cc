@@ -12,12 +12,26 @@
 
 #include "core/clock.h"
 #include "core/filesystem.h"
+#include "transport/reachability.h"
 #include "transport/rendezvous.h"
 
 namespace cairn {
 namespace {
 
 constexpr Channel kHello{1};  // the transport's own: a rank's greeting with the job token
+// The sequence of a hello: a rank joining (or restarted), or one that replaced its endpoint
+// to the receiver after a failure and asks it to do the same (UcxComm::Redial).
+constexpr uint32_t kJoinHello = 0;
+constexpr uint32_t kRedialHello = 1;
+// A redial whose hello is still not delivered this long after the peer's host answered a
+// probe is replaced by a fresh one.
+constexpr int64_t kRedialRefreshNs = 10'000'000'000;
+// A replaced endpoint is closed this long after (see Redial).
+constexpr int64_t kRetiredNs = 10'000'000'000;
+// A redial hello does not replace an endpoint that delivered a hello this recently: both
+// ranks of a link that came back tend to redial at once, and each must keep the fresh
+// connection it just made (replacing it would cancel what is in flight on it).
+constexpr int64_t kFreshEndpointNs = 5'000'000'000;
 
 std::string UcsError(ucs_status_t st) {
   return ucs_status_string(st);
@@ -86,7 +100,19 @@ Status UcxComm::Init() {
     peers_[static_cast<size_t>(p)]->rank = p;
   }
   peers_[static_cast<size_t>(rank_)]->verified = true;
+  auto probe = ProbeListener::Open();
+  if (probe.ok()) {
+    probe_ = std::move(*probe);
+  } else if (log_) {
+    log_->Info("no reachability probe (" + probe.status().message() +
+               "): after a link failure, peers redial this rank without probing first");
+  }
   return Status::OK();
+}
+
+std::string UcxComm::Hello() const {
+  return token_ + "/" + std::to_string(rank_) + "/" + nonce_ + "/" +
+         (probe_ ? probe_->addresses() : std::string()) + "/" + address_;
 }
 
 UcxComm::~UcxComm() {
@@ -100,11 +126,14 @@ UcxComm::~UcxComm() {
   // Close every endpoint at once (a flush needs the peers to progress too, and they are
   // closing theirs at the same time); failed peers are closed by force.
   std::vector<UcxRequest> closing;
+  for (auto& p : peers_)
+    if (p) CloseRetired(*p, 0);
   for (auto& p : peers_) {
     if (!p || !p->ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = p->error.load() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    // (and those still connecting after a redial: nothing would flush them)
+    prm.flags = p->error.load() || p->redial ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     auto req = Own(ucp_ep_close_nbx(p->ep, &prm), p->rank, "close");
     if (req.ok() && *req) closing.push_back(std::move(*req));
     p->ep = nullptr;
@@ -118,6 +147,11 @@ UcxComm::~UcxComm() {
       done = done && ucp_request_check_status(r.req_) != UCS_INPROGRESS;
     if (!done && NowNanos() > deadline) break;
   }
+  for (auto& p : peers_)
+    if (p && p->redial && ucp_request_check_status(p->redial) != UCS_INPROGRESS) {
+      FreeLocked(p->redial);
+      p->redial = nullptr;
+    }
   if (done && abandoned_.load() > 0) {
     // UCX 1.18 aborts in ucp_cleanup ("destroying inuse region") under a send that was
     // abandoned in flight; the worker and context are left to process exit instead.
@@ -143,8 +177,12 @@ std::string UcxComm::Who(int peer) const {
   return "rank " + std::to_string(rank_) + " -> rank " + std::to_string(peer);
 }
 
-void UcxComm::OnPeerError(void* arg, ucp_ep_h, ucs_status_t status) {
+void UcxComm::OnPeerError(void* arg, ucp_ep_h ep,
+                          ucs_status_t status) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   auto* p = static_cast<Peer*>(arg);
+  // Called from ucp_worker_progress, with mu_ held. An endpoint this rank already replaced
+  // (Redial, a restarted peer) says nothing about the current one.
+  if (ep != p->ep) return;
   int expected = 0;
   if (p->error.compare_exchange_strong(expected, static_cast<int>(status)) && p->self->log_ &&
       !p->self->closing_.load())
@@ -196,8 +234,15 @@ Status UcxComm::Send(int peer, uint64_t tag, const void* buf, size_t n) {
   return FinishSend(p);
 }
 
-Status UcxComm::CheckPeer(int peer, const char* what) const {
-  if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[static_cast<size_t>(peer)]->ep)
+Status UcxComm::CheckPeer(int peer, const char* what) const CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    return Status::InvalidArgument(std::string(what) + " to rank " + std::to_string(peer) +
+                                   ": no such peer");
+  const Peer& p = *peers_[static_cast<size_t>(peer)];
+  if (!p.ep && !p.address.empty())  // (read with mu_ held by every caller)
+    return Status::Unavailable(std::string(what) + " " + Who(peer) +
+                               ": no connection (a redial found the link still down)");
+  if (!p.ep)
     return Status::InvalidArgument(std::string(what) + " to rank " + std::to_string(peer) +
                                    ": no such peer");
   if (peer_failed(peer))
@@ -434,16 +479,55 @@ Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
   return out;
 }
 
-Result<UcxComm::Incoming> UcxComm::RecvAny(Channel channel, double timeout_s) {
+Result<UcxComm::Incoming> UcxComm::RecvAny(Channel channel, double timeout_s, int source) {
   Lock lk(mu_);
   Incoming in;
   uint64_t sender_tag = 0;
-  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, static_cast<uint64_t>(channel.id) << 56,
-                                     uint64_t{0xff} << 56, -1, timeout_s, true, &sender_tag,
-                                     &in.bytes));
+  const uint64_t tag = MakeTag(channel, source >= 0 ? source : 0, 0);
+  const uint64_t mask = MakeTag(Channel{0xff}, source >= 0 ? 0xffffff : 0, 0);
+  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, tag, mask, -1, timeout_s, true, &sender_tag, &in.bytes));
   in.source = static_cast<int>((sender_tag >> 32) & 0xffffff);
   in.seq = static_cast<uint32_t>(sender_tag);
   return in;
+}
+
+bool UcxComm::Arrived(PendingRecv& recv, double timeout_s) {
+  if (!recv.status.ok() || !recv.request) return true;
+  return Await(recv.request, recv.peer, timeout_s);
+}
+
+bool UcxComm::Sent(PendingSend& send, double timeout_s) {
+  if (!send.status.ok() || !send.request) return true;
+  return Await(send.request, send.peer, timeout_s);
+}
+
+bool UcxComm::Await(UcxRequest& request, int peer, double timeout_s) {
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
+  int spins = 0;
+  Lock lk(mu_);
+  for (;;) {
+    if (ucp_request_check_status(request.req_) != UCS_INPROGRESS || peer_failed(peer)) return true;
+    if (NowNanos() > deadline) return false;
+    if (ucp_worker_progress(worker_) == 0) {
+      lk.Unlock();
+      Backoff(spins);
+      lk.Lock();
+    }
+  }
+}
+
+void UcxComm::Abandon(PendingSend& send) {
+  if (!send.request) return;
+  Lock lk(mu_);
+  if (ucp_request_check_status(send.request.req_) == UCS_INPROGRESS) {
+    // UCX 1.13 cannot cancel a send: UCX frees it when it ends (its endpoint closes).
+    ucp_request_free(send.request.release());
+    requests_.fetch_sub(1, std::memory_order_relaxed);
+    abandoned_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    Free(send.request);
+  }
+  (void)send.frame.release();  // UCX may read it until then: left to the process
 }
 
 Result<std::unique_ptr<UcxComm::MemRegion>> UcxComm::Register(void* p, size_t n) {
@@ -516,30 +600,57 @@ uint64_t UcxComm::peer_epoch(int peer) const {
 void UcxComm::CloseEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   (void)lk;
   if (!peer.ep) return;
+  CloseByForce(peer.ep, peer.rank);
+  peer.ep = nullptr;
+}
+
+void UcxComm::CloseByForce(ucp_ep_h ep, int rank) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  auto req = Own(ucp_ep_close_nbx(peer.ep, &prm), peer.rank, "close");
+  auto req = Own(ucp_ep_close_nbx(ep, &prm), rank, "close");
   if (req.ok() && *req) {
     while (ucp_request_check_status(req->req_) == UCS_INPROGRESS) ucp_worker_progress(worker_);
     Free(*req);
   }
+}
+
+void UcxComm::RetireEndpoint(Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (peer.ep || peer.redial) peer.retired.push_back({peer.ep, peer.redial, NowNanos()});
   peer.ep = nullptr;
+  peer.redial = nullptr;
+}
+
+void UcxComm::CloseRetired(Peer& peer, int64_t older_than_ns) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  const int64_t now = NowNanos();
+  for (auto it = peer.retired.begin(); it != peer.retired.end();) {
+    if (now - it->at < older_than_ns) {
+      ++it;
+      continue;
+    }
+    if (it->ep) CloseByForce(it->ep, peer.rank);  // completes its redial hello as cancelled
+    if (it->redial) FreeLocked(it->redial);
+    it = peer.retired.erase(it);
+  }
 }
 
 Status UcxComm::Greet(Lock& lk, int p, const std::string& address,
                       const std::string& nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   Peer& peer = *peers_[static_cast<size_t>(p)];
-  CloseEndpoint(lk, peer);  // an endpoint to an earlier incarnation, if any
+  DropEndpoint(lk, peer);  // an endpoint to an earlier incarnation, or a failed one, if any
   peer.error = 0;
   CAIRN_RETURN_IF_ERROR(Connected(p, address));
   peer.nonce = nonce;
-  const std::string hello = token_ + "/" + std::to_string(rank_) + "/" + nonce_ + "/" + address_;
+  peer.address = address;
+  const std::string hello = Hello();
   ucp_request_param_t prm{};
-  CAIRN_ASSIGN_OR_RETURN(UcxRequest req, Own(ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
-                                                              MakeTag(kHello, rank_, 0), &prm),
-                                             p, "hello"));
-  return WaitRequest(lk, req, p, 5.0, "hello");
+  CAIRN_ASSIGN_OR_RETURN(UcxRequest req,
+                         Own(ucp_tag_send_nbx(peer.ep, hello.data(), hello.size(),
+                                              MakeTag(kHello, rank_, kJoinHello), &prm),
+                             p, "hello"));
+  CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, p, 5.0, "hello"));
+  peer.connected_at = NowNanos();
+  return Status::OK();
 }
 
 Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce,
@@ -564,12 +675,104 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce,
   return Status::OK();
 }
 
+void UcxComm::DropEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  CloseEndpoint(lk, peer);  // by force: completes what is in flight on it as cancelled
+  if (peer.redial) {
+    FreeLocked(peer.redial);
+    peer.redial = nullptr;
+  }
+}
+
+bool UcxComm::Reachable(int p, double timeout_s) {
+  if (p < 0 || p >= size_ || p == rank_) return false;
+  std::string probe;
+  {
+    Lock lk(mu_);
+    probe = peers_[static_cast<size_t>(p)]->hello_probe;
+  }
+  return probe.empty() || cairn::Reachable(probe, timeout_s);
+}
+
+Status UcxComm::Redial(int p, double timeout_s) {
+  if (p < 0 || p >= size_ || p == rank_)
+    return Status::InvalidArgument("redial rank " + std::to_string(p) + ": no such peer");
+  Peer& peer = *peers_[static_cast<size_t>(p)];
+  std::string probe;
+  {
+    Lock lk(mu_);
+    if (peer.address.empty())
+      return Status::FailedPrecondition("redial " + Who(p) + ": never connected to it");
+    probe = peer.hello_probe;
+  }
+  // No UCX endpoint is made while the peer's host does not answer (see reachability.h).
+  if (!probe.empty() && !cairn::Reachable(probe, timeout_s))
+    return Status::Unavailable("redial " + Who(p) + ": its host (" + probe +
+                               ") did not answer a TCP handshake within " +
+                               std::to_string(timeout_s) + " s; the link is still down");
+  Lock lk(mu_);
+  // The peer redialed this rank meanwhile (both ends of a link tend to at once): its fresh
+  // connection is as good as one this rank would make, and replacing it would cancel what
+  // is in flight on it.
+  if (!peer.redial && peer.ep && !peer_failed(p) &&
+      NowNanos() - peer.connected_at < kFreshEndpointNs)
+    return Status::OK();
+  if (!peer.redial || peer_failed(p) || NowNanos() - peer.redial_at > kRedialRefreshNs) {
+    // The old endpoint is retired, not closed: closing it would reset the connection the
+    // peer's endpoint to this rank may share, and fail what is in flight there.
+    RetireEndpoint(peer);
+    peer.error = 0;
+    Status st = Connected(p, peer.address, /*may_fall_back=*/false);
+    if (!st.ok()) return Status::Unavailable("redial " + Who(p) + ": " + st.message());
+    peer.redial_hello = Hello();
+    ucp_request_param_t prm{};
+    void* r = ucp_tag_send_nbx(peer.ep, peer.redial_hello.data(), peer.redial_hello.size(),
+                               MakeTag(kHello, rank_, kRedialHello), &prm);
+    if (UCS_PTR_IS_ERR(r))
+      return Status::Unavailable("redial " + Who(p) + ": " + UcsError(UCS_PTR_STATUS(r)));
+    if (r != nullptr) {
+      requests_.fetch_add(1, std::memory_order_relaxed);
+      peer.redial = r;
+      peer.redial_at = NowNanos();
+    }
+  }
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
+  int spins = 0;
+  for (;;) {
+    // Another thread may have finished or replaced the attempt while the lock was free.
+    const ucs_status_t st = peer.redial ? ucp_request_check_status(peer.redial) : UCS_OK;
+    if (st != UCS_INPROGRESS) {
+      if (peer.redial) FreeLocked(peer.redial);
+      peer.redial = nullptr;
+      if (st != UCS_OK || peer_failed(p))
+        return Status::Unavailable(
+            "redial " + Who(p) + ": " +
+            UcsError(st != UCS_OK ? st : static_cast<ucs_status_t>(peer.error.load())));
+      peer.epoch.fetch_add(1);
+      peer.connected_at = NowNanos();
+      if (log_) log_->Info("connection to rank " + std::to_string(p) + " re-established");
+      return Status::OK();
+    }
+    if (peer_failed(p))
+      return Status::Unavailable("redial " + Who(p) + ": " +
+                                 UcsError(static_cast<ucs_status_t>(peer.error.load())));
+    if (NowNanos() > deadline)
+      return Status::Unavailable("redial " + Who(p) + ": no connection within " +
+                                 std::to_string(timeout_s) + " s (the link is still down?)");
+    if (ucp_worker_progress(worker_) == 0) {
+      lk.Unlock();
+      Backoff(spins);
+      lk.Lock();
+    }
+  }
+}
+
 namespace {
 
-// A hello: "<token>/<rank>/<nonce>/<address>" (the address is raw bytes, last). False when
-// it does not carry `token`.
+// A hello: "<token>/<rank>/<nonce>/<probe>/<address>" (probe: where its ProbeListener
+// listens, perhaps empty; the address is raw bytes, last). False when it does not carry
+// `token`.
 bool ParseHello(const std::string& got, const std::string& token, std::string* nonce,
-                std::string* address) {
+                std::string* probe, std::string* address) {
   if (got.size() <= kTokenHexBytes || got.compare(0, kTokenHexBytes, token) != 0 ||
       got[kTokenHexBytes] != '/')
     return false;
@@ -577,18 +780,21 @@ bool ParseHello(const std::string& got, const std::string& token, std::string* n
   if (r_end == std::string::npos) return false;
   const size_t n_end = got.find('/', r_end + 1);
   if (n_end == std::string::npos) return false;
+  const size_t p_end = got.find('/', n_end + 1);
+  if (p_end == std::string::npos) return false;
   *nonce = got.substr(r_end + 1, n_end - r_end - 1);
-  *address = got.substr(n_end + 1);
+  *probe = got.substr(n_end + 1, p_end - n_end - 1);
+  *address = got.substr(p_end + 1);
   return !nonce->empty() && !address->empty();
 }
 
 }  // namespace
 
-bool UcxComm::TakeHello(Lock& lk, int p, const std::string& got,
+bool UcxComm::TakeHello(Lock& lk, int p, const std::string& got, bool redial,
                         bool* restarted) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   *restarted = false;
-  std::string nonce, address;
-  if (!ParseHello(got, token_, &nonce, &address)) {
+  std::string nonce, probe, address;
+  if (!ParseHello(got, token_, &nonce, &probe, &address)) {
     if (log_)
       log_->Warning("refused a hello claiming to be rank " + std::to_string(p) +
                     ": wrong job token");
@@ -598,6 +804,7 @@ bool UcxComm::TakeHello(Lock& lk, int p, const std::string& got,
   peer.verified = true;
   peer.hello_nonce = nonce;
   peer.hello_address = address;
+  peer.hello_probe = probe;
   // An endpoint made from an older incarnation's address (a peer that restarted, or an
   // address file read before the peer rewrote it) is replaced by one to the greeter.
   if (peer.ep && nonce != peer.nonce) {
@@ -607,6 +814,22 @@ bool UcxComm::TakeHello(Lock& lk, int p, const std::string& got,
     else if (log_)
       log_->Warning("could not reconnect to restarted rank " + std::to_string(p) + ": " +
                     st.message());
+  } else if (peer.ep && redial && !peer.redial &&
+             (peer_failed(p) || NowNanos() - peer.connected_at > kFreshEndpointNs)) {
+    // The peer replaced its endpoint to this rank after a timeout or failure: ours to it
+    // may be stuck the same way (TCP backing off, or failed). Replace it by one to the
+    // address it greeted from, with a join hello (which asks nothing back).
+    RetireEndpoint(peer);
+    Status st = Greet(lk, p, address, nonce);
+    if (st.ok()) {
+      peer.epoch.fetch_add(1);
+      *restarted = true;
+      if (log_)
+        log_->Info("rank " + std::to_string(p) + " redialed after a failure; reconnected to it");
+    } else if (log_) {
+      log_->Warning("rank " + std::to_string(p) +
+                    " redialed, but reconnecting to it failed: " + st.message());
+    }
   }
   return true;
 }
@@ -620,7 +843,7 @@ bool UcxComm::Verified(Lock& lk, int p) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   Status rs =
       ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, -1, 0, false, &sender_tag, &got);
   bool restarted = false;
-  return rs.ok() && TakeHello(lk, p, got, &restarted);
+  return rs.ok() && TakeHello(lk, p, got, false, &restarted);
 }
 
 Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
@@ -689,6 +912,9 @@ int UcxComm::endpoints() const {
 std::vector<int> UcxComm::ServiceHellos() {
   std::vector<int> out;
   Lock lk(mu_);
+  if (probe_) probe_->Drain();
+  for (auto& p : peers_)
+    if (!p->retired.empty()) CloseRetired(*p, kRetiredNs);
   for (;;) {
     uint64_t sender_tag = 0;
     std::string got;
@@ -699,12 +925,13 @@ std::vector<int> UcxComm::ServiceHellos() {
     const int p = static_cast<int>((sender_tag >> 32) & 0xffffff);
     if (p < 0 || p >= size_ || p == rank_) continue;
     bool restarted = false;
-    if (TakeHello(lk, p, got, &restarted) && restarted) out.push_back(p);
+    const bool redial = static_cast<uint32_t>(sender_tag) == kRedialHello;
+    if (TakeHello(lk, p, got, redial, &restarted) && restarted) out.push_back(p);
   }
   return out;
 }
 
-Status UcxComm::Connected(int peer, const std::string& address) {
+Status UcxComm::Connected(int peer, const std::string& address, bool may_fall_back) {
   Peer& p = *peers_[static_cast<size_t>(peer)];
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -714,7 +941,7 @@ Status UcxComm::Connected(int peer, const std::string& address) {
   ep.err_handler.cb = &UcxComm::OnPeerError;
   ep.err_handler.arg = &p;
   ucs_status_t st = ucp_ep_create(worker_, &ep, &p.ep);
-  if (st == UCS_ERR_UNREACHABLE && ep.err_mode == UCP_ERR_HANDLING_MODE_PEER) {
+  if (st == UCS_ERR_UNREACHABLE && ep.err_mode == UCP_ERR_HANDLING_MODE_PEER && may_fall_back) {
     // UCX 1.13's shared-memory transports cannot report peer failures: connect without
     // that mode; a dead peer then shows up as a timeout instead of an error callback.
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
@@ -809,8 +1036,8 @@ Status UcxComm::Bootstrap(Lock& lk,
       return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
                                  std::to_string(options_.connect_timeout_s) + " s (" +
                                  rs.message() + ")");
-    std::string nonce, address;
-    if (!ParseHello(got, token_, &nonce, &address))
+    std::string nonce, probe, address;
+    if (!ParseHello(got, token_, &nonce, &probe, &address))
       return Status::FailedPrecondition("rank " + std::to_string(p) +
                                         " presented a wrong job token; refused (a process of "
                                         "another job or user?)");
@@ -818,6 +1045,7 @@ Status UcxComm::Bootstrap(Lock& lk,
     peer.verified = true;
     peer.hello_nonce = nonce;
     peer.hello_address = address;
+    peer.hello_probe = probe;
     // If we greeted an address left by a previous incarnation of p (read before p rewrote
     // its file, and a small send to it completed locally), p never heard from us: greet
     // the process that greeted us instead.

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,7 @@
 #include "core/log.h"
 #include "core/mutex.h"
 #include "transport/address_book.h"
+#include "transport/reachability.h"
 
 namespace cairn {
 
@@ -153,18 +155,46 @@ class UcxComm {
   };
   PendingRecv StartRecv(int peer, uint64_t tag, void* buf, size_t n, Auth auth = Auth::kToken);
   Status FinishRecv(PendingRecv& recv, double timeout_s);
-  // Takes the next message on `channel` from any rank. Unavailable on timeout.
+  // Drives the worker until `recv` completed (true) or `timeout_s` passed (false); never
+  // cancels it (FinishRecv then takes the result). True for a receive that failed to start.
+  bool Arrived(PendingRecv& recv, double timeout_s);
+  // The same for a send (true also when its peer failed).
+  bool Sent(PendingSend& send, double timeout_s);
+  // Gives up a send whose receiver will never take it (it said so): no wait, no cancel
+  // (UCX cannot cancel a send); UCX frees it when it ends. Its buffer must stay mapped
+  // (its bytes may still be read), and it counts as abandoned (see ~UcxComm).
+  void Abandon(PendingSend& send);
+  // Takes the next message on `channel` from any rank (or only from `source` when >= 0).
+  // Unavailable on timeout (0: look once).
   struct Incoming {
     int source = -1;
     uint32_t seq = 0;
     std::string bytes;
   };
-  Result<Incoming> RecvAny(Channel channel, double timeout_s);
+  Result<Incoming> RecvAny(Channel channel, double timeout_s, int source = -1);
   // Answers the hellos of restarted peers: verifies their token, reconnects to their new
-  // address and greets them back, so a rank that restarts can rejoin a running job.
-  // Returns the ranks reconnected. Call it regularly from a service thread.
+  // address and greets them back, so a rank that restarts can rejoin a running job; and
+  // the redial hellos of peers that replaced their endpoint to this rank (Redial): replaces
+  // the endpoint to them too. Returns the ranks reconnected. Call it regularly from a
+  // service thread.
   std::vector<int> ServiceHellos();
-  // Counts reconnections to `peer` (changes when the peer restarted).
+  // For a live peer that timed out or failed (not one that restarted: that one greets the
+  // job itself): once a TCP handshake with its host succeeds (transport/reachability.h),
+  // replaces the endpoint to it by a fresh connection to the same address and greets it
+  // with a redial hello, which makes `peer` replace its endpoint to this rank too (see
+  // ServiceHellos). An old connection may sit in TCP's retransmission back-off (up to two
+  // minutes between tries) long after the link came back, or have failed for good; a
+  // fresh one gets through as soon as the link does. OK once the hello was delivered (the
+  // link works again); Unavailable when the host did not answer within `timeout_s` (no
+  // UCX call was made) or the hello was not delivered in that time (it stays in flight; a
+  // later call waits on for it). Bumps peer_epoch(peer) on success. Call it from a thread
+  // that may block for about 2 x `timeout_s`.
+  Status Redial(int peer, double timeout_s);
+  // Whether `peer`'s host answers a TCP handshake within `timeout_s` (reachability.h);
+  // true when its hello named no probe listener (nothing to ask).
+  bool Reachable(int peer, double timeout_s);
+  // Counts reconnections to `peer` (changes when the peer restarted, redialed this rank, or
+  // this rank redialed it).
   uint64_t peer_epoch(int peer) const;
   // Receives the message carrying exactly `tag`, which `peer` sends. Unavailable if `peer`
   // fails or nothing arrives within `timeout_s`.
@@ -239,6 +269,21 @@ class UcxComm {
     // its address then (a lazy endpoint is made from it without reading the file).
     bool verified = false;
     std::string hello_nonce, hello_address;
+    std::string hello_probe;  // where its ProbeListener listens (transport/reachability.h)
+    std::string address;      // the endpoint was made to this address (guarded by mu_)
+    // A redial hello in flight on `ep` (owned, counted in requests_), and when it started.
+    void* redial = nullptr;
+    int64_t redial_at = 0;
+    std::string redial_hello;  // its bytes, which UCX reads until it completes
+    int64_t connected_at = 0;  // when a hello on `ep` was last delivered (NowNanos)
+    // Endpoints a redial replaced, with the redial hello in flight on each, closed a
+    // while later (CloseRetired).
+    struct Retired {
+      ucp_ep_h ep;
+      void* redial;
+      int64_t at;
+    };
+    std::vector<Retired> retired;
   };
   // The functions taking a Lock hold mu_ through `lk` on entry and on return, releasing it
   // around blocking UCX progress (the analysis cannot follow a lock passed by reference:
@@ -251,7 +296,14 @@ class UcxComm {
   // cancelling it on a timeout or a failed peer); `request` is empty on return.
   Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what)
       CAIRN_REQUIRES(mu_);
-  Status Connected(int peer, const std::string& address) CAIRN_REQUIRES(mu_);
+  // Drives the worker until `request` ended, `peer` failed or `timeout_s` passed (false).
+  bool Await(UcxRequest& request, int peer, double timeout_s) CAIRN_EXCLUDES(mu_);
+  // Makes the endpoint to `peer`, with peer-failure reporting when the transports allow it;
+  // `may_fall_back`: when they do not (UCX 1.13's shared memory), the job's endpoints are
+  // made without it from then on (both ends of a connection must agree). A redial never
+  // falls back: unreachable there means the link is still down.
+  Status Connected(int peer, const std::string& address, bool may_fall_back = true)
+      CAIRN_REQUIRES(mu_);
   // Reads `peer`'s address file: OK with the address and its nonce, or why not.
   void CloseEndpoint(Lock& lk, Peer& p) CAIRN_REQUIRES(mu_);
   // Replaces the endpoint to `peer` by one to `address` and sends it our hello.
@@ -271,7 +323,16 @@ class UcxComm {
   bool Verified(Lock& lk, int peer) CAIRN_REQUIRES(mu_);
   // Records a hello `got` from `peer`: false when it lacks the job token. Reconnects when
   // it comes from a new incarnation of a peer this rank holds an endpoint to (`restarted`).
-  bool TakeHello(Lock& lk, int peer, const std::string& got, bool* restarted) CAIRN_REQUIRES(mu_);
+  // A redial hello (`redial`) replaces the endpoint to a peer of the same incarnation.
+  bool TakeHello(Lock& lk, int peer, const std::string& got, bool redial, bool* restarted)
+      CAIRN_REQUIRES(mu_);
+  // Closes `peer`'s endpoint by force and frees its redial hello, if any.
+  void DropEndpoint(Lock& lk, Peer& peer) CAIRN_REQUIRES(mu_);
+  void CloseByForce(ucp_ep_h ep, int rank) CAIRN_REQUIRES(mu_);
+  // Moves `peer`'s endpoint (and its redial hello) to peer.retired.
+  void RetireEndpoint(Peer& peer) CAIRN_REQUIRES(mu_);
+  // Closes the retired endpoints of `peer` older than `older_than_ns`.
+  void CloseRetired(Peer& peer, int64_t older_than_ns) CAIRN_REQUIRES(mu_);
   // Takes ownership of what a UCX call returned: an owning handle for a request in flight
   // (counted), an empty one when it completed at once, or Unavailable naming `what` and
   // the peer when it failed to start.
@@ -300,6 +361,10 @@ class UcxComm {
   std::string address_;                                  // this worker's address
   std::string token_;
   std::string nonce_;  // of this process's address file
+  // Answers peers' reachability probes; none when it could not be made (set by Init).
+  std::optional<ProbeListener> probe_;
+  // This rank's hello: the job token, rank, nonce, probe listener and worker address.
+  std::string Hello() const;
   bool lazy_ = false;
   // Read the address of rank p (guarded by mu_; sized by Init()).
   std::vector<uint8_t> address_read_;

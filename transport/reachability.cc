@@ -1,0 +1,200 @@
+#include "transport/reachability.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/clock.h"
+
+namespace cairn {
+namespace {
+
+// "host:port" of one address (IPv6 in brackets).
+std::string Endpoint(const sockaddr* sa, int port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, text, sizeof text);
+    return std::string(text) + ":" + std::to_string(port);
+  }
+  inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, text, sizeof text);
+  return "[" + std::string(text) + "]:" + std::to_string(port);
+}
+
+// The addresses of the interfaces that are up, as endpoints at `port`; IPv6 ones only
+// when `v6` (a dual-stack listener). Loopback only when there is nothing else.
+std::string Endpoints(int port, bool v6) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string out, loopback;
+  for (const ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && !(family == AF_INET6 && v6)) continue;
+    if (family == AF_INET6) {
+      const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr;
+      if (IN6_IS_ADDR_LINKLOCAL(&a)) continue;  // needs a scope id to reach
+    }
+    std::string& to = (i->ifa_flags & IFF_LOOPBACK) ? loopback : out;
+    to += (to.empty() ? "" : ",") + Endpoint(i->ifa_addr, port);
+  }
+  freeifaddrs(list);
+  return out.empty() ? loopback : out;
+}
+
+// Parses one "host:port" endpoint.
+bool ParseEndpoint(const std::string& e, sockaddr_storage* ss, socklen_t* len) {
+  const size_t colon = e.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == e.size() || colon + 6 < e.size())
+    return false;
+  int port = 0;
+  for (size_t i = colon + 1; i < e.size(); ++i) {
+    if (e[i] < '0' || e[i] > '9') return false;
+    port = port * 10 + (e[i] - '0');
+  }
+  if (port <= 0 || port > 65535) return false;
+  std::memset(ss, 0, sizeof *ss);
+  if (e.front() == '[') {
+    if (colon < 2 || e[colon - 1] != ']') return false;
+    auto* s6 = reinterpret_cast<sockaddr_in6*>(ss);
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons(static_cast<uint16_t>(port));
+    *len = sizeof *s6;
+    return inet_pton(AF_INET6, e.substr(1, colon - 2).c_str(), &s6->sin6_addr) == 1;
+  }
+  auto* s4 = reinterpret_cast<sockaddr_in*>(ss);
+  s4->sin_family = AF_INET;
+  s4->sin_port = htons(static_cast<uint16_t>(port));
+  *len = sizeof *s4;
+  return inet_pton(AF_INET, e.substr(0, colon).c_str(), &s4->sin_addr) == 1;
+}
+
+}  // namespace
+
+Result<ProbeListener> ProbeListener::Open() {
+  ProbeListener l;
+  bool v6 = true;
+  l.fd_ = ::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (l.fd_ >= 0) {
+    int off = 0;
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    if (::setsockopt(l.fd_, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0 ||
+        ::bind(l.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(l.fd_);
+      l.fd_ = -1;
+    }
+  }
+  if (l.fd_ < 0) {  // no IPv6 here
+    v6 = false;
+    l.fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (l.fd_ < 0) return Status::FromErrno(errno, "probe listener: socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+      return Status::FromErrno(errno, "probe listener: bind");
+  }
+  if (::listen(l.fd_, 64) != 0) return Status::FromErrno(errno, "probe listener: listen");
+  sockaddr_storage bound{};
+  socklen_t n = sizeof bound;
+  if (::getsockname(l.fd_, reinterpret_cast<sockaddr*>(&bound), &n) != 0)
+    return Status::FromErrno(errno, "probe listener: getsockname");
+  const int port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  l.addresses_ = Endpoints(port, v6);
+  return l;
+}
+
+ProbeListener::ProbeListener(ProbeListener&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), addresses_(std::move(o.addresses_)) {}
+
+ProbeListener& ProbeListener::operator=(ProbeListener&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+    addresses_ = std::move(o.addresses_);
+  }
+  return *this;
+}
+
+ProbeListener::~ProbeListener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ProbeListener::Drain() {
+  for (int i = 0; i < 64 && fd_ >= 0; ++i) {
+    const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    ::close(c);
+  }
+}
+
+bool Reachable(const std::string& addresses, double timeout_s) {
+  std::vector<std::pair<sockaddr_storage, socklen_t>> targets;
+  for (size_t begin = 0; begin < addresses.size();) {
+    size_t end = addresses.find(',', begin);
+    if (end == std::string::npos) end = addresses.size();
+    sockaddr_storage ss;
+    socklen_t len = 0;
+    if (ParseEndpoint(addresses.substr(begin, end - begin), &ss, &len))
+      targets.push_back({ss, len});
+    begin = end + 1;
+  }
+  // A fresh handshake every 0.5 s: a SYN lost while the link was down is retried by the
+  // kernel only 1 s later, then 3 s, 7 s...
+  constexpr int64_t kRoundNs = 500'000'000;
+  std::vector<pollfd> fds;
+  bool reached = false;
+  const int64_t start = NowNanos(), deadline = start + static_cast<int64_t>(timeout_s * 1e9);
+  int64_t next_round = start;
+  while (!reached && !targets.empty()) {
+    const int64_t now = NowNanos();
+    if (now >= deadline) break;
+    if (now >= next_round) {
+      next_round = now + kRoundNs;
+      for (auto& [ss, len] : targets) {
+        const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0) reached = true;
+        if (errno == EINPROGRESS && !reached)
+          fds.push_back({fd, POLLOUT, 0});
+        else
+          ::close(fd);
+      }
+      if (reached) break;
+    }
+    const int64_t wait_ns = std::min(deadline, next_round) - NowNanos();
+    if (fds.empty()) {
+      if (wait_ns > 0) ::poll(nullptr, 0, static_cast<int>(wait_ns / 1'000'000) + 1);
+      continue;
+    }
+    if (::poll(fds.data(), fds.size(),
+               static_cast<int>(std::max<int64_t>(wait_ns, 0) / 1'000'000) + 1) <= 0)
+      continue;
+    for (pollfd& p : fds) {
+      if (!(p.revents & (POLLOUT | POLLERR | POLLHUP))) continue;
+      int err = 0;
+      socklen_t n = sizeof err;
+      if (::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &n) == 0 && err == 0) reached = true;
+      ::close(p.fd);
+      p.fd = -1;
+    }
+    std::erase_if(fds, [](const pollfd& p) { return p.fd < 0; });
+  }
+  for (const pollfd& p : fds) ::close(p.fd);
+  return reached;
+}
+
+}  // namespace cairn
