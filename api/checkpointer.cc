@@ -214,6 +214,9 @@ Stats Checkpointer::Impl::GetStats() const {
     s.replication.push_ms = r.last_push_ms;
     s.replication.newest_replicated_step = r.newest_replicated;
     s.replication.received = r.received;
+    s.replication.unreplicated_s = r.unreplicated_s;
+    s.replication.unreplicated_steps = r.unreplicated_steps;
+    s.replication.last_error = r.last_error;
   }
   PersisterStats p = persister_->stats();
   s.persist.persisted = p.persisted;

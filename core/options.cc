@@ -224,7 +224,8 @@ std::vector<Setting> MakeSettings() {
           "copies of every version held in other nodes' memory (0: none)"),
       Seconds("CAIRN_REPLICATE_TIMEOUT_S", &Options::replicate_timeout_s,
               "a replica holder that does not answer this long counts as down (training never "
-              "waits)"),
+              "waits); a link seen down and up again during a push is redialed at once, "
+              "without waiting this long"),
       Choice<bool>("CAIRN_PLACEMENT", &Options::group_placement, {{"ring", false}, {"group", true}},
                    "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold "
                    "each other)"),

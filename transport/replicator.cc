@@ -11,11 +11,51 @@ namespace cairn {
 namespace {
 
 constexpr uint64_t kReplChunk = 8ull << 20;
-constexpr int64_t kRetryBackoffNs = 2'000'000'000;
+// Between tries of a holder that failed: short, since a try costs a connection attempt and
+// the sender thread's time, and every try after a link came back is one the data waits for;
+// doubling from the first to the last while the holder stays down.
+constexpr int64_t kRetryBackoffNs = 250'000'000;
+constexpr int64_t kMaxRetryBackoffNs = 2'000'000'000;
+constexpr int64_t kWarnEveryNs = 30'000'000'000;
+// How long one try waits for a fresh connection to a holder that was down.
+constexpr double kRedialWaitS = 1.5;
 
 uint32_t DataSeq(uint32_t offer, uint32_t chunk) {
   return (offer & 0xffff) << 16 | chunk;
 }
+
+// Whether offer `a` was made after offer `b` by the same sender (16-bit sequence numbers
+// that wrap; a sender has far fewer than 2^15 offers in flight or in a queue).
+bool OfferAfter(uint32_t a, uint32_t b) {
+  return static_cast<int16_t>(static_cast<uint16_t>(a - b)) > 0;
+}
+
+// Watches the link to a holder while a push waits on it: once a wait has lasted 1 s, asks
+// every second whether the holder's host answers (UcxComm::Reachable). A link seen down and
+// then up again means the connection under the push may sit in TCP's retransmission
+// back-off for as long again: the push is better given up and the holder redialed than
+// waited for until the timeout. A holder that is slow on a link that stays up is waited for.
+class LinkWatch {
+ public:
+  LinkWatch(UcxComm* comm, int holder) : comm_(comm), holder_(holder) {}
+  // Call in a wait loop; `waiting_since` is when this wait began.
+  bool CameBack(int64_t waiting_since) {
+    const int64_t now = NowNanos();
+    if (now - waiting_since < 1'000'000'000 || now < next_probe_) return false;
+    const bool up = comm_->Reachable(holder_, 0.5);
+    next_probe_ = NowNanos() + 1'000'000'000;
+    if (!up) saw_down_ = true;
+    return up && saw_down_;
+  }
+
+ private:
+  UcxComm* comm_;
+  int holder_;
+  bool saw_down_ = false;
+  int64_t next_probe_ = 0;
+};
+
+constexpr double kWaitSliceS = 0.05;
 
 }  // namespace
 
@@ -41,6 +81,10 @@ Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement pla
       log_(log),
       timeout_s_(timeout_s) {
   next_offer_ = static_cast<uint32_t>(WallNanos() & 0xfff) + 1;
+  {
+    MutexLock lk(mu_);
+    last_ok_ns_ = NowNanos();
+  }
   sender_ = std::thread([this] { SenderLoop(); });
   service_ = std::thread([this] { ServiceLoop(); });
 }
@@ -78,7 +122,42 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
 
 ReplicatorStats Replicator::stats() const {
   MutexLock lk(mu_);
-  return stats_;
+  ReplicatorStats s = stats_;
+  const int64_t now = NowNanos();
+  // Behind: a push failed since the last acknowledged one, or the one in flight has taken
+  // longer than the timeout (a link that went down under it).
+  if (failing_since_ns_ != 0 ||
+      (push_started_ns_ != 0 && now - push_started_ns_ > static_cast<int64_t>(timeout_s_ * 1e9))) {
+    s.unreplicated_s = NanosToSeconds(now - last_ok_ns_);
+    s.unreplicated_steps = pending_ - stats_.newest_replicated;
+    s.last_error = last_error_.ok() ? "a push has taken longer than CAIRN_REPLICATE_TIMEOUT_S"
+                                    : last_error_.message();
+  }
+  return s;
+}
+
+void Replicator::WarnUnreplicated() {
+  const int64_t now = NowNanos();
+  if (!log_ || now - warned_ns_ < kWarnEveryNs) return;
+  warned_ns_ = now;
+  const int64_t n = stats_.newest_replicated;
+  log_->Warning("rank " + std::to_string(comm_->rank()) +
+                "'s versions have not been replicated for " +
+                std::to_string(static_cast<int>(NanosToSeconds(now - last_ok_ns_))) + " s (step " +
+                std::to_string(pending_) + " is the newest; " + std::to_string(stats_.failed) +
+                " failed pushes so far; last: " + last_error_.message() +
+                "): losing this node now would take this rank back to " +
+                (n >= 0 ? "step " + std::to_string(n) + " from memory"
+                        : "the PFS (no version of it is held by another node)"));
+}
+
+Status Replicator::Reconnect(int h) {
+  {
+    MutexLock g(mu_);
+    const HolderState& hs = holders_[h];
+    if (!hs.down || comm_->peer_epoch(h) != hs.epoch) return Status::OK();
+  }
+  return comm_->Redial(h, std::min(kRedialWaitS, timeout_s_));
 }
 
 void Replicator::SenderLoop() {
@@ -113,20 +192,28 @@ void Replicator::SenderLoop() {
     const int64_t step = ChooseReplicationStep(attempted, pending, held);
     bool all_ok = !holders.empty();
     Status last;
+    {
+      MutexLock g(mu_);
+      push_started_ns_ = NowNanos();
+    }
     auto view = local_->Pin(step);
     if (!view.ok()) {
       all_ok = false;
       last = view.status();
     } else {
       for (int h : holders) {
+        // A holder that timed out or failed, and has not greeted this rank since: its
+        // connection may be stuck or gone, so it is redialed once its host answers.
+        Status st = Reconnect(h);
         const uint64_t epoch = comm_->peer_epoch(h);
         const int64_t t0 = NowNanos();
-        Status st = Push(h, **view);
+        if (st.ok()) st = Push(h, **view);
         MutexLock g(mu_);
         HolderState& cur = holders_[h];
         if (st.ok()) {
           if (cur.down && log_) log_->Info("replication to rank " + std::to_string(h) + " resumed");
           cur.down = false;
+          cur.backoff_ns = 0;
           stats_.bytes += (*view)->header().data_bytes;
           stats_.seconds += NanosToSeconds(NowNanos() - t0);
           stats_.last_push_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
@@ -134,6 +221,9 @@ void Replicator::SenderLoop() {
           all_ok = false;
           last = st;
           ++stats_.failed;
+          if (log_)
+            log_->Debug("push of step " + std::to_string(step) + " to rank " + std::to_string(h) +
+                        " failed: " + st.message());
           if (!cur.down && log_)
             log_->Warning("replication of step " + std::to_string(step) + " to rank " +
                           std::to_string(h) +
@@ -142,7 +232,9 @@ void Replicator::SenderLoop() {
                           st.message());
           cur.down = true;
           cur.epoch = epoch;  // a reconnect during the push makes the next try immediate
-          cur.retry_at = NowNanos() + kRetryBackoffNs;
+          cur.backoff_ns =
+              std::min(kMaxRetryBackoffNs, std::max(kRetryBackoffNs, 2 * cur.backoff_ns));
+          cur.retry_at = NowNanos() + cur.backoff_ns;
         }
       }
       if (all_ok) {
@@ -156,11 +248,20 @@ void Replicator::SenderLoop() {
     }
     lk.Lock();
     attempted_ = std::max(attempted_, step);
+    push_started_ns_ = 0;
     if (all_ok) {
       ++stats_.replicated;
       stats_.newest_replicated = std::max(stats_.newest_replicated, step);
+      last_ok_ns_ = NowNanos();
+      failing_since_ns_ = 0;
+      last_error_ = Status::OK();
     } else {
       last_error_ = last;
+      if (failing_since_ns_ == 0) {
+        failing_since_ns_ = NowNanos();
+        warned_ns_ = failing_since_ns_;  // the first failure was logged as it happened
+      }
+      WarnUnreplicated();
     }
     cv_.NotifyAll();
   }
@@ -174,11 +275,29 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   const std::string who =
       "replicating step " + std::to_string(h.step) + " to rank " + std::to_string(holder);
   const std::string header = EncodeSlotHeader(h);
+  // Answers to offers this rank gave up (they arrive late after a link came back) are
+  // waiting unmatched: drop them, so they do not pile up in UCX's unexpected queue.
+  for (Channel c : {ch_.ready, ch_.ack})
+    while (comm_->RecvAny(c, 0, holder).ok()) {
+    }
   CAIRN_RETURN_IF_ERROR(
       comm_->Send(holder, MakeTag(ch_.offer, me, offer), header.data(), header.size())
           .WithContext(who));
   CAIRN_KILL_POINT("replicate.offered");
-  auto ready = comm_->Recv(holder, MakeTag(ch_.ready, holder, offer), timeout_s_);
+  LinkWatch watch(comm_, holder);
+  const Status came_back =
+      Status::Unavailable(who + ": the link to the holder went down and came back; redialing it");
+  // Waits for the answer `tag`, up to the timeout, unless the link went down and came back.
+  auto answer = [&](uint64_t tag) -> Result<std::string> {
+    const int64_t t0 = NowNanos(), deadline = t0 + static_cast<int64_t>(timeout_s_ * 1e9);
+    for (;;) {
+      const double left = NanosToSeconds(deadline - NowNanos());
+      auto got = comm_->Recv(holder, tag, std::max(0.0, std::min(kWaitSliceS * 10, left)));
+      if (got.ok() || left <= kWaitSliceS * 10 || comm_->peer_failed(holder)) return got;
+      if (watch.CameBack(t0)) return came_back;
+    }
+  };
+  auto ready = answer(MakeTag(ch_.ready, holder, offer));
   if (!ready.ok()) return ready.status().WithContext(who);
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
   const uint64_t n = h.data_bytes;
@@ -190,15 +309,29 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
                                      view.data() + b, len, UcxComm::Auth::kContent));
   }
   Status first;
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
+  const int64_t sending_since = NowNanos();
+  const int64_t deadline = sending_since + static_cast<int64_t>(timeout_s_ * 1e9);
   for (auto& s : sends) {
-    Status st = comm_->FinishSend(s, std::max(0.01, NanosToSeconds(deadline - NowNanos())));
-    if (first.ok()) first = st;
+    // The holder answers before the last byte only when it gave the transfer up (its wait
+    // ran out while a link was down, and this rank got its READY late): the rest would
+    // never be taken, so stop waiting for it.
+    while (first.ok() && !comm_->Sent(s, kWaitSliceS) && NowNanos() < deadline) {
+      auto early = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), 0);
+      if (early.ok())
+        first = Status::Unavailable(who + ": the holder gave the transfer up: " + *early);
+      else if (watch.CameBack(sending_since))
+        first = came_back;
+    }
+    if (!first.ok()) {
+      comm_->Abandon(s);
+      continue;
+    }
+    first = comm_->FinishSend(s, std::max(0.01, NanosToSeconds(deadline - NowNanos())));
   }
   CAIRN_RETURN_IF_ERROR(first.WithContext(who));
   CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
-  auto ack = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), timeout_s_);
+  auto ack = answer(MakeTag(ch_.ack, holder, offer));
   if (!ack.ok()) return ack.status().WithContext(who);
   if (*ack != "ok") return Status::Unavailable(who + ": " + *ack);
   MutexLock g(mu_);
@@ -207,22 +340,53 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
 }
 
 void Replicator::ServiceLoop() {
+  std::optional<UcxComm::Incoming> next;  // an offer that superseded the one answered
   for (;;) {
     {
       MutexLock lk(mu_);
       if (stop_) return;
     }
     comm_->ServiceHellos();
-    auto in = comm_->RecvAny(ch_.offer, 0.05);
-    if (in.ok()) HandleOffer(*in);
+    std::optional<UcxComm::Incoming> in = std::move(next);
+    next.reset();
+    if (!in) {
+      auto got = comm_->RecvAny(ch_.offer, 0.05);
+      if (!got.ok()) continue;
+      in = std::move(*got);
+    }
+    // A sender has one push in flight per holder: of the offers of one rank waiting here
+    // (a link that was down delivers the given-up ones late, perhaps after newer ones on a
+    // fresh connection), only the newest is still wanted.
+    while (auto other = TakeOffer(in->source, in->seq))
+      if (OfferAfter(other->seq, in->seq)) in = std::move(other);
+    HandleOffer(*in, &next);
   }
 }
 
-void Replicator::HandleOffer(UcxComm::Incoming& in) {
+std::optional<UcxComm::Incoming> Replicator::TakeOffer(int src, uint32_t current) {
+  auto got = comm_->RecvAny(ch_.offer, 0, src);
+  if (!got.ok()) return std::nullopt;
+  if (log_)
+    log_->Debug(OfferAfter(got->seq, current)
+                    ? "offer " + std::to_string(current) + " from rank " + std::to_string(src) +
+                          " superseded by offer " + std::to_string(got->seq)
+                    : "offer " + std::to_string(got->seq) + " from rank " + std::to_string(src) +
+                          " arrived after offer " + std::to_string(current) + ": dropped");
+  return std::move(*got);
+}
+
+void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next) {
   const int src = in.source;
   const uint32_t offer = in.seq;
+  // A sender that redialed this rank sent its redial hello before this offer: take it
+  // first, so that the answers go over a fresh connection, not one TCP still backs off on.
+  comm_->ServiceHellos();
+  // An answer the sender does not get within its timeout is one it no longer waits for:
+  // never hold this thread longer (a send queued behind a connection that is down).
   auto reply = [&](Channel channel, const std::string& text) {
-    (void)comm_->Send(src, MakeTag(channel, comm_->rank(), offer), text.data(), text.size());
+    UcxComm::PendingSend s =
+        comm_->StartSend(src, MakeTag(channel, comm_->rank(), offer), text.data(), text.size());
+    (void)comm_->FinishSend(s, timeout_s_);
   };
   auto refuse = [&](const std::string& why) {
     {
@@ -294,7 +458,22 @@ void Replicator::HandleOffer(UcxComm::Incoming& in) {
       if (recvs[c].request) (void)comm_->FinishRecv(recvs[c], 0.001);
       continue;
     }
-    st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    // A newer offer from the sender means it gave this one up (its wait timed out,
+    // perhaps while the link was down): stop waiting for bytes that will not come, and
+    // answer that one next. An older one (late from a link that was down) is dropped.
+    while (!comm_->Arrived(recvs[c], 0.05) && NowNanos() < deadline) {
+      auto other = TakeOffer(src, offer);
+      if (other && OfferAfter(other->seq, offer)) {
+        *next = std::move(other);
+        st = Status::Unavailable("rank " + std::to_string(src) +
+                                 " sent a newer offer: it gave this one up");
+        break;
+      }
+    }
+    if (st.ok())
+      st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    else
+      (void)comm_->FinishRecv(recvs[c], 0.001);  // cancels it
     if (st.ok() && c + kWindow < chunks) post(c + kWindow);
     MutexLock vl(vmu);
     if (st.ok())

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,11 @@ struct ReplicatorStats {
   int64_t newest_replicated = -1;
   uint64_t received = 0;  // replicas this rank accepted and published for others
   uint64_t refused = 0;   // offers or transfers this rank turned down
+  // While pushes fail: seconds since the first failure after the last success, steps
+  // captured after newest_replicated, and the last failure (see cairn::ReplicationStats).
+  double unreplicated_s = 0;
+  int64_t unreplicated_steps = 0;
+  std::string last_error;
 };
 
 // The message channels of the protocol above (handed out by the composition root).
@@ -85,7 +91,15 @@ class Replicator {
   void SenderLoop();
   void ServiceLoop();
   Status Push(int holder, const HostTier::View& view);
-  void HandleOffer(UcxComm::Incoming& in);
+  // For a holder that is down and has not greeted this rank since: redials it once its host
+  // answers (UcxComm::Redial), or fails at once. OK when it is not down.
+  Status Reconnect(int holder);
+  // Answers offer `in`; a newer offer from the same sender that makes it give this one
+  // up is left in *next.
+  void HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next);
+  // Takes a waiting offer of rank `src`, if any, logging whether it supersedes offer
+  // `current` or is older.
+  std::optional<UcxComm::Incoming> TakeOffer(int src, uint32_t current);
 
   UcxComm* comm_;
   const ReplicatorChannels ch_;
@@ -101,11 +115,18 @@ class Replicator {
   int64_t pending_ CAIRN_GUARDED_BY(mu_) = -1;    // newest step announced
   int64_t attempted_ CAIRN_GUARDED_BY(mu_) = -1;  // newest step whose pushes have all been tried
   Status last_error_ CAIRN_GUARDED_BY(mu_);
+  int64_t failing_since_ns_ CAIRN_GUARDED_BY(mu_) = 0;  // 0 while the last push succeeded
+  int64_t last_ok_ns_ CAIRN_GUARDED_BY(mu_) = 0;        // the last acknowledged push (or start)
+  int64_t push_started_ns_ CAIRN_GUARDED_BY(mu_) = 0;   // the pushes in flight (0: none)
+  int64_t warned_ns_ CAIRN_GUARDED_BY(mu_) = 0;         // the last "not replicated" warning
+  // Logs, at most every kWarnEveryNs, that this rank's newest versions live on this node only.
+  void WarnUnreplicated() CAIRN_REQUIRES(mu_);
   ReplicatorStats stats_ CAIRN_GUARDED_BY(mu_);
   struct HolderState {
     bool down = false;
-    uint64_t epoch = 0;    // comm epoch when it went down
-    int64_t retry_at = 0;  // NowNanos after which to try again anyway
+    uint64_t epoch = 0;      // comm epoch when it went down
+    int64_t retry_at = 0;    // NowNanos after which to try again anyway
+    int64_t backoff_ns = 0;  // the last wait before retry_at (doubles while down)
   };
   std::map<int, HolderState> holders_ CAIRN_GUARDED_BY(mu_);
   std::atomic<uint32_t> next_offer_{1};

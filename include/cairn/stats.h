@@ -44,8 +44,19 @@ struct ReplicationStats {
   double gbps = 0;     // bytes / time in acknowledged pushes
   double ack_ms = 0;   // last data sent -> its acknowledgement, last push
   double push_ms = 0;  // offer -> acknowledgement, last acknowledged push
+  // The newest step of this rank that another node holds: what losing this node now would
+  // take this rank back to from memory (-1: none; then the PFS).
   int64_t newest_replicated_step = -1;
   uint64_t received = 0;  // versions of other ranks this rank holds
+  // While replication is behind (a push failed since the last acknowledged one, or the one
+  // in flight has taken longer than CAIRN_REPLICATE_TIMEOUT_S: a holder dead, cut off or
+  // slow): seconds since the last acknowledged push, how many steps were captured after
+  // newest_replicated_step (they live on this node only), and why. 0, 0 and "" while
+  // replication keeps up. A warning repeats every 30 s meanwhile, and `cairn ls` shows it
+  // (docs/guarantees.md, "A link that goes down and comes back").
+  double unreplicated_s = 0;
+  int64_t unreplicated_steps = 0;
+  std::string last_error;
 };
 
 // Host slots -> the PFS (PERSISTED; CAIRN_PERSIST_EVERY, flush()).
