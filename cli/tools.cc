@@ -11,7 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <iterator>
+#include <map>
+#include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -148,6 +152,116 @@ void Progress(const std::string& what, uint64_t done, uint64_t total) {
   if (done == total) std::fprintf(stderr, "\r%*s\r", width + 60, "");
 }
 
+// The restorable steps (CAPTURED or later) of every rank's own tier and of every replica,
+// from a host-tier job directory's subdirectories.
+struct HostTreeSteps {
+  int world = 0;                                             // of the job that saved them
+  std::map<int, int> node_of;                                // rank -> its node
+  std::map<int, std::set<int64_t>> own;                      // rank -> steps on its node
+  std::map<int, std::map<int, std::set<int64_t>>> replicas;  // rank -> holder node -> steps
+};
+
+HostTreeSteps ScanHostTree(FileSystem* fs, const std::string& job_dir,
+                           const std::vector<std::string>& dirs) {
+  HostTreeSteps t;
+  const std::regex own_re(R"(node-(\d+)/rank-(\d+))"), rep_re(R"(node-(\d+)/replica/rank-(\d+))");
+  for (const std::string& d : dirs) {
+    const std::string rel = d.substr(job_dir.size() + 1);
+    std::smatch m;
+    const bool is_own = std::regex_match(rel, m, own_re);
+    if (!is_own && !std::regex_match(rel, m, rep_re)) continue;
+    const int node = std::stoi(m[1].str()), rank = std::stoi(m[2].str());
+    std::vector<std::string> problems;
+    auto v = HostTier::Scan(fs, d, &problems);
+    std::set<int64_t> steps;
+    if (v.ok())
+      for (const VersionInfo& x : *v) {
+        t.world = std::max(t.world, static_cast<int>(x.world_size));
+        if (x.state != VersionState::kCapturing)
+          steps.insert(x.step);  // a torn one restores nothing
+      }
+    if (is_own) {
+      t.node_of[rank] = node;
+      t.own[rank] = std::move(steps);
+    } else {
+      t.replicas[rank][node] = std::move(steps);
+    }
+  }
+  return t;
+}
+
+// The newest step of `steps`, or "none".
+std::string Newest(const std::set<int64_t>& steps) {
+  return steps.empty() ? "none" : std::to_string(*steps.rbegin());
+}
+
+// What survives the loss of one node, from memory: per rank its newest step and the newest
+// one another node holds a replica of, then per node the newest step every rank could
+// restore were that node lost (one that its ranks' replicas on other nodes and every other
+// rank's own tier all hold). Needs every node's tree (a host root the nodes share, as on
+// one machine); with only some, it says what this tree holds.
+void PrintReplication(FileSystem* fs, const std::string& job_dir,
+                      const std::vector<std::string>& dirs) {
+  const HostTreeSteps t = ScanHostTree(fs, job_dir, dirs);
+  std::set<int> nodes;
+  for (const auto& [r, n] : t.node_of) nodes.insert(n);
+  for (const auto& [r, by_node] : t.replicas)
+    for (const auto& [n, steps] : by_node) nodes.insert(n);
+  if (nodes.size() < 2 && t.replicas.empty()) return;  // one node: nothing is replicated
+  const bool whole = t.world > 0 && static_cast<int>(t.node_of.size()) == t.world;
+  if (!whole) {
+    std::printf(
+        "replication (this tree holds %zu of %d ranks' own tiers; `cairn ls` on a host "
+        "root every node shares tells what losing a node leaves):\n",
+        t.node_of.size(), t.world);
+    for (const auto& [rank, by_node] : t.replicas)
+      for (const auto& [node, steps] : by_node)
+        std::printf("  node-%d holds replicas of rank %d up to step %s\n", node, rank,
+                    Newest(steps).c_str());
+    return;
+  }
+  std::printf("replication (what losing one node leaves in memory):\n");
+  for (const auto& [rank, node] : t.node_of) {
+    std::set<int64_t> elsewhere;
+    auto r = t.replicas.find(rank);
+    if (r != t.replicas.end())
+      for (const auto& [n, steps] : r->second)
+        if (n != node) elsewhere.insert(steps.begin(), steps.end());
+    const std::set<int64_t>& mine = t.own.at(rank);
+    std::string behind;
+    if (!mine.empty() && (elsewhere.empty() || *mine.rbegin() > *elsewhere.rbegin()))
+      behind = "  <- steps after " + Newest(elsewhere) + " live on node-" + std::to_string(node) +
+               " only";
+    std::printf("  rank %d (node-%d): newest step %s, newest held by another node: %s%s\n", rank,
+                node, Newest(mine).c_str(), Newest(elsewhere).c_str(), behind.c_str());
+  }
+  for (int lost : nodes) {
+    std::optional<std::set<int64_t>> common;  // steps every rank can get with `lost` gone
+    for (const auto& [rank, node] : t.node_of) {
+      std::set<int64_t> avail;
+      if (node != lost) {
+        avail = t.own.at(rank);
+      } else if (auto r = t.replicas.find(rank); r != t.replicas.end()) {
+        for (const auto& [n, steps] : r->second)
+          if (n != lost) avail.insert(steps.begin(), steps.end());
+      }
+      if (common) {
+        std::set<int64_t> both;
+        std::set_intersection(common->begin(), common->end(), avail.begin(), avail.end(),
+                              std::inserter(both, both.begin()));
+        avail = std::move(both);
+      }
+      common = std::move(avail);
+    }
+    if (common && !common->empty())
+      std::printf("  losing node-%d: every rank can restore step %lld from memory\n", lost,
+                  static_cast<long long>(*common->rbegin()));
+    else
+      std::printf("  losing node-%d: no step every rank holds in memory (restore from the PFS)\n",
+                  lost);
+  }
+}
+
 }  // namespace
 
 int LsMain(int argc, char** argv) {
@@ -215,6 +329,7 @@ int LsMain(int argc, char** argv) {
     for (const std::string& p : problems) std::printf("    (%s)\n", p.c_str());
     if (v->empty() && problems.empty()) std::printf("    (empty)\n");
   }
+  PrintReplication(fs, path, dirs);
   return 0;
 }
 

@@ -1,4 +1,5 @@
-// Logger: leveled messages to stderr, prefixed with the rank they come from.
+// Logger: leveled messages to stderr, prefixed with the rank they come from and the local
+// wall time ("[cairn rank 3 14:02:07.512] warning: ...").
 // Each Checkpointer owns one; there is no global logger.
 // Thread-safety: Log() may be called from any thread (one write(2) per line).
 #pragma once
