@@ -56,6 +56,11 @@ cmd_check() {
     echo "cannot make a bridge inside a network namespace: $err"
     return 1
   fi
+  if ! err=$(ip netns exec "$probe" true 2>&1); then
+    ip netns del "$probe" 2>/dev/null || true
+    echo "cannot run a program inside a network namespace: $err"
+    return 1
+  fi
   ip netns del "$probe"
 }
 

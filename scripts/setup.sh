@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev
           libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev libbenchmark-dev
           libucx-dev ucx-utils python3-numpy python3-dev pybind11-dev python3-torch
-          libcli11-dev nlohmann-json3-dev libpmix-dev openmpi-bin)
+          libcli11-dev nlohmann-json3-dev libpmix-dev openmpi-bin iproute2)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

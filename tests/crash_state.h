@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cairn/tensor.h"
@@ -28,18 +29,21 @@ struct CrashState {
            CheckPattern(b.data(), b.size() * 4, Seed(t, 2)) &&
            CheckPattern(c.data(), c.size() * 8, Seed(t, 3));
   }
-  std::vector<ShardSpec> Shards() {
+  // The tensors "a", "b", "c", their names prefixed with `prefix`.
+  std::vector<ShardSpec> Shards(const std::string& prefix = "") {
     std::vector<ShardSpec> s;
-    s.push_back(ShardSpec::Whole({"a", DType::kU8, {static_cast<int64_t>(a.size())}}, a.data()));
+    s.push_back(
+        ShardSpec::Whole({prefix + "a", DType::kU8, {static_cast<int64_t>(a.size())}}, a.data()));
     // b: rows [4, 4 + n/64) of a (n/64 + 8) x 64 matrix.
     ShardSpec bs;
-    bs.meta = {"b", DType::kF32, {static_cast<int64_t>(b.size() / 64 + 8), 64}};
+    bs.meta = {prefix + "b", DType::kF32, {static_cast<int64_t>(b.size() / 64 + 8), 64}};
     bs.box = Box{{4, 0}, {static_cast<int64_t>(b.size() / 64), 64}};
     bs.data = b.data();
     s.push_back(bs);
     // c: a flat range of a larger 3-d tensor.
     const int64_t n = static_cast<int64_t>(c.size());
-    auto f = ShardSpec::FromFlatRange({"c", DType::kF64, {3, 7, n / 7 + 1}}, 5, 5 + n, c.data());
+    auto f = ShardSpec::FromFlatRange({prefix + "c", DType::kF64, {3, 7, n / 7 + 1}}, 5, 5 + n,
+                                      c.data());
     for (auto& x : *f) s.push_back(x);
     return s;
   }

@@ -1,14 +1,20 @@
 // A rank of the replication tests, started by LocalLauncher.
 //
 //   replicate_child STEPS STATE_BYTES SLEEP_MS
-//
-// Saves STEPS versions (continuing after the newest one a previous incarnation left) of a
-// state whose bytes are a function of (step, rank), one every SLEEP_MS, and prints per step
-// "step T stall_ms S replicated R failed F", then waits for the newest version to be
-// replicated and prints "final ...". Exit 0 when that last replication succeeded.
+//       Saves STEPS versions (continuing after the newest one a previous incarnation left)
+//       of a state whose bytes are a function of (step, rank), one every SLEEP_MS, and
+//       prints per step "step T stall_ms S replicated R failed F newest N wall W
+//       unreplicated_s U" (N: the newest replicated step, W: the wall clock in seconds, U:
+//       Stats' replication.unreplicated_s), then waits for the newest
+//       version to be replicated and prints "final ...". Exit 0 when that last replication
+//       succeeded.
+//   replicate_child restore STATE_BYTES
+//       Restores the newest version every rank can restore, checks every byte, prints
+//       "restored T tier X received B"; exit 0 when exact.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "cairn/checkpointer.h"
@@ -18,7 +24,35 @@
 
 using namespace cairn;
 
+// Every rank saves tensors of its own (rank-named): a restore must not take one rank's
+// bytes for another's, as it may for a tensor two ranks hold the same box of.
+std::string Prefix(int rank) {
+  return "r" + std::to_string(rank) + ".";
+}
+
+int Restore(size_t bytes) {
+  Options opts;
+  auto ck = testing::OpenFromEnvironmentOrExit("replicate_child", &opts);
+  testing::CrashState s(bytes);
+  auto r = ck->restore(s.Shards(Prefix(opts.rank)));
+  if (!r.ok()) {
+    std::fprintf(stderr, "replicate_child: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  if (!s.Holds(r->step * 64 + opts.rank)) {
+    std::fprintf(stderr,
+                 "replicate_child: restored step %lld (tier %s) differs from what was saved\n",
+                 static_cast<long long>(r->step), r->tier.c_str());
+    return 1;
+  }
+  std::printf("restored %lld tier %s received %llu\n", static_cast<long long>(r->step),
+              r->tier.c_str(), static_cast<unsigned long long>(r->bytes_received));
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "restore")
+    return Restore(std::strtoull(argv[2], nullptr, 10));
   if (argc != 4) return 2;
   const int64_t steps = std::atoll(argv[1]);
   const size_t bytes = std::strtoull(argv[2], nullptr, 10);
@@ -36,17 +70,21 @@ int main(int argc, char** argv) {
     if (!fs.ok()) std::fprintf(stderr, "replicate_child: %s\n", fs.ToString().c_str());
     s.Fill(t * 64 + opts.rank);
     const int64_t s0 = NowNanos();
-    auto out = c.save(t, s.Shards());
+    auto out = c.save(t, s.Shards(Prefix(opts.rank)));
     const int64_t s1 = NowNanos();
     if (!out.ok()) {
       std::fprintf(stderr, "replicate_child: %s\n", out.status().ToString().c_str());
       return 1;
     }
     Stats st = c.stats();
-    std::printf("step %lld stall_ms %.3f replicated %llu failed %llu\n", static_cast<long long>(t),
-                NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3,
-                static_cast<unsigned long long>(st.replication.replicated),
-                static_cast<unsigned long long>(st.replication.failed));
+    std::printf(
+        "step %lld stall_ms %.3f replicated %llu failed %llu newest %lld wall %.3f unreplicated_s "
+        "%.3f\n",
+        static_cast<long long>(t), NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3,
+        static_cast<unsigned long long>(st.replication.replicated),
+        static_cast<unsigned long long>(st.replication.failed),
+        static_cast<long long>(st.replication.newest_replicated_step), NanosToSeconds(WallNanos()),
+        st.replication.unreplicated_s);
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   }

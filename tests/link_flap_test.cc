@@ -1,0 +1,344 @@
+// A link that goes down and comes back: two one-rank nodes, each in a network namespace of
+// its own on a switch (scripts/netns_cluster.sh), UCX over tcp between them, a save every
+// 100 ms. Node 1's switch port is taken down (no reset reaches anyone) for half the
+// replicate timeout and for twice it, once between pushes and once while a push is on the
+// wire (a rate-limited link keeps one there all the time). After each cut, both directions
+// must replicate a new version within a bound of the link's return that does not depend on
+// the timeout (kBoundS), Stats and `cairn ls` must say while a cut lasts that the newest
+// steps live on one node only, and training never waits for the network. At the end node
+// 1's memory is wiped and the job restores: node 1's rank from its partner's replica, of
+// the step `cairn ls` predicted, at most the bound behind the newest it saved.
+// CI runs it with a 3 s timeout; scripts/link_flap.sh runs the full form (30 s).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cli/launcher.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+#include "testing/netns_cluster.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+// CAIRN_REPLICATE_TIMEOUT_S: 3 s in CI; scripts/link_flap.sh runs the full form at the
+// default of 30 s (CAIRN_FLAP_TIMEOUT_S=30).
+const double kTimeoutS = [] {
+  const char* e = std::getenv("CAIRN_FLAP_TIMEOUT_S");
+  return e ? std::atof(e) : 3.0;
+}();
+// Replication resumes within this of the link's return, whatever the timeout: 5 s
+// (docs/guarantees.md) and 1 s for the push itself (12 MiB at 200 Mbit/s) and the 100 ms
+// between the lines that show it. CAIRN_FLAP_BOUND_S overrides it (sanitizer builds, whose
+// every thread runs several times slower).
+const double kBoundS = [] {
+  const char* e = std::getenv("CAIRN_FLAP_BOUND_S");
+  return e ? std::atof(e) : 6.0;
+}();
+constexpr int kSleepMs = 100;            // between saves
+constexpr size_t kStateBytes = 8 << 20;  // replicate_child's STATE_BYTES (12 MiB saved)
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Line {
+  int64_t step = 0;
+  double stall_ms = 0;
+  int64_t newest = -1;  // newest replicated step
+  double wall = 0;
+  double unreplicated_s = 0;  // Stats
+};
+
+std::vector<Line> Lines(const std::string& log) {
+  std::vector<Line> out;
+  std::istringstream in(log);
+  std::string s;
+  while (std::getline(in, s)) {
+    Line l;
+    long long t = 0, n = 0;
+    unsigned long long r = 0, f = 0;
+    if (std::sscanf(s.c_str(),
+                    "step %lld stall_ms %lf replicated %llu failed %llu newest %lld wall %lf "
+                    "unreplicated_s %lf",
+                    &t, &l.stall_ms, &r, &f, &n, &l.wall, &l.unreplicated_s) == 7) {
+      l.step = t;
+      l.newest = n;
+      out.push_back(l);
+    }
+  }
+  return out;
+}
+
+// `cairn ls DIR`'s output.
+std::string Ls(const std::string& dir) {
+  std::string out;
+  FILE* p = ::popen((std::string(CAIRN_CLI) + " ls " + dir + " 2>&1").c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+// A wall time as the logs show it (core/log.cc): local HH:MM:SS.mmm.
+std::string Clock(double wall_s) {
+  const time_t t = static_cast<time_t>(wall_s);
+  tm local{};
+  localtime_r(&t, &local);
+  char out[32];
+  std::snprintf(out, sizeof out, "%02d:%02d:%02d.%03d", local.tm_hour, local.tm_min, local.tm_sec,
+                static_cast<int>((wall_s - static_cast<double>(t)) * 1000));
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+class LinkFlap : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    script_ = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
+    const std::string why = testing::NetnsCluster::Unavailable(script_);
+    if (!why.empty()) {
+      if (std::getenv("CAIRN_REQUIRE_NETNS")) FAIL() << "CAIRN_REQUIRE_NETNS is set, but: " << why;
+      GTEST_SKIP() << "network namespaces cannot be made here: " << why;
+    }
+  }
+  std::string log(int rank) const {
+    return ReadFile(root_->path() + "/rank-" + std::to_string(rank) + ".log");
+  }
+  // Waits until both ranks have logged a step after wall time `t`; their lines.
+  std::vector<Line> LinesAfter(int rank, double t) const {
+    std::vector<Line> out;
+    for (const Line& l : Lines(log(rank)))
+      if (l.wall >= t) out.push_back(l);
+    return out;
+  }
+
+  std::string script_;
+  std::unique_ptr<testing::TempDir> root_;
+};
+
+struct CutResult {
+  double resume_s[2] = {-1, -1};  // link's return -> first newly replicated version, per rank
+  std::vector<double> stalls_ms;  // training stalls while the link was down
+  std::vector<double> before_ms;  // ... and as long before the cut (the reference)
+  double cut_at = 0, healed = 0;
+};
+
+TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerThanTheTimeout) {
+  root_ = std::make_unique<testing::TempDir>("flap");
+  const std::string job = testing::UniqueJobId("flap");
+  const std::string name =
+      "lf" + std::to_string(::getpid() % 100000) + "-" + std::to_string(NowNanos() % 100000);
+  auto cluster = testing::NetnsCluster::Up(script_, name, 2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  LaunchSpec spec;
+  spec.nodes = 2;
+  spec.ranks_per_node = 1;
+  spec.node_prefix = {(*cluster)->node_prefix(0), (*cluster)->node_prefix(1)};
+  spec.argv = {CAIRN_REPLICATE_CHILD, "1000000", std::to_string(kStateBytes),
+               std::to_string(kSleepMs)};
+  spec.output_dir = root_->path();
+  spec.env = {{"CAIRN_JOB_ID", job},
+              {"CAIRN_HOST_ROOT", root_->path() + "/host"},
+              {"CAIRN_PFS_ROOT", root_->path() + "/pfs"},
+              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+              {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
+              {"CAIRN_PERSIST_EVERY", "0"},
+              {"CAIRN_SLOTS", "4"},
+              {"CAIRN_LOG_LEVEL", "3"},
+              {"UCX_TLS", "tcp"},
+              {"UCX_NET_DEVICES", "eth0"}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto running = [&] { return (*l)->Running() == 2; };
+  auto dump = [&] { return "\n--- rank 0:\n" + log(0) + "\n--- rank 1:\n" + log(1); };
+
+  // Both directions replicate before anything is cut.
+  const double start = NanosToSeconds(WallNanos());
+  for (;;) {
+    ASSERT_TRUE(running()) << dump();
+    auto a = Lines(log(0)), b = Lines(log(1));
+    if (!a.empty() && !b.empty() && a.back().newest >= 5 && b.back().newest >= 5) break;
+    ASSERT_LT(NanosToSeconds(WallNanos()) - start, 60) << "replication never started" << dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+
+  // Cuts node 1 off for `cut_s`; returns when both ranks replicated again (or the wait ran
+  // out: the resume time stays -1).
+  auto flap = [&](double cut_s, bool during_push) {
+    CutResult res;
+    if (!during_push) {
+      // Right after a version reached the partner: no push is on the wire.
+      const int64_t seen = Lines(log(1)).back().newest;
+      const double t0 = NanosToSeconds(WallNanos());
+      while (Lines(log(1)).back().newest == seen && NanosToSeconds(WallNanos()) - t0 < 10)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const double cut_at = NanosToSeconds(WallNanos());
+    EXPECT_TRUE((*cluster)->Cut(1).ok());
+    std::this_thread::sleep_for(std::chrono::duration<double>(cut_s));
+    if (cut_s > kTimeoutS) {
+      // A cut past the timeout is visible: in Stats and in `cairn ls`.
+      for (int r = 0; r < 2; ++r)
+        EXPECT_GT(Lines(log(r)).back().unreplicated_s, 0) << "rank " << r << "'s Stats" << dump();
+      const std::string ls = Ls(root_->path() + "/host/" + job);
+      for (const char* want : {"live on node-0 only", "live on node-1 only"})
+        EXPECT_NE(ls.find(want), std::string::npos) << want << "\n" << ls;
+    }
+    EXPECT_TRUE((*cluster)->Heal(1).ok());
+    const double healed = NanosToSeconds(WallNanos());
+    res.cut_at = cut_at;
+    res.healed = healed;
+    int64_t before[2];
+    for (int r = 0; r < 2; ++r) {
+      before[r] = -1;
+      for (const Line& x : Lines(log(r)))
+        if (x.wall <= healed) before[r] = std::max(before[r], x.newest);
+    }
+    while (NanosToSeconds(WallNanos()) - healed < 3 * kBoundS &&
+           (res.resume_s[0] < 0 || res.resume_s[1] < 0) && running()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int r = 0; r < 2; ++r)
+        for (const Line& x : LinesAfter(r, healed))
+          if (res.resume_s[r] < 0 && x.newest > before[r]) res.resume_s[r] = x.wall - healed;
+    }
+    for (int r = 0; r < 2; ++r)
+      for (const Line& x : Lines(log(r))) {
+        if (x.wall >= cut_at && x.wall <= healed) res.stalls_ms.push_back(x.stall_ms);
+        if (x.wall < cut_at && x.wall >= cut_at - (healed - cut_at))
+          res.before_ms.push_back(x.stall_ms);
+      }
+    return res;
+  };
+
+  struct Case {
+    const char* what;
+    double cut_s;
+    bool during_push;
+  };
+  const Case cases[] = {{"0.5 x timeout, between pushes", 0.5 * kTimeoutS, false},
+                        {"2 x timeout, between pushes", 2 * kTimeoutS, false},
+                        {"0.5 x timeout, during a push", 0.5 * kTimeoutS, true},
+                        {"2 x timeout, during a push", 2 * kTimeoutS, true}};
+  for (const Case& c : cases) {
+    if (c.during_push) {
+      // 12 MiB at 200 Mbit/s: every push takes half a second, so one is always on the wire.
+      ASSERT_TRUE((*cluster)->SetRate(1, "200mbit").ok());
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+    CutResult r = flap(c.cut_s, c.during_push);
+    if (c.during_push) {
+      ASSERT_TRUE((*cluster)->SetRate(1, "").ok());
+    }
+    const auto max_of = [](const std::vector<double>& v) {
+      return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+    };
+    const double stall_max = max_of(r.stalls_ms);
+    std::printf(
+        "cut %s (%.1f s): replication resumed rank 0 -> 1 after %.2f s, rank 1 -> 0 after "
+        "%.2f s; stall during the cut median %.2f ms, max %.2f ms (as long before it: median "
+        "%.2f ms, max %.2f ms); link down %s - %s\n",
+        c.what, c.cut_s, r.resume_s[0], r.resume_s[1], Median(r.stalls_ms), stall_max,
+        Median(r.before_ms), max_of(r.before_ms), Clock(r.cut_at).c_str(), Clock(r.healed).c_str());
+    ASSERT_TRUE(running()) << dump();
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_GE(r.resume_s[rank], 0)
+          << "cut " << c.what << ": rank " << rank << " never replicated again within "
+          << 3 * kBoundS << " s of the link's return" << dump();
+      EXPECT_LE(r.resume_s[rank], kBoundS) << "cut " << c.what << ": rank " << rank << dump();
+    }
+    // Training never waits for the network: not even once for the timeout, and its typical
+    // stall stays where it was just before the cut (2x that median; 0.5 ms more for a
+    // shared VM's noise on medians of about 0.1 ms).
+    EXPECT_LT(stall_max, 1e3 * kTimeoutS / 2) << "cut " << c.what;
+    EXPECT_LE(Median(r.stalls_ms), 2 * Median(r.before_ms) + 0.5) << "cut " << c.what;
+    if (HasFailure()) return;
+  }
+
+  // Node 1 is lost (its memory wiped): the job comes back, node 1's rank from the replica
+  // its partner holds, at most the bound behind the newest step it saved. The loss comes
+  // once the pushes keep up again (unlimited link), so that a step of rank 1's replicas
+  // is still in rank 0's own ring (a job-wide consistent step is not yet guaranteed).
+  const double calm = NanosToSeconds(WallNanos());
+  while (NanosToSeconds(WallNanos()) - calm < 10) {
+    const auto a = Lines(log(0)), b = Lines(log(1));
+    if (b.back().newest >= b.back().step - 1 && a.back().newest >= a.back().step - 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int64_t last_saved = Lines(log(1)).back().step;
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
+  for (int r = 0; r < 2; ++r) (*l)->WaitRank(r);
+  // `cairn ls` tells which step the job would come back to from memory.
+  const std::string ls = Ls(root_->path() + "/host/" + job);
+  long long predicted = -1;
+  const size_t lose1 = ls.find("losing node-1: every rank can restore step ");
+  ASSERT_NE(lose1, std::string::npos) << ls;
+  ASSERT_EQ(std::sscanf(ls.c_str() + lose1, "losing node-1: every rank can restore step %lld",
+                        &predicted),
+            1)
+      << ls;
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root_->path() + "/host/" + job + "/node-1").ok());
+  // With one node's tree only (as on a node of a real cluster), it says what that tree holds.
+  long long replica = -1;
+  const size_t r1 = ls.find("rank 1 (node-1): newest step ");
+  ASSERT_NE(r1, std::string::npos) << ls;
+  ASSERT_EQ(
+      std::sscanf(ls.c_str() + r1,
+                  "rank 1 (node-1): newest step %*d, newest held by another node: %lld", &replica),
+      1)
+      << ls;
+  const std::string part = Ls(root_->path() + "/host/" + job);
+  EXPECT_NE(part.find("this tree holds 1 of 2 ranks' own tiers"), std::string::npos) << part;
+  EXPECT_NE(part.find("node-0 holds replicas of rank 1 up to step " + std::to_string(replica)),
+            std::string::npos)
+      << part;
+  EXPECT_EQ(part.find("losing node-"), std::string::npos) << part;
+  LaunchSpec restore = spec;
+  restore.argv = {CAIRN_REPLICATE_CHILD, "restore", std::to_string(kStateBytes)};
+  restore.output_dir = root_->path() + "/restore";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(restore.output_dir, 0700).ok());
+  auto rl = LocalLauncher::Start(restore);
+  ASSERT_TRUE(rl.ok()) << rl.status().ToString();
+  const bool ok = (*rl)->WaitAll(120);
+  const std::string out1 = ReadFile(restore.output_dir + "/rank-1.log");
+  const std::string out0 = ReadFile(restore.output_dir + "/rank-0.log");
+  ASSERT_TRUE(ok) << "rank 0:\n" << out0 << "\nrank 1:\n" << out1;
+  long long step = -1;
+  char tier[16] = {};
+  const size_t at = out1.find("restored ");
+  ASSERT_NE(at, std::string::npos) << out1;
+  ASSERT_EQ(std::sscanf(out1.c_str() + at, "restored %lld tier %15s", &step, tier), 2) << out1;
+  EXPECT_STREQ(tier, "peer") << out1;
+  EXPECT_EQ(step, predicted) << "cairn ls said:\n" << ls;
+  const int64_t bound_steps = static_cast<int64_t>(kBoundS * 1000 / kSleepMs);
+  EXPECT_GE(step, last_saved - bound_steps)
+      << "restored step " << step << ", newest saved " << last_saved << "\n"
+      << out1;
+  std::printf("node 1 lost after step %lld: restored step %lld from its partner's memory\n",
+              static_cast<long long>(last_saved), step);
+  if (std::getenv("CAIRN_FLAP_VERBOSE")) std::printf("%s\n", dump().c_str());
+}
+
+}  // namespace
+}  // namespace cairn

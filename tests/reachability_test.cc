@@ -1,0 +1,76 @@
+// The reachability probe that gates a redial (transport/reachability.h): a host that listens
+// answers, one that refuses or never answers is reported unreachable within the timeout,
+// never later, and a malformed address list is unreachable. Everything on loopback.
+#include "transport/reachability.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+
+namespace cairn {
+namespace {
+
+TEST(Reachability, AListeningHostAnswersAndAClosedOneDoesNotWithinTheTimeout) {
+  std::string addresses;
+  {
+    auto l = ProbeListener::Open();
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    addresses = l->addresses();
+    ASSERT_FALSE(addresses.empty());
+    EXPECT_EQ(addresses.find('/'), std::string::npos) << addresses;  // it travels in a hello
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(Reachable(addresses, 2.0)) << addresses;
+      l->Drain();
+    }
+  }
+  // The listener is gone: refused at once (nothing listens on that port any more).
+  const int64_t t0 = NowNanos();
+  EXPECT_FALSE(Reachable(addresses, 1.0)) << addresses;
+  EXPECT_LT(NanosToSeconds(NowNanos() - t0), 1.5);
+}
+
+TEST(Reachability, AHostThatNeverAnswersIsGivenUpAtTheTimeout) {
+  // A listener whose accept queue is full drops further handshakes unanswered, as a host
+  // behind a link that is down would (all on loopback: nothing leaves this machine).
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 0), 0);
+  socklen_t n = sizeof a;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
+  const std::string target = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::vector<int> fill;  // connections that fill the queue (never accepted)
+  for (int i = 0; i < 4; ++i) {
+    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    (void)::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    fill.push_back(c);
+  }
+  ::usleep(100'000);
+  const int64_t t0 = NowNanos();
+  EXPECT_FALSE(Reachable(target, 0.7));
+  const double took = NanosToSeconds(NowNanos() - t0);
+  EXPECT_GE(took, 0.6);  // it did wait: the handshake hung, it was not refused
+  EXPECT_LT(took, 1.2);
+  for (int c : fill) ::close(c);
+  ::close(fd);
+}
+
+TEST(Reachability, MalformedListsAreUnreachableNotACrash) {
+  // (loopback only: a list parsed wrongly must not send anything off this machine)
+  for (const char* bad :
+       {"", ",", "127.0.0.1", "127.0.0.1:", ":80", "127.0.0.1:0", "127.0.0.1:70000", "[::1:80",
+        "localhost:80", "[zz::1]:80", "127.0.0.1:5x", "127.0.0.1:-1"})
+    EXPECT_FALSE(Reachable(bad, 0.2)) << bad;
+}
+
+}  // namespace
+}  // namespace cairn
