@@ -105,7 +105,7 @@ Result<ProbeListener> ProbeListener::Open() {
     if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       return Status::FromErrno(errno, "probe listener: bind");
   }
-  if (::listen(l.fd_, 64) != 0) return Status::FromErrno(errno, "probe listener: listen");
+  if (::listen(l.fd_, SOMAXCONN) != 0) return Status::FromErrno(errno, "probe listener: listen");
   sockaddr_storage bound{};
   socklen_t n = sizeof bound;
   if (::getsockname(l.fd_, reinterpret_cast<sockaddr*>(&bound), &n) != 0)

@@ -196,10 +196,13 @@ void Replicator::SenderLoop() {
       MutexLock g(mu_);
       push_started_ns_ = NowNanos();
     }
-    auto view = local_->Pin(step);
-    if (!view.ok()) {
+    auto pinned = local_->Pin(step);
+    std::shared_ptr<const HostTier::View> view;
+    if (pinned.ok()) view = std::move(*pinned);
+    ReapDraining();
+    if (!view) {
       all_ok = false;
-      last = view.status();
+      last = pinned.status();
     } else {
       for (int h : holders) {
         // A holder that timed out or failed, and has not greeted this rank since: its
@@ -207,14 +210,14 @@ void Replicator::SenderLoop() {
         Status st = Reconnect(h);
         const uint64_t epoch = comm_->peer_epoch(h);
         const int64_t t0 = NowNanos();
-        if (st.ok()) st = Push(h, **view);
+        if (st.ok()) st = Push(h, view);
         MutexLock g(mu_);
         HolderState& cur = holders_[h];
         if (st.ok()) {
           if (cur.down && log_) log_->Info("replication to rank " + std::to_string(h) + " resumed");
           cur.down = false;
           cur.backoff_ns = 0;
-          stats_.bytes += (*view)->header().data_bytes;
+          stats_.bytes += view->header().data_bytes;
           stats_.seconds += NanosToSeconds(NowNanos() - t0);
           stats_.last_push_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
         } else {
@@ -244,7 +247,7 @@ void Replicator::SenderLoop() {
           log_->Warning("recording step " + std::to_string(step) +
                         " as REPLICATED: " + st.message());
       }
-      view->reset();
+      view.reset();
     }
     lk.Lock();
     attempted_ = std::max(attempted_, step);
@@ -259,7 +262,8 @@ void Replicator::SenderLoop() {
       last_error_ = last;
       if (failing_since_ns_ == 0) {
         failing_since_ns_ = NowNanos();
-        warned_ns_ = failing_since_ns_;  // the first failure was logged as it happened
+        // Say at once what losing this node now would cost, then every 30 s.
+        warned_ns_ = failing_since_ns_ - kWarnEveryNs;
       }
       WarnUnreplicated();
     }
@@ -267,8 +271,23 @@ void Replicator::SenderLoop() {
   }
 }
 
-Status Replicator::Push(int holder, const HostTier::View& view) {
+void Replicator::ReapDraining() {
+  for (auto d = draining_.begin(); d != draining_.end();) {
+    for (auto s = d->sends.begin(); s != d->sends.end();) {
+      if (!comm_->Sent(*s, 0)) {
+        ++s;
+        continue;
+      }
+      (void)comm_->FinishSend(*s, 0.01);
+      s = d->sends.erase(s);
+    }
+    d = d->sends.empty() ? draining_.erase(d) : d + 1;  // unpins the slot
+  }
+}
+
+Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>& pinned) {
   TraceSpan span("replicate push", "replicate");
+  const HostTier::View& view = *pinned;
   const int me = comm_->rank();
   const SlotHeader& h = view.header();
   const uint32_t offer = next_offer_.fetch_add(1) & 0xffff;
@@ -311,32 +330,65 @@ Status Replicator::Push(int holder, const HostTier::View& view) {
   Status first;
   const int64_t sending_since = NowNanos();
   const int64_t deadline = sending_since + static_cast<int64_t>(timeout_s_ * 1e9);
+  std::vector<UcxComm::PendingSend> unfinished;
+  // The holder's answer, when it came before this rank saw its sends end: "ok" when every
+  // byte arrived first (shared memory completes a send late), else it gave the transfer up
+  // (its wait ran out while a link was down, and this rank got its READY late).
+  std::optional<std::string> early_ack;
   for (auto& s : sends) {
-    // The holder answers before the last byte only when it gave the transfer up (its wait
-    // ran out while a link was down, and this rank got its READY late): the rest would
-    // never be taken, so stop waiting for it.
-    while (first.ok() && !comm_->Sent(s, kWaitSliceS) && NowNanos() < deadline) {
-      auto early = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), 0);
-      if (early.ok())
-        first = Status::Unavailable(who + ": the holder gave the transfer up: " + *early);
-      else if (watch.CameBack(sending_since))
+    while (first.ok() && !comm_->Sent(s, kWaitSliceS)) {
+      if (NowNanos() >= deadline) {
+        first = Status::Unavailable(who + ": data not taken within " + std::to_string(timeout_s_) +
+                                    " s");
+      } else if (comm_->peer_failed(holder)) {
+        first = Status::Unavailable(who + ": the connection to the holder failed");
+      } else if (early_ack) {
+        continue;  // kept: the sends end as the holder took every byte
+      } else if (auto a = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), 0); a.ok()) {
+        early_ack = std::move(*a);
+        if (*early_ack != "ok")
+          first = Status::Unavailable(who + ": the holder gave the transfer up: " + *early_ack);
+      } else if (watch.CameBack(sending_since)) {
         first = came_back;
+      }
     }
-    if (!first.ok()) {
-      comm_->Abandon(s);
+    if (!comm_->Sent(s, 0)) {
+      // Given up while UCX still reads the slot: it stays pinned until the send ends (the
+      // holder drains what it gave up; ReapDraining).
+      unfinished.push_back(std::move(s));
       continue;
     }
-    first = comm_->FinishSend(s, std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    Status st = comm_->FinishSend(s, 0.01);
+    if (first.ok()) first = st;
   }
+  if (!unfinished.empty()) draining_.push_back({pinned, std::move(unfinished)});
   CAIRN_RETURN_IF_ERROR(first.WithContext(who));
   CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
-  auto ack = answer(MakeTag(ch_.ack, holder, offer));
+  Result<std::string> ack =
+      early_ack ? Result<std::string>(*early_ack) : answer(MakeTag(ch_.ack, holder, offer));
   if (!ack.ok()) return ack.status().WithContext(who);
   if (*ack != "ok") return Status::Unavailable(who + ": " + *ack);
   MutexLock g(mu_);
   stats_.last_ack_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
   return Status::OK();
+}
+
+void Replicator::Sink(int src, uint32_t offer, uint32_t chunk, uint64_t n) {
+  if (scratch_.empty()) scratch_.resize(kReplChunk);
+  const uint64_t b = chunk * kReplChunk, len = std::min(kReplChunk, n - b);
+  sinks_.push_back({comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, chunk)),
+                                     scratch_.data(), len, UcxComm::Auth::kContent),
+                    NowNanos() + static_cast<int64_t>(2 * timeout_s_ * 1e9)});
+}
+
+void Replicator::ReapSinks() {
+  const int64_t now = NowNanos();
+  std::erase_if(sinks_, [&](SinkRecv& k) {
+    if (!comm_->Arrived(k.recv, 0) && now < k.until) return false;
+    (void)comm_->FinishRecv(k.recv, 0.001);  // takes it, or cancels it
+    return true;
+  });
 }
 
 void Replicator::ServiceLoop() {
@@ -347,6 +399,7 @@ void Replicator::ServiceLoop() {
       if (stop_) return;
     }
     comm_->ServiceHellos();
+    if (!sinks_.empty()) ReapSinks();
     std::optional<UcxComm::Incoming> in = std::move(next);
     next.reset();
     if (!in) {
@@ -462,6 +515,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incom
     // perhaps while the link was down): stop waiting for bytes that will not come, and
     // answer that one next. An older one (late from a link that was down) is dropped.
     while (!comm_->Arrived(recvs[c], 0.05) && NowNanos() < deadline) {
+      comm_->AnswerProbes();
       auto other = TakeOffer(src, offer);
       if (other && OfferAfter(other->seq, offer)) {
         *next = std::move(other);
@@ -484,6 +538,12 @@ void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incom
   }
   if (st.ok()) CAIRN_KILL_POINT("replicate.received");
   verifier.join();
+  if (!st.ok()) {
+    // The sender may still send what it had started: take it into scratch memory, so its
+    // sends end (it keeps the slot they read pinned until then).
+    MutexLock vl(vmu);
+    for (uint32_t c = static_cast<uint32_t>(arrived); c < chunks; ++c) Sink(src, offer, c, n);
+  }
   if (st.ok()) st = chunks > 0 ? verified : ReplicaStore::Verify(*h, data);
   if (st.ok()) CAIRN_KILL_POINT("replicate.verified");
   if (st.ok()) (*tier)->MarkCopied(*slot);

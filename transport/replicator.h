@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -90,7 +91,15 @@ class Replicator {
  private:
   void SenderLoop();
   void ServiceLoop();
-  Status Push(int holder, const HostTier::View& view);
+  // Pushes the pinned version to `holder`; sends still in flight when it gives up keep the
+  // pin (draining_).
+  Status Push(int holder, const std::shared_ptr<const HostTier::View>& pinned);
+  // Drops the given-up sends that ended, and with the last of a version its pin.
+  void ReapDraining();
+  // Receives chunk `chunk` (of a version of `n` bytes) of a transfer this holder gave up
+  // into scratch_, for 2 x the timeout at most (sinks_).
+  void Sink(int src, uint32_t offer, uint32_t chunk, uint64_t n);
+  void ReapSinks();
   // For a holder that is down and has not greeted this rank since: redials it once its host
   // answers (UcxComm::Redial), or fails at once. OK when it is not down.
   Status Reconnect(int holder);
@@ -129,6 +138,19 @@ class Replicator {
     int64_t backoff_ns = 0;  // the last wait before retry_at (doubles while down)
   };
   std::map<int, HolderState> holders_ CAIRN_GUARDED_BY(mu_);
+  // Sender thread only: pushes given up while UCX still read their slot.
+  struct Draining {
+    std::shared_ptr<const HostTier::View> pinned;
+    std::vector<UcxComm::PendingSend> sends;
+  };
+  std::vector<Draining> draining_;
+  // Service thread only: where given-up transfers land (scratch_ outlives sinks_).
+  std::vector<std::byte> scratch_;
+  struct SinkRecv {
+    UcxComm::PendingRecv recv;
+    int64_t until;
+  };
+  std::vector<SinkRecv> sinks_;
   std::atomic<uint32_t> next_offer_{1};
   std::thread sender_;
   std::thread service_;

@@ -498,7 +498,7 @@ bool UcxComm::Arrived(PendingRecv& recv, double timeout_s) {
 
 bool UcxComm::Sent(PendingSend& send, double timeout_s) {
   if (!send.status.ok() || !send.request) return true;
-  return Await(send.request, send.peer, timeout_s);
+  return Await(send.request, -1, timeout_s);
 }
 
 bool UcxComm::Await(UcxRequest& request, int peer, double timeout_s) {
@@ -514,20 +514,6 @@ bool UcxComm::Await(UcxRequest& request, int peer, double timeout_s) {
       lk.Lock();
     }
   }
-}
-
-void UcxComm::Abandon(PendingSend& send) {
-  if (!send.request) return;
-  Lock lk(mu_);
-  if (ucp_request_check_status(send.request.req_) == UCS_INPROGRESS) {
-    // UCX 1.13 cannot cancel a send: UCX frees it when it ends (its endpoint closes).
-    ucp_request_free(send.request.release());
-    requests_.fetch_sub(1, std::memory_order_relaxed);
-    abandoned_.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    Free(send.request);
-  }
-  (void)send.frame.release();  // UCX may read it until then: left to the process
 }
 
 Result<std::unique_ptr<UcxComm::MemRegion>> UcxComm::Register(void* p, size_t n) {
@@ -681,6 +667,11 @@ void UcxComm::DropEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS
     FreeLocked(peer.redial);
     peer.redial = nullptr;
   }
+}
+
+void UcxComm::AnswerProbes() {
+  Lock lk(mu_);
+  if (probe_) probe_->Drain();
 }
 
 bool UcxComm::Reachable(int p, double timeout_s) {

@@ -158,12 +158,9 @@ class UcxComm {
   // Drives the worker until `recv` completed (true) or `timeout_s` passed (false); never
   // cancels it (FinishRecv then takes the result). True for a receive that failed to start.
   bool Arrived(PendingRecv& recv, double timeout_s);
-  // The same for a send (true also when its peer failed).
+  // The same for a send, true only once it ended: UCX cannot cancel a send, and may read
+  // its buffer until then, whatever became of the peer (FinishSend then takes the result).
   bool Sent(PendingSend& send, double timeout_s);
-  // Gives up a send whose receiver will never take it (it said so): no wait, no cancel
-  // (UCX cannot cancel a send); UCX frees it when it ends. Its buffer must stay mapped
-  // (its bytes may still be read), and it counts as abandoned (see ~UcxComm).
-  void Abandon(PendingSend& send);
   // Takes the next message on `channel` from any rank (or only from `source` when >= 0).
   // Unavailable on timeout (0: look once).
   struct Incoming {
@@ -193,6 +190,10 @@ class UcxComm {
   // Whether `peer`'s host answers a TCP handshake within `timeout_s` (reachability.h);
   // true when its hello named no probe listener (nothing to ask).
   bool Reachable(int peer, double timeout_s);
+  // Accepts and closes the handshakes of peers' probes (ServiceHellos does too): call it
+  // from a thread that waits long without calling ServiceHellos, so that the listener's
+  // queue never fills and a probe never fails for that.
+  void AnswerProbes();
   // Counts reconnections to `peer` (changes when the peer restarted, redialed this rank, or
   // this rank redialed it).
   uint64_t peer_epoch(int peer) const;
@@ -296,7 +297,8 @@ class UcxComm {
   // cancelling it on a timeout or a failed peer); `request` is empty on return.
   Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what)
       CAIRN_REQUIRES(mu_);
-  // Drives the worker until `request` ended, `peer` failed or `timeout_s` passed (false).
+  // Drives the worker until `request` ended, `peer` (if >= 0) failed or `timeout_s` passed
+  // (false).
   bool Await(UcxRequest& request, int peer, double timeout_s) CAIRN_EXCLUDES(mu_);
   // Makes the endpoint to `peer`, with peer-failure reporting when the transports allow it;
   // `may_fall_back`: when they do not (UCX 1.13's shared memory), the job's endpoints are
