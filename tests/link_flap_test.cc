@@ -40,8 +40,7 @@ const double kTimeoutS = [] {
 }();
 // Replication resumes within this of the link's return, whatever the timeout: 5 s
 // (docs/guarantees.md) and 1 s for the push itself (12 MiB at 200 Mbit/s) and the 100 ms
-// between the lines that show it. CAIRN_FLAP_BOUND_S overrides it (sanitizer builds, whose
-// every thread runs several times slower).
+// between the lines that show it. CAIRN_FLAP_BOUND_S overrides it (a slower machine).
 const double kBoundS = [] {
   const char* e = std::getenv("CAIRN_FLAP_BOUND_S");
   return e ? std::atof(e) : 6.0;
@@ -165,7 +164,7 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
               {"CAIRN_CONNECT_TIMEOUT_S", "60"},
               {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
               {"CAIRN_PERSIST_EVERY", "0"},
-              {"CAIRN_SLOTS", "4"},
+              {"CAIRN_SLOTS", "8"},
               {"CAIRN_LOG_LEVEL", "3"},
               {"UCX_TLS", "tcp"},
               {"UCX_NET_DEVICES", "eth0"}};
@@ -205,6 +204,11 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
       const std::string ls = Ls(root_->path() + "/host/" + job);
       for (const char* want : {"live on node-0 only", "live on node-1 only"})
         EXPECT_NE(ls.find(want), std::string::npos) << want << "\n" << ls;
+      // ... and in a warning that names the step losing the node would take it back to.
+      for (int r = 0; r < 2; ++r)
+        EXPECT_NE(log(r).find("losing this node now would take this rank back to step"),
+                  std::string::npos)
+            << "rank " << r << dump();
     }
     EXPECT_TRUE((*cluster)->Heal(1).ok());
     const double healed = NanosToSeconds(WallNanos());
@@ -272,7 +276,11 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
     // stall stays where it was just before the cut (2x that median; 0.5 ms more for a
     // shared VM's noise on medians of about 0.1 ms).
     EXPECT_LT(stall_max, 1e3 * kTimeoutS / 2) << "cut " << c.what;
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    // (The sanitizers' builds copy several times slower and their checks compete for the two
+    // cores: the medians there say nothing about cairn.)
     EXPECT_LE(Median(r.stalls_ms), 2 * Median(r.before_ms) + 0.5) << "cut " << c.what;
+#endif
     if (HasFailure()) return;
   }
 
