@@ -13,9 +13,9 @@ namespace {
 constexpr uint64_t kReplChunk = 8ull << 20;
 // Between tries of a holder that failed: short, since a try costs a connection attempt and
 // the sender thread's time, and every try after a link came back is one the data waits for;
-// doubling from the first to the last while the holder stays down.
+// doubling to at most 1 s while the holder stays down.
 constexpr int64_t kRetryBackoffNs = 250'000'000;
-constexpr int64_t kMaxRetryBackoffNs = 2'000'000'000;
+constexpr int64_t kMaxRetryBackoffNs = 1'000'000'000;
 constexpr int64_t kWarnEveryNs = 30'000'000'000;
 // How long one try waits for a fresh connection to a holder that was down.
 constexpr double kRedialWaitS = 1.5;
