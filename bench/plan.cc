@@ -43,6 +43,7 @@
 #include "bench/bench_util.h"
 #include "bench/plan_util.h"
 #include "cli/args.h"
+#include "core/arith.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "persist/commit.h"
@@ -175,9 +176,8 @@ void SimulateIndexFiles(const TemplatedPlan& plan, uint64_t chunk, SimulatedInde
     std::vector<LocationTable::Piece> locs;
     uint64_t at = 0;
     for (const WritePiece& p : plan.PiecesOf(w)) {
-      locs.push_back(
-          {at, std::vector<uint64_t>((p.nbytes + chunk - 1) / chunk, 0x1234567890abcdefull)});
-      at += (p.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
+      locs.push_back({at, std::vector<uint64_t>(CeilDiv(p.nbytes, chunk), 0x1234567890abcdefull)});
+      at += RoundUp(p.nbytes, kPfsAlign);
       out->bytes += p.nbytes;
     }
     std::string& f = out->files[static_cast<size_t>(w)];

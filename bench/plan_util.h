@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/arith.h"
 #include "persist/commit.h"
 #include "persist/save_planner.h"
 
@@ -19,8 +20,8 @@ inline std::vector<LocationTable> SimulatedLocationTables(const SavePlan& plan, 
   for (const PlannedPiece& pc : plan.pieces) {
     LocationTable::Piece loc;
     loc.offset = off[static_cast<size_t>(pc.writer)];
-    off[static_cast<size_t>(pc.writer)] += (pc.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
-    loc.chunk_checksums.assign((pc.nbytes + chunk - 1) / chunk, 0x1234567890abcdefull);
+    off[static_cast<size_t>(pc.writer)] += RoundUp(pc.nbytes, kPfsAlign);
+    loc.chunk_checksums.assign(CeilDiv(pc.nbytes, chunk), 0x1234567890abcdefull);
     tables[static_cast<size_t>(pc.writer)].pieces.push_back(std::move(loc));
   }
   if (blob_bytes > 0)

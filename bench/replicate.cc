@@ -36,6 +36,7 @@
 #include "cairn/checkpointer.h"
 #include "cli/args.h"
 #include "cli/launcher.h"
+#include "core/arith.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "transport/ucx_comm.h"
@@ -83,7 +84,7 @@ int Child(const std::vector<uint64_t>& sizes) {
   uint32_t seq = 0;
   auto raw_once = [&](uint64_t size) -> double {
     ++seq;
-    const uint32_t chunks = static_cast<uint32_t>((size + kChunk - 1) / kChunk);
+    const uint32_t chunks = static_cast<uint32_t>(CeilDiv(size, kChunk));
     if (o->rank == 1) {
       std::vector<UcxComm::PendingRecv> rs;
       for (uint32_t k = 0; k < chunks; ++k)
@@ -135,7 +136,7 @@ int Child(const std::vector<uint64_t>& sizes) {
   }
   auto put_once = [&](uint64_t size) -> double {
     ++seq;
-    const uint32_t chunks = static_cast<uint32_t>((size + kChunk - 1) / kChunk);
+    const uint32_t chunks = static_cast<uint32_t>(CeilDiv(size, kChunk));
     if (o->rank == 1) {
       // Stay in progress (puts into user memory are emulated over active messages here).
       if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok()) return -1;

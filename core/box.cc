@@ -1,4 +1,5 @@
 #include "cairn/box.h"
+#include "core/arith.h"
 
 #include <algorithm>
 #include <cstring>
@@ -130,7 +131,7 @@ Result<std::vector<Box>> FlatRangeToBoxes(const Shape& shape, int64_t begin, int
   // Ascending: align cur to ever larger strides, emitting the partial head pieces.
   for (size_t d = n - 1; d >= 1; --d) {
     const int64_t s = stride[d - 1];
-    const int64_t boundary = (cur + s - 1) / s * s;
+    const int64_t boundary = RoundUp(cur, s);
     if (boundary >= end) break;  // the rest lies inside one step of dim d-1
     if (cur < boundary) {
       piece(cur, d, (boundary - cur) / stride[d]);

@@ -52,8 +52,9 @@ class ByteReader {
     return true;
   }
   bool GetString(std::string* s, size_t max) {
+    const size_t start = pos_;
     uint32_t n = 0;
-    if (!Get(&n) || n > max || b_.size() - pos_ < n) return false;
+    if (!Get(&n) || n > max || b_.size() - pos_ < n) return Rewind(start);
     s->assign(b_.data() + pos_, n);
     pos_ += n;
     return true;
@@ -62,7 +63,8 @@ class ByteReader {
   bool GetStatus(Status* st, size_t max_message) {
     uint32_t code = 0;
     std::string msg;
-    if (!Get(&code) || !GetString(&msg, max_message)) return false;
+    const size_t start = pos_;
+    if (!Get(&code) || !GetString(&msg, max_message)) return Rewind(start);
     if (code == 0) {
       *st = Status::OK();
     } else {
@@ -74,6 +76,11 @@ class ByteReader {
   size_t remaining() const { return b_.size() - pos_; }
 
  private:
+  bool Rewind(size_t to) {
+    pos_ = to;
+    return false;
+  }
+
   std::string_view b_;
   size_t pos_ = 0;
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cairn/tensor.h"
+#include "core/arith.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "persist/layout_template.h"
@@ -115,7 +116,7 @@ Status ValidateTemplated(const pb::Manifest& m) {
   for (const pb::Blob& b : m.blobs()) {
     Status st = CheckTensorName(b.name());
     if (!st.ok()) return Bad("blob: " + st.message());
-    if (b.rank() >= m.world_size() || b.offset() > (1ull << 62) || b.length() > (1ull << 40))
+    if (b.rank() >= m.world_size() || b.offset() > kMaxFileOffset || b.length() > kMaxBlobBytes)
       return Bad("blob '" + b.name() + "' has a bad rank or range");
   }
   return Status::OK();
@@ -132,7 +133,7 @@ Status ValidateManifest(const pb::Manifest& m) {
   if (m.step() < 0) return Bad("negative step");
   if (m.world_size() < 1 || m.world_size() > (1u << 24))
     return Bad("world size " + std::to_string(m.world_size()));
-  if (m.chunk_bytes() < 1 || m.chunk_bytes() > (1ull << 40))
+  if (m.chunk_bytes() < 1 || m.chunk_bytes() > kMaxChunkBytes)
     return Bad("chunk size " + std::to_string(m.chunk_bytes()));
   for (const pb::Tensor& t : m.tensors()) {
     Status st = CheckTensorName(t.name());
@@ -177,9 +178,9 @@ Status ValidateManifest(const pb::Manifest& m) {
       return Bad(what + " of tensor '" + t.name() + "' has " + std::to_string(b.length()) +
                  " bytes, its box needs " + std::to_string(want));
     if (b.file() >= nfiles) return Bad(what + " names a missing data file");
-    if (b.offset() > (1ull << 62) || b.length() > (1ull << 62))
+    if (b.offset() > kMaxFileOffset || b.length() > kMaxFileOffset)
       return Bad(what + " has an impossible offset");
-    const uint64_t chunks = (b.length() + m.chunk_bytes() - 1) / m.chunk_bytes();
+    const uint64_t chunks = CeilDiv(b.length(), m.chunk_bytes());
     if (static_cast<uint64_t>(b.chunk_checksums_size()) != chunks)
       return Bad(what + " of tensor '" + t.name() + "' has " +
                  std::to_string(b.chunk_checksums_size()) + " chunk checksums, needs " +
@@ -188,8 +189,8 @@ Status ValidateManifest(const pb::Manifest& m) {
   for (const pb::Blob& b : m.blobs()) {
     Status st = CheckTensorName(b.name());
     if (!st.ok()) return Bad("blob: " + st.message());
-    if (b.rank() >= m.world_size() || b.file() >= nfiles || b.offset() > (1ull << 62) ||
-        b.length() > (1ull << 40))
+    if (b.rank() >= m.world_size() || b.file() >= nfiles || b.offset() > kMaxFileOffset ||
+        b.length() > kMaxBlobBytes)
       return Bad("blob '" + b.name() + "' has a bad rank, file or range");
   }
   return Status::OK();

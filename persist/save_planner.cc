@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/arith.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
 
@@ -268,7 +269,7 @@ void CutIntoSlabs(const PlannerConfig& config, int world, SavePlan* plan) {
     if (config.align_bytes > 0 && config.align_bytes % row_bytes == 0) {
       // Aligned slabs, unless that would make them much coarser than the balance needs.
       const int64_t q = static_cast<int64_t>(config.align_bytes / row_bytes);
-      const int64_t aligned = (per + q - 1) / q * q;
+      const int64_t aligned = RoundUp(per, q);
       if (aligned <= 2 * per) per = aligned;
     }
     for (int64_t r0 = 0; r0 < rows; r0 += per) {

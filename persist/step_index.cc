@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/arith.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
 
@@ -40,7 +41,7 @@ Result<std::vector<LocationTable::Piece>> ReadIndex(const pb::Manifest& m, int w
   const uint64_t chunk = m.chunk_bytes();
   for (size_t k = 0; k < nbytes.size(); ++k) {
     const auto& p = (*pieces)[k];
-    if (p.offset > (1ull << 62) || p.chunk_checksums.size() != (nbytes[k] + chunk - 1) / chunk)
+    if (p.offset > kMaxFileOffset || p.chunk_checksums.size() != CeilDiv(nbytes[k], chunk))
       return Status::Corruption(name + ": piece " + std::to_string(k) +
                                 " has an impossible offset or the wrong number of checksums");
   }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/arith.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
@@ -49,7 +50,7 @@ uint64_t LayOutItems(std::span<WriteItem> items, uint64_t align) {
   uint64_t off = 0;
   for (WriteItem& it : items) {
     it.file_offset = off;
-    off = (off + it.nbytes + align - 1) / align * align;
+    off = RoundUp(off + it.nbytes, align);
   }
   return off;
 }
@@ -63,7 +64,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
   std::vector<Unit> units;
   bool aligned = chunk % kPfsAlign == 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const uint64_t n = (items[i].nbytes + chunk - 1) / chunk;
+    const uint64_t n = CeilDiv(items[i].nbytes, chunk);
     report.chunk_checksums[i].assign(n, 0);
     for (uint64_t c = 0; c < n; ++c)
       units.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(c)});
@@ -92,7 +93,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
     // (ext4 serialises writes that extend a file).
     uint64_t end = 0;
     for (const WriteItem& it : items)
-      end = std::max(end, it.file_offset + (it.nbytes + kPfsAlign - 1) / kPfsAlign * kPfsAlign);
+      end = std::max(end, it.file_offset + RoundUp(it.nbytes, kPfsAlign));
     Status st = f.Truncate(end);
     if (!st.ok()) {
       (void)f.Close();
@@ -129,7 +130,7 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
           reinterpret_cast<uintptr_t>(src) % kPfsAlign == 0 && n % kPfsAlign == 0;
       if (direct && !aligned_src) {  // through the aligned buffer
         std::memcpy(bounce.get(), src, n);
-        write_n = (n + kPfsAlign - 1) / kPfsAlign * kPfsAlign;
+        write_n = RoundUp(n, kPfsAlign);
         if (write_n > n) std::memset(static_cast<std::byte*>(bounce.get()) + n, 0, write_n - n);
         src = static_cast<const std::byte*>(bounce.get());
       }

@@ -1,4 +1,5 @@
 #include "recovery/load_planner.h"
+#include "core/arith.h"
 
 #include <algorithm>
 #include <functional>
@@ -138,8 +139,7 @@ class LoadPlanBuilder {
       auto [lo, hi] = ByteHull(piece.box, *region, elem);
       if (checked) hulls_.push_back({p, {lo, hi}});
       const uint64_t clo = lo / cat_.chunk_bytes * cat_.chunk_bytes;
-      const uint64_t chi =
-          std::min(piece.nbytes, (hi + cat_.chunk_bytes - 1) / cat_.chunk_bytes * cat_.chunk_bytes);
+      const uint64_t chi = std::min(piece.nbytes, RoundUp(hi, cat_.chunk_bytes));
       const uint64_t key = (static_cast<uint64_t>(p) << 32) | c;
       auto [sit, fresh] = span_of_.emplace(key, static_cast<uint32_t>(plan_.spans.size()));
       if (fresh) {

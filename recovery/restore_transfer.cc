@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/arith.h"
 #include "recovery/pfs_run_reader.h"
 
 namespace cairn::restore_internal {
@@ -50,7 +51,7 @@ Status Attempt::Run() {
     std::byte* dst = Packed(g.span) ? PackedTarget(g.span) : DirectTarget(g.span);
     direct[g.span] = dst != nullptr;
     at[g.span] = dst ? dst : Staging(n, true, true);
-    if ((n + kMsgBytes - 1) / kMsgBytes > 255)
+    if (CeilDiv(n, kMsgBytes) > 255)
       return Status::InvalidArgument(who + ": a saved piece over 16 GiB");
     for (uint64_t k = 0; k * kMsgBytes < n; ++k)
       CAIRN_RETURN_IF_ERROR(env.transport->PostRecv(g.from, Seq(cat.from_pfs ? sp.piece : g.seq, k),

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "core/arith.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
@@ -20,10 +21,6 @@ constexpr uint64_t kShardAlign = 64;
 constexpr uint64_t kLargeShardAlign = 4096;
 constexpr uint64_t kLargeShard = 1ull << 20;
 constexpr size_t kMaxBlobs = 1 << 16;
-
-uint64_t AlignUp(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
 
 }  // namespace
 
@@ -142,9 +139,9 @@ Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
     r.global_shape = s.meta.global_shape;
     r.box = s.box;
     r.nbytes = s.nbytes();
-    r.offset = off = AlignUp(off, r.nbytes >= kLargeShard ? kLargeShardAlign : kShardAlign);
+    r.offset = off = RoundUp(off, r.nbytes >= kLargeShard ? kLargeShardAlign : kShardAlign);
     r.first_chunk = chunk_index;
-    r.num_chunks = static_cast<uint32_t>((r.nbytes + h.chunk_bytes - 1) / h.chunk_bytes);
+    r.num_chunks = static_cast<uint32_t>(CeilDiv(r.nbytes, h.chunk_bytes));
     for (uint32_t i = 0; i < r.num_chunks; ++i) {
       const uint64_t b = static_cast<uint64_t>(i) * h.chunk_bytes;
       CopyChunk c;
@@ -161,7 +158,7 @@ Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
   for (const auto& [name, bytes] : blobs) {
     SlotBlob b;
     b.name = name;
-    b.offset = off = AlignUp(off, kShardAlign);
+    b.offset = off = RoundUp(off, kShardAlign);
     b.nbytes = bytes.size();
     off += b.nbytes;
     h.blobs.push_back(std::move(b));

@@ -11,6 +11,8 @@
 #include "cairn/dtype.h"
 #include "cairn/options.h"
 #include "cairn/status.h"
+#include "core/arith.h"
+#include "core/bytes.h"
 #include "core/filesystem.h"
 #include "core/trusted_path.h"
 #include "testing/fault_injection_filesystem.h"
@@ -44,6 +46,52 @@ TEST(Status, ResultPropagatesErrors) {
   Result<int> bad(Status::OK());
   EXPECT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+TEST(Arith, RoundingNeverWrapsNearTheTypesMaximum) {
+  EXPECT_EQ(CeilDiv<uint64_t>(0, 8), 0u);
+  EXPECT_EQ(CeilDiv<uint64_t>(1, 8), 1u);
+  EXPECT_EQ(CeilDiv<uint64_t>(8, 8), 1u);
+  EXPECT_EQ(CeilDiv<uint64_t>(9, 8), 2u);
+  EXPECT_EQ(CeilDiv<int64_t>(17, 4), 5);
+  // (v + d - 1) / d wraps here and gives 0 or 1; the answer is 2^63 and 2^64 / 3 rounded up.
+  constexpr uint64_t kMax = ~uint64_t{0};
+  EXPECT_EQ(CeilDiv(kMax, uint64_t{2}), uint64_t{1} << 63);
+  EXPECT_EQ(CeilDiv(kMax, uint64_t{3}), kMax / 3);  // 2^64 - 1 is a multiple of 3
+  EXPECT_EQ(CeilDiv(kMax - 1, kMax), 1u);
+  EXPECT_EQ(RoundUp<uint64_t>(0, 4096), 0u);
+  EXPECT_EQ(RoundUp<uint64_t>(1, 4096), 4096u);
+  EXPECT_EQ(RoundUp<uint64_t>(4096, 4096), 4096u);
+  EXPECT_EQ(RoundUp<int64_t>(4097, 4096), 8192);
+  EXPECT_EQ(RoundUp(kMaxFileOffset - 1, kMaxChunkBytes), kMaxFileOffset);
+}
+
+TEST(ByteReader, AFailedGetConsumesNothing) {
+  ByteWriter w;
+  w.Put<uint32_t>(7);
+  w.PutString("abcdef");
+  const std::string bytes = w.out();
+  ByteReader r(std::string_view(bytes).substr(0, bytes.size() - 1));  // the string cut short
+  uint32_t v = 0;
+  ASSERT_TRUE(r.Get(&v));
+  const size_t left = r.remaining();
+  std::string s;
+  EXPECT_FALSE(r.GetString(&s, 100));
+  EXPECT_EQ(r.remaining(), left);
+  ByteReader whole(bytes);
+  ASSERT_TRUE(whole.Get(&v));
+  EXPECT_FALSE(whole.GetString(&s, 3));  // longer than allowed
+  EXPECT_EQ(whole.remaining(), left + 1);
+  ASSERT_TRUE(whole.GetString(&s, 100));
+  EXPECT_EQ(s, "abcdef");
+  ByteWriter sw;
+  sw.Put<uint32_t>(5);
+  sw.PutString("message");
+  const std::string st_bytes = sw.out().substr(0, sw.out().size() - 2);
+  ByteReader sr(st_bytes);
+  Status st;
+  EXPECT_FALSE(sr.GetStatus(&st, 100));
+  EXPECT_EQ(sr.remaining(), st_bytes.size());
 }
 
 TEST(DType, SizesNamesAndParsing) {

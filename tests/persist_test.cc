@@ -15,6 +15,7 @@
 #include <set>
 
 #include "cairn/checkpointer.h"
+#include "core/arith.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "persist/commit.h"
@@ -277,8 +278,7 @@ TEST(Writer, WritesEveryItemAlignedWithChecksumsDirectOrNot) {
       for (size_t i = 0; i < items.size(); ++i) {
         EXPECT_EQ(std::memcmp(bytes->data() + items[i].file_offset, items[i].src, items[i].nbytes),
                   0);
-        ASSERT_EQ(rep->chunk_checksums[i].size(),
-                  (items[i].nbytes + wo.chunk_bytes - 1) / wo.chunk_bytes);
+        ASSERT_EQ(rep->chunk_checksums[i].size(), CeilDiv(items[i].nbytes, wo.chunk_bytes));
         for (size_t c = 0; c < rep->chunk_checksums[i].size(); ++c) {
           const uint64_t b = c * wo.chunk_bytes,
                          n = std::min<uint64_t>(wo.chunk_bytes, items[i].nbytes - b);

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "core/arith.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/filesystem.h"
@@ -304,7 +305,7 @@ SavedVersion MakeVersion(const std::vector<Tensor>& tensors,
     s.offset = (v.data.size() + 63) / 64 * 64;
     s.nbytes = bytes.size();
     s.first_chunk = static_cast<uint32_t>(h.chunk_checksums.size());
-    s.num_chunks = static_cast<uint32_t>((s.nbytes + chunk - 1) / chunk);
+    s.num_chunks = static_cast<uint32_t>(CeilDiv(s.nbytes, chunk));
     v.data.resize(s.offset);
     v.data.insert(v.data.end(), bytes.begin(), bytes.end());
     for (uint32_t c = 0; c < s.num_chunks; ++c) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "core/arith.h"
 #include "core/kill_point.h"
 #include "core/mutex.h"
 #include "core/trusted_path.h"
@@ -19,7 +20,7 @@ constexpr uint64_t kSlotGranule = 2ull << 20;  // slots grow in 2 MiB steps
 // The size of a slot that holds `bytes`: whole granules, at least one. EnsureRoom checks
 // the room for this size, and EnsureMapped grows a slot to it: the two must agree.
 uint64_t SlotSizeFor(uint64_t bytes) {
-  return std::max<uint64_t>((bytes + kSlotGranule - 1) / kSlotGranule, 1) * kSlotGranule;
+  return std::max<uint64_t>(RoundUp(bytes, kSlotGranule), kSlotGranule);
 }
 
 std::string SlotName(int k) {

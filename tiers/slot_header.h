@@ -16,13 +16,11 @@
 #include "cairn/dtype.h"
 #include "cairn/status.h"
 #include "cairn/version.h"
+#include "core/arith.h"
 
 namespace cairn {
 
 inline constexpr uint32_t kSlotHeaderVersion = 1;
-// The largest chunk size a header (or a peer's shard table) may state; CAIRN_CHUNK_BYTES
-// allows 1 GiB. Larger values are damage, and would overflow chunk arithmetic.
-inline constexpr uint64_t kMaxChunkBytes = 1ull << 40;
 // Largest header file cairn will read (guards against hostile sizes).
 inline constexpr uint64_t kMaxSlotHeaderBytes = 1ull << 30;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/arith.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
 #include "core/mutex.h"
@@ -320,7 +321,7 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   if (!ready.ok()) return ready.status().WithContext(who);
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
   const uint64_t n = h.data_bytes;
-  const uint32_t chunks = static_cast<uint32_t>((n + kReplChunk - 1) / kReplChunk);
+  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
   std::vector<UcxComm::PendingSend> sends;
   for (uint32_t c = 0; c < chunks; ++c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
@@ -465,7 +466,7 @@ void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incom
     return refuse(mem.status().message());
   }
   const uint64_t n = h->data_bytes;
-  const uint32_t chunks = static_cast<uint32_t>((n + kReplChunk - 1) / kReplChunk);
+  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
   // At most kWindow chunks of 8 MiB are posted at a time: the transports interleave every posted
   // transfer, so posting them all would make every chunk land at the very end and leave
   // nothing to verify while the rest arrives.
