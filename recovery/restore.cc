@@ -59,11 +59,11 @@ void AppendRegionCopies(const std::byte* src, uint64_t src_lo, const Box& src_bo
 
 namespace {
 
-// What one pass over a chosen step builds: the catalog of where its bytes are, what this
+// What one attempt at the chosen step builds: the catalog of where its bytes are, what this
 // rank pinned, the target layouts and the plan.
-struct Pass {
+struct ChosenStep {
   Choice choice;
-  MemoryCatalog mc;
+  MemoryCatalog sources;  // where the bytes of the step are, and its blobs
   std::vector<std::unique_ptr<PinnedVersion>> pinned;  // this rank's own version first
   pb::Manifest manifest;                               // PFS steps
   std::string step_dir;                                // PFS steps
@@ -75,9 +75,9 @@ struct Pass {
   LoadPlan plan;
   // This rank planned alone: a format-2 PFS step, from the index files its targets need
   // (p.manifest then holds only those pieces), or a memory step from layout templates
-  // (p.mc.cat then holds only the pieces it needs or sends).
-  bool solo = false;
-  uint64_t job_needed = 0;  // solo: the bytes every rank's targets needed, summed
+  // (p.sources.cat then holds only the pieces it needs or sends).
+  bool planned_alone = false;
+  uint64_t job_needed = 0;  // planned_alone: the bytes every rank's targets needed, summed
 };
 
 // The restore collective on one rank: discovery, agreement, planning, transfer, outcome,
@@ -101,42 +101,43 @@ class Restorer {
   // 2. The step and tier to restore; an error naming what is held when there is none.
   Result<Choice> Agree(const std::vector<Inventory>& inv);
   // 3. Pins this rank's copies of a memory step (an error to pass on in the next gather).
-  Status Pin(Pass& p);
+  Status Pin(ChosenStep& p);
   // Gathers the target layouts and, for a memory step, the shard tables (of the versions
   // pinned, or `pin_st`); for a PFS step catalogs the MANIFEST read.
-  Result<bool> Catalog(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st);
+  Result<bool> Catalog(const std::vector<Inventory>& inv, ChosenStep& p, const Status& pin_st);
   // A memory step whose saved and target layouts are all templates: two small gathers,
   // then each rank plans alone (recovery/memory_plan.h). false: some layout is no
   // template, or they disagree; the general catalog is needed.
-  Result<bool> PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st);
+  Result<bool> PlanMemoryFromTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
+                                       const Status& pin_st);
   // Its two gathers: every rank's template references (target; the saved versions it is
   // the lowest holder of), then each template once; fills *out and the blob providers.
   // false: some layout is no template, or the templates disagree.
-  Result<bool> GatherTemplates(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st,
-                               TemplatedMemoryStep* out);
+  Result<bool> GatherTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
+                               const Status& pin_st, TemplatedMemoryStep* out);
   // After planning alone: every rank's status, and (unless options_.partial) that every
   // saved tensor is some rank's target. `skip_corrupt`: a Corruption skips the step (PFS).
-  Result<bool> CheckAlone(Pass& p, Status st, const std::vector<std::string>& saved_names,
+  Result<bool> CheckAlone(ChosenStep& p, Status st, const std::vector<std::string>& saved_names,
                           bool skip_corrupt);
   // The error for saved tensors no rank restores.
-  Status Unrestored(const Pass& p, const std::vector<std::string>& names, size_t count) const;
+  Status Unrestored(const ChosenStep& p, const std::vector<std::string>& names, size_t count) const;
   // Rank 0 reads the chosen PFS step's MANIFEST as it is and broadcasts it (false:
   // unreadable, step skipped).
-  Result<bool> FetchManifest(Pass& p);
-  Status Plan(Pass& p);
+  Result<bool> FetchManifest(ChosenStep& p);
+  Status Plan(ChosenStep& p);
   // A format-2 step: this rank's pieces from the index files its targets need, a plan
   // of its own reads, and a job-wide check that every saved tensor is some rank's target
   // (false: an index file is corrupt somewhere, step skipped).
-  Result<bool> PlanFromIndex(Pass& p);
+  Result<bool> PlanFromIndex(ChosenStep& p);
   // Skips a step that cannot be read (every rank calls it alike).
-  void Skip(Pass& p, const Status& why);
+  void Skip(ChosenStep& p, const Status& why);
   // 4. Moves this rank's bytes and blobs; the status of the attempt.
-  Status Transfer(Pass& p, Attempt& a, RestoreReport& r);
-  Status ExchangeBlobs(Pass& p, Attempt& a, std::string* blob_bytes);
+  Status Transfer(ChosenStep& p, Attempt& a, RestoreReport& r);
+  Status ExchangeBlobs(ChosenStep& p, Attempt& a, std::string* blob_bytes);
   // 5. Every rank's outcome: OK, the first non-checksum error, or (false) a checksum
   // failure somewhere, after which the step is excluded and agreement runs again.
-  Result<bool> Outcome(const Status& st, Pass& p, RestoreReport& r);
-  void Describe(const Pass& p, RestoreReport& r) const;
+  Result<bool> Outcome(const Status& st, ChosenStep& p, RestoreReport& r);
+  void Describe(const ChosenStep& p, RestoreReport& r) const;
 
   const RestoreEnv& env_;
   std::span<const ShardSpec> targets_;
@@ -190,7 +191,7 @@ Result<Choice> Restorer::Agree(const std::vector<Inventory>& inv) {
       (have_pfs_ ? ", PFS " + env_.pfs_job_dir : ", no PFS") + ")");
 }
 
-Status Restorer::Pin(Pass& p) {
+Status Restorer::Pin(ChosenStep& p) {
   for (const HeldVersion& v : held_) {
     if (v.step != p.choice.step) continue;
     auto pv = env_.memory->Pin(v);
@@ -204,11 +205,12 @@ Status Restorer::Pin(Pass& p) {
   return Status::OK();
 }
 
-Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, Pass& p, const Status& pin_st) {
+Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, ChosenStep& p,
+                               const Status& pin_st) {
   const int64_t step = p.choice.step;
-  p.mc.cat.step = step;
-  p.mc.cat.from_pfs = p.choice.from_pfs;
-  if (!p.choice.from_pfs) p.mc.cat.where = "host memory";
+  p.sources.cat.step = step;
+  p.sources.cat.from_pfs = p.choice.from_pfs;
+  if (!p.choice.from_pfs) p.sources.cat.where = "host memory";
   // Each distinct target layout travels once: from the lowest rank that has it.
   bool send_layout = true;
   for (size_t r = 0; r < inv.size(); ++r) {
@@ -235,24 +237,24 @@ Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, Pass& p, const
       CAIRN_RETURN_IF_ERROR(
           AddTables(static_cast<int>(r),
                     std::string_view(all[r]).substr(all[r].size() - rd.remaining()), saved_world,
-                    &p.mc, &p.tensor_ids, &p.piece_ids)
+                    &p.sources, &p.tensor_ids, &p.piece_ids)
               .WithContext(who_));
   }
   if (p.choice.from_pfs) {
-    p.mc.cat.where = p.step_dir;
-    CatalogFromManifest(p.manifest, &p.mc.cat);
+    p.sources.cat.where = p.step_dir;
+    CatalogFromManifest(p.manifest, &p.sources.cat);
   }
   return true;
 }
 
-void Restorer::Skip(Pass& p, const Status& why) {
+void Restorer::Skip(ChosenStep& p, const Status& why) {
   env_.log->Warning("skipping step " + std::to_string(p.choice.step) +
                     " on the PFS: " + why.ToString());
   skipped_.push_back(why.message());
   excluded_.insert({p.choice.step, true});
 }
 
-Result<bool> Restorer::FetchManifest(Pass& p) {
+Result<bool> Restorer::FetchManifest(ChosenStep& p) {
   const int64_t step = p.choice.step;
   p.step_dir = JoinPath(env_.pfs_job_dir, StepDirName(step));
   std::string encoded;
@@ -280,8 +282,8 @@ Result<bool> Restorer::FetchManifest(Pass& p) {
   return true;
 }
 
-Result<bool> Restorer::PlanFromIndex(Pass& p) {
-  p.solo = true;
+Result<bool> Restorer::PlanFromIndex(ChosenStep& p) {
+  p.planned_alone = true;
   const pb::Manifest saved = std::move(p.manifest);
   std::vector<std::pair<std::string, Box>> want;
   for (const ShardSpec& t : targets_) want.push_back({t.meta.name, t.box});
@@ -290,26 +292,26 @@ Result<bool> Restorer::PlanFromIndex(Pass& p) {
   Status st = [&]() -> Status {
     CAIRN_ASSIGN_OR_RETURN(p.manifest, PartialManifest(saved, want, blob_rank,
                                                        FileIndexReader(env_.pfs_fs, p.step_dir)));
-    p.mc.cat.step = p.choice.step;
-    p.mc.cat.from_pfs = true;
-    p.mc.cat.where = p.step_dir;
-    CatalogFromManifest(p.manifest, &p.mc.cat);
+    p.sources.cat.step = p.choice.step;
+    p.sources.cat.from_pfs = true;
+    p.sources.cat.where = p.step_dir;
+    CatalogFromManifest(p.manifest, &p.sources.cat);
     // Planned alone: this rank is class 0, every other rank an empty class 1.
     p.lt.classes = {LayoutOf(targets_), RankLayout{}};
     p.lt.class_of_rank.assign(static_cast<size_t>(env_.group->size()), 1);
     p.lt.class_of_rank[static_cast<size_t>(env_.rank)] = 0;
-    CAIRN_ASSIGN_OR_RETURN(p.plan, MakeLoadPlan(p.mc.cat, p.lt));
+    CAIRN_ASSIGN_OR_RETURN(p.plan, MakeLoadPlan(p.sources.cat, p.lt));
     return Status::OK();
   }();
   Trace::Record("restore plan", "restore", plan_t0, NowNanos());
-  p.mc.cat.where = p.step_dir;
+  p.sources.cat.where = p.step_dir;
   std::vector<std::string> names;
   for (const pb::Tensor& t : saved.tensors()) names.push_back(t.name());
   return CheckAlone(p, std::move(st), names, /*skip_corrupt=*/true);
 }
 
-Result<bool> Restorer::CheckAlone(Pass& p, Status st, const std::vector<std::string>& saved_names,
-                                  bool skip_corrupt) {
+Result<bool> Restorer::CheckAlone(ChosenStep& p, Status st,
+                                  const std::vector<std::string>& saved_names, bool skip_corrupt) {
   if (!st.ok()) st = st.WithContext(who_ + ", step " + std::to_string(p.choice.step));
   // One bit per saved tensor this rank's targets name.
   std::unordered_map<std::string_view, size_t> ids;
@@ -338,22 +340,22 @@ Result<bool> Restorer::CheckAlone(Pass& p, Status st, const std::vector<std::str
   return Unrestored(p, missing, count);
 }
 
-Status Restorer::Unrestored(const Pass& p, const std::vector<std::string>& names,
+Status Restorer::Unrestored(const ChosenStep& p, const std::vector<std::string>& names,
                             size_t count) const {
   std::string list;
   for (size_t i = 0; i < names.size() && i < 5; ++i) list += (i ? ", '" : "'") + names[i] + "'";
   if (count > 5) list += " and " + std::to_string(count - 5) + " more";
   return Status::InvalidArgument(who_ + ", step " + std::to_string(p.choice.step) + " (" +
-                                 p.mc.cat.where + "): saved tensor(s) " + list +
+                                 p.sources.cat.where + "): saved tensor(s) " + list +
                                  " are in no rank's targets (RestoreOptions::partial allows "
                                  "that)");
 }
 
-Status Restorer::Plan(Pass& p) {
-  for (auto& piece : p.mc.cat.pieces) std::sort(piece.holders.begin(), piece.holders.end());
+Status Restorer::Plan(ChosenStep& p) {
+  for (auto& piece : p.sources.cat.pieces) std::sort(piece.holders.begin(), piece.holders.end());
   CAIRN_ASSIGN_OR_RETURN(p.lt, GroupTargets(p.layouts, p.hashes));
   const int64_t plan_t0 = NowNanos();
-  auto plan = MakeLoadPlan(p.mc.cat, p.lt);
+  auto plan = MakeLoadPlan(p.sources.cat, p.lt);
   Trace::Record("restore plan", "restore", plan_t0, NowNanos());
   if (!plan.ok()) return plan.status();
   p.plan = std::move(*plan);
@@ -362,7 +364,7 @@ Status Restorer::Plan(Pass& p) {
   return Unrestored(p, unrestored, unrestored.size());
 }
 
-Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Pass& p,
+Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
                                        const Status& pin_st, TemplatedMemoryStep* out) {
   const int64_t step = p.choice.step;
   const int world = env_.group->size();
@@ -482,32 +484,33 @@ Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Pass& 
   ts.saved = std::move(*saved);
   ts.targets = std::move(*wanted);
   // Blobs: every holder of a source can provide them; the first one sends.
-  p.mc.blob_providers.resize(saved_world);
+  p.sources.blob_providers.resize(saved_world);
   for (uint32_t s = 0; s < saved_world; ++s)
-    for (int h : ts.holders[s]) p.mc.blob_providers[s].push_back({h, of_source[s]->blob_bytes});
+    for (int h : ts.holders[s])
+      p.sources.blob_providers[s].push_back({h, of_source[s]->blob_bytes});
   return true;
 }
 
-Result<bool> Restorer::PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& p,
-                                       const Status& pin_st) {
+Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
+                                               const Status& pin_st) {
   TemplatedMemoryStep ts;
   CAIRN_ASSIGN_OR_RETURN(bool templated, GatherTemplates(inv, p, pin_st, &ts));
   if (!templated) return false;
-  p.solo = true;
+  p.planned_alone = true;
   const int64_t plan_t0 = NowNanos();
   Status st = [&]() -> Status {
-    CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, cairn::PlanMemoryAlone(ts, env_.rank));
-    p.mc.cat = std::move(mp.cat);
+    CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, PlanMemoryAlone(ts, env_.rank));
+    p.sources.cat = std::move(mp.cat);
     p.lt = std::move(mp.lt);
     p.plan = std::move(mp.plan);
     return Status::OK();
   }();
   Trace::Record("restore plan", "restore", plan_t0, NowNanos());
-  p.mc.cat.where = "host memory";
-  for (uint32_t t = 0; t < p.mc.cat.tensors.size(); ++t)
-    p.tensor_ids.emplace(p.mc.cat.tensors[t].name, t);
-  for (uint32_t i = 0; i < p.mc.cat.pieces.size(); ++i) {
-    const LoadPiece& piece = p.mc.cat.pieces[i];
+  p.sources.cat.where = "host memory";
+  for (uint32_t t = 0; t < p.sources.cat.tensors.size(); ++t)
+    p.tensor_ids.emplace(p.sources.cat.tensors[t].name, t);
+  for (uint32_t i = 0; i < p.sources.cat.pieces.size(); ++i) {
+    const LoadPiece& piece = p.sources.cat.pieces[i];
     std::vector<int64_t> key = piece.box.offsets;
     key.insert(key.end(), piece.box.lengths.begin(), piece.box.lengths.end());
     p.piece_ids.emplace(std::make_pair(piece.tensor, std::move(key)), i);
@@ -520,9 +523,9 @@ Result<bool> Restorer::PlanMemoryAlone(const std::vector<Inventory>& inv, Pass& 
   return true;
 }
 
-Status Restorer::ExchangeBlobs(Pass& p, Attempt& a, std::string* blob_bytes) {
+Status Restorer::ExchangeBlobs(ChosenStep& p, Attempt& a, std::string* blob_bytes) {
   Status st;
-  const auto& providers = p.mc.blob_providers;
+  const auto& providers = p.sources.blob_providers;
   // Senders: every rank whose blobs this rank provides.
   for (size_t t = 0; t < providers.size() && t < p.lt.class_of_rank.size(); ++t) {
     const auto& prov = providers[t];
@@ -556,7 +559,7 @@ Status Restorer::ExchangeBlobs(Pass& p, Attempt& a, std::string* blob_bytes) {
   return st;
 }
 
-Status Restorer::Transfer(Pass& p, Attempt& a, RestoreReport& r) {
+Status Restorer::Transfer(ChosenStep& p, Attempt& a, RestoreReport& r) {
   for (const auto& pv : p.pinned) {
     for (const SlotShard& s : pv->header().shards) {
       auto tid = p.tensor_ids.find(s.name);
@@ -594,11 +597,11 @@ Status Restorer::Transfer(Pass& p, Attempt& a, RestoreReport& r) {
   return st;
 }
 
-Result<bool> Restorer::Outcome(const Status& st, Pass& p, RestoreReport& r) {
+Result<bool> Restorer::Outcome(const Status& st, ChosenStep& p, RestoreReport& r) {
   ByteWriter w;
   w.PutStatus(st);
   w.Put<uint64_t>(r.pfs_bytes_read);
-  w.Put<uint64_t>(p.solo ? p.plan.unique_bytes_needed : 0);
+  w.Put<uint64_t>(p.planned_alone ? p.plan.unique_bytes_needed : 0);
   CAIRN_ASSIGN_OR_RETURN(auto outcomes, env_.group->AllGather(w.out()));
   Status first_bad, first_corrupt;
   uint64_t job_pfs = 0, job_needed = 0;
@@ -631,14 +634,14 @@ Result<bool> Restorer::Outcome(const Status& st, Pass& p, RestoreReport& r) {
   return true;
 }
 
-void Restorer::Describe(const Pass& p, RestoreReport& r) const {
+void Restorer::Describe(const ChosenStep& p, RestoreReport& r) const {
   r.step = p.choice.step;
   r.skipped = skipped_;
   r.tier = p.choice.from_pfs ? "pfs" : r.bytes_received > 0 ? "peer" : "host";
   for (const ShardSpec& t : targets_) r.bytes += t.nbytes();
   const uint32_t c = p.lt.class_of_rank[static_cast<size_t>(env_.rank)];
   for (const LoadPlan::Fill& f : p.plan.fills[c]) {
-    const LoadPiece& piece = p.mc.cat.pieces[p.plan.spans[f.span].piece];
+    const LoadPiece& piece = p.sources.cat.pieces[p.plan.spans[f.span].piece];
     if (!(f.region == targets_[f.target].box) || !(f.region == piece.box)) r.resharded = true;
   }
   if (p.choice.from_pfs) {
@@ -658,15 +661,15 @@ void Restorer::Describe(const Pass& p, RestoreReport& r) const {
       if (!saved.count({ids[t.meta.name], key})) r.resharded = true;
     }
   }
-  r.job_unique_bytes_needed = p.solo ? p.job_needed : p.plan.unique_bytes_needed;
-  r.templated_plan = p.solo;
+  r.job_unique_bytes_needed = p.planned_alone ? p.job_needed : p.plan.unique_bytes_needed;
+  r.templated_plan = p.planned_alone;
   r.seconds = NanosToSeconds(NowNanos() - t0_);
 }
 
 Result<RestoreReport> Restorer::Run() {
   for (;;) {
     CAIRN_ASSIGN_OR_RETURN(std::vector<Inventory> inv, Discover());
-    Pass p;
+    ChosenStep p;
     CAIRN_ASSIGN_OR_RETURN(p.choice, Agree(inv));
     if (p.choice.from_pfs) {
       CAIRN_ASSIGN_OR_RETURN(bool readable, FetchManifest(p));
@@ -680,7 +683,7 @@ Result<RestoreReport> Restorer::Run() {
       const Status pin_st = p.choice.from_pfs ? Status::OK() : Pin(p);
       bool alone = false;
       if (!p.choice.from_pfs) {
-        CAIRN_ASSIGN_OR_RETURN(alone, PlanMemoryAlone(inv, p, pin_st));
+        CAIRN_ASSIGN_OR_RETURN(alone, PlanMemoryFromTemplates(inv, p, pin_st));
       }
       if (!alone) {
         CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p, pin_st));
@@ -689,7 +692,7 @@ Result<RestoreReport> Restorer::Run() {
       }
     }
     RestoreReport r;
-    Attempt a(env_, targets_, p.mc.cat, p.plan);
+    Attempt a(env_, targets_, p.sources.cat, p.plan);
     a.manifest = p.choice.from_pfs ? &p.manifest : nullptr;
     a.step_dir = p.step_dir;
     a.report = &r;

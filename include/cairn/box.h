@@ -1,8 +1,8 @@
 // Box: an N-d index region of a tensor's global index space, and the normalisation of a
 // flat row-major range [begin, end) into boxes.
 //
-// Every shard cairn handles is a Box in the global space of its tensor (ARCHITECTURE.md
-// section 3). Irregular pieces (ZeRO/FSDP flat partitions) are normalised at the API edge
+// Every shard cairn handles is a Box in the global space of its tensor (docs/cpp.md,
+// the first list). Irregular pieces (ZeRO/FSDP flat partitions) are normalised at the API edge
 // into at most 2*ndim-1 boxes that, taken in order, cover the flat range contiguously.
 #pragma once
 

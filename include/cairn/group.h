@@ -1,7 +1,8 @@
 // Group: the collectives cairn's planners and recovery use, over small byte messages.
 //
-// Lives in core/ so planners can run collectives without linking UCX: production uses the
-// UCX implementation (transport/ucx_group.h), unit tests may give an in-process one.
+// An interface, so that the planners (persist/, recovery/) run collectives without linking
+// UCX: production uses the UCX implementation (transport/ucx_group.h), unit tests may give an
+// in-process one.
 // Every rank of the group must call the same collectives in the same order.
 // Thread-safety: one collective at a time per Group object.
 #pragma once
