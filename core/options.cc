@@ -7,9 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 namespace cairn {
 namespace {
@@ -87,65 +90,133 @@ Setting Derived(Setting s, const char* derived_default) {
   return s;
 }
 
-Setting Text(const char* var, const char* fallback, Member<std::string> m, const char* meaning) {
-  return {var, fallback, meaning, [m](const Options& o) { return o.*m; },
-          [m](const char*, const char* t, Options& o) {
-            o.*m = t;
-            return Status::OK();
-          }};
-}
-
-Setting Int(const char* var, const char* fallback, Member<int> m, int64_t lo, int64_t hi,
-            const char* meaning) {
-  return {var, fallback, meaning, [m](const Options& o) { return std::to_string(o.*m); },
-          [m, lo, hi](const char* v, const char* t, Options& o) {
-            int64_t x = 0;
-            CAIRN_RETURN_IF_ERROR(ParseInt(v, t, lo, hi, &x));
-            o.*m = static_cast<int>(x);
-            return Status::OK();
-          }};
-}
-
-Setting Bytes(const char* var, Member<uint64_t> m, const char* meaning) {
-  return {var, nullptr, meaning, [m](const Options& o) { return ShowBytes(o.*m); },
-          [m](const char* v, const char* t, Options& o) { return ParseBytes(v, t, &(o.*m)); }};
-}
-
-Setting Seconds(const char* var, Member<double> m, const char* meaning) {
-  return {var, nullptr, meaning, [m](const Options& o) { return ShowSeconds(o.*m); },
-          [m](const char* v, const char* t, Options& o) {
-            char* end = nullptr;
-            errno = 0;
-            const double d = std::strtod(t, &end);
-            if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > 86400)
-              return Status::InvalidArgument(std::string(v) + "='" + t +
-                                             "' is not a number of seconds in (0, 86400]");
-            o.*m = d;
-            return Status::OK();
-          }};
+// Gives `s` its typed get(), and a set() that writes the value as the variable would spell it
+// (`text`: nullopt for the wrong kind of value) and parses that, so that a value set from
+// Python is checked exactly as the variable is.
+template <typename Get, typename Text>
+Setting Typed(Setting s, const char* field, const char* kind, Get get, Text text) {
+  s.field = field;
+  s.get = get;
+  s.set = [parse = s.parse, kind, text](const char* name, const SettingValue& v, Options& o) {
+    const std::optional<std::string> t = text(v);
+    if (!t) return Status::InvalidArgument(std::string(name) + " takes " + kind);
+    return parse(name, t->c_str(), o);
+  };
+  return s;
 }
 
 template <typename T>
-Setting Choice(const char* var, Member<T> m, std::vector<std::pair<const char*, T>> words,
-               const char* meaning) {
-  return {var, nullptr, meaning,
-          [m, words](const Options& o) {
-            for (const auto& [w, v] : words)
-              if (v == o.*m) return std::string(w);
-            return std::string("?");
-          },
-          [m, words](const char* v, const char* t, Options& o) {
-            std::string list;  // "a, b or c"
-            for (size_t i = 0; i < words.size(); ++i) {
-              if (std::string_view(t) == words[i].first) {
-                o.*m = words[i].second;
-                return Status::OK();
+std::optional<std::string> IntegerText(const SettingValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if constexpr (std::is_unsigned_v<T>)
+    if (const auto* u = std::get_if<uint64_t>(&v)) return std::to_string(*u);
+  return std::nullopt;
+}
+
+// A member and its name: the table names every field once.
+#define CAIRN_FIELD(name) &Options::name, #name
+
+Setting Text(const char* var, const char* fallback, Member<std::string> m, const char* field,
+             const char* meaning) {
+  Setting s{var, fallback, meaning, [m](const Options& o) { return o.*m; },
+            [m](const char*, const char* t, Options& o) {
+              o.*m = t;
+              return Status::OK();
+            }};
+  return Typed(
+      std::move(s), field, "a string", [m](const Options& o) { return SettingValue(o.*m); },
+      [](const SettingValue& v) -> std::optional<std::string> {
+        if (const auto* t = std::get_if<std::string>(&v)) return *t;
+        return std::nullopt;
+      });
+}
+
+Setting Int(const char* var, const char* fallback, Member<int> m, const char* field, int64_t lo,
+            int64_t hi, const char* meaning) {
+  Setting s{var, fallback, meaning, [m](const Options& o) { return std::to_string(o.*m); },
+            [m, lo, hi](const char* v, const char* t, Options& o) {
+              int64_t x = 0;
+              CAIRN_RETURN_IF_ERROR(ParseInt(v, t, lo, hi, &x));
+              o.*m = static_cast<int>(x);
+              return Status::OK();
+            }};
+  return Typed(
+      std::move(s), field, "an integer",
+      [m](const Options& o) { return SettingValue(int64_t{o.*m}); }, IntegerText<int64_t>);
+}
+
+Setting Bytes(const char* var, Member<uint64_t> m, const char* field, const char* meaning) {
+  Setting s{var, nullptr, meaning, [m](const Options& o) { return ShowBytes(o.*m); },
+            [m](const char* v, const char* t, Options& o) { return ParseBytes(v, t, &(o.*m)); }};
+  return Typed(
+      std::move(s), field, "a byte count", [m](const Options& o) { return SettingValue(o.*m); },
+      IntegerText<uint64_t>);
+}
+
+Setting Seconds(const char* var, Member<double> m, const char* field, const char* meaning) {
+  Setting s{var, nullptr, meaning, [m](const Options& o) { return ShowSeconds(o.*m); },
+            [m](const char* v, const char* t, Options& o) {
+              char* end = nullptr;
+              errno = 0;
+              const double d = std::strtod(t, &end);
+              if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > 86400)
+                return Status::InvalidArgument(std::string(v) + "='" + t +
+                                               "' is not a number of seconds in (0, 86400]");
+              o.*m = d;
+              return Status::OK();
+            }};
+  return Typed(
+      std::move(s), field, "a number of seconds",
+      [m](const Options& o) { return SettingValue(o.*m); },
+      [](const SettingValue& v) -> std::optional<std::string> {
+        if (const auto* d = std::get_if<double>(&v)) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.17g", *d);  // the same double when parsed
+          return buf;
+        }
+        return IntegerText<int64_t>(v);
+      });
+}
+
+// A member that takes one of a few words. Typed, a bool member is a bool (its word found by
+// value) and an enum member is its word.
+template <typename T>
+Setting Choice(const char* var, Member<T> m, const char* field,
+               std::vector<std::pair<const char*, T>> words, const char* meaning) {
+  auto word_of = [words](T value) {
+    for (const auto& [w, v] : words)
+      if (v == value) return std::string(w);
+    return std::string("?");
+  };
+  Setting s{var, nullptr, meaning, [m, word_of](const Options& o) { return word_of(o.*m); },
+            [m, words](const char* v, const char* t, Options& o) {
+              std::string list;  // "a, b or c"
+              for (size_t i = 0; i < words.size(); ++i) {
+                if (std::string_view(t) == words[i].first) {
+                  o.*m = words[i].second;
+                  return Status::OK();
+                }
+                if (i > 0) list += i + 1 == words.size() ? " or " : ", ";
+                list += words[i].first;
               }
-              if (i > 0) list += i + 1 == words.size() ? " or " : ", ";
-              list += words[i].first;
-            }
-            return Status::InvalidArgument(std::string(v) + "='" + t + "': use " + list);
-          }};
+              return Status::InvalidArgument(std::string(v) + "='" + t + "': use " + list);
+            }};
+  if constexpr (std::is_same_v<T, bool>) {
+    return Typed(
+        std::move(s), field, "True or False", [m](const Options& o) { return SettingValue(o.*m); },
+        [word_of](const SettingValue& v) -> std::optional<std::string> {
+          if (const auto* b = std::get_if<bool>(&v)) return word_of(*b);
+          return std::nullopt;
+        });
+  } else {
+    return Typed(
+        std::move(s), field, "a word",
+        [word_of, m](const Options& o) { return SettingValue(word_of(o.*m)); },
+        [](const SettingValue& v) -> std::optional<std::string> {
+          if (const auto* t = std::get_if<std::string>(&v)) return *t;
+          return std::nullopt;
+        });
+  }
 }
 
 constexpr int64_t kMaxRanks = 1 << 24;
@@ -153,59 +224,59 @@ constexpr int64_t kMaxRanks = 1 << 24;
 std::vector<Setting> MakeSettings() {
   return {
       // torchrun sets RANK etc., Open MPI's mpirun OMPI_COMM_WORLD_*, Slurm's srun SLURM_*.
-      Int("CAIRN_RANK", "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID", &Options::rank, 0, kMaxRanks,
+      Int("CAIRN_RANK", "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID", CAIRN_FIELD(rank), 0, kMaxRanks,
           "global rank of this process"),
       Int("CAIRN_WORLD_SIZE", "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS",
-          &Options::world_size, 1, kMaxRanks, "number of ranks in the job"),
+          CAIRN_FIELD(world_size), 1, kMaxRanks, "number of ranks in the job"),
       Int("CAIRN_LOCAL_RANK", "LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID",
-          &Options::local_rank, 0, kMaxRanks, "rank within this node"),
+          CAIRN_FIELD(local_rank), 0, kMaxRanks, "rank within this node"),
       Int("CAIRN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE",
-          &Options::local_world_size, 1, kMaxRanks, "ranks on this node"),
-      Derived(Int("CAIRN_NODE", "GROUP_RANK, SLURM_NODEID", &Options::node, 0, kMaxRanks,
+          CAIRN_FIELD(local_world_size), 1, kMaxRanks, "ranks on this node"),
+      Derived(Int("CAIRN_NODE", "GROUP_RANK, SLURM_NODEID", CAIRN_FIELD(node), 0, kMaxRanks,
                   "node id: selects <host_root>/<job>/node-<n>"),
               "RANK / LOCAL_WORLD_SIZE"),
-      Derived(Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", &Options::job_id,
+      Derived(Text("CAIRN_JOB_ID", "TORCHELASTIC_RUN_ID", CAIRN_FIELD(job_id),
                    "job name; separates the files of concurrent jobs"),
               "TORCHELASTIC_RUN_ID, else 'default'"),
-      Derived(Text("CAIRN_HOST_ROOT", nullptr, &Options::host_root,
+      Derived(Text("CAIRN_HOST_ROOT", nullptr, CAIRN_FIELD(host_root),
                    "host-tier root (tmpfs survives the process; a DAX filesystem gives "
                    "persistent memory); must be this user's own: a directory another user "
                    "made or can write is refused"),
               "/dev/shm/cairn-<uid>, one per user"),
-      Int("CAIRN_SLOTS", nullptr, &Options::slots, 2, 64,
+      Int("CAIRN_SLOTS", nullptr, CAIRN_FIELD(slots), 2, 64,
           "host slots per rank (ring), each as large as a version: the newest version, one a "
           "drain or replica push may hold, and one to capture into (with 2, saves are "
           "skipped while a drain runs); at least 2"),
-      Bytes("CAIRN_SLOT_BYTES", &Options::slot_bytes,
+      Bytes("CAIRN_SLOT_BYTES", CAIRN_FIELD(slot_bytes),
             "pre-size and pre-fault every slot at open (K/M/G suffix); 0 sizes a slot at its "
             "first save, in the background"),
-      Bytes("CAIRN_CHUNK_BYTES", &Options::chunk_bytes,
+      Bytes("CAIRN_CHUNK_BYTES", CAIRN_FIELD(chunk_bytes),
             "capture and checksum chunk size (64K..1G)"),
-      Int("CAIRN_COPY_THREADS", nullptr, &Options::copy_threads, 1, 256,
+      Int("CAIRN_COPY_THREADS", nullptr, CAIRN_FIELD(copy_threads), 1, 256,
           "threads of the host copy engine (the CUDA engine checksums on at least 4)"),
-      Choice<CopyEngineKind>("CAIRN_COPY_ENGINE", &Options::copy_engine,
+      Choice<CopyEngineKind>("CAIRN_COPY_ENGINE", CAIRN_FIELD(copy_engine),
                              {{"auto", CopyEngineKind::kAuto},
                               {"host", CopyEngineKind::kHost},
                               {"cuda", CopyEngineKind::kCuda}},
                              "auto | host | cuda (auto: cuda when a device is usable)"),
-      Choice<FullPolicy>("CAIRN_FULL_POLICY", &Options::full_policy,
+      Choice<FullPolicy>("CAIRN_FULL_POLICY", CAIRN_FIELD(full_policy),
                          {{"skip", FullPolicy::kSkip}, {"block", FullPolicy::kBlock}},
                          "when no slot is free at save(): skip (count it, never stall) or block"),
-      Int("CAIRN_LOG_LEVEL", nullptr, &Options::log_level, 0, 3,
+      Int("CAIRN_LOG_LEVEL", nullptr, CAIRN_FIELD(log_level), 0, 3,
           "0 errors, 1 warnings, 2 info, 3 debug"),
-      Text("CAIRN_TRACE", nullptr, &Options::trace_path,
+      Text("CAIRN_TRACE", nullptr, CAIRN_FIELD(trace_path),
            "write Chrome trace events (save, fence, copy, replicate, persist, restore) to this "
            "file at exit; with several ranks <file>.rank-<r>.json (merge: cairn trace-merge)"),
-      Text("CAIRN_PFS_ROOT", nullptr, &Options::pfs_root,
+      Text("CAIRN_PFS_ROOT", nullptr, CAIRN_FIELD(pfs_root),
            "root on the filesystem every node shares"),
-      Derived(Text("CAIRN_RENDEZVOUS_DIR", nullptr, &Options::rendezvous_dir,
+      Derived(Text("CAIRN_RENDEZVOUS_DIR", nullptr, CAIRN_FIELD(rendezvous_dir),
                    "where ranks publish their UCX addresses and find the job token (shared by "
                    "all nodes)"),
               "<CAIRN_PFS_ROOT>/<job>/rendezvous"),
-      Seconds("CAIRN_CONNECT_TIMEOUT_S", &Options::connect_timeout_s,
+      Seconds("CAIRN_CONNECT_TIMEOUT_S", CAIRN_FIELD(connect_timeout_s),
               "how long start-up waits for every rank to appear"),
       Choice<BootstrapKind>(
-          "CAIRN_BOOTSTRAP", &Options::bootstrap,
+          "CAIRN_BOOTSTRAP", CAIRN_FIELD(bootstrap),
           {{"auto", BootstrapKind::kAuto},
            {"pmix", BootstrapKind::kPmix},
            {"files", BootstrapKind::kFiles}},
@@ -213,42 +284,45 @@ std::vector<Setting> MakeSettings() {
           "mpirun, srun --mpi=pmix; no file per rank), files (address files in the "
           "rendezvous directory), auto (pmix when the launcher provides it and its job is "
           "cairn's, of the same size; else files: torchrun under srun uses files)"),
-      Int("CAIRN_CONNECT_ALL_MAX", nullptr, &Options::connect_all_max, 0, kMaxRanks,
+      Int("CAIRN_CONNECT_ALL_MAX", nullptr, CAIRN_FIELD(connect_all_max), 0, kMaxRanks,
           "jobs of at most this many ranks connect every pair at start-up (a missing rank "
           "fails the start at once); a larger job connects to a rank when it first talks "
           "to it, so a rank holds endpoints to, and reads the address files of, only its "
           "collective neighbours, replica partners and restore peers"),
-      Seconds("CAIRN_OP_TIMEOUT_S", &Options::op_timeout_s,
+      Seconds("CAIRN_OP_TIMEOUT_S", CAIRN_FIELD(op_timeout_s),
               "how long a collective waits for a silent peer"),
-      Int("CAIRN_REPLICAS", nullptr, &Options::replicas, 0, 16,
+      Int("CAIRN_REPLICAS", nullptr, CAIRN_FIELD(replicas), 0, 16,
           "copies of every version held in other nodes' memory (0: none)"),
-      Seconds("CAIRN_REPLICATE_TIMEOUT_S", &Options::replicate_timeout_s,
+      Seconds("CAIRN_REPLICATE_TIMEOUT_S", CAIRN_FIELD(replicate_timeout_s),
               "a replica holder that does not answer this long counts as down (training never "
               "waits); a link seen down and up again during a push is redialed at once, "
               "without waiting this long"),
-      Choice<bool>("CAIRN_PLACEMENT", &Options::group_placement, {{"ring", false}, {"group", true}},
+      Choice<bool>("CAIRN_PLACEMENT", CAIRN_FIELD(group_placement),
+                   {{"ring", false}, {"group", true}},
                    "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold "
                    "each other)"),
-      Int("CAIRN_PERSIST_EVERY", nullptr, &Options::persist_every, 0, 1 << 30,
+      Int("CAIRN_PERSIST_EVERY", nullptr, CAIRN_FIELD(persist_every), 0, 1 << 30,
           "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"),
-      Int("CAIRN_KEEP_ON_PFS", nullptr, &Options::keep_on_pfs, 1, 1 << 20,
+      Int("CAIRN_KEEP_ON_PFS", nullptr, CAIRN_FIELD(keep_on_pfs), 1, 1 << 20,
           "committed steps kept on the PFS; older ones are deleted"),
-      Int("CAIRN_PERSIST_THREADS", nullptr, &Options::persist_threads, 1, 64,
+      Int("CAIRN_PERSIST_THREADS", nullptr, CAIRN_FIELD(persist_threads), 1, 64,
           "writer threads per rank for the PFS (each hashes a chunk, then writes it); also the "
           "PFS reader threads of a restore"),
-      Choice<bool>("CAIRN_PERSIST_DIRECT", &Options::persist_direct, {{"0", false}, {"1", true}},
+      Choice<bool>("CAIRN_PERSIST_DIRECT", CAIRN_FIELD(persist_direct), {{"0", false}, {"1", true}},
                    "1: write PFS files with O_DIRECT (falls back if refused)"),
       Choice<PersistPriority>(
-          "CAIRN_PERSIST_PRIORITY", &Options::persist_priority,
+          "CAIRN_PERSIST_PRIORITY", CAIRN_FIELD(persist_priority),
           {{"idle", PersistPriority::kIdle},
            {"low", PersistPriority::kLow},
            {"normal", PersistPriority::kNormal}},
           "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
           "nothing else wants; drains may crawl on a busy host) or normal"),
-      Bytes("CAIRN_PERSIST_RATE", &Options::persist_rate,
+      Bytes("CAIRN_PERSIST_RATE", CAIRN_FIELD(persist_rate),
             "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"),
   };
 }
+
+#undef CAIRN_FIELD
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "cairn/checkpointer.h"
@@ -270,21 +271,40 @@ class PyCheckpointer {
   std::deque<std::pair<uint64_t, std::vector<py::object>>> pinned_;
 };
 
-// Word-valued options (full_policy, persist_priority) read and written through the settings
-// table, so that Python accepts and shows the same words as the environment variable.
-const Setting& SettingNamed(const char* variable) {
-  for (const Setting& s : Settings())
-    if (std::string_view(s.variable) == variable) return s;
-  throw std::logic_error(std::string("no setting ") + variable);
+// Options' attributes are bound from the settings table (cairn/options.h): every setting is an
+// attribute named after its field, typed as the field is (an enum as the variable's word),
+// and checked on assignment exactly as the variable is.
+py::object SettingGet(const Setting& s, const Options& o) {
+  return std::visit([](const auto& v) { return py::cast(v); }, s.get(o));
 }
-auto SettingGetter(const char* variable) {
-  return [&s = SettingNamed(variable)](const Options& o) { return s.show(o); };
-}
-auto SettingSetter(const char* variable) {
-  return [&s = SettingNamed(variable)](Options& o, const std::string& v) {
-    Status st = s.parse(s.variable, v.c_str(), o);
-    if (!st.ok()) Throw(st);
-  };
+void SettingSet(const Setting& s, Options& o, const py::handle& value) {
+  const std::string name = std::string("cairn.Options.") + s.field;
+  SettingValue v;
+  try {
+    switch (s.get(Options{}).index()) {  // the alternative the field holds
+      case 0:
+        v = value.cast<bool>();
+        break;
+      case 1:
+        v = value.cast<int64_t>();
+        break;
+      case 2:
+        v = value.cast<uint64_t>();
+        break;
+      case 3:
+        v = value.cast<double>();
+        break;
+      default:
+        v = value.cast<std::string>();
+        break;
+    }
+  } catch (const py::cast_error&) {
+    throw py::type_error(name + " cannot be set to a " +
+                         py::str(py::type::of(value).attr("__name__")).cast<std::string>() + " (" +
+                         s.variable + ": " + s.meaning + ")");
+  }
+  Status st = s.set(name.c_str(), v, o);
+  if (!st.ok()) Throw(st);
 }
 
 }  // namespace
@@ -296,47 +316,32 @@ PYBIND11_MODULE(_cairn, m) {
   static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
   g_error = error.ptr();
 
-  py::class_<Options>(m, "Options",
-                      "Every setting of a Checkpointer (see `cairn --help` for their meaning; "
-                      "from_environment() reads the CAIRN_* variables).")
-      .def(py::init<>())
+  py::class_<Options> options(m, "Options",
+                              "Every setting of a Checkpointer, an attribute per CAIRN_* variable "
+                              "(settings() lists them; from_environment() reads the variables).");
+  options.def(py::init<>())
       .def_static(
           "from_environment", [] { return Unwrap(Options::FromEnvironment()); },
           "Options from the CAIRN_* variables and RANK, WORLD_SIZE, LOCAL_RANK, ...")
-      .def("validate",
-           [](const Options& o) {
-             Status st = o.Validate();
-             if (!st.ok()) Throw(st);
-           })
-      .def_readwrite("job_id", &Options::job_id)
-      .def_readwrite("host_root", &Options::host_root)
-      .def_readwrite("pfs_root", &Options::pfs_root)
-      .def_readwrite("rendezvous_dir", &Options::rendezvous_dir)
-      .def_readwrite("rank", &Options::rank)
-      .def_readwrite("world_size", &Options::world_size)
-      .def_readwrite("local_rank", &Options::local_rank)
-      .def_readwrite("local_world_size", &Options::local_world_size)
-      .def_readwrite("node", &Options::node)
-      .def_readwrite("slots", &Options::slots)
-      .def_readwrite("copy_threads", &Options::copy_threads)
-      .def_readwrite("chunk_bytes", &Options::chunk_bytes)
-      .def_readwrite("slot_bytes", &Options::slot_bytes)
-      .def_property("full_policy", SettingGetter("CAIRN_FULL_POLICY"),
-                    SettingSetter("CAIRN_FULL_POLICY"))
-      .def_readwrite("log_level", &Options::log_level)
-      .def_readwrite("trace_path", &Options::trace_path)
-      .def_readwrite("connect_timeout_s", &Options::connect_timeout_s)
-      .def_readwrite("op_timeout_s", &Options::op_timeout_s)
-      .def_readwrite("replicas", &Options::replicas)
-      .def_readwrite("replicate_timeout_s", &Options::replicate_timeout_s)
-      .def_readwrite("group_placement", &Options::group_placement)
-      .def_readwrite("persist_every", &Options::persist_every)
-      .def_readwrite("keep_on_pfs", &Options::keep_on_pfs)
-      .def_readwrite("persist_threads", &Options::persist_threads)
-      .def_readwrite("persist_direct", &Options::persist_direct)
-      .def_readwrite("persist_rate", &Options::persist_rate)
-      .def_property("persist_priority", SettingGetter("CAIRN_PERSIST_PRIORITY"),
-                    SettingSetter("CAIRN_PERSIST_PRIORITY"));
+      .def("validate", [](const Options& o) {
+        Status st = o.Validate();
+        if (!st.ok()) Throw(st);
+      });
+  for (const Setting& s : Settings()) {
+    options.def_property(
+        s.field, [&s](const Options& o) { return SettingGet(s, o); },
+        [&s](Options& o, const py::handle& v) { SettingSet(s, o, v); },
+        (std::string(s.variable) + ": " + s.meaning).c_str());
+  }
+  m.def(
+      "settings",
+      [] {
+        py::list out;
+        for (const Setting& s : Settings())
+          out.append(py::make_tuple(s.field, s.variable, s.DefaultText(), s.meaning));
+        return out;
+      },
+      "Every setting: (attribute of Options, environment variable, default, meaning).");
 
   py::class_<PyShard>(m, "Shard",
                       "One tensor's bytes to save or fill: the tensor's name, dtype name "

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "cairn/status.h"
@@ -94,6 +95,10 @@ struct Options {
 // InvalidArgument naming `what` otherwise.
 Result<uint64_t> ParseByteCount(const std::string& text, const std::string& what);
 
+// A setting's value as its Options member holds it: a yes/no, a count, a byte count,
+// seconds, or a name, path or enum word.
+using SettingValue = std::variant<bool, int64_t, uint64_t, double, std::string>;
+
 // One setting: the variable that sets it (and the launcher's variable read when it is
 // unset), what it means, its value in an Options as the variable would spell it, and the
 // parser that sets it from that text.
@@ -107,6 +112,14 @@ struct Setting {
   std::function<Status(const char* variable, const char* text, Options& o)> parse;
   // Printed instead of show(Options{}) when the default is derived from other settings.
   const char* derived_default = nullptr;
+  // The Options member it sets ("slots", "trace_path"): the attribute name of Python's
+  // cairn.Options, which is bound from this table.
+  const char* field = nullptr;
+  // The member's value, typed as the member holds it (an enum as its word), and setting it
+  // from a value of that same alternative, checked as the variable is (the same range and
+  // words); an error names `name`.
+  std::function<SettingValue(const Options&)> get = nullptr;
+  std::function<Status(const char* name, const SettingValue& value, Options& o)> set = nullptr;
 
   // The default as --help prints it.
   std::string DefaultText() const;

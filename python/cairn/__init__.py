@@ -13,7 +13,8 @@ state dicts, fences before every optimizer step and restores the RNG states.
 
 Every error is a `cairn.Error` (a RuntimeError) whose `code` names its kind
 ("InvalidArgument", "NotFound", "Corruption", "Unavailable", ...). Settings and their
-defaults: `cairn --help` or the README.
+defaults: `cairn.settings()`, `cairn --help` or docs/settings.md; every setting is an
+attribute of `cairn.Options`, named as in settings().
 """
 
 from ._cairn import (  # noqa: F401
@@ -26,7 +27,8 @@ from ._cairn import (  # noqa: F401
     ShardList,
     Stats,
     VersionInfo,
+    settings,
 )
 
 __all__ = ["Checkpointer", "Error", "Options", "PfsStep", "RestoreReport", "Shard", "ShardList",
-           "Stats", "VersionInfo"]
+           "Stats", "VersionInfo", "settings"]

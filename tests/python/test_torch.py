@@ -756,6 +756,42 @@ class CoreModule(unittest.TestCase):
         o.persist_every = 0
         return o
 
+    def test_options_hold_every_setting_typed_and_checked_as_its_variable_is(self):
+        import cairn
+
+        table = cairn.settings()
+        fields = [t[0] for t in table]
+        self.assertEqual(len(fields), len(set(fields)))
+        # The three the hand-kept list of attributes had lost.
+        for field in ("copy_engine", "bootstrap", "connect_all_max"):
+            self.assertIn(field, fields)
+        o = cairn.Options()
+        for field, variable, default, meaning in table:
+            self.assertTrue(variable.startswith("CAIRN_") and meaning, variable)
+            value = getattr(o, field)
+            setattr(o, field, value)
+            self.assertEqual(getattr(o, field), value, field)
+        # Typed as the fields are (an enum as its word), as the attributes always were.
+        o.slots, o.chunk_bytes, o.replicate_timeout_s = 5, 1 << 22, 0.25
+        o.persist_direct, o.group_placement, o.copy_engine = True, True, "host"
+        o.connect_all_max, o.bootstrap, o.job_id = 8, "files", "run7"
+        self.assertEqual((o.slots, o.chunk_bytes, o.replicate_timeout_s), (5, 1 << 22, 0.25))
+        self.assertIs(o.persist_direct, True)
+        self.assertIs(o.group_placement, True)
+        self.assertEqual((o.copy_engine, o.connect_all_max, o.bootstrap, o.job_id),
+                         ("host", 8, "files", "run7"))
+        # Checked as the variable is; a refused value changes nothing.
+        with self.assertRaisesRegex(cairn.Error, r"cairn.Options.slots=1 is outside \[2, 64\]"):
+            o.slots = 1
+        with self.assertRaisesRegex(cairn.Error, "use auto, host or cuda"):
+            o.copy_engine = "gpu"
+        with self.assertRaisesRegex(TypeError, "cairn.Options.slots cannot be set to a str"):
+            o.slots = "four"
+        with self.assertRaisesRegex(cairn.Error, "not a number of seconds"):
+            o.op_timeout_s = -1.0
+        self.assertEqual((o.slots, o.copy_engine, o.op_timeout_s),
+                         (5, "host", cairn.Options().op_timeout_s))
+
     def test_every_fence_variant_waits_for_host_copies_and_releases_their_owners(self):
         import gc
         import weakref
