@@ -701,6 +701,18 @@ Status UcxComm::Redial(int p, double timeout_s) {
                                ") did not answer a TCP handshake within " +
                                std::to_string(timeout_s) + " s; the link is still down");
   Lock lk(mu_);
+  // The peer restarted (its hello carried another nonce): the address this rank knows is
+  // the dead incarnation's, so connect to the greeter instead.
+  if (!peer.hello_address.empty() && !peer.hello_nonce.empty() && peer.hello_nonce != peer.nonce) {
+    if (peer.redial) {
+      FreeLocked(peer.redial);
+      peer.redial = nullptr;
+    }
+    Status st = Reconnect(lk, p, peer.hello_nonce, peer.hello_address);
+    if (!st.ok()) return Status::Unavailable("redial " + Who(p) + ": " + st.message());
+    peer.connected_at = NowNanos();
+    return Status::OK();
+  }
   // The peer redialed this rank meanwhile (both ends of a link tend to at once): its fresh
   // connection is as good as one this rank would make, and replacing it would cancel what
   // is in flight on it.
@@ -797,8 +809,9 @@ bool UcxComm::TakeHello(Lock& lk, int p, const std::string& got, bool redial,
   peer.hello_address = address;
   peer.hello_probe = probe;
   // An endpoint made from an older incarnation's address (a peer that restarted, or an
-  // address file read before the peer rewrote it) is replaced by one to the greeter.
-  if (peer.ep && nonce != peer.nonce) {
+  // address file read before the peer rewrote it) is replaced by one to the greeter; so is
+  // none, where one existed and failed to be remade (a redial to the dead incarnation).
+  if ((peer.ep || !peer.address.empty()) && nonce != peer.nonce) {
     Status st = Reconnect(lk, p, nonce, address);
     if (st.ok())
       *restarted = true;
