@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
 # Installs cairn's build dependencies from Debian (bookworm) when any is missing, then
 # configures and builds cairn into build/ (RelWithDebInfo, warnings are errors).
+#   bash scripts/setup.sh            everything: the library, the cairn command, the Python
+#                                    module, the tests and the benchmarks
+#   bash scripts/setup.sh --demo     only what `cairn demo` needs: fewer packages (no
+#                                    PyTorch, GoogleTest, Open MPI, ...) and the cairn command
 #   CAIRN_BUILD_DIR  build directory (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+demo=0
+if [ "${1:-}" = "--demo" ]; then demo=1; shift; fi
+if (($#)); then echo "setup.sh: unknown argument '$1' (use --demo or nothing)" >&2; exit 2; fi
+
+# What the library and the cairn command build against.
 PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev
-          libprotobuf-dev protobuf-compiler libgtest-dev libgmock-dev libbenchmark-dev
-          libucx-dev ucx-utils python3-numpy python3-dev pybind11-dev python3-torch
-          libcli11-dev nlohmann-json3-dev libpmix-dev openmpi-bin iproute2)
+          libprotobuf-dev protobuf-compiler libucx-dev libcli11-dev nlohmann-json3-dev)
+if ((!demo)); then
+  # The tests, benchmarks and Python module, and what the tests run (PMIx launchers, Open
+  # MPI's mpirun, UCX's tools, network namespaces).
+  PACKAGES+=(libgtest-dev libgmock-dev libbenchmark-dev ucx-utils python3-numpy python3-dev
+             pybind11-dev python3-torch libpmix-dev openmpi-bin iproute2)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,5 +36,18 @@ if ((${#missing[@]})); then
 fi
 
 build="${CAIRN_BUILD_DIR:-build}"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON >/dev/null
-cmake --build "$build"
+if ((demo)); then
+  # The tests, benchmarks and module stay as a build directory already has them (configured
+  # by an earlier full setup), and are not built.
+  if [ -f "$build/CMakeCache.txt" ]; then
+    cmake -S . -B "$build" >/dev/null
+  else
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
+      -DCAIRN_BUILD_TESTS=OFF -DCAIRN_BUILD_BENCH=OFF -DCAIRN_WITH_PYTHON=OFF >/dev/null
+  fi
+  cmake --build "$build" --target cairn_cli
+else
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
+    -DCAIRN_BUILD_TESTS=ON -DCAIRN_BUILD_BENCH=ON -DCAIRN_WITH_PYTHON=ON >/dev/null
+  cmake --build "$build"
+fi
