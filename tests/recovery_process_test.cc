@@ -13,6 +13,7 @@
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
+#include "snapshot/copy_engine.h"
 #include "tests/matrix_log.h"
 #include "tests/recovery_process_util.h"
 #include "tests/test_util.h"
@@ -74,6 +75,22 @@ TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
   }
 }
 
+// The children take the copy engine their environment names (the GPU suite's ranks run
+// with CAIRN_COPY_ENGINE=cuda; a helper that forced the host engine failed every one of
+// them on the first GPU run). Without a device, cuda must be refused at open, naming CUDA.
+TEST(RecoveryProcesses, ChildrenUseTheCopyEngineTheirEnvironmentNames) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is here: the GPU suite covers it";
+  TempDir root("rengine");
+  const std::string out = root.path() + "/out";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  auto l = LocalLauncher::Start(Spec(root, testing::UniqueJobId("engine"), 1, 1,
+                                     {"train", "dp", "64", "1", "1"}, out,
+                                     {{"CAIRN_COPY_ENGINE", "cuda"}, {"CAIRN_REPLICAS", "0"}}));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_FALSE((*l)->WaitAll(60)) << "opened with CAIRN_COPY_ENGINE=cuda and no device";
+  EXPECT_NE(Logs(out, 1).find("CUDA"), std::string::npos) << Logs(out, 1);
+}
+
 TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
   TempDir root("rjob");
   const std::string job = testing::UniqueJobId("wholejob");
@@ -97,15 +114,29 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
     EXPECT_EQ(x.pfs, 0u);
     EXPECT_EQ(x.resharded, 1);
   }
+  // A job that grew to 6 ranks (3 nodes), from the memory of the 4: the new ranks hold
+  // nothing of their own and take rank 0's blobs.
+  got = RunRestore(root, job, 3, 2, "flat", 6, "flat6");
+  ASSERT_EQ(got.size(), 6u);
+  for (int r = 0; r < 6; ++r) {
+    const Restored& x = got[static_cast<size_t>(r)];
+    EXPECT_EQ(x.step, 6) << "rank " << r;
+    EXPECT_EQ(x.pfs, 0u) << "rank " << r;
+    EXPECT_EQ(x.blobs, r < 4 ? r : 0) << "rank " << r;
+  }
 
   // Every host tier is lost: from the PFS onto 3 ranks with the last dimension split in 2
   // (ranks 0 and 2 need the same bytes), 3 ranks with flat ranges, and 2 data-parallel
   // ranks that each need everything.
   ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host").ok());
-  for (auto [world, layout] : {std::pair{3, "col2"}, std::pair{3, "flat"}, std::pair{2, "dp"}}) {
+  // And onto 6 ranks (the job grew): ranks 4 and 5 take rank 0's blobs.
+  for (auto [world, layout] :
+       {std::pair{3, "col2"}, std::pair{3, "flat"}, std::pair{2, "dp"}, std::pair{6, "col2"}}) {
     got = RunRestore(root, job, world, 1, layout, 6, std::string(layout) + std::to_string(world));
     ASSERT_EQ(got.size(), static_cast<size_t>(world));
-    for (const Restored& x : got) {
+    for (int r = 0; r < world; ++r) {
+      const Restored& x = got[static_cast<size_t>(r)];
+      EXPECT_EQ(x.blobs, r < 4 ? r : 0) << layout << " rank " << r;
       EXPECT_EQ(x.step, 6) << layout;
       EXPECT_EQ(x.tier, "pfs") << layout;
       EXPECT_EQ(x.resharded, 1) << layout;
