@@ -462,6 +462,7 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("bytes", &RestoreReport::bytes)
       .def_readonly("seconds", &RestoreReport::seconds)
       .def_property_readonly("blobs", [](const RestoreReport& r) { return FromBlobs(r.blobs); })
+      .def_readonly("blobs_rank", &RestoreReport::blobs_rank)
       .def_readonly("skipped", &RestoreReport::skipped)
       .def_readonly("resharded", &RestoreReport::resharded)
       .def_readonly("bytes_local", &RestoreReport::bytes_local)

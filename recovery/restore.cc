@@ -133,6 +133,9 @@ class Restorer {
   void Skip(ChosenStep& p, const Status& why);
   // 4. Moves this rank's bytes and blobs; the status of the attempt.
   Status Transfer(ChosenStep& p, Attempt& a, RestoreReport& r);
+  // 5. A job that grew: ranks whose number saved nothing get rank 0's blobs (collective,
+  // only when the saved world is smaller than this one).
+  Status ShareBlobsWithNewRanks(const ChosenStep& p, RestoreReport& r);
   Status ExchangeBlobs(ChosenStep& p, Attempt& a, std::string* blob_bytes);
   // 5. Every rank's outcome: OK, the first non-checksum error, or (false) a checksum
   // failure somewhere, after which the step is excluded and agreement runs again.
@@ -597,6 +600,39 @@ Status Restorer::Transfer(ChosenStep& p, Attempt& a, RestoreReport& r) {
   return st;
 }
 
+Status Restorer::ShareBlobsWithNewRanks(const ChosenStep& p, RestoreReport& r) {
+  const size_t saved_world =
+      p.choice.from_pfs ? p.manifest.world_size() : p.sources.blob_providers.size();
+  r.blobs_rank = saved_world == 0 || static_cast<size_t>(env_.rank) < saved_world ? env_.rank : -1;
+  if (saved_world == 0 || saved_world >= static_cast<size_t>(env_.group->size()))
+    return Status::OK();
+  ByteWriter w;
+  if (env_.rank == 0) {
+    w.Put<uint32_t>(static_cast<uint32_t>(r.blobs.size()));
+    for (const auto& [k, v] : r.blobs) {
+      w.PutString(k);
+      w.PutString(v);
+    }
+  }
+  CAIRN_ASSIGN_OR_RETURN(std::string bytes, env_.group->Broadcast(0, w.out()));
+  if (r.blobs_rank >= 0) return Status::OK();
+  ByteReader br(bytes);
+  uint32_t n = 0;
+  bool ok = br.Get(&n);
+  Blobs b;
+  for (uint32_t i = 0; ok && i < n; ++i) {
+    std::string k, v;
+    ok = br.GetString(&k, kMaxText) && br.GetString(&v, bytes.size());
+    if (ok) b.emplace(std::move(k), std::move(v));
+  }
+  if (!ok)
+    return Status::Corruption(who_ + ": garbled blobs of rank 0, step " +
+                              std::to_string(p.choice.step));
+  r.blobs = std::move(b);
+  r.blobs_rank = 0;
+  return Status::OK();
+}
+
 Result<bool> Restorer::Outcome(const Status& st, ChosenStep& p, RestoreReport& r) {
   ByteWriter w;
   w.PutStatus(st);
@@ -701,6 +737,7 @@ Result<RestoreReport> Restorer::Run() {
     const Status st = Transfer(p, a, r);
     CAIRN_ASSIGN_OR_RETURN(bool done, Outcome(st, p, r));
     if (!done) continue;
+    CAIRN_RETURN_IF_ERROR(ShareBlobsWithNewRanks(p, r));
     Describe(p, r);
     return r;
   }

@@ -201,18 +201,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "recovery_child: %s\n", bad.c_str());
       return 1;
     }
-    if (r->blobs["who"] != testing::ModelState::Blob(opts.rank, r->step)) {
-      std::fprintf(stderr, "recovery_child: blob '%s'\n", r->blobs["who"].c_str());
+    // This rank's own blobs, or, where the saved job had no rank of this number, rank 0's.
+    if ((r->blobs_rank != opts.rank && r->blobs_rank != 0) ||
+        r->blobs["who"] != testing::ModelState::Blob(r->blobs_rank, r->step)) {
+      std::fprintf(stderr, "recovery_child: blob '%s' of rank %d\n", r->blobs["who"].c_str(),
+                   r->blobs_rank);
       return 1;
     }
     std::printf(
         "restored %lld tier %s received %llu pfs %llu needed %llu resharded %d skipped %zu plan "
-        "%s\n",
+        "%s blobs %d\n",
         static_cast<long long>(r->step), r->tier.c_str(),
         static_cast<unsigned long long>(r->bytes_received),
         static_cast<unsigned long long>(r->job_pfs_bytes_read),
         static_cast<unsigned long long>(r->job_unique_bytes_needed), r->resharded ? 1 : 0,
-        r->skipped.size(), r->templated_plan ? "alone" : "job");
+        r->skipped.size(), r->templated_plan ? "alone" : "job", r->blobs_rank);
     std::fflush(stdout);
     return r->step >= arg ? 0 : 1;
   }

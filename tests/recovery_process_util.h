@@ -55,13 +55,14 @@ struct Restored {
   int resharded = -1;
   size_t skipped = 0;
   std::string plan;
+  int blobs = -1;  // whose blobs the rank got
 };
 inline Restored ParseRestored(const std::string& line) {
   Restored r;
   std::istringstream in(line);
   std::string w;
   in >> w >> r.step >> w >> r.tier >> w >> r.received >> w >> r.pfs >> w >> r.needed >> w >>
-      r.resharded >> w >> r.skipped >> w >> r.plan;
+      r.resharded >> w >> r.skipped >> w >> r.plan >> w >> r.blobs;
   return r;
 }
 

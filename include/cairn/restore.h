@@ -34,13 +34,16 @@ struct RestoreReport {
   std::string tier;
   uint64_t bytes = 0;  // target bytes filled
   double seconds = 0;
-  Blobs blobs;                           // the blobs this rank saved (of the same rank number)
-  std::vector<std::string> skipped;      // newer versions passed over, and why
-  bool resharded = false;                // some target differs from every saved box
-  uint64_t bytes_local = 0;              // copied from this rank's own memory
-  uint64_t bytes_received = 0;           // received from other ranks
-  uint64_t pfs_bytes_read = 0;           // read from the PFS by this rank
-  uint64_t job_pfs_bytes_read = 0;       // by the whole job
+  // The blobs the rank of this number saved; in a job that grew, a rank whose number saved
+  // nothing gets rank 0's (DCP's non-tensor state is the coordinator's alike).
+  Blobs blobs;
+  int blobs_rank = -1;               // whose blobs they are: this rank, or 0
+  std::vector<std::string> skipped;  // newer versions passed over, and why
+  bool resharded = false;            // some target differs from every saved box
+  uint64_t bytes_local = 0;          // copied from this rank's own memory
+  uint64_t bytes_received = 0;       // received from other ranks
+  uint64_t pfs_bytes_read = 0;       // read from the PFS by this rank
+  uint64_t job_pfs_bytes_read = 0;   // by the whole job
   // Saved bytes some target of the job needs (when ranks planned alone, templated_plan:
   // the sum of what each rank's targets need, so bytes two ranks need count twice).
   uint64_t job_unique_bytes_needed = 0;

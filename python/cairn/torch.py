@@ -456,6 +456,7 @@ class Checkpointer:
         self.allow_pickle = bool(allow_pickle)  # see the module's text
         self.last_report = None  # its cairn.RestoreReport
         self._ck = _cairn.Checkpointer(opts)
+        self._rank = opts.rank
         self._fqn = None  # id(parameter) -> name, once asked for
         self._buffers = None  # the model's buffers' flattened names
         self._shard_cache = {}  # name -> (tensor, _address(tensor), its shards) of the last save
@@ -496,8 +497,9 @@ class Checkpointer:
     def restore(self, step=None):
         """Collective: loads the newest version every rank can restore (or `step`) into the
         model, the optimizer (creating its state if it has none yet, or dropping it for a
-        version saved before the optimizer's first step) and the RNGs. Returns
-        its step, or None when no version exists anywhere. The user dict saved with it is
+        version saved before the optimizer's first step) and the RNGs (a rank the saved
+        job did not have takes the optimizer's hyperparameters and the extra dict from rank
+        0 and keeps its own RNGs). Returns its step, or None when no version exists anywhere. The user dict saved with it is
         in self.extra, the cairn.RestoreReport in self.last_report."""
         try:
             head = self._ck.restore([], step=step, partial=True)
@@ -508,7 +510,10 @@ class Checkpointer:
         plain = (_decode(head.blobs[_STATE_BLOB], "state dict's non-tensor entries", head.step,
                          self.allow_pickle) if _STATE_BLOB in head.blobs else {})
         # Every blob is read before anything is changed: a refused one leaves all as it was.
-        rng = self._decode_rng(head.blobs, head.step)
+        # A rank the saved job did not have (it grew) gets rank 0's state dict entries and
+        # extra, but keeps its own RNGs: rank 0's would repeat its random numbers here.
+        own = head.blobs_rank == self._rank
+        rng = self._decode_rng(head.blobs, head.step) if own else {}
         extra = (_decode(head.blobs[_USER_BLOB], "extra", head.step, self.allow_pickle)
                  if _USER_BLOB in head.blobs else None)
         if self.optimizer is not None and _NO_OPTIM_STATE_BLOB in head.blobs:
