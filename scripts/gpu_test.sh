@@ -25,6 +25,7 @@
 #   CAIRN_BUILD_TARGETS  build only these targets (scripts/gpu_sim.sh; default: all)
 #   CAIRN_BENCH_BYTES    the bench's state (default 8G)
 #   CAIRN_CALL_SECONDS   the call's limit the steps fit into (default 600)
+#   CAIRN_CTEST_JOBS     tests run at once by the test step (default 2)
 #   CAIRN_GPU_REQUIRED   1 (the default where nvidia-smi is on PATH): a GPU machine, where
 #                        a run in which nothing ran must fail: preflight fails if
 #                        nvidia-smi, Python.h or CUDA in torch is missing; build fails if
@@ -290,7 +291,7 @@ do_test() {
   stop=$(date -d "@$(($(date +%s) + left))" +%H:%M:%S)
   say "ctest ${labels[*]} -V (free: /dev/shm $(gib /dev/shm) GiB; stops at $stop, in $left s)"
   set +e
-  ctest --test-dir "$build" "${labels[@]}" -V -j 2 --stop-time "$stop" \
+  ctest --test-dir "$build" "${labels[@]}" -V -j "${CAIRN_CTEST_JOBS:-2}" --stop-time "$stop" \
     --output-junit "$out/ctest.xml" 2>&1 | tee "$out/ctest.log"
   local rc=${PIPESTATUS[0]}
   # What ran, from ctest's JUnit report: a test reported as skipped did nothing.
@@ -360,7 +361,7 @@ do_bench() {
   say "done in $(elapsed) s since the call began"
 }
 
-(($#)) || { sed -n '2,35p' "$0"; exit 2; }
+(($#)) || { sed -n '2,36p' "$0"; exit 2; }
 for s in "$@"; do
   case "$s" in
     preflight) do_preflight ;;
@@ -368,7 +369,7 @@ for s in "$@"; do
     test) do_test ;;
     bench) do_bench ;;
     all) do_preflight; do_test; do_bench ;;
-    -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "gpu_test: unknown step '$s' (preflight, build, test, bench, all)" >&2; exit 2 ;;
   esac
 done
