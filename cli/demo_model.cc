@@ -1,4 +1,5 @@
 #include "cli/demo_model.h"
+#include "core/box_copy.h"
 
 #include <algorithm>
 #include <cmath>

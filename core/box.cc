@@ -1,5 +1,6 @@
 #include "cairn/box.h"
 #include "core/arith.h"
+#include "core/box_copy.h"
 
 #include <algorithm>
 #include <cstring>

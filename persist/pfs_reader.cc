@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/box_copy.h"
 #include "core/checksum.h"
 
 namespace cairn {

@@ -1,5 +1,6 @@
 #include "recovery/load_planner.h"
 #include "core/arith.h"
+#include "core/box_copy.h"
 
 #include <algorithm>
 #include <functional>

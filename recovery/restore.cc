@@ -15,6 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/box_copy.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"

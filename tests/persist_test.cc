@@ -16,6 +16,7 @@
 
 #include "cairn/checkpointer.h"
 #include "core/arith.h"
+#include "core/box_copy.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "persist/commit.h"

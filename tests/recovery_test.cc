@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/arith.h"
+#include "core/box_copy.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/filesystem.h"
