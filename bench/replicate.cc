@@ -56,7 +56,7 @@ constexpr uint64_t kChunk = 64ull << 20;
 int Child(const std::vector<uint64_t>& sizes) {
   auto o = Options::FromEnvironment();
   if (!o.ok()) return 1;
-  Logger log("bench rank " + std::to_string(o->rank), 1);
+  Logger log("bench rank " + std::to_string(o->rank), LogLevel::kWarning);
   const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   cairn::bench::Buffer memory(max_size);
   std::byte* buf = memory.p;

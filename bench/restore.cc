@@ -309,7 +309,7 @@ int Child(const Args& a) {
     // Raw UCX on its own connection (a separate job id).
     Options ro = *o;
     ro.job_id = o->job_id + "-raw";
-    Logger log("bench rank " + std::to_string(o->rank), 1);
+    Logger log("bench rank " + std::to_string(o->rank), LogLevel::kWarning);
     auto comm = UcxComm::Connect(ro, &log);
     if (!comm.ok()) Die("raw connect", comm.status());
     State s(a.bytes, "rows", o->rank);
@@ -341,7 +341,7 @@ int Child(const Args& a) {
     const int partner = pl->holders_of(1)[0];
     Options ro = *o;
     ro.job_id = o->job_id + "-raw";
-    Logger log("bench rank " + std::to_string(o->rank), 1);
+    Logger log("bench rank " + std::to_string(o->rank), LogLevel::kWarning);
     auto comm = UcxComm::Connect(ro, &log);
     if (!comm.ok()) Die("raw connect", comm.status());
     State s(a.bytes, "rows", o->rank, o->world_size);

@@ -746,7 +746,7 @@ int GcMain(int argc, char** argv) {
     return 1;
   }
   const size_t before = PfsSteps(fs, path).size();
-  Logger log("cairn gc", static_cast<int>(LogLevel::kWarning));
+  Logger log("cairn gc", LogLevel::kWarning);
   CollectPfsGarbage(fs, path, keep, -1, &log);
   const auto after = PfsSteps(fs, path);
   std::printf("removed %zu step director%s; kept:", before - after.size(),

@@ -6,14 +6,14 @@
 
 #include <string>
 
-namespace cairn {
+#include "cairn/options.h"  // LogLevel
 
-enum class LogLevel { kError = 0, kWarning = 1, kInfo = 2, kDebug = 3 };
+namespace cairn {
 
 class Logger {
  public:
-  Logger(std::string prefix, int level) : prefix_(std::move(prefix)), level_(level) {}
-  bool enabled(LogLevel l) const { return static_cast<int>(l) <= level_; }
+  Logger(std::string prefix, LogLevel level) : prefix_(std::move(prefix)), level_(level) {}
+  bool enabled(LogLevel l) const { return l <= level_; }
   void Log(LogLevel l, const std::string& message) const;
   void Error(const std::string& m) const { Log(LogLevel::kError, m); }
   void Warning(const std::string& m) const { Log(LogLevel::kWarning, m); }
@@ -22,7 +22,7 @@ class Logger {
 
  private:
   std::string prefix_;
-  int level_;
+  LogLevel level_;
 };
 
 }  // namespace cairn

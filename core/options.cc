@@ -262,8 +262,16 @@ std::vector<Setting> MakeSettings() {
       Choice<FullPolicy>("CAIRN_FULL_POLICY", CAIRN_FIELD(full_policy),
                          {{"skip", FullPolicy::kSkip}, {"block", FullPolicy::kBlock}},
                          "when no slot is free at save(): skip (count it, never stall) or block"),
-      Int("CAIRN_LOG_LEVEL", nullptr, CAIRN_FIELD(log_level), 0, 3,
-          "0 errors, 1 warnings, 2 info, 3 debug"),
+      Choice<LogLevel>("CAIRN_LOG_LEVEL", CAIRN_FIELD(log_level),
+                       {{"error", LogLevel::kError},
+                        {"warning", LogLevel::kWarning},
+                        {"info", LogLevel::kInfo},
+                        {"debug", LogLevel::kDebug},
+                        {"0", LogLevel::kError},
+                        {"1", LogLevel::kWarning},
+                        {"2", LogLevel::kInfo},
+                        {"3", LogLevel::kDebug}},
+                       "what cairn writes to stderr: error | warning | info | debug (or 0..3)"),
       Text("CAIRN_TRACE", nullptr, CAIRN_FIELD(trace_path),
            "write Chrome trace events (save, fence, copy, replicate, persist, restore) to this "
            "file at exit; with several ranks <file>.rank-<r>.json (merge: cairn trace-merge)"),
@@ -385,7 +393,6 @@ Status Options::Validate() const {
   if (copy_threads < 1 || copy_threads > 256) return bad("copy threads must be 1..256");
   if (chunk_bytes < (64u << 10) || chunk_bytes > (1ull << 30))
     return bad("chunk bytes must be between 64 KiB and 1 GiB");
-  if (log_level < 0 || log_level > 3) return bad("log level must be 0..3");
   if (pfs_root.empty()) return bad("PFS root is empty");
   if (!(connect_timeout_s > 0) || !(op_timeout_s > 0)) return bad("timeouts must be positive");
   if (persist_every < 0) return bad("persist_every must not be negative");

@@ -666,7 +666,7 @@ TEST(TwoUsers, AVersionAnotherUserMadeOrPlantedIsNeverRestored) {
     o.job_id = job;
     o.host_root = base.path() + "/" + host;
     o.pfs_root = base.path() + "/pfs-" + host;
-    o.log_level = 0;
+    o.log_level = LogLevel::kError;
     o.copy_engine = CopyEngineKind::kHost;
     o.persist_every = 0;  // only flush() persists
     return o;

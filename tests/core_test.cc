@@ -133,6 +133,21 @@ TEST(Options, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->job_id, "default");
   EXPECT_EQ(o->chunk_bytes, 4u << 20);
   EXPECT_EQ(o->full_policy, FullPolicy::kSkip);
+  EXPECT_EQ(o->log_level, LogLevel::kWarning);
+}
+
+// CAIRN_LOG_LEVEL takes the level's name, and the numbers it took when it was an int.
+TEST(Options, LogLevelByNameOrNumber) {
+  for (auto [text, want] :
+       {std::pair{"error", LogLevel::kError}, std::pair{"0", LogLevel::kError},
+        std::pair{"info", LogLevel::kInfo}, std::pair{"2", LogLevel::kInfo},
+        std::pair{"debug", LogLevel::kDebug}, std::pair{"3", LogLevel::kDebug}}) {
+    FakeEnv env;
+    env.vars = {{"CAIRN_LOG_LEVEL", text}};
+    auto o = Options::FromEnvironment(env.fn());
+    ASSERT_TRUE(o.ok()) << text << ": " << o.status().ToString();
+    EXPECT_EQ(o->log_level, want) << text;
+  }
 }
 
 TEST(Options, TorchrunVariablesAndCairnOverrides) {
@@ -224,6 +239,8 @@ TEST(Options, BadValuesNameTheVariable) {
                                                              {"CAIRN_CHUNK_BYTES", "4X"},
                                                              {"CAIRN_FULL_POLICY", "wait"},
                                                              {"CAIRN_COPY_ENGINE", "gpu"},
+                                                             {"CAIRN_LOG_LEVEL", "4"},
+                                                             {"CAIRN_LOG_LEVEL", "verbose"},
                                                              {"CAIRN_JOB_ID", "../etc"},
                                                              {"CAIRN_PERSIST_EVERY", "-1"},
                                                              {"CAIRN_KEEP_ON_PFS", "0"},

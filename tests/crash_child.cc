@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   o.job_id = argv[2];
   o.chunk_bytes = 64 << 10;  // many chunks: kills land mid-copy often
   o.persist_every = 0;       // this child tests the host tier alone
-  o.log_level = 0;
+  o.log_level = LogLevel::kError;
   o.copy_engine = CopyEngineKind::kHost;
   auto ckpt = Checkpointer::Open(o);
   if (!ckpt.ok()) {

@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   auto o = Options::FromEnvironment();
   if (!o.ok()) return Fail(o.status().ToString());
-  Logger log("group_child rank " + std::to_string(o->rank), 1);
+  Logger log("group_child rank " + std::to_string(o->rank), LogLevel::kWarning);
   if (mode == "imp-victim" || mode == "imp-legit" || mode == "impersonator")
     return Impersonation(mode, *o, log);
   if (mode == "intruder" || mode == "victim") {

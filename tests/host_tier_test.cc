@@ -19,7 +19,7 @@ namespace {
 
 class HostTierTest : public ::testing::Test {
  protected:
-  HostTierTest() : root_("tier"), log_("test", 0) {
+  HostTierTest() : root_("tier"), log_("test", LogLevel::kError) {
     dir_ = HostTier::RankDir(root_.path(), testing::UniqueJobId("tier"), 0, 0);
   }
   std::unique_ptr<HostTier> OpenTier(FileSystem* fs = DefaultFileSystem(), int slots = 2) {

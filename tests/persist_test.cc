@@ -520,7 +520,7 @@ bool CaptureInto(HostTier& tier, int64_t step) {
 TEST(Persist, TheMarkedVersionIsHeldFromTheOfferUntilItIsWritten) {
   TempDir root("persist");
   const std::string job = testing::UniqueJobId("pin");
-  Logger log("test", 0);
+  Logger log("test", LogLevel::kError);
   HostTierConfig tc;
   tc.dir = HostTier::RankDir(root.path() + "/host", job, 0, 0);
   tc.slots = 3;

@@ -399,7 +399,7 @@ std::vector<RankResult> RunRestore(int world, const std::vector<Tensor>& tensors
       ThreadGroup g(&job, r);
       MailTransport tr(&job, r);
       auto engine = MakeHostCopyEngine(1);
-      Logger log("rank " + std::to_string(r), static_cast<int>(LogLevel::kError));
+      Logger log("rank " + std::to_string(r), LogLevel::kError);
       RankResult& res = out[static_cast<size_t>(r)];
       std::vector<ShardSpec> specs;
       for (const auto& [ti, box] : targets[static_cast<size_t>(r)]) {

@@ -64,7 +64,7 @@ std::vector<int64_t> CheckReplicas(const std::string& host_root, const std::stri
                                    int holder_node, int source, size_t state_bytes = kStateBytes) {
   const std::string dir = ReplicaStore::SourceDir(
       host_root + "/" + job + "/node-" + std::to_string(holder_node), source);
-  Logger log("test", 0);
+  Logger log("test", LogLevel::kError);
   HostTierConfig c;
   c.dir = dir;
   auto tier = HostTier::Open(c, DefaultFileSystem(), &log);

@@ -52,7 +52,7 @@ Options TestOptions(const TempDir& root, const std::string& tag) {
   o.job_id = UniqueJobId(tag);
   o.host_root = root.path();
   o.pfs_root = root.path() + "/pfs";
-  o.log_level = 0;
+  o.log_level = LogLevel::kError;
   o.copy_engine = CopyEngineKind::kHost;
   return o;
 }

@@ -191,7 +191,7 @@ TEST(Bootstrap, MissingRanksAreNamed) {
   testing::TempDir pfs("missing");
   Options o = RankZeroAlone(pfs, "missing", 3);
   o.connect_timeout_s = 0.5;
-  Logger log("test", 0);
+  Logger log("test", LogLevel::kError);
   auto c = UcxComm::Connect(o, &log);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
@@ -206,7 +206,7 @@ TEST(Bootstrap, PmixWithoutALauncherFailsSayingWhy) {
   testing::TempDir pfs("nopmix");
   Options o = RankZeroAlone(pfs, "nopmix", 2);
   o.bootstrap = BootstrapKind::kPmix;
-  Logger log("test", 0);
+  Logger log("test", LogLevel::kError);
   auto c = UcxComm::Connect(o, &log);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
@@ -235,7 +235,7 @@ TEST(Bootstrap, FailedRendezvousCallsAreErrorsNamingTheDirectory) {
     o.connect_timeout_s = 0.3;
     // The calls that publish something (the polling of the peers' files is not counted).
     fault.FailNth(nth, EIO, /*persistent=*/false, kFsMkdir | kFsWrite | kFsSync | kFsRename);
-    Logger log("test", 0);
+    Logger log("test", LogLevel::kError);
     auto c = UcxComm::Connect(o, &log);
     ASSERT_FALSE(c.ok());
     if (fault.failures() == 0) {

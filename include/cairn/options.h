@@ -33,6 +33,9 @@ enum class PersistPriority {
 // Which engine copies tensors into host slots.
 enum class CopyEngineKind { kAuto, kHost, kCuda };
 
+// Which messages cairn writes to stderr: errors only, and warnings, info, debug.
+enum class LogLevel { kError = 0, kWarning = 1, kInfo = 2, kDebug = 3 };
+
 // How the ranks of a job find each other's UCX addresses at start-up.
 enum class BootstrapKind {
   kAuto,   // PMIx when the launcher provides it (PMIX_NAMESPACE is set), else files
@@ -59,12 +62,12 @@ struct Options {
   uint64_t slot_bytes = 0;            // pre-size slots at open (0: on first save)
   FullPolicy full_policy = FullPolicy::kSkip;
   CopyEngineKind copy_engine = CopyEngineKind::kAuto;
-  int log_level = 1;                   // 0 errors, 1 warnings, 2 info, 3 debug
-  std::string trace_path;              // CAIRN_TRACE: Chrome trace-event file ("": off)
-  std::string pfs_root = "cairn-pfs";  // filesystem every node shares (rendezvous, PFS tier)
-  std::string rendezvous_dir;          // "": <pfs_root>/<job>/rendezvous
-  double connect_timeout_s = 120;      // start-up: how long to wait for every rank
-  int connect_all_max = 64;            // jobs up to this size connect every pair at start
+  LogLevel log_level = LogLevel::kWarning;  // CAIRN_LOG_LEVEL (error/warning/info/debug or 0..3)
+  std::string trace_path;                   // CAIRN_TRACE: Chrome trace-event file ("": off)
+  std::string pfs_root = "cairn-pfs";       // filesystem every node shares (rendezvous, PFS tier)
+  std::string rendezvous_dir;               // "": <pfs_root>/<job>/rendezvous
+  double connect_timeout_s = 120;           // start-up: how long to wait for every rank
+  int connect_all_max = 64;                 // jobs up to this size connect every pair at start
   BootstrapKind bootstrap = BootstrapKind::kAuto;  // how ranks find each other
   double op_timeout_s = 300;                       // a collective waiting on a silent peer
   int replicas = 1;                                // copies of each version in other nodes' memory
