@@ -273,13 +273,14 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
       EXPECT_LE(r.resume_s[rank], kBoundS) << "cut " << c.what << ": rank " << rank << dump();
     }
     // Training never waits for the network: not even once for the timeout, and its typical
-    // stall stays where it was just before the cut (2x that median; 0.5 ms more for a
-    // shared VM's noise on medians of about 0.1 ms).
+    // stall stays where it was just before the cut (2x that median, and 2 ms more: on a
+    // shared 2-core VM the medians of the windows before the cuts of one run ranged from
+    // 0.23 to 2.19 ms, and a fresh-clone CI run failed at 1.60 against 0.23 + 0.5).
     EXPECT_LT(stall_max, 1e3 * kTimeoutS / 2) << "cut " << c.what;
 #if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
     // (The sanitizers' builds copy several times slower and their checks compete for the two
     // cores: the medians there say nothing about cairn.)
-    EXPECT_LE(Median(r.stalls_ms), 2 * Median(r.before_ms) + 0.5) << "cut " << c.what;
+    EXPECT_LE(Median(r.stalls_ms), 2 * Median(r.before_ms) + 2.0) << "cut " << c.what;
 #endif
     if (HasFailure()) return;
   }
