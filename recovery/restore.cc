@@ -527,6 +527,19 @@ Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv
   return true;
 }
 
+// Blobs as EncodeBlobs (and ShareBlobsWithNewRanks) lay them out: false when garbled.
+bool DecodeBlobs(std::string_view bytes, Blobs* out) {
+  ByteReader br(bytes);
+  uint32_t n = 0;
+  bool ok = br.Get(&n);
+  for (uint32_t i = 0; ok && i < n; ++i) {
+    std::string k, v;
+    ok = br.GetString(&k, kMaxText) && br.GetString(&v, bytes.size());
+    if (ok) out->emplace(std::move(k), std::move(v));
+  }
+  return ok;
+}
+
 Status Restorer::ExchangeBlobs(ChosenStep& p, Attempt& a, std::string* blob_bytes) {
   Status st;
   const auto& providers = p.sources.blob_providers;
@@ -586,15 +599,7 @@ Status Restorer::Transfer(ChosenStep& p, Attempt& a, RestoreReport& r) {
     st = ReadRankBlobs(env_.pfs_fs, p.step_dir, p.manifest, env_.rank, &b);
     if (st.ok()) r.blobs = std::move(b);
   } else if (st.ok() && !blob_bytes.empty()) {
-    ByteReader br(blob_bytes);
-    uint32_t n = 0;
-    bool ok = br.Get(&n);
-    for (uint32_t i = 0; ok && i < n; ++i) {
-      std::string k, v;
-      ok = br.GetString(&k, kMaxText) && br.GetString(&v, blob_bytes.size());
-      if (ok) r.blobs.emplace(std::move(k), std::move(v));
-    }
-    if (!ok)
+    if (!DecodeBlobs(blob_bytes, &r.blobs))
       st = Status::Corruption(who_ + ": garbled blobs of step " + std::to_string(p.choice.step));
   }
   if (st.ok() && !a.corrupt.ok()) st = a.corrupt;
@@ -617,16 +622,8 @@ Status Restorer::ShareBlobsWithNewRanks(const ChosenStep& p, RestoreReport& r) {
   }
   CAIRN_ASSIGN_OR_RETURN(std::string bytes, env_.group->Broadcast(0, w.out()));
   if (r.blobs_rank >= 0) return Status::OK();
-  ByteReader br(bytes);
-  uint32_t n = 0;
-  bool ok = br.Get(&n);
   Blobs b;
-  for (uint32_t i = 0; ok && i < n; ++i) {
-    std::string k, v;
-    ok = br.GetString(&k, kMaxText) && br.GetString(&v, bytes.size());
-    if (ok) b.emplace(std::move(k), std::move(v));
-  }
-  if (!ok)
+  if (!DecodeBlobs(bytes, &b))
     return Status::Corruption(who_ + ": garbled blobs of rank 0, step " +
                               std::to_string(p.choice.step));
   r.blobs = std::move(b);
