@@ -89,6 +89,16 @@ class Job:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def finish_ranks(test, procs, what):
+    """The ranks' outputs once every one has exited; fails `test` naming each rank that
+    exited non-zero, with its output."""
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    failed = [f"rank {r} (exit {p.returncode}):\n{text}"
+              for r, (p, text) in enumerate(zip(procs, outs)) if p.returncode != 0]
+    test.assertFalse(failed, f"{what}:\n" + "\n".join(failed))
+    return outs
+
+
 def wait_for(pred, timeout, what):
     deadline = time.time() + timeout
     while not pred():
@@ -322,11 +332,7 @@ class TPTraining(unittest.TestCase):
                 for r in range(dp * tp)]
 
     def finish(self, procs, what):
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-        failed = [f"rank {r} (exit {p.returncode}):\n{text}"
-                  for r, (p, text) in enumerate(zip(procs, outs)) if p.returncode != 0]
-        self.assertFalse(failed, f"{what}:\n" + "\n".join(failed))
-        return outs
+        return finish_ranks(self, procs, what)
 
     def test_killed_and_resumed_bit_exact_then_restored_onto_3_and_2_processes(self):
         root = self.job.root
@@ -412,11 +418,7 @@ class FSDP2Training(unittest.TestCase):
                                  stderr=subprocess.STDOUT, text=True) for r in range(world)]
 
     def finish(self, procs, what):
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-        failed = [f"rank {r} (exit {p.returncode}):\n{text}"
-                  for r, (p, text) in enumerate(zip(procs, outs)) if p.returncode != 0]
-        self.assertFalse(failed, f"{what}:\n" + "\n".join(failed))
-        return outs
+        return finish_ranks(self, procs, what)
 
     @unittest.skipUnless(_has_fsdp2_on_gpu(), "needs a CUDA device and PyTorch 2.4+ (FSDP2)")
     def test_fully_sharded_run_killed_and_resumed_bit_exact_then_restored_on_cpu_and_tp(self):
