@@ -7,7 +7,7 @@
 # cairn comes in as the tracked files plus deps/gpu (scripts/gpu_deps.sh), named by an
 # absolute path. Runs the steps docs/gpu.md gives (preflight, build, test, bench), so the
 # folder and the script are shown to carry everything the build needs and the shipped
-# libraries to load and talk (UCX over tcp between processes). GPU tests skip here (no
+# libraries to load and talk (UCX over tcp between processes); and parts. GPU tests skip here (no
 # device), which is allowed on a machine without nvidia-smi; then, with a fake nvidia-smi
 # on PATH, the same skipped tests must fail the run (the check that a GPU run in which
 # nothing ran never reports success).
@@ -42,10 +42,11 @@ sim() {  # runs gpu_test.sh in the root: sim EXTRA-PATH STEP... (environment fro
 # The GPU suite (skips here) and the tests whose processes talk over UCX with the shipped
 # libraries, and only what they need built (CI's time; the whole tree builds on Debian 13
 # in scripts/debian13.sh). The Python tests need PyTorch, which this root does not have;
-# the module is built all the same (a GPU machine's build step requires it).
-TARGETS="gpu_test checkpointer_test replication_test transport_test cairn_python"
+# the module is built all the same (a GPU machine's build step requires it). The parts
+# step builds bench/gpu_parts and runs it (it reports no device here).
+TARGETS="gpu_test checkpointer_test replication_test transport_test cairn_python bench_gpu_parts"
 CTEST_ARGS="-R ^Gpu|TwoNodesReplicateTwentyVersionsBitExact/tcp|CollectivesDeliverEveryByte/n3_tcp|RestoresBitExactWithBlobs" \
-  sim "" preflight build test bench
+  sim "" preflight build test bench parts
 echo "gpu_sim: the steps built and ran from deps/gpu alone"
 
 # A machine where nvidia-smi answers but the tests find no device: the skipped GPU tests

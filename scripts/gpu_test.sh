@@ -17,13 +17,18 @@
 #     test       build, then the GPU suite: ctest -L gpu -V, stopped before the call's end
 #     bench      build, then bench/gpu_capture.py --bytes $CAIRN_BENCH_BYTES, its rounds
 #                sized to what is left of the call
-#     all        the four (by hand; more than one device call holds)
+#     parts      build, then bench/gpu_parts --bytes $CAIRN_BENCH_BYTES $CAIRN_PARTS_ARGS:
+#                where a capture loses time against the raw copy, part by part
+#     all        preflight, test and bench (by hand; more than one device call holds)
 #
 #   OUT                  where the logs go (default build-gpu/logs); a device call's $OUT
 #   CAIRN_DEPS_DIR       the dependency folder (default deps/gpu)
 #   CAIRN_CTEST_ARGS     ctest's selection instead of "-L gpu" (scripts/gpu_sim.sh)
 #   CAIRN_BUILD_TARGETS  build only these targets (scripts/gpu_sim.sh; default: all)
 #   CAIRN_BENCH_BYTES    the bench's state (default 8G)
+#   CAIRN_BENCH_ARGS     more arguments for bench/gpu_capture.py (e.g. --no-dcp --rounds 2)
+#   CAIRN_BENCH_TAG      names the bench step's files bench-<tag>.log/.json (A/B runs)
+#   CAIRN_PARTS_ARGS     more arguments for bench/gpu_parts (e.g. --threads 8,16)
 #   CAIRN_CALL_SECONDS   the call's limit the steps fit into (default 600)
 #   CAIRN_CTEST_JOBS     tests run at once by the test step (default 2)
 #   CAIRN_GPU_REQUIRED   1 (the default where nvidia-smi is on PATH): a GPU machine, where
@@ -234,8 +239,7 @@ do_build() {
   unpack_deps
   if [ ! -e "$build/CMakeCache.txt" ]; then
     local cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
-                      -DCMAKE_PREFIX_PATH="$prefix/usr" -DPython_EXECUTABLE="$py"
-                      -DCAIRN_BUILD_BENCH=OFF)
+                      -DCMAKE_PREFIX_PATH="$prefix/usr" -DPython_EXECUTABLE="$py")
     local pybind
     if pybind=$("$py" -m pybind11 --cmakedir 2>/dev/null); then
       cmake_args+=(-Dpybind11_DIR="$pybind")  # this Python's own pybind11
@@ -268,7 +272,12 @@ do_build() {
     grep -E "error|FAILED" "$out/$step.log" | head -20
     fail "the build failed (the whole log is in $step.log)"
   fi
-  if [ "$strict" = 1 ] && ! ls "$build"/python/cairn/_cairn*.so >/dev/null 2>&1; then
+  # (Only where it was asked for: a parts-only call builds bench_gpu_parts alone.)
+  local wants_module=1
+  if [ -n "${CAIRN_BUILD_TARGETS:-}" ] && ! grep -qw cairn_python <<<"$CAIRN_BUILD_TARGETS"; then
+    wants_module=0
+  fi
+  if [ "$strict" = 1 ] && [ "$wants_module" = 1 ] && ! ls "$build"/python/cairn/_cairn*.so >/dev/null 2>&1; then
     fail "the Python module was not built ($build/python/cairn/_cairn*.so)"
   fi
   say "built in $((SECONDS - t0)) s"
@@ -338,7 +347,7 @@ PY
 
 do_bench() {
   do_build
-  step=bench
+  step=bench${CAIRN_BENCH_TAG:+-$CAIRN_BENCH_TAG}
   : >"$out/$step.log"
   if ! "$py" -c 'import torch' 2>/dev/null; then
     [ "$strict" = 1 ] && fail "$py has no torch"
@@ -347,29 +356,65 @@ do_bench() {
   fi
   local left=$((call_s - $(elapsed) - 60))
   ((left > 120)) || fail "only $left s left in this call: run the bench step in a call of its own"
-  say "bench/gpu_capture.py --bytes $bytes --max-seconds $left"
+  say "bench/gpu_capture.py --bytes $bytes --max-seconds $left ${CAIRN_BENCH_ARGS:-}${CAIRN_CUDA_LANDING:+ (CAIRN_CUDA_LANDING=$CAIRN_CUDA_LANDING)}"
   set +e
+  # shellcheck disable=SC2086
   PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 "$py" "$root/bench/gpu_capture.py" \
-    --bytes "$bytes" --max-seconds "$left" 2>&1 | tee -a "$out/$step.log"
+    --bytes "$bytes" --max-seconds "$left" ${CAIRN_BENCH_ARGS:-} 2>&1 | tee -a "$out/$step.log"
   local rc=${PIPESTATUS[0]}
   set -e
-  tail -1 "$out/$step.log" >"$out/bench.json"
+  tail -1 "$out/$step.log" >"$out/$step.json"
   [ "$rc" = 0 ] || fail "the bench failed (exit $rc)"
-  if [ "$strict" = 1 ] && grep -q '"skipped": "no CUDA device"' "$out/bench.json"; then
+  if [ "$strict" = 1 ] && grep -q '"skipped": "no CUDA device"' "$out/$step.json"; then
     fail "the bench found no CUDA device on a GPU machine"
   fi
   say "done in $(elapsed) s since the call began"
 }
 
-(($#)) || { sed -n '2,36p' "$0"; exit 2; }
+# bench/gpu_parts: the capture taken apart (raw copies into each kind of pinned memory,
+# chunk events, the engine with 4 to 16 checksum threads, checksums alone). As root, a
+# tmpfs mounted huge=always adds the huge-page slot arm; it is unmounted afterwards.
+do_parts() {
+  do_build
+  step=parts
+  : >"$out/$step.log"
+  say "building bench_gpu_parts"
+  cmake --build "$build" -j "$(nproc)" --target bench_gpu_parts >>"$out/$step.log" 2>&1 ||
+    fail "bench_gpu_parts did not build ($step.log)"
+  local args=(--bytes "$bytes") huge=""
+  if [ "$(id -u)" = 0 ] && huge=$(mktemp -d /tmp/cairn-huge.XXXXXX) &&
+    mount -t tmpfs -o "size=$(($(bytes_of "$bytes") * 2)),huge=always" cairn-huge "$huge" 2>>"$out/$step.log"; then
+    args+=(--huge-root "$huge")
+  else
+    [ -n "$huge" ] && rmdir "$huge" 2>/dev/null
+    huge=""
+  fi
+  say "shmem THP: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null), anon THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+  say "bench/gpu_parts ${args[*]} ${CAIRN_PARTS_ARGS:-}"
+  set +e
+  # shellcheck disable=SC2086
+  "$build/bench/gpu_parts" "${args[@]}" ${CAIRN_PARTS_ARGS:-} 2>&1 | tee -a "$out/$step.log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  if [ -n "$huge" ]; then umount -l "$huge" && rmdir "$huge"; fi
+  tail -1 "$out/$step.log" >"$out/parts.json"
+  [ "$rc" = 0 ] || fail "gpu_parts failed (exit $rc)"
+  if [ "$strict" = 1 ] && grep -q '"skipped": "no CUDA device"' "$out/parts.json"; then
+    fail "gpu_parts found no CUDA device on a GPU machine"
+  fi
+  say "done in $(elapsed) s since the call began"
+}
+
+(($#)) || { sed -n '2,41p' "$0"; exit 2; }
 for s in "$@"; do
   case "$s" in
     preflight) do_preflight ;;
     build) do_build ;;
     test) do_test ;;
     bench) do_bench ;;
+    parts) do_parts ;;
     all) do_preflight; do_test; do_bench ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
-    *) echo "gpu_test: unknown step '$s' (preflight, build, test, bench, all)" >&2; exit 2 ;;
+    -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
+    *) echo "gpu_test: unknown step '$s' (preflight, build, test, bench, parts, all)" >&2; exit 2 ;;
   esac
 done
