@@ -253,7 +253,7 @@ std::vector<Setting> MakeSettings() {
       Bytes("CAIRN_CHUNK_BYTES", CAIRN_FIELD(chunk_bytes),
             "capture and checksum chunk size (64K..1G)"),
       Int("CAIRN_COPY_THREADS", nullptr, CAIRN_FIELD(copy_threads), 1, 256,
-          "threads of the host copy engine (the CUDA engine checksums on at least 4)"),
+          "threads of the host copy engine (the CUDA engine checksums on at least 8)"),
       Choice<CopyEngineKind>("CAIRN_COPY_ENGINE", CAIRN_FIELD(copy_engine),
                              {{"auto", CopyEngineKind::kAuto},
                               {"host", CopyEngineKind::kHost},

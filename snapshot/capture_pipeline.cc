@@ -148,6 +148,7 @@ Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
       c.src = static_cast<const std::byte*>(s.data) + b;
       c.bytes = static_cast<size_t>(std::min(h.chunk_bytes, r.nbytes - b));
       c.device = s.memory == MemoryKind::kDevice;
+      c.continues = i > 0;  // the same tensor, and the next bytes of the slot
       req->chunks.push_back(c);
       req->chunk_offsets.push_back(r.offset + b);
     }

@@ -1,9 +1,14 @@
 // What every copy engine shares: the default Capture() (copy, then checksum what the
-// engine did not checksum while copying) and the grouping of strided rows.
+// engine did not checksum while copying), the grouping of strided rows and of contiguous
+// chunks.
 #include "snapshot/copy_engine.h"
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "snapshot/worker_pool.h"
 
 namespace cairn {
 
@@ -38,6 +43,55 @@ std::vector<CopyRows> GroupRows(std::span<const CopyChunk> chunks) {
     out.push_back({src, dst, c.bytes, 1, c.bytes, c.bytes});
   }
   return out;
+}
+
+std::vector<CopyGroup> GroupCopies(std::span<const CopyChunk> chunks, std::span<const size_t> order,
+                                   size_t max_bytes, std::vector<uint32_t>* group_of) {
+  std::vector<CopyGroup> groups;
+  group_of->resize(order.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const CopyChunk& c = chunks[order[k]];
+    const auto* src = static_cast<const std::byte*>(c.src);
+    auto* dst = static_cast<std::byte*>(c.dst);
+    const bool joins = k > 0 && c.continues && order[k] == order[k - 1] + 1 &&
+                       groups.back().src + groups.back().bytes == src &&
+                       groups.back().dst + groups.back().bytes == dst &&
+                       groups.back().bytes + c.bytes <= max_bytes;
+    if (!joins) groups.push_back({src, dst, 0});
+    groups.back().bytes += c.bytes;
+    (*group_of)[k] = static_cast<uint32_t>(groups.size() - 1);
+  }
+  return groups;
+}
+
+Status ChecksumAsTheyLand(WorkerPool& pool, std::span<const uint32_t> group_of,
+                          const std::function<Status(size_t group)>& wait_group,
+                          const std::function<void(size_t chunk)>& checksum) {
+  const size_t groups = group_of.empty() ? 0 : size_t{group_of.back()} + 1;
+  std::atomic<size_t> landed{0};  // groups whose bytes are in
+  std::atomic<bool> stop{false};  // a wait failed: start no more checksums
+  std::thread checksums([&] {
+    pool.ParallelFor(group_of.size(), [&](size_t k) {
+      for (size_t n = landed.load(std::memory_order_acquire); n <= group_of[k];
+           n = landed.load(std::memory_order_acquire))
+        landed.wait(n, std::memory_order_acquire);
+      if (!stop.load(std::memory_order_acquire)) checksum(k);
+    });
+  });
+  Status st;
+  for (size_t g = 0; g < groups; ++g) {
+    st = wait_group(g);
+    if (!st.ok()) {
+      stop.store(true, std::memory_order_release);
+      landed.store(groups, std::memory_order_release);  // wakes every waiter
+      landed.notify_all();
+      break;
+    }
+    landed.store(g + 1, std::memory_order_release);
+    landed.notify_all();
+  }
+  checksums.join();
+  return st;
 }
 
 Status CopyEngine::Capture(const StreamMark* after, int device, std::span<const CopyChunk> chunks,

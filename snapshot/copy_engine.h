@@ -36,6 +36,10 @@ struct CopyChunk {
   void* dst = nullptr;
   size_t bytes = 0;
   bool device = false;  // src or dst is CUDA device memory
+  // The previous chunk's buffers go on into this one's (one tensor cut into chunks): the
+  // two may be copied as one. Never set across tensors: two allocations that happen to be
+  // adjacent in the address space are still two, and one device copy over both fails.
+  bool continues = false;
 };
 
 // A point in a CUDA stream's queued work (a recorded CUDA event). Made only by the CUDA
@@ -134,6 +138,30 @@ struct CopyRows {
 // lone chunk is a run of one row. The CUDA engine turns each run into one
 // cudaMemcpy2DAsync instead of one copy per row.
 std::vector<CopyRows> GroupRows(std::span<const CopyChunk> chunks);
+
+// Consecutive chunks copied as one: chunk order[k] joins the group of order[k-1] when it
+// `continues` it, its source and destination follow on from that group's, and the group
+// stays within `max_bytes`. (*group_of)[k] receives order[k]'s group; every chunk lands in
+// exactly one group, in order.
+struct CopyGroup {
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  size_t bytes = 0;
+};
+std::vector<CopyGroup> GroupCopies(std::span<const CopyChunk> chunks, std::span<const size_t> order,
+                                   size_t max_bytes, std::vector<uint32_t>* group_of);
+
+// Checksums chunks as their copies land: the calling thread waits for groups 0, 1, ... in
+// order (`wait_group`, e.g. a CUDA event) and publishes each as landed, while `pool`'s
+// threads (driven from a thread started here) take the chunks in order and run
+// `checksum(k)` as soon as chunk k's group (group_of[k], non-decreasing) is in; every pool
+// thread is busy while bytes arrive. Only the calling thread waits on the copies. On the
+// first failed wait, no chunk not yet started is checksummed and that error is returned
+// once every checksum has ended.
+class WorkerPool;
+Status ChecksumAsTheyLand(WorkerPool& pool, std::span<const uint32_t> group_of,
+                          const std::function<Status(size_t group)>& wait_group,
+                          const std::function<void(size_t chunk)>& checksum);
 
 // Copies `n` bytes with non-temporal stores (the destination is not pulled into cache);
 // falls back to memcpy for small or unaligned tails. Safe for any alignment.

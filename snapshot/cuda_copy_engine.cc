@@ -2,27 +2,39 @@
 // ordered after the stream that produced the tensors (see copy_engine.h).
 //
 // A capture: the copy stream waits for the producer's mark (recorded by save()), then one
-// cudaMemcpyAsync per chunk, each followed by a chunk event, then the version's end mark.
-// The capture thread waits for the chunk events in order and checksums each batch of
-// landed chunks on host threads while later chunks are still in flight, so the version is
-// CAPTURED shortly after its last byte arrives. Slots are registered (pinned) once, when
-// the host tier maps or grows them, never per save.
+// cudaMemcpyAsync per group of chunks of one tensor (up to kGroupBytes), each followed by
+// an event, then the version's end mark. The capture thread waits for the group events in
+// order; the checksum threads take the chunks in order and checksum each as soon as its
+// group has landed, all of them busy while bytes arrive, so the version is CAPTURED
+// shortly after its last byte. (On an H200, 8 GiB, bench/gpu_parts: checksumming a batch
+// of landed chunks and only then waiting for the next reached half the link, 26.8 of
+// 53.8 GB/s with 8 threads that checksum 58-75 GB/s alone.) Slots are registered (pinned)
+// once, when the host tier maps or grows them, never per save.
 //
 // Compiled only when CMake finds the CUDA toolkit; without a usable device every entry
 // point reports Unavailable and cairn uses the host engine.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "core/checksum.h"
 #include "core/kill_point.h"
 #include "core/mutex.h"
 #include "snapshot/copy_engine.h"
+#include "snapshot/worker_pool.h"
 
 namespace cairn {
 namespace {
+
+// Contiguous chunks are copied together up to this many bytes, with one event: an event
+// recorded after every 4 MiB chunk cost 2% of the link, and larger copies run 1-3% faster
+// (bench/gpu_parts on an H200).
+constexpr size_t kGroupBytes = 16 << 20;
+constexpr int kMinChecksumThreads = 8;
 
 // Also clears the calling thread's last CUDA error: cairn reports the failure as a Status,
 // and a stale error left on the training thread would surface in the next framework call
@@ -103,14 +115,16 @@ ByMemory SplitByMemory(std::span<const CopyChunk> chunks) {
 struct DeviceState {
   cudaStream_t stream = nullptr;          // the copy stream (non-blocking)
   cudaEvent_t copy_done = nullptr;        // end of a Copy() (restore)
-  std::vector<cudaEvent_t> chunk_events;  // one per device chunk of a Capture(), reused
+  std::vector<cudaEvent_t> group_events;  // one per copy group of a Capture(), reused
 };
 
 class CudaCopyEngine final : public CopyEngine {
  public:
-  CudaCopyEngine(int device, int checksum_threads)
+  CudaCopyEngine(int device, int checksum_threads, bool stream_landing)
       : copy_device_(device),
-        batch_max_(static_cast<size_t>(std::max(1, checksum_threads)) * 4),
+        stream_landing_(stream_landing),
+        batch_max_(static_cast<size_t>(checksum_threads) * 4),
+        pool_(checksum_threads),
         host_(MakeHostCopyEngine(checksum_threads)) {}
 
   ~CudaCopyEngine() override {
@@ -118,7 +132,7 @@ class CudaCopyEngine final : public CopyEngine {
     for (auto& [device, d] : states_) {
       cudaSetDevice(device);
       cudaStreamSynchronize(d->stream);
-      for (cudaEvent_t e : d->chunk_events) cudaEventDestroy(e);
+      for (cudaEvent_t e : d->group_events) cudaEventDestroy(e);
       cudaEventDestroy(d->copy_done);
       cudaStreamDestroy(d->stream);
     }
@@ -169,9 +183,10 @@ class CudaCopyEngine final : public CopyEngine {
     DeviceGuard guard;
     DeviceState* d = nullptr;
     std::shared_ptr<StreamMark> done;
+    std::vector<uint32_t> group_of;  // dev[k]'s copy group
     if (!dev.empty()) {
       CAIRN_ASSIGN_OR_RETURN(d, State(device));
-      Status st = Enqueue(d, device, after, chunks, dev, &done);
+      Status st = Enqueue(d, device, after, chunks, dev, &group_of, &done);
       if (!st.ok()) {
         cudaStreamSynchronize(d->stream);
         return st;
@@ -189,8 +204,9 @@ class CudaCopyEngine final : public CopyEngine {
       for (size_t k = 0; k < m.host.size(); ++k) checksums[m.host_index[k]] = sums[k];
     }
     queued(done);
-    if (d) return Land(d, chunks, dev, checksums);
-    return Status::OK();
+    if (!d) return Status::OK();
+    return stream_landing_ ? LandStreaming(d, chunks, dev, group_of, checksums)
+                           : LandInBatches(d, chunks, dev, group_of, checksums);
   }
 
   void ChecksumHost(std::span<const HostRange> ranges, uint64_t* out) override {
@@ -279,27 +295,31 @@ class CudaCopyEngine final : public CopyEngine {
     return out;
   }
 
-  // Queues the device chunks `dev` of `chunks` on d's stream after `after`, an event after
-  // each, and the end mark after the last.
+  // Queues the device chunks `dev` of `chunks` on d's stream after `after`: runs of
+  // contiguous chunks (source and destination) up to kGroupBytes as one copy with an
+  // event after it (group_of[k]: the group of dev[k]), and the end mark after the last.
   Status Enqueue(DeviceState* d, int device, const StreamMark* after,
                  std::span<const CopyChunk> chunks, const std::vector<size_t>& dev,
-                 std::shared_ptr<StreamMark>* done) {
+                 std::vector<uint32_t>* group_of, std::shared_ptr<StreamMark>* done) {
     CAIRN_CUDA_CHECK(cudaSetDevice(device));
     if (after)
       CAIRN_CUDA_CHECK(
           cudaStreamWaitEvent(d->stream, static_cast<const CudaMark*>(after)->event(), 0));
-    while (d->chunk_events.size() < dev.size()) {
+    // The batch landing copies chunk by chunk, as measured; the streaming one in groups.
+    const std::vector<CopyGroup> groups =
+        GroupCopies(chunks, dev, stream_landing_ ? kGroupBytes : 0, group_of);
+    while (d->group_events.size() < groups.size()) {
       cudaEvent_t e = nullptr;
-      // Blocking sync: the capture thread sleeps while a chunk is in flight instead of
+      // Blocking sync: a checksum thread sleeps while its chunk is in flight instead of
       // spinning on a core the training's own host thread may need.
       CAIRN_CUDA_CHECK(
           cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
-      d->chunk_events.push_back(e);
+      d->group_events.push_back(e);
     }
-    for (size_t k = 0; k < dev.size(); ++k) {
-      const CopyChunk& c = chunks[dev[k]];
-      CAIRN_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, d->stream));
-      CAIRN_CUDA_CHECK(cudaEventRecord(d->chunk_events[k], d->stream));
+    for (size_t g = 0; g < groups.size(); ++g) {
+      CAIRN_CUDA_CHECK(cudaMemcpyAsync(groups[g].dst, groups[g].src, groups[g].bytes,
+                                       cudaMemcpyDefault, d->stream));
+      CAIRN_CUDA_CHECK(cudaEventRecord(d->group_events[g], d->stream));
     }
     CAIRN_ASSIGN_OR_RETURN(auto mark, NewMark(device));
     CAIRN_CUDA_CHECK(cudaEventRecord(mark->event(), d->stream));
@@ -307,25 +327,54 @@ class CudaCopyEngine final : public CopyEngine {
     return Status::OK();
   }
 
-  // Waits for the device chunks in order; checksums each batch of landed chunks on the host
-  // threads while the later ones are still in flight.
-  Status Land(DeviceState* d, std::span<const CopyChunk> chunks, const std::vector<size_t>& dev,
-              uint64_t* checksums) {
+  // Streaming landing (CAIRN_CUDA_LANDING=stream): checksums every device chunk as it
+  // lands. This thread waits for the group events in
+  // order and publishes how many groups have landed; the pool's threads (driven from a
+  // thread of this capture) take the chunks in order and checksum each as soon as its group
+  // is in, so every checksum thread is busy while bytes arrive. Only this thread calls
+  // CUDA: checksum threads waiting in the driver too would contend with the training
+  // thread's kernel launches for the driver's locks.
+  Status LandStreaming(DeviceState* d, std::span<const CopyChunk> chunks,
+                       const std::vector<size_t>& dev, const std::vector<uint32_t>& group_of,
+                       uint64_t* checksums) {
+    Status st = ChecksumAsTheyLand(
+        pool_, group_of,
+        [&](size_t g) -> Status {
+          const cudaError_t e = cudaEventSynchronize(d->group_events[g]);
+          if (e != cudaSuccess) return CudaFailure("cudaEventSynchronize (capture chunk)", e);
+          return Status::OK();
+        },
+        [&](size_t k) {
+          const CopyChunk& c = chunks[dev[k]];
+          checksums[dev[k]] = Checksum(c.dst, c.bytes);
+          CAIRN_KILL_POINT("capture.copy_chunk");
+        });
+    if (!st.ok()) cudaStreamSynchronize(d->stream);
+    return st;
+  }
+
+  // Batch landing (the default): waits for the groups in order; checksums every chunk
+  // landed by then on the host threads, and only then waits for the next.
+  Status LandInBatches(DeviceState* d, std::span<const CopyChunk> chunks,
+                       const std::vector<size_t>& dev, const std::vector<uint32_t>& group_of,
+                       uint64_t* checksums) {
     std::vector<HostRange> ranges;
     std::vector<uint64_t> sums;
     size_t k = 0;
     while (k < dev.size()) {
-      cudaError_t e = cudaEventSynchronize(d->chunk_events[k]);
+      cudaError_t e = cudaEventSynchronize(d->group_events[group_of[k]]);
       if (e != cudaSuccess) {
         cudaStreamSynchronize(d->stream);
         return CudaFailure("cudaEventSynchronize (capture chunk)", e);
       }
       size_t end = k + 1;
       while (end < dev.size() && end - k < batch_max_) {
-        const cudaError_t q = cudaEventQuery(d->chunk_events[end]);
-        if (q != cudaSuccess) {
-          (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the last error
-          break;
+        if (group_of[end] != group_of[end - 1]) {
+          const cudaError_t q = cudaEventQuery(d->group_events[group_of[end]]);
+          if (q != cudaSuccess) {
+            (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the last error
+            break;
+          }
         }
         ++end;
       }
@@ -341,8 +390,10 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   int copy_device_;  // Copy()'s device: the engine's, or the last OrderAfter's
-  const size_t batch_max_;
-  std::unique_ptr<CopyEngine> host_;  // host chunks, checksums
+  const bool stream_landing_;
+  const size_t batch_max_;            // chunks checksummed at once by the batch landing
+  WorkerPool pool_;                   // the device chunks' checksums (streaming landing)
+  std::unique_ptr<CopyEngine> host_;  // host chunks, their checksums
   Mutex mu_;                          // guards states_ (MarkStream runs on another thread)
   std::map<int, std::unique_ptr<DeviceState>> states_ CAIRN_GUARDED_BY(mu_);
 };
@@ -367,9 +418,17 @@ Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads) {
   Status st = OpenDevice(&device);
   if (!st.ok())
     return Status::Unavailable("the CUDA copy engine needs a usable CUDA device: " + st.message());
-  // Checksumming a chunk on one core is slower than a PCIe link delivers it: at least 4
-  // threads keep CAPTURED close behind the last byte.
-  return std::unique_ptr<CopyEngine>(new CudaCopyEngine(device, std::max(threads, 4)));
+  // One core checksums bytes that just came from the link at about 7 GB/s (an H200's host,
+  // bench/gpu_parts), a PCIe 5 link delivers 54: at least 8 threads keep CAPTURED close
+  // behind the last byte.
+  // The landing is a diagnostic choice until a GPU run settles it (docs/gpu.md).
+  const char* landing = std::getenv("CAIRN_CUDA_LANDING");
+  const std::string_view l = landing ? landing : "batch";
+  if (l != "batch" && l != "stream")
+    return Status::InvalidArgument("CAIRN_CUDA_LANDING must be batch or stream, not '" +
+                                   std::string(l) + "'");
+  return std::unique_ptr<CopyEngine>(
+      new CudaCopyEngine(device, std::max(threads, kMinChecksumThreads), l == "stream"));
 }
 
 }  // namespace cairn

@@ -94,7 +94,8 @@ Result<std::unique_ptr<CopyEngine>> MakeCopyEngine(CopyEngineKind kind, int thre
   if (kind == CopyEngineKind::kCuda) return MakeCudaCopyEngine(threads);
   if (CudaDeviceAvailable()) {
     auto e = MakeCudaCopyEngine(threads);
-    if (e.ok()) return e;
+    // A bad setting is the user's to fix, not a reason to fall back to the host engine.
+    if (e.ok() || e.status().code() == StatusCode::kInvalidArgument) return e;
   }
   return MakeHostCopyEngine(threads);
 }

@@ -1,12 +1,18 @@
 // The host copy engine: streaming copies at every alignment, checksums equal to XXH3 of
-// the bytes, and the worker pool runs every iteration exactly once.
+// the bytes, and the worker pool runs every iteration exactly once; the grouping of chunks
+// into device copies, and the capture pipeline marking which chunks may be grouped.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/checksum.h"
+#include "core/filesystem.h"
+#include "core/log.h"
+#include "snapshot/capture_pipeline.h"
 #include "snapshot/copy_engine.h"
 #include "snapshot/worker_pool.h"
 #include "tests/test_util.h"
@@ -111,6 +117,141 @@ TEST(WorkerPool, RunsEveryIterationOnce) {
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << round;
     }
   }
+}
+
+TEST(GroupCopies, OnlyChunksThatContinueATensorJoinAndEveryChunkLandsOnce) {
+  std::vector<std::byte> src(1 << 16), dst(1 << 16);
+  std::byte* s = src.data();
+  std::byte* d = dst.data();
+  std::vector<CopyChunk> c = {
+      // Tensor A in 4 chunks of 100: groups of at most 250 bytes hold two of them.
+      {s, d, 100, true, false},
+      {s + 100, d + 100, 100, true, true},
+      {s + 200, d + 200, 100, true, true},
+      {s + 300, d + 300, 100, true, true},
+      // Tensor B right after A in both address spaces: adjacent, but another allocation.
+      {s + 400, d + 400, 50, true, false},
+      // Chunks marked as continuing whose bytes do not follow on never join; nor does one
+      // whose predecessor in `order` is not the chunk before it.
+      {s + 1000, d + 460, 50, true, true},
+      {s + 1050, d + 2000, 50, true, true},
+      // A host chunk between device chunks (left out of `order` below).
+      {s + 3000, d + 3000, 10, false, false},
+      {s + 1100, d + 2050, 50, true, true},
+  };
+  const std::vector<size_t> order = {0, 1, 2, 3, 4, 5, 6, 8};
+  std::vector<uint32_t> group_of;
+  const auto groups = GroupCopies(c, order, 250, &group_of);
+  ASSERT_EQ(group_of.size(), order.size());
+  // Replayed, the groups cover exactly the chunks, in order, each once.
+  size_t k = 0;
+  for (uint32_t g = 0; g < groups.size(); ++g) {
+    size_t off = 0;
+    for (; k < order.size() && group_of[k] == g; ++k) {
+      EXPECT_EQ(groups[g].src + off, c[order[k]].src) << k;
+      EXPECT_EQ(groups[g].dst + off, c[order[k]].dst) << k;
+      off += c[order[k]].bytes;
+    }
+    EXPECT_EQ(off, groups[g].bytes) << g;
+    EXPECT_LE(groups[g].bytes, 250u) << g;
+  }
+  EXPECT_EQ(k, order.size());
+  EXPECT_EQ(group_of, (std::vector<uint32_t>{0, 0, 1, 1, 2, 3, 4, 5}));
+}
+
+// The streaming landing's core, with sleeps for copies: every chunk is checksummed exactly
+// once and never before its group has landed, checksums run while later groups are still
+// in flight, and a failed wait stops every chunk of that group and later ones.
+TEST(ChecksumAsTheyLand, EachChunkOnceAfterItsGroupLandsWhileLaterGroupsAreInFlight) {
+  WorkerPool pool(4);
+  const std::vector<uint32_t> group_of = {0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 4, 5, 5, 6, 7, 7};
+  const size_t groups = 8;
+  for (const size_t fail_at : {groups, size_t{3}}) {
+    std::vector<std::atomic<bool>> landed(groups);
+    std::vector<std::atomic<int>> done(group_of.size());
+    std::atomic<int> before_last_landed{0};
+    Status st = ChecksumAsTheyLand(
+        pool, group_of,
+        [&](size_t g) -> Status {
+          std::this_thread::sleep_for(std::chrono::milliseconds(3));
+          if (g == fail_at) return Status::IOError("group " + std::to_string(g) + " failed");
+          landed[g] = true;
+          return Status::OK();
+        },
+        [&](size_t k) {
+          EXPECT_TRUE(landed[group_of[k]].load()) << "chunk " << k << " before its group";
+          if (!landed[groups - 1].load()) ++before_last_landed;
+          ++done[k];
+        });
+    for (size_t k = 0; k < group_of.size(); ++k)
+      EXPECT_EQ(done[k].load(), group_of[k] < fail_at ? 1 : 0) << "chunk " << k;
+    if (fail_at == groups) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_GT(before_last_landed.load(), 0) << "no checksum overlapped a copy";
+    } else {
+      EXPECT_EQ(st.code(), StatusCode::kIOError);
+      EXPECT_NE(st.message().find("group 3"), std::string::npos) << st.ToString();
+    }
+  }
+  // Nothing to land.
+  EXPECT_TRUE(ChecksumAsTheyLand(
+                  pool, {}, [](size_t) { return Status::OK(); }, [](size_t) { FAIL(); })
+                  .ok());
+}
+
+// Records the chunks of every capture, copying with the host engine.
+class RecordingEngine final : public CopyEngine {
+ public:
+  std::string_view name() const override { return "recording"; }
+  Status Copy(std::span<const CopyChunk> chunks, uint64_t* checksums) override {
+    captured.assign(chunks.begin(), chunks.end());
+    return host_->Copy(chunks, checksums);
+  }
+  bool checksums_while_copying() const override { return true; }
+  void ChecksumHost(std::span<const HostRange> ranges, uint64_t* out) override {
+    host_->ChecksumHost(ranges, out);
+  }
+  std::vector<CopyChunk> captured;
+
+ private:
+  std::unique_ptr<CopyEngine> host_ = MakeHostCopyEngine(1);
+};
+
+// The pipeline lays a version out with tensors back to back: only the chunks of one tensor
+// may be copied as one (a device copy over two allocations fails with cudaErrorInvalidValue,
+// seen on an H200 when two adjacent test tensors were merged).
+TEST(CapturePipeline, OnlyTheChunksOfOneTensorAreMarkedAsContinuingEachOther) {
+  testing::TempDir root("continues");
+  HostTierConfig tc;
+  tc.dir = root.path() + "/tier";
+  Logger log("test", LogLevel::kWarning);
+  auto tier = HostTier::Open(tc, DefaultFileSystem(), &log);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  RecordingEngine engine;
+  CaptureConfig cc;
+  cc.chunk_bytes = 4096;
+  CapturePipeline pipeline(cc, &engine, tier->get(), &log, {});
+  // One buffer holding three tensors back to back: 3 chunks, 1 chunk, 2 chunks (the last
+  // one short), so every tensor's first byte follows on from the previous one's last.
+  std::vector<float> all(3072 + 1024 + 1500);
+  std::vector<ShardSpec> shards;
+  int64_t at = 0;
+  for (int64_t n : {3072, 1024, 1500}) {
+    shards.push_back(
+        ShardSpec::Whole({"t" + std::to_string(at), DType::kF32, {n}}, all.data() + at));
+    at += n;
+  }
+  ASSERT_TRUE(pipeline.Save(1, shards, {}, nullptr).ok());
+  ASSERT_TRUE(pipeline.WaitCaptured().ok());
+  std::vector<bool> continues;
+  for (const CopyChunk& c : engine.captured) continues.push_back(c.continues);
+  EXPECT_EQ(continues, (std::vector<bool>{false, true, true, false, false, true}));
+  // Grouped with no size limit, the chunks make one copy per tensor.
+  std::vector<size_t> order(engine.captured.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<uint32_t> group_of;
+  EXPECT_EQ(GroupCopies(engine.captured, order, SIZE_MAX, &group_of).size(), 3u);
+  pipeline.Stop();
 }
 
 }  // namespace
