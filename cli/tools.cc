@@ -583,96 +583,95 @@ std::string Checksums(size_t n, Get get, bool all) {
   return s;
 }
 
-}  // namespace
-
-int InspectMain(int argc, char** argv) {
-  CLI::App app(
-      "Shows what a version holds: for a PFS job directory, the step's (default: LATEST) "
-      "tensors with dtype and shape, the shards each rank held, the files, and every saved box "
-      "with its file, offset, length, writer and chunk checksums; for a host-tier job "
-      "directory, every copy of step N (default: the newest) in the ranks' tiers and replicas "
-      "with its shard table, blobs and checksums.",
-      "cairn inspect");
-  std::string path;
-  int64_t step = -1;
-  bool all = false;
-  app.add_option("PATH", path, "job directory")->required();
-  app.add_option("--step", step, "the step")->check(WholeNumber());
-  app.add_flag("--all-checksums", all,
-               "print every checksum (default: the first two and the last)");
-  if (auto rc = Parse(app, argc, argv)) return *rc;
-  FileSystem* fs = DefaultFileSystem();
-  if (IsPfsJobDir(fs, path)) {
-    auto opened = OpenStep(fs, path, step);
-    if (!opened.ok()) {
-      std::fprintf(stderr, "cairn inspect: %s\n", opened.status().ToString().c_str());
-      return 1;
-    }
-    const auto& [dir, m] = *opened;
-    std::printf("step %lld of job '%s' in %s\n", static_cast<long long>(m.step()), m.job().c_str(),
-                dir.c_str());
-    std::printf("  saved by %u rank(s), %s ago, chunk %s\n", m.world_size(),
-                Age(m.created_wall_ns()).c_str(), Size(m.chunk_bytes()).c_str());
-    std::vector<uint64_t> file_bytes(static_cast<size_t>(m.files_size()), 0);
-    std::vector<uint64_t> tensor_bytes(static_cast<size_t>(m.tensors_size()), 0);
-    std::vector<int> tensor_boxes(static_cast<size_t>(m.tensors_size()), 0);
-    for (const auto& b : m.boxes()) {
-      file_bytes[b.file()] += b.length();
-      tensor_bytes[b.tensor()] += b.length();
-      ++tensor_boxes[b.tensor()];
-    }
-    std::printf("tensors (%d):\n", m.tensors_size());
-    for (int t = 0; t < m.tensors_size(); ++t) {
-      const auto& x = m.tensors(t);
-      std::printf("  %-40s %-14s %-20s %s in %d box(es)\n", x.name().c_str(),
-                  DTypeName(static_cast<DType>(x.dtype())).data(),
-                  ShapeToString(Shape(x.shape().begin(), x.shape().end())).c_str(),
-                  Size(tensor_bytes[static_cast<size_t>(t)]).c_str(),
-                  tensor_boxes[static_cast<size_t>(t)]);
-    }
-    std::printf("shards held (distinct lists):\n");
-    for (int l = 0; l < m.lists_size(); ++l) {
-      std::string ranks;
-      int count = 0;
-      for (int r = 0; r < m.rank_list_size(); ++r)
-        if (m.rank_list(r) == static_cast<uint32_t>(l)) {
-          if (count < 8) ranks += (count ? "," : "") + std::to_string(r);
-          ++count;
-        }
-      if (count > 8) ranks += ",... (" + std::to_string(count) + " ranks)";
-      std::printf("  ranks %s:\n", ranks.c_str());
-      for (uint32_t si : m.lists(l).shards()) {
-        const auto& sh = m.shards(static_cast<int>(si));
-        Box b{{sh.offsets().begin(), sh.offsets().end()},
-              {sh.lengths().begin(), sh.lengths().end()}};
-        std::printf("    %s %s\n", m.tensors(static_cast<int>(sh.tensor())).name().c_str(),
-                    b.ToString().c_str());
-      }
-    }
-    std::printf("files:\n");
-    for (int f = 0; f < m.files_size(); ++f)
-      std::printf("  %s  %s\n", JoinPath(dir, m.files(f)).c_str(),
-                  Size(file_bytes[static_cast<size_t>(f)]).c_str());
-    std::printf("saved boxes:\n");
-    for (const auto& b : m.boxes()) {
-      Box box{{b.offsets().begin(), b.offsets().end()}, {b.lengths().begin(), b.lengths().end()}};
-      std::printf("  %s %s  %s @%llu +%llu (writer %u)  %s\n",
-                  m.tensors(static_cast<int>(b.tensor())).name().c_str(), box.ToString().c_str(),
-                  m.files(static_cast<int>(b.file())).c_str(),
-                  static_cast<unsigned long long>(b.offset()),
-                  static_cast<unsigned long long>(b.length()), b.writer(),
-                  Checksums(
-                      static_cast<size_t>(b.chunk_checksums_size()),
-                      [&](size_t i) { return b.chunk_checksums(static_cast<int>(i)); }, all)
-                      .c_str());
-    }
-    for (const auto& b : m.blobs())
-      std::printf("  blob '%s' of rank %u  %s @%llu +%llu  %s\n", b.name().c_str(), b.rank(),
-                  m.files(static_cast<int>(b.file())).c_str(),
-                  static_cast<unsigned long long>(b.offset()),
-                  static_cast<unsigned long long>(b.length()), Hex(b.checksum()).c_str());
-    return 0;
+// cairn inspect of a PFS step: its tensors (bytes and boxes per tensor).
+void PrintTensors(const pb::Manifest& m) {
+  std::vector<uint64_t> tensor_bytes(static_cast<size_t>(m.tensors_size()), 0);
+  std::vector<int> tensor_boxes(static_cast<size_t>(m.tensors_size()), 0);
+  for (const auto& b : m.boxes()) {
+    tensor_bytes[b.tensor()] += b.length();
+    ++tensor_boxes[b.tensor()];
   }
+  std::printf("tensors (%d):\n", m.tensors_size());
+  for (int t = 0; t < m.tensors_size(); ++t) {
+    const auto& x = m.tensors(t);
+    std::printf("  %-40s %-14s %-20s %s in %d box(es)\n", x.name().c_str(),
+                DTypeName(static_cast<DType>(x.dtype())).data(),
+                ShapeToString(Shape(x.shape().begin(), x.shape().end())).c_str(),
+                Size(tensor_bytes[static_cast<size_t>(t)]).c_str(),
+                tensor_boxes[static_cast<size_t>(t)]);
+  }
+}
+
+// The distinct shard lists and the ranks that held each.
+void PrintHeldLists(const pb::Manifest& m) {
+  std::printf("shards held (distinct lists):\n");
+  for (int l = 0; l < m.lists_size(); ++l) {
+    std::string ranks;
+    int count = 0;
+    for (int r = 0; r < m.rank_list_size(); ++r)
+      if (m.rank_list(r) == static_cast<uint32_t>(l)) {
+        if (count < 8) ranks += (count ? "," : "") + std::to_string(r);
+        ++count;
+      }
+    if (count > 8) ranks += ",... (" + std::to_string(count) + " ranks)";
+    std::printf("  ranks %s:\n", ranks.c_str());
+    for (uint32_t si : m.lists(l).shards()) {
+      const auto& sh = m.shards(static_cast<int>(si));
+      Box b{{sh.offsets().begin(), sh.offsets().end()}, {sh.lengths().begin(), sh.lengths().end()}};
+      std::printf("    %s %s\n", m.tensors(static_cast<int>(sh.tensor())).name().c_str(),
+                  b.ToString().c_str());
+    }
+  }
+}
+
+// The saved boxes and blobs, each with its file, place and checksums.
+void PrintBoxes(const pb::Manifest& m, bool all) {
+  std::printf("saved boxes:\n");
+  for (const auto& b : m.boxes()) {
+    Box box{{b.offsets().begin(), b.offsets().end()}, {b.lengths().begin(), b.lengths().end()}};
+    std::printf("  %s %s  %s @%llu +%llu (writer %u)  %s\n",
+                m.tensors(static_cast<int>(b.tensor())).name().c_str(), box.ToString().c_str(),
+                m.files(static_cast<int>(b.file())).c_str(),
+                static_cast<unsigned long long>(b.offset()),
+                static_cast<unsigned long long>(b.length()), b.writer(),
+                Checksums(
+                    static_cast<size_t>(b.chunk_checksums_size()),
+                    [&](size_t i) { return b.chunk_checksums(static_cast<int>(i)); }, all)
+                    .c_str());
+  }
+  for (const auto& b : m.blobs())
+    std::printf("  blob '%s' of rank %u  %s @%llu +%llu  %s\n", b.name().c_str(), b.rank(),
+                m.files(static_cast<int>(b.file())).c_str(),
+                static_cast<unsigned long long>(b.offset()),
+                static_cast<unsigned long long>(b.length()), Hex(b.checksum()).c_str());
+}
+
+// cairn inspect of a PFS job directory.
+int InspectPfs(FileSystem* fs, const std::string& path, int64_t step, bool all) {
+  auto opened = OpenStep(fs, path, step);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "cairn inspect: %s\n", opened.status().ToString().c_str());
+    return 1;
+  }
+  const auto& [dir, m] = *opened;
+  std::printf("step %lld of job '%s' in %s\n", static_cast<long long>(m.step()), m.job().c_str(),
+              dir.c_str());
+  std::printf("  saved by %u rank(s), %s ago, chunk %s\n", m.world_size(),
+              Age(m.created_wall_ns()).c_str(), Size(m.chunk_bytes()).c_str());
+  std::vector<uint64_t> file_bytes(static_cast<size_t>(m.files_size()), 0);
+  for (const auto& b : m.boxes()) file_bytes[b.file()] += b.length();
+  PrintTensors(m);
+  PrintHeldLists(m);
+  std::printf("files:\n");
+  for (int f = 0; f < m.files_size(); ++f)
+    std::printf("  %s  %s\n", JoinPath(dir, m.files(f)).c_str(),
+                Size(file_bytes[static_cast<size_t>(f)]).c_str());
+  PrintBoxes(m, all);
+  return 0;
+}
+
+// cairn inspect of a host-tier job directory: every copy of the step.
+int InspectHostTier(FileSystem* fs, const std::string& path, int64_t step, bool all) {
   const auto dirs = TierDirs(fs, path);
   if (dirs.empty()) {
     std::fprintf(stderr, "cairn inspect: %s is neither a PFS nor a host-tier job directory\n",
@@ -724,6 +723,29 @@ int InspectMain(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int InspectMain(int argc, char** argv) {
+  CLI::App app(
+      "Shows what a version holds: for a PFS job directory, the step's (default: LATEST) "
+      "tensors with dtype and shape, the shards each rank held, the files, and every saved box "
+      "with its file, offset, length, writer and chunk checksums; for a host-tier job "
+      "directory, every copy of step N (default: the newest) in the ranks' tiers and replicas "
+      "with its shard table, blobs and checksums.",
+      "cairn inspect");
+  std::string path;
+  int64_t step = -1;
+  bool all = false;
+  app.add_option("PATH", path, "job directory")->required();
+  app.add_option("--step", step, "the step")->check(WholeNumber());
+  app.add_flag("--all-checksums", all,
+               "print every checksum (default: the first two and the last)");
+  if (auto rc = Parse(app, argc, argv)) return *rc;
+  FileSystem* fs = DefaultFileSystem();
+  return IsPfsJobDir(fs, path) ? InspectPfs(fs, path, step, all)
+                               : InspectHostTier(fs, path, step, all);
 }
 
 int GcMain(int argc, char** argv) {

@@ -235,6 +235,44 @@ std::string Persister::OfferHeld(uint64_t newest,
   return EncodeOffer(mine);
 }
 
+namespace {
+
+// Every rank's offer, decoded (a round that cannot gather them fails).
+Result<std::vector<Offer>> DecodeOffers(const Result<std::vector<std::string>>& all) {
+  if (!all.ok()) return all.status().WithContext("persist round");
+  std::vector<Offer> offers;
+  for (const std::string& b : *all) {
+    CAIRN_ASSIGN_OR_RETURN(Offer o, DecodeOffer(b));
+    offers.push_back(std::move(o));
+  }
+  return offers;
+}
+
+void LogOffers(const Logger& log, const std::vector<Offer>& offers, uint64_t consumed) {
+  std::string held;
+  for (size_t r = 0; r < offers.size(); ++r) {
+    held += " rank " + std::to_string(r) + " (mark " + std::to_string(offers[r].newest_mark) + "):";
+    for (const auto& [st, h] : offers[r].held) held += " " + std::to_string(st);
+  }
+  log.Debug("persist round, marks up to " + std::to_string(consumed) + "; held:" + held);
+}
+
+}  // namespace
+
+std::unique_ptr<HostTier::View> Persister::PinChosen(
+    int64_t step, const HeldLayout& layout,
+    std::map<int64_t, std::unique_ptr<HostTier::View>>* pinned) {
+  std::unique_ptr<HostTier::View> view;
+  if (auto it = pinned->find(step); it != pinned->end()) {
+    view = std::move(it->second);
+  } else if (auto v = tier_->Pin(step); v.ok()) {
+    view = std::move(*v);
+  }
+  pinned->clear();
+  if (view && view->header().created_wall_ns != layout.created_wall_ns) view.reset();
+  return view;
+}
+
 Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   TraceSpan span("persist round", "persist");
   Outcome out;
@@ -246,8 +284,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
 
   // 1. Agree on the step.
   std::map<int64_t, std::unique_ptr<HostTier::View>> pinned;
-  const std::string mine = OfferHeld(newest, &pinned);
-  auto all = group_->AllGather(mine);
+  auto gathered = DecodeOffers(group_->AllGather(OfferHeld(newest, &pinned)));
   auto fail = [&](const Status& st) {
     MutexLock lk(mu_);
     ++stats_.rounds;
@@ -258,13 +295,8 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
     out.step = st;
     return out;
   };
-  if (!all.ok()) return fail(all.status().WithContext("persist round"));
-  std::vector<Offer> offers;
-  for (const std::string& b : *all) {
-    auto o = DecodeOffer(b);
-    if (!o.ok()) return fail(o.status());
-    offers.push_back(std::move(*o));
-  }
+  if (!gathered.ok()) return fail(gathered.status());
+  const std::vector<Offer>& offers = *gathered;
   out.consumed = newest;
   for (const Offer& o : offers) out.consumed = std::min(out.consumed, o.newest_mark);
   int64_t marked = -1;
@@ -274,15 +306,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
       if (m.id == out.consumed) marked = m.step;
   }
   const std::optional<int64_t> step = ChooseStep(offers, marked);
-  if (log_->enabled(LogLevel::kDebug)) {
-    std::string held;
-    for (size_t r = 0; r < offers.size(); ++r) {
-      held +=
-          " rank " + std::to_string(r) + " (mark " + std::to_string(offers[r].newest_mark) + "):";
-      for (const auto& [st, h] : offers[r].held) held += " " + std::to_string(st);
-    }
-    log_->Debug("persist round, marks up to " + std::to_string(out.consumed) + "; held:" + held);
-  }
+  if (log_->enabled(LogLevel::kDebug)) LogOffers(*log_, offers, out.consumed);
   if (!step) {
     std::string why;
     for (size_t r = 0; r < offers.size() && why.empty(); ++r)
@@ -300,14 +324,7 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   // Held against reuse from here until written; unless it was pinned for the offer, a
   // capture may have taken its slot since (then this rank reports it, the round fails).
   const HeldLayout& layout = layouts_.at(*step);
-  std::unique_ptr<HostTier::View> view;
-  if (auto it = pinned.find(*step); it != pinned.end()) {
-    view = std::move(it->second);
-  } else if (auto v = tier_->Pin(*step); v.ok()) {
-    view = std::move(*v);
-  }
-  pinned.clear();
-  if (view && view->header().created_wall_ns != layout.created_wall_ns) view.reset();
+  std::unique_ptr<HostTier::View> view = PinChosen(*step, layout, &pinned);
 
   const int64_t t0 = NowNanos();
   CAIRN_KILL_POINT("persist.agreed");
@@ -437,38 +454,43 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
   return step;
 }
 
-Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& view,
-                             const std::vector<WritePiece>& mine, LocationTable* table) {
-  const int me = group_->rank();
-  const SlotHeader& h = view.header();
-  const uint64_t chunk = h.chunk_bytes;
+namespace {
 
-  // The slot's bytes must still be the ones captured before they become the PFS copy.
-  // Where a piece's chunks are the slot's chunks (the planner starts slabs on chunk
-  // boundaries), the checksums the writer takes must equal the slot's: no extra pass.
-  // Other chunks under the pieces are hashed here first.
+// A share's write items: its pieces (from the slot), then its blobs, laid out in the data
+// file. The slot's bytes must still be the ones captured before they become the PFS copy:
+// where a piece's chunks are the slot's chunks (the planner starts slabs on chunk
+// boundaries), the checksums the writer takes must equal the slot's (`expect`: no extra
+// pass); other chunks under the pieces are hashed here first.
+struct ShareItems {
   struct Expect {
     size_t item, chunk;
     uint32_t slot_chunk;
   };
-  std::vector<Expect> expect;
-  std::map<uint32_t, const SlotShard*> verify;  // slot chunk -> its shard
   std::vector<WriteItem> items;
-  std::vector<const SlotShard*> shard_of;
-  const bool same_chunks = chunk == config_.writer.chunk_bytes;
+  std::vector<const SlotShard*> shard_of;  // per piece
+  std::vector<Expect> expect;
+};
+
+Result<ShareItems> ShareItemsOf(const HostTier::View& view, const std::vector<WritePiece>& mine,
+                                uint64_t writer_chunk) {
+  const SlotHeader& h = view.header();
+  const uint64_t chunk = h.chunk_bytes;
+  ShareItems out;
+  std::map<uint32_t, const SlotShard*> verify;  // slot chunk -> its shard
+  const bool same_chunks = chunk == writer_chunk;
   for (const WritePiece& p : mine) {
     if (p.slot_shard >= h.shards.size() || p.src_offset + p.nbytes > h.shards[p.slot_shard].nbytes)
       return Status::Internal("save plan: a piece outside the host slot's shards");
     const SlotShard& s = h.shards[p.slot_shard];
-    shard_of.push_back(&s);
-    items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
+    out.shard_of.push_back(&s);
+    out.items.push_back({view.data() + s.offset + p.src_offset, p.nbytes, 0});
     for (uint64_t k = 0, c = p.src_offset / chunk; c * chunk < p.src_offset + p.nbytes; ++c, ++k) {
       const uint32_t sc = s.first_chunk + static_cast<uint32_t>(c);
       const bool aligned =
           p.src_offset % chunk == 0 &&
           std::min((k + 1) * chunk, p.nbytes) == std::min((k + 1) * chunk, s.nbytes - p.src_offset);
       if (same_chunks && aligned)
-        expect.push_back({items.size() - 1, k, sc});
+        out.expect.push_back({out.items.size() - 1, k, sc});
       else
         verify.emplace(sc, &s);
     }
@@ -480,8 +502,35 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
                                 "' bytes [" + std::to_string(b) + ", " + std::to_string(e) +
                                 ") no longer match their checksum");
   }
-  for (const SlotBlob& b : h.blobs) items.push_back({view.data() + b.offset, b.nbytes, 0});
-  LayOutItems(items, kPfsAlign);
+  for (const SlotBlob& b : h.blobs) out.items.push_back({view.data() + b.offset, b.nbytes, 0});
+  LayOutItems(out.items, kPfsAlign);
+  return out;
+}
+
+// Blobs keep the checksum taken at capture; a blob of one chunk is verified by the
+// writer's checksum, a longer one is hashed once more. Each goes into the table.
+Status RecordBlobs(const HostTier::View& view, const ShareItems& share, size_t pieces,
+                   const WriteReport& rep, LocationTable* table) {
+  const SlotHeader& h = view.header();
+  for (size_t k = 0; k < h.blobs.size(); ++k) {
+    const WriteItem& it = share.items[pieces + k];
+    const auto& sums = rep.chunk_checksums[pieces + k];
+    const uint64_t now = sums.size() == 1 ? sums[0] : Checksum(it.src, it.nbytes);
+    if (now != h.blobs[k].checksum)
+      return Status::Corruption("host slot " + view.data_path() + " blob '" + h.blobs[k].name +
+                                "' no longer matches its checksum");
+    table->blobs.push_back({h.blobs[k].name, it.file_offset, it.nbytes, h.blobs[k].checksum});
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& view,
+                             const std::vector<WritePiece>& mine, LocationTable* table) {
+  const int me = group_->rank();
+  const SlotHeader& h = view.header();
+  CAIRN_ASSIGN_OR_RETURN(ShareItems share, ShareItemsOf(view, mine, config_.writer.chunk_bytes));
   // The job's PFS directories: real directories nobody outside their owner and group can
   // write (core/trusted_path.h), checked before this rank writes into them.
   CAIRN_RETURN_IF_ERROR(MakeTrustedDirs(fs_, config_.job_dir, JoinPath(step_dir, "data"),
@@ -490,13 +539,14 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
                                         "replace them: give CAIRN_PFS_ROOT a directory of your "
                                         "own or your project's"));
   const int64_t t0 = NowNanos();
-  CAIRN_ASSIGN_OR_RETURN(WriteReport rep, WriteDataFile(fs_, JoinPath(step_dir, DataFileName(me)),
-                                                        items, config_.writer, &limiter_, log_));
-  for (const Expect& e : expect)
+  CAIRN_ASSIGN_OR_RETURN(WriteReport rep,
+                         WriteDataFile(fs_, JoinPath(step_dir, DataFileName(me)), share.items,
+                                       config_.writer, &limiter_, log_));
+  for (const ShareItems::Expect& e : share.expect)
     if (rep.chunk_checksums[e.item][e.chunk] != h.chunk_checksums[e.slot_chunk])
       return Status::Corruption("host slot " + view.data_path() + " tensor '" +
-                                shard_of[e.item]->name + "': chunk " +
-                                std::to_string(e.slot_chunk - shard_of[e.item]->first_chunk) +
+                                share.shard_of[e.item]->name + "': chunk " +
+                                std::to_string(e.slot_chunk - share.shard_of[e.item]->first_chunk) +
                                 " no longer matches its checksum");
   CAIRN_RETURN_IF_ERROR(fs_->SyncDir(JoinPath(step_dir, "data")));
   CAIRN_KILL_POINT("persist.share_written");
@@ -506,19 +556,8 @@ Status Persister::WriteShare(const std::string& step_dir, const HostTier::View& 
     stats_.write_seconds += NanosToSeconds(NowNanos() - t0);
   }
   for (size_t k = 0; k < mine.size(); ++k)
-    table->pieces.push_back({items[k].file_offset, std::move(rep.chunk_checksums[k])});
-  // Blobs keep the checksum taken at capture; a blob of one chunk is verified by the
-  // writer's checksum, a longer one is hashed once more.
-  for (size_t k = 0; k < h.blobs.size(); ++k) {
-    const WriteItem& it = items[mine.size() + k];
-    const auto& sums = rep.chunk_checksums[mine.size() + k];
-    const uint64_t now = sums.size() == 1 ? sums[0] : Checksum(it.src, it.nbytes);
-    if (now != h.blobs[k].checksum)
-      return Status::Corruption("host slot " + view.data_path() + " blob '" + h.blobs[k].name +
-                                "' no longer matches its checksum");
-    table->blobs.push_back({h.blobs[k].name, it.file_offset, it.nbytes, h.blobs[k].checksum});
-  }
-  return Status::OK();
+    table->pieces.push_back({share.items[k].file_offset, std::move(rep.chunk_checksums[k])});
+  return RecordBlobs(view, share, mine.size(), rep, table);
 }
 
 }  // namespace cairn

@@ -108,9 +108,14 @@ class Persister {
                         std::map<int64_t, std::unique_ptr<HostTier::View>>* pinned);
   // Runs one round for the marks queued (newest id `newest`, captures up to `seq`).
   Outcome Round(uint64_t newest, uint64_t seq);
+  struct HeldLayout;
+  // The chosen step's view: the one pinned for the offer (the others in *pinned released),
+  // else pinned now; null when the slot no longer holds that version.
+  std::unique_ptr<HostTier::View> PinChosen(
+      int64_t step, const HeldLayout& layout,
+      std::map<int64_t, std::unique_ptr<HostTier::View>>* pinned);
   // Steps 2-5 of a round for `step`: `view` pins this rank's copy (nullptr if it was lost
   // since the offer: the round then fails on every rank), `my_layout` is its layout.
-  struct HeldLayout;
   Result<int64_t> PersistStep(int64_t step, const HostTier::View* view,
                               const std::vector<uint64_t>& layout_hashes,
                               const HeldLayout& my_layout);

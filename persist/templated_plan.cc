@@ -32,6 +32,154 @@ std::vector<WritePiece> WritePiecesOf(const SavePlan& plan, int rank) {
   return out;
 }
 
+namespace {
+
+// Whole tensors grouped by the templates listing them (their holders).
+using ByHolders = std::map<std::vector<uint32_t>, std::vector<uint32_t>>;
+
+// Bytes of part `index` of tensor g.
+uint64_t PartBytes(const TemplatedPlan& p, uint32_t g, uint32_t index) {
+  return PartElements(p.tensors[g].global_shape, p.rules[g], index, p.parts[g]) *
+         DTypeSize(p.tensors[g].dtype);
+}
+
+// 1. Every tensor once, with its rule; templates must agree on the tensors they share.
+bool CatalogueTensors(TemplatedPlan& p, std::string* why) {
+  std::unordered_map<std::string, uint32_t> ids;
+  p.global_ids.resize(p.templates.size());
+  for (uint32_t t = 0; t < p.templates.size(); ++t) {
+    const LayoutTemplate& lt = p.templates[t];
+    for (size_t k = 0; k < lt.tensors.size(); ++k) {
+      auto [it, fresh] = ids.emplace(lt.tensors[k].name, static_cast<uint32_t>(p.tensors.size()));
+      const uint32_t g = it->second;
+      const uint32_t n = lt.rules[k].split() ? lt.parts : 1;
+      if (fresh) {
+        p.tensors.push_back(lt.tensors[k]);
+        p.rules.push_back(lt.rules[k]);
+        p.parts.push_back(n);
+        p.in_templates.emplace_back();
+      } else if (!(p.tensors[g] == lt.tensors[k]) || !(p.rules[g] == lt.rules[k]) ||
+                 p.parts[g] != n) {
+        *why = "tensor '" + lt.tensors[k].name + "' is " + p.rules[g].ToString() + " of " +
+               std::to_string(p.parts[g]) + " in one rank's layout and " + lt.rules[k].ToString() +
+               " of " + std::to_string(n) + " in another's (or its dtype or shape differ)";
+        return false;
+      }
+      p.global_ids[t].push_back(g);
+      p.in_templates[g].push_back(t);
+    }
+  }
+  return true;
+}
+
+// 2. Classes: the distinct (template, index) pairs, i.e. the distinct layouts.
+bool ClassifyRanks(TemplatedPlan& p, std::string* why) {
+  const size_t world = p.rank_template.size();
+  std::unordered_map<uint64_t, uint32_t> class_of;
+  p.rank_class.resize(world);
+  for (size_t r = 0; r < world; ++r) {
+    const uint32_t t = p.rank_template[r], i = p.rank_index[r];
+    if (t >= p.templates.size() || i >= p.templates[t].parts || i >= world) {
+      *why = "rank " + std::to_string(r) + " names a template or index that does not exist";
+      return false;
+    }
+    auto [it, fresh] = class_of.emplace((static_cast<uint64_t>(t) << 32) | i,
+                                        static_cast<uint32_t>(class_of.size()));
+    if (fresh) {
+      p.class_ranks.emplace_back();
+      p.class_template.push_back(t);
+      p.class_index.push_back(i);
+      if (p.index_classes.size() <= i) p.index_classes.resize(i + 1);
+      p.index_classes[i].push_back(it->second);
+    }
+    p.class_ranks[it->second].push_back(static_cast<uint32_t>(r));
+    p.rank_class[r] = it->second;
+  }
+  return true;
+}
+
+// 3a. A box several ranks hold and larger than the general planner's slabs (`cut`) would be
+// written whole by one of them (data-parallel replicas of large parts, large replicated
+// tensors): then the general plan, which cuts and balances them, is better.
+bool NoLargeSharedBox(const TemplatedPlan& p, const ByHolders& by_holders, uint64_t cut,
+                      std::string* why) {
+  for (const auto& [holder_templates, group] : by_holders) {
+    size_t holders = 0;
+    for (size_t c = 0; c < p.class_ranks.size() && holders < 2; ++c)
+      if (Lists(holder_templates, p.class_template[c])) holders += p.class_ranks[c].size();
+    for (uint32_t g : group)
+      if (holders > 1 && PartBytes(p, g, 0) > cut) {
+        *why = "tensor '" + p.tensors[g].name + "' is held whole by several ranks and is " +
+               std::to_string(PartBytes(p, g, 0)) + " bytes (the general planner cuts it)";
+        return false;
+      }
+  }
+  for (size_t c = 0; c < p.class_ranks.size(); ++c) {
+    const uint32_t t = p.class_template[c], i = p.class_index[c];
+    if (p.class_ranks[c].size() == 1 && p.index_classes[i].size() == 1) continue;
+    for (uint32_t g : p.global_ids[t]) {
+      if (!p.rules[g].split() || PartBytes(p, g, i) <= cut) continue;
+      uint64_t holders = 0;
+      for (uint32_t c2 : p.index_classes[i])
+        if (Lists(p.in_templates[g], p.class_template[c2])) holders += p.class_ranks[c2].size();
+      if (holders > 1) {
+        *why = "ranks " + std::to_string(p.class_ranks[c][0]) + " and others hold the same part " +
+               std::to_string(i) + " of tensor '" + p.tensors[g].name + "', " +
+               std::to_string(PartBytes(p, g, i)) +
+               " bytes (data-parallel replicas: the general planner cuts and balances it)";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// 3b. Each whole tensor to the least loaded of its holders, largest first.
+void AssignWholeWriters(TemplatedPlan& p, const ByHolders& by_holders) {
+  for (const auto& [holder_templates, group] : by_holders) {
+    using Load = std::pair<uint64_t, uint32_t>;
+    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+    for (size_t c = 0; c < p.class_ranks.size(); ++c)
+      if (Lists(holder_templates, p.class_template[c]))
+        for (uint32_t r : p.class_ranks[c]) heap.push({p.writer_bytes[r], r});
+    std::vector<std::pair<uint64_t, uint32_t>> order;
+    for (uint32_t g : group) order.push_back({PartBytes(p, g, 0), g});
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    for (auto [bytes, g] : order) {
+      Load top = heap.top();
+      heap.pop();
+      p.whole_writer[g] = static_cast<int>(top.second);
+      top.first += bytes;
+      p.writer_bytes[top.second] = top.first;
+      heap.push(top);
+    }
+  }
+}
+
+// 4. Split parts: counted once each, for their writer.
+void CountSplitParts(TemplatedPlan& p) {
+  for (size_t c = 0; c < p.class_ranks.size(); ++c) {
+    const uint32_t t = p.class_template[c], i = p.class_index[c];
+    for (uint32_t g : p.global_ids[t]) {
+      if (!p.rules[g].split()) continue;
+      // Only the first class of this index listing g counts the part.
+      uint32_t first = UINT32_MAX;
+      for (uint32_t c2 : p.index_classes[i])
+        if (Lists(p.in_templates[g], p.class_template[c2])) {
+          first = c2;
+          break;
+        }
+      if (first != c) continue;
+      const int w = p.SplitWriter(g, i);
+      if (w >= 0) p.writer_bytes[static_cast<size_t>(w)] += PartBytes(p, g, i);
+    }
+  }
+}
+
+}  // namespace
+
 std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templates,
                                                std::vector<uint32_t> rank_template,
                                                std::vector<uint32_t> rank_index,
@@ -47,67 +195,13 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
     *why = "one template, index and hash per rank needed";
     return std::nullopt;
   }
-  // 1. Every tensor once, with its rule; templates must agree on the tensors they share.
-  std::unordered_map<std::string, uint32_t> ids;
-  std::vector<SplitRule>& rule = p.rules;
-  std::vector<uint32_t>& parts = p.parts;
-  p.global_ids.resize(p.templates.size());
-  for (uint32_t t = 0; t < p.templates.size(); ++t) {
-    const LayoutTemplate& lt = p.templates[t];
-    for (size_t k = 0; k < lt.tensors.size(); ++k) {
-      auto [it, fresh] = ids.emplace(lt.tensors[k].name, static_cast<uint32_t>(p.tensors.size()));
-      const uint32_t g = it->second;
-      const uint32_t n = lt.rules[k].split() ? lt.parts : 1;
-      if (fresh) {
-        p.tensors.push_back(lt.tensors[k]);
-        rule.push_back(lt.rules[k]);
-        parts.push_back(n);
-        p.in_templates.emplace_back();
-      } else if (!(p.tensors[g] == lt.tensors[k]) || !(rule[g] == lt.rules[k]) || parts[g] != n) {
-        *why = "tensor '" + lt.tensors[k].name + "' is " + rule[g].ToString() + " of " +
-               std::to_string(parts[g]) + " in one rank's layout and " + lt.rules[k].ToString() +
-               " of " + std::to_string(n) + " in another's (or its dtype or shape differ)";
-        return std::nullopt;
-      }
-      p.global_ids[t].push_back(g);
-      p.in_templates[g].push_back(t);
-    }
-  }
-  // 2. Classes: the distinct (template, index) pairs, i.e. the distinct layouts.
-  std::unordered_map<uint64_t, uint32_t> class_of;
-  p.rank_class.resize(world);
-  for (size_t r = 0; r < world; ++r) {
-    const uint32_t t = p.rank_template[r], i = p.rank_index[r];
-    if (t >= p.templates.size() || i >= p.templates[t].parts || i >= world) {
-      *why = "rank " + std::to_string(r) + " names a template or index that does not exist";
-      return std::nullopt;
-    }
-    auto [it, fresh] = class_of.emplace((static_cast<uint64_t>(t) << 32) | i,
-                                        static_cast<uint32_t>(class_of.size()));
-    if (fresh) {
-      p.class_ranks.emplace_back();
-      p.class_template.push_back(t);
-      p.class_index.push_back(i);
-      if (p.index_classes.size() <= i) p.index_classes.resize(i + 1);
-      p.index_classes[i].push_back(it->second);
-    }
-    p.class_ranks[it->second].push_back(static_cast<uint32_t>(r));
-    p.rank_class[r] = it->second;
-  }
-  // 3. Whole tensors, grouped by the templates listing them (their holders), largest first
-  // to the least loaded holder.
+  if (!CatalogueTensors(p, why) || !ClassifyRanks(p, why)) return std::nullopt;
+  // 3. Whole tensors, grouped by their holders, largest first to the least loaded holder.
   p.writer_bytes.assign(world, 0);
   p.whole_writer.assign(p.tensors.size(), -1);
-  std::map<std::vector<uint32_t>, std::vector<uint32_t>> by_holders;
+  ByHolders by_holders;
   for (uint32_t g = 0; g < p.tensors.size(); ++g)
-    if (!rule[g].split()) by_holders[p.in_templates[g]].push_back(g);
-  auto bytes_of = [&](uint32_t g, uint32_t index) {
-    return PartElements(p.tensors[g].global_shape, rule[g], index, parts[g]) *
-           DTypeSize(p.tensors[g].dtype);
-  };
-  // A box several ranks hold and larger than the general planner's slabs would be written
-  // whole by one of them (data-parallel replicas of large parts, large replicated
-  // tensors): then the general plan, which cuts and balances them, is better.
+    if (!p.rules[g].split()) by_holders[p.in_templates[g]].push_back(g);
   uint64_t total = 0;
   for (const TensorMeta& t : config ? p.tensors : std::vector<TensorMeta>{})
     total += static_cast<uint64_t>(NumElements(t.global_shape)) * DTypeSize(t.dtype);
@@ -115,71 +209,10 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
       config ? std::max<uint64_t>(total / (world * std::max<uint64_t>(config->split_factor, 1)),
                                   std::max<uint64_t>(config->min_piece_bytes, 1))
              : UINT64_MAX;
-  for (const auto& [holder_templates, group] : by_holders) {
-    size_t holders = 0;
-    for (size_t c = 0; c < p.class_ranks.size() && holders < 2; ++c)
-      if (Lists(holder_templates, p.class_template[c])) holders += p.class_ranks[c].size();
-    for (uint32_t g : group)
-      if (holders > 1 && bytes_of(g, 0) > cut) {
-        *why = "tensor '" + p.tensors[g].name + "' is held whole by several ranks and is " +
-               std::to_string(bytes_of(g, 0)) + " bytes (the general planner cuts it)";
-        return std::nullopt;
-      }
-  }
-  for (size_t c = 0; c < p.class_ranks.size(); ++c) {
-    const uint32_t t = p.class_template[c], i = p.class_index[c];
-    if (p.class_ranks[c].size() == 1 && p.index_classes[i].size() == 1) continue;
-    for (uint32_t g : p.global_ids[t]) {
-      if (!rule[g].split() || bytes_of(g, i) <= cut) continue;
-      uint64_t holders = 0;
-      for (uint32_t c2 : p.index_classes[i])
-        if (Lists(p.in_templates[g], p.class_template[c2])) holders += p.class_ranks[c2].size();
-      if (holders > 1) {
-        *why = "ranks " + std::to_string(p.class_ranks[c][0]) + " and others hold the same part " +
-               std::to_string(i) + " of tensor '" + p.tensors[g].name + "', " +
-               std::to_string(bytes_of(g, i)) +
-               " bytes (data-parallel replicas: the general planner cuts and balances it)";
-        return std::nullopt;
-      }
-    }
-  }
-  for (auto& [holder_templates, group] : by_holders) {
-    using Load = std::pair<uint64_t, uint32_t>;
-    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
-    for (size_t c = 0; c < p.class_ranks.size(); ++c)
-      if (Lists(holder_templates, p.class_template[c]))
-        for (uint32_t r : p.class_ranks[c]) heap.push({p.writer_bytes[r], r});
-    std::vector<std::pair<uint64_t, uint32_t>> order;
-    for (uint32_t g : group) order.push_back({bytes_of(g, 0), g});
-    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    for (auto [bytes, g] : order) {
-      Load top = heap.top();
-      heap.pop();
-      p.whole_writer[g] = static_cast<int>(top.second);
-      top.first += bytes;
-      p.writer_bytes[top.second] = top.first;
-      heap.push(top);
-    }
-  }
-  // 4. Split parts: counted once each, for their writer (not for a reader of a MANIFEST).
-  for (size_t c = 0; config && c < p.class_ranks.size(); ++c) {
-    const uint32_t t = p.class_template[c], i = p.class_index[c];
-    for (uint32_t g : p.global_ids[t]) {
-      if (!rule[g].split()) continue;
-      // Only the first class of this index listing g counts the part.
-      uint32_t first = UINT32_MAX;
-      for (uint32_t c2 : p.index_classes[i])
-        if (Lists(p.in_templates[g], p.class_template[c2])) {
-          first = c2;
-          break;
-        }
-      if (first != c) continue;
-      const int w = p.SplitWriter(g, i);
-      if (w >= 0) p.writer_bytes[static_cast<size_t>(w)] += bytes_of(g, i);
-    }
-  }
+  if (!NoLargeSharedBox(p, by_holders, cut, why)) return std::nullopt;
+  AssignWholeWriters(p, by_holders);
+  // 4. Split parts, for their writer (not for a reader of a MANIFEST: no config).
+  if (config) CountSplitParts(p);
   return p;
 }
 

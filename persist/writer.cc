@@ -55,67 +55,75 @@ uint64_t LayOutItems(std::span<WriteItem> items, uint64_t align) {
   return off;
 }
 
-Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
-                                  std::span<const WriteItem> items, const WriterOptions& options,
-                                  RateLimiter* limiter, const Logger* log) {
-  const uint64_t chunk = std::max<uint64_t>(options.chunk_bytes, 1);
-  WriteReport report;
-  report.chunk_checksums.resize(items.size());
+namespace {
+
+// The units of `items` (a chunk each), their checksum slots in *report, and whether every
+// item starts on a kPfsAlign boundary with a chunk size of such blocks.
+std::vector<Unit> CutIntoUnits(std::span<const WriteItem> items, uint64_t chunk,
+                               WriteReport* report, bool* aligned) {
   std::vector<Unit> units;
-  bool aligned = chunk % kPfsAlign == 0;
+  report->chunk_checksums.resize(items.size());
+  *aligned = chunk % kPfsAlign == 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const uint64_t n = CeilDiv(items[i].nbytes, chunk);
-    report.chunk_checksums[i].assign(n, 0);
+    report->chunk_checksums[i].assign(n, 0);
     for (uint64_t c = 0; c < n; ++c)
       units.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(c)});
-    report.bytes += items[i].nbytes;
-    aligned = aligned && items[i].file_offset % kPfsAlign == 0;
+    report->bytes += items[i].nbytes;
+    *aligned = *aligned && items[i].file_offset % kPfsAlign == 0;
   }
-  bool direct = options.direct && aligned;
-  if (options.direct && !aligned && log)
-    log->Warning(path + ": chunk size or offsets not 4 KiB aligned; writing without O_DIRECT");
+  return units;
+}
+
+// Creates `path` for writing, with O_DIRECT where *direct asks and the filesystem takes it
+// (*direct says which); a direct file is sized first: direct writes inside the file's
+// size may run in parallel (ext4 serialises writes that extend a file).
+Result<File> CreateDataFile(FileSystem* fs, const std::string& path,
+                            std::span<const WriteItem> items, bool* direct, const Logger* log) {
   Result<File> file = Status::Internal("not opened");
-  if (direct) {
+  if (*direct) {
     file =
         fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!file.ok() && file.status().error_number() == EINVAL) {
       if (log) log->Info(path + ": O_DIRECT refused by the filesystem; writing buffered");
-      direct = false;
+      *direct = false;
     }
   }
-  if (!direct)
+  if (!*direct)
     file = fs->OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (!file.ok()) return file.status();
-  File& f = *file;
-  report.direct = direct;
-  if (direct) {
-    // Size the file first: direct writes inside the file's size may run in parallel
-    // (ext4 serialises writes that extend a file).
-    uint64_t end = 0;
-    for (const WriteItem& it : items)
-      end = std::max(end, it.file_offset + RoundUp(it.nbytes, kPfsAlign));
-    Status st = f.Truncate(end);
-    if (!st.ok()) {
-      (void)f.Close();
-      (void)fs->Unlink(path);
-      return st.WithContext(path);
-    }
+  if (!file.ok() || !*direct) return file;
+  uint64_t end = 0;
+  for (const WriteItem& it : items)
+    end = std::max(end, it.file_offset + RoundUp(it.nbytes, kPfsAlign));
+  Status st = file->Truncate(end);
+  if (!st.ok()) {
+    (void)file->Close();
+    (void)fs->Unlink(path);
+    return st.WithContext(path);
   }
+  return file;
+}
 
+// Checksums and writes every unit on options.threads threads (direct: unaligned sources
+// through an aligned buffer); the first error.
+Status WriteUnits(File& f, const std::string& path, std::span<const WriteItem> items,
+                  const std::vector<Unit>& units, uint64_t chunk, bool direct,
+                  const WriterOptions& options, RateLimiter* limiter, WriteReport* report) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   Mutex err_mu;
   Status first;
+  auto fail = [&](Status st) {
+    MutexLock lk(err_mu);
+    if (first.ok()) first = std::move(st);
+    failed = true;
+  };
   auto work = [&] {
     std::unique_ptr<void, FreeDeleter> bounce;
     if (direct) {
       void* p = nullptr;
-      if (posix_memalign(&p, kPfsAlign, chunk) != 0) {
-        MutexLock lk(err_mu);
-        if (first.ok()) first = Status::Internal(path + ": cannot allocate a write buffer");
-        failed = true;
-        return;
-      }
+      if (posix_memalign(&p, kPfsAlign, chunk) != 0)
+        return fail(Status::Internal(path + ": cannot allocate a write buffer"));
       bounce.reset(p);
     }
     for (;;) {
@@ -134,16 +142,11 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
         if (write_n > n) std::memset(static_cast<std::byte*>(bounce.get()) + n, 0, write_n - n);
         src = static_cast<const std::byte*>(bounce.get());
       }
-      report.chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
+      report->chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
       if (options.yield) options.yield();
       if (limiter) limiter->Acquire(write_n);
       Status st = f.WriteAt(src, write_n, it.file_offset + b);
-      if (!st.ok()) {
-        MutexLock lk(err_mu);
-        if (first.ok()) first = st;
-        failed = true;
-        return;
-      }
+      if (!st.ok()) return fail(std::move(st));
       CAIRN_KILL_POINT("persist.piece_written");
     }
   };
@@ -153,7 +156,24 @@ Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
     pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
-  Status st = first;
+  return first;
+}
+
+}  // namespace
+
+Result<WriteReport> WriteDataFile(FileSystem* fs, const std::string& path,
+                                  std::span<const WriteItem> items, const WriterOptions& options,
+                                  RateLimiter* limiter, const Logger* log) {
+  const uint64_t chunk = std::max<uint64_t>(options.chunk_bytes, 1);
+  WriteReport report;
+  bool aligned = false;
+  const std::vector<Unit> units = CutIntoUnits(items, chunk, &report, &aligned);
+  bool direct = options.direct && aligned;
+  if (options.direct && !aligned && log)
+    log->Warning(path + ": chunk size or offsets not 4 KiB aligned; writing without O_DIRECT");
+  CAIRN_ASSIGN_OR_RETURN(File f, CreateDataFile(fs, path, items, &direct, log));
+  report.direct = direct;
+  Status st = WriteUnits(f, path, items, units, chunk, direct, options, limiter, &report);
   if (st.ok()) st = f.Sync();
   if (st.ok()) CAIRN_KILL_POINT("persist.file_synced");
   if (!st.ok()) {

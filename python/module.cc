@@ -307,15 +307,8 @@ void SettingSet(const Setting& s, Options& o, const py::handle& value) {
   if (!st.ok()) Throw(st);
 }
 
-}  // namespace
-}  // namespace cairn
-
-PYBIND11_MODULE(_cairn, m) {
-  using namespace cairn;
-  m.doc() = "cairn: a multi-level checkpoint cache for large-model training (C++ core)";
-  static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
-  g_error = error.ptr();
-
+// Options: an attribute per setting, from the settings table.
+void BindOptions(py::module_& m) {
   py::class_<Options> options(m, "Options",
                               "Every setting of a Checkpointer, an attribute per CAIRN_* variable "
                               "(settings() lists them; from_environment() reads the variables).");
@@ -342,7 +335,10 @@ PYBIND11_MODULE(_cairn, m) {
         return out;
       },
       "Every setting: (attribute of Options, environment variable, default, meaning).");
+}
 
+// Shard: a tensor (or a box of one) given to save() or restore().
+void BindShard(py::module_& m) {
   py::class_<PyShard>(m, "Shard",
                       "One tensor's bytes to save or fill: the tensor's name, dtype name "
                       "('float32', 'bfloat16', 'int64', ...) and global shape, the box this "
@@ -413,7 +409,10 @@ PYBIND11_MODULE(_cairn, m) {
         return "<cairn.Shard " + s.spec.meta.name + " " +
                std::string(DTypeName(s.spec.meta.dtype)) + " " + s.spec.box.ToString() + ">";
       });
+}
 
+// Stats, RestoreReport, VersionInfo: what cairn reports.
+void BindReports(py::module_& m) {
   py::class_<Stats>(m, "Stats",
                     "Counters of a Checkpointer (include/cairn/stats.h; flat names here).")
       .def_property_readonly("saves", [](const Stats& s) { return s.save.saves; })
@@ -492,7 +491,10 @@ PYBIND11_MODULE(_cairn, m) {
       py::arg("shape"), py::arg("begin"), py::arg("end"),
       "The boxes (offsets, lengths) that the flat row-major range [begin, end) of a tensor of "
       "`shape` covers, in flat order.");
+}
 
+// PfsStep: one committed step on the PFS, read tensor by tensor.
+void BindPfsStep(py::module_& m) {
   py::class_<PfsStep>(m, "PfsStep",
                       "A committed step of a job's PFS tier, read without a running job "
                       "(C++ cairn::PfsStep): PfsStep.open(job_dir, step=None) with job_dir = "
@@ -537,7 +539,10 @@ PYBIND11_MODULE(_cairn, m) {
             return FromBlobs(Unwrap(WithoutGil([&] { return s.Blobs(rank); })));
           },
           py::arg("rank"), "The blobs `rank` saved with the step ({name: bytes}).");
+}
 
+// ShardList and Checkpointer.
+void BindCheckpointer(py::module_& m) {
   py::class_<PyShardList>(m, "ShardList",
                           "Shards converted once, for saves of the same tensors at the same "
                           "addresses: save() then converts nothing per shard. Keeps every "
@@ -589,4 +594,19 @@ PYBIND11_MODULE(_cairn, m) {
            "Waits for captures in flight, then stops (the host tier's files stay).")
       .def("__enter__", [](PyCheckpointer& c) -> PyCheckpointer& { return c; })
       .def("__exit__", [](PyCheckpointer& c, py::args) { c.Close(); });
+}
+
+}  // namespace
+}  // namespace cairn
+
+PYBIND11_MODULE(_cairn, m) {
+  using namespace cairn;
+  m.doc() = "cairn: a multi-level checkpoint cache for large-model training (C++ core)";
+  static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
+  g_error = error.ptr();
+  BindOptions(m);
+  BindShard(m);
+  BindReports(m);
+  BindPfsStep(m);
+  BindCheckpointer(m);
 }

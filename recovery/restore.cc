@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -116,6 +117,13 @@ class Restorer {
   // false: some layout is no template, or the templates disagree.
   Result<bool> GatherTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
                                const Status& pin_st, TemplatedMemoryStep* out);
+  // Gather 1: every rank's references; *my_templates gets the templates this rank named.
+  Result<std::vector<LayoutRefs>> GatherLayoutRefs(const ChosenStep& p, const Status& pin_st,
+                                                   const TemplatedMemoryStep& ts,
+                                                   std::map<uint64_t, std::string>* my_templates);
+  // Gather 2: each template named once, sent by the first rank naming it.
+  Result<std::map<uint64_t, LayoutTemplate>> GatherTemplateBodies(
+      const std::vector<LayoutRefs>& refs, const std::map<uint64_t, std::string>& my_templates);
   // After planning alone: every rank's status, and (unless options_.partial) that every
   // saved tensor is some rank's target. `skip_corrupt`: a Corruption skips the step (PFS).
   Result<bool> CheckAlone(ChosenStep& p, Status st, const std::vector<std::string>& saved_names,
@@ -368,35 +376,86 @@ Status Restorer::Plan(ChosenStep& p) {
   return Unrestored(p, unrestored, unrestored.size());
 }
 
-Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
-                                       const Status& pin_st, TemplatedMemoryStep* out) {
-  const int64_t step = p.choice.step;
-  const int world = env_.group->size();
-  uint32_t saved_world = 0;  // of the job that saved the chosen step (one world: Choose)
+namespace {
+
+// The saved job's world size (one world: Choose) and, per source rank, the ranks holding
+// its version of `step`, lowest first.
+uint32_t FindHolders(const std::vector<Inventory>& inv, int64_t step, TemplatedMemoryStep* ts) {
+  uint32_t saved_world = 0;
   for (const Inventory& i : inv)
     for (const HeldVersion& v : i.held)
       if (v.step == step) saved_world = std::max(saved_world, v.world_size);
-  TemplatedMemoryStep& ts = *out;
-  ts.step = step;
-  ts.holders.resize(saved_world);
+  ts->step = step;
+  ts->holders.resize(saved_world);
   for (size_t r = 0; r < inv.size(); ++r)
     for (const HeldVersion& v : inv[r].held)
       if (v.step == step && v.source >= 0 && static_cast<uint32_t>(v.source) < saved_world &&
-          (ts.holders[v.source].empty() || ts.holders[v.source].back() != static_cast<int>(r)))
-        ts.holders[v.source].push_back(static_cast<int>(r));
-  // Gather 1: template references (this rank's targets; the versions it is the lowest
-  // holder of).
+          (ts->holders[v.source].empty() || ts->holders[v.source].back() != static_cast<int>(r)))
+        ts->holders[v.source].push_back(static_cast<int>(r));
+  return saved_world;
+}
+
+// Every source's layout reference, from its first holder (a rank reporting one it is not
+// the first holder of is Corruption); false where some layout is no template.
+Result<bool> IndexSavedRefs(const std::vector<LayoutRefs>& refs, const TemplatedMemoryStep& ts,
+                            std::vector<const SavedRef*>* of_source, const std::string& who) {
+  bool templated = true;
+  for (const LayoutRefs& r : refs) templated = templated && r.target.templated;
+  for (size_t r = 0; r < refs.size(); ++r)
+    for (const SavedRef& s : refs[r].saved) {
+      if (static_cast<size_t>(s.source) >= of_source->size() || ts.holders[s.source].empty() ||
+          ts.holders[s.source].front() != static_cast<int>(r) || (*of_source)[s.source])
+        return Status::Corruption(who + ": rank " + std::to_string(r) +
+                                  " reported the layout of rank " + std::to_string(s.source) +
+                                  "'s version of step " + std::to_string(ts.step) +
+                                  ", which it is not the first holder of");
+      (*of_source)[s.source] = &s;
+      templated = templated && s.layout.templated;
+    }
+  for (const SavedRef* s : *of_source) templated = templated && s;
+  return templated;
+}
+
+// The plan of `n` ranks whose layouts `ref_of(r)` names (nullopt: a template is missing
+// or the templates disagree).
+std::optional<TemplatedPlan> PlanOfRefs(const std::map<uint64_t, LayoutTemplate>& templates,
+                                        size_t n,
+                                        const std::function<const TemplateRef&(size_t)>& ref_of) {
+  std::vector<LayoutTemplate> list;
+  std::map<uint64_t, uint32_t> ids;
+  std::vector<uint32_t> rank_template(n), rank_index(n);
+  std::vector<uint64_t> hashes(n);
+  for (size_t r = 0; r < n; ++r) {
+    const TemplateRef& ref = ref_of(r);
+    auto it = templates.find(ref.hash);
+    if (it == templates.end()) return std::nullopt;
+    auto [id, fresh] = ids.emplace(ref.hash, static_cast<uint32_t>(list.size()));
+    if (fresh) list.push_back(it->second);
+    rank_template[r] = id->second;
+    rank_index[r] = ref.index;
+    hashes[r] = TemplatedLayoutHash(ref.hash, ref.index);
+  }
+  std::string why;
+  return MakeTemplatedPlan(std::move(list), std::move(rank_template), std::move(rank_index),
+                           std::move(hashes), nullptr, &why);
+}
+
+}  // namespace
+
+Result<std::vector<LayoutRefs>> Restorer::GatherLayoutRefs(
+    const ChosenStep& p, const Status& pin_st, const TemplatedMemoryStep& ts,
+    std::map<uint64_t, std::string>* my_templates) {
+  const uint32_t saved_world = static_cast<uint32_t>(ts.holders.size());
   LayoutRefs mine;
-  std::map<uint64_t, std::string> my_templates;
   auto refer = [&](const RankLayout& l, int r, int w, TemplateRef* ref) {
     if (!env_.templates) return;
     auto rec = RecognizeLayout(l, r, w);
     if (!rec) return;
     std::string enc = EncodeTemplate(rec->layout_template);
     *ref = {true, TemplateHash(enc), rec->index};
-    my_templates.emplace(ref->hash, std::move(enc));
+    my_templates->emplace(ref->hash, std::move(enc));
   };
-  refer(LayoutOf(targets_), env_.rank, world, &mine.target);
+  refer(LayoutOf(targets_), env_.rank, env_.group->size(), &mine.target);
   std::set<int> reported;
   for (const auto& pv : p.pinned) {
     const SlotHeader& h = pv->header();
@@ -413,34 +472,16 @@ Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Chosen
   }
   CAIRN_ASSIGN_OR_RETURN(auto all, GatherChecked(env_.group, pin_st, EncodeLayoutRefs(mine)));
   std::vector<LayoutRefs> refs(all.size());
-  std::vector<const SavedRef*> of_source(saved_world, nullptr);
-  bool templated = true;
   for (size_t r = 0; r < all.size(); ++r) {
     auto d = DecodeLayoutRefs(all[r]);
     if (!d.ok()) return d.status().WithContext(who_ + ": from rank " + std::to_string(r));
     refs[r] = std::move(*d);
-    templated = templated && refs[r].target.templated;
   }
-  for (size_t r = 0; r < refs.size(); ++r)
-    for (const SavedRef& s : refs[r].saved) {
-      if (static_cast<uint32_t>(s.source) >= saved_world || ts.holders[s.source].empty() ||
-          ts.holders[s.source].front() != static_cast<int>(r) || of_source[s.source])
-        return Status::Corruption(who_ + ": rank " + std::to_string(r) +
-                                  " reported the layout of rank " + std::to_string(s.source) +
-                                  "'s version of step " + std::to_string(step) +
-                                  ", which it is not the first holder of");
-      of_source[s.source] = &s;
-      templated = templated && s.layout.templated;
-    }
-  for (const SavedRef* s : of_source) templated = templated && s;
-  if (!templated) return false;
-  ts.chunk_bytes = of_source[0]->chunk_bytes;
-  for (const SavedRef* s : of_source)
-    if (s->chunk_bytes != ts.chunk_bytes || s->chunk_bytes == 0 || s->chunk_bytes > kMaxChunkBytes)
-      return Status::InvalidArgument(
-          "ranks saved step " + std::to_string(step) + " with different chunk sizes (" +
-          std::to_string(s->chunk_bytes) + " and " + std::to_string(ts.chunk_bytes) + ")");
-  // Gather 2: each template once, from the first rank naming it.
+  return refs;
+}
+
+Result<std::map<uint64_t, LayoutTemplate>> Restorer::GatherTemplateBodies(
+    const std::vector<LayoutRefs>& refs, const std::map<uint64_t, std::string>& my_templates) {
   std::map<uint64_t, int> first;
   for (size_t r = 0; r < refs.size(); ++r) {
     first.emplace(refs[r].target.hash, static_cast<int>(r));
@@ -461,29 +502,33 @@ Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Chosen
       templates.emplace(TemplateHash(enc), std::move(*t));
     }
   }
+  return templates;
+}
+
+Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
+                                       const Status& pin_st, TemplatedMemoryStep* out) {
+  TemplatedMemoryStep& ts = *out;
+  const uint32_t saved_world = FindHolders(inv, p.choice.step, &ts);
+  // Gather 1: template references (this rank's targets; the versions it is the lowest
+  // holder of).
+  std::map<uint64_t, std::string> my_templates;
+  CAIRN_ASSIGN_OR_RETURN(auto refs, GatherLayoutRefs(p, pin_st, ts, &my_templates));
+  std::vector<const SavedRef*> of_source(saved_world, nullptr);
+  CAIRN_ASSIGN_OR_RETURN(bool templated, IndexSavedRefs(refs, ts, &of_source, who_));
+  if (!templated) return false;
+  ts.chunk_bytes = of_source[0]->chunk_bytes;
+  for (const SavedRef* s : of_source)
+    if (s->chunk_bytes != ts.chunk_bytes || s->chunk_bytes == 0 || s->chunk_bytes > kMaxChunkBytes)
+      return Status::InvalidArgument(
+          "ranks saved step " + std::to_string(ts.step) + " with different chunk sizes (" +
+          std::to_string(s->chunk_bytes) + " and " + std::to_string(ts.chunk_bytes) + ")");
+  // Gather 2: each template once, from the first rank naming it.
+  CAIRN_ASSIGN_OR_RETURN(auto templates, GatherTemplateBodies(refs, my_templates));
   // The saved plan (per source) and the target plan (per rank).
-  auto make = [&](size_t n, auto ref_of) -> std::optional<TemplatedPlan> {
-    std::vector<LayoutTemplate> list;
-    std::map<uint64_t, uint32_t> ids;
-    std::vector<uint32_t> rank_template(n), rank_index(n);
-    std::vector<uint64_t> hashes(n);
-    for (size_t r = 0; r < n; ++r) {
-      const TemplateRef& ref = ref_of(r);
-      auto it = templates.find(ref.hash);
-      if (it == templates.end()) return std::nullopt;
-      auto [id, fresh] = ids.emplace(ref.hash, static_cast<uint32_t>(list.size()));
-      if (fresh) list.push_back(it->second);
-      rank_template[r] = id->second;
-      rank_index[r] = ref.index;
-      hashes[r] = TemplatedLayoutHash(ref.hash, ref.index);
-    }
-    std::string why;
-    return MakeTemplatedPlan(std::move(list), std::move(rank_template), std::move(rank_index),
-                             std::move(hashes), nullptr, &why);
-  };
-  auto saved =
-      make(saved_world, [&](size_t s) -> const TemplateRef& { return of_source[s]->layout; });
-  auto wanted = make(refs.size(), [&](size_t r) -> const TemplateRef& { return refs[r].target; });
+  auto saved = PlanOfRefs(templates, saved_world,
+                          [&](size_t s) -> const TemplateRef& { return of_source[s]->layout; });
+  auto wanted = PlanOfRefs(templates, refs.size(),
+                           [&](size_t r) -> const TemplateRef& { return refs[r].target; });
   if (!saved || !wanted) return false;
   ts.saved = std::move(*saved);
   ts.targets = std::move(*wanted);

@@ -31,19 +31,7 @@ Status Attempt::ReadRuns() {
   return PfsRunReader(*this).Run();
 }
 
-Status Attempt::Run() {
-  load = ForRank(plan, cat, env.rank);
-  fills_of_span.assign(plan.spans.size(), {});
-  at.assign(plan.spans.size(), nullptr);
-  direct.assign(plan.spans.size(), false);
-  for (uint32_t fi = 0; fi < plan.fills[cls].size(); ++fi)
-    fills_of_span[plan.fills[cls][fi].span].push_back(fi);
-  // Message tags: a PFS piece's number, or a memory piece's number between the two ranks.
-  if (cat.pieces.size() >= (1u << 24))
-    return Status::InvalidArgument(who + ": more than 2^24 saved pieces");
-  Status st;
-  // 1. Receives, straight into the target where the bytes are one whole target region.
-  PlanPacking();
+Status Attempt::PostReceives() {
   for (const RankLoad::Get& g : load.gets) {
     if (g.how != RankLoad::How::kRecv) continue;
     const LoadPlan::Span& sp = plan.spans[g.span];
@@ -59,6 +47,64 @@ Status Attempt::Run() {
                                                     std::min(kMsgBytes, n - k * kMsgBytes)));
     report->bytes_received += n;
   }
+  return Status::OK();
+}
+
+void Attempt::SendHeld(Status* st) {
+  std::map<uint32_t, const std::byte*> payload;
+  for (const RankLoad::Put& put : load.puts) {
+    const LoadPlan::Span& sp = plan.spans[put.span];
+    auto [it, fresh] = payload.emplace(put.span, at[put.span]);
+    if (fresh && Packed(put.span)) {
+      VerifyLocal(sp.piece, sp.lo, sp.hi);
+      std::byte* buf = Staging(packed_bytes[put.span]);
+      Status s = Pack(put.span, buf);
+      if (!s.ok() && st->ok()) *st = s;
+      it->second = buf;
+    }
+    const uint64_t n = Packed(put.span) ? packed_bytes[put.span] : sp.hi - sp.lo;
+    for (uint64_t k = 0; k * kMsgBytes < n; ++k) {
+      const uint64_t m = std::min(kMsgBytes, n - k * kMsgBytes);
+      if (!Packed(put.span))
+        VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
+      Status s = env.transport->Send(put.to, Seq(put.seq, k), it->second + k * kMsgBytes, m);
+      if (!s.ok() && st->ok()) *st = s;
+    }
+  }
+}
+
+void Attempt::CopyLocal(Status* st) {
+  for (const RankLoad::Get& g : load.gets) {
+    if (g.how != RankLoad::How::kLocal || direct[g.span]) continue;
+    const LoadPlan::Span& sp = plan.spans[g.span];
+    report->bytes_local += sp.hi - sp.lo;
+    std::byte* dst = DirectTarget(g.span);
+    if (dst && env.engine->checksums_while_copying() && !verified.count(sp.piece)) {
+      // The same layout: checksums taken while copying.
+      Status s = CopyVerified(sp.piece, dst);
+      if (!s.ok() && st->ok()) *st = s;
+      continue;
+    }
+    VerifyLocal(sp.piece, sp.lo, sp.hi);
+    Status s = FillFrom(g.span);
+    if (!s.ok() && st->ok()) *st = s;
+  }
+}
+
+Status Attempt::Run() {
+  load = ForRank(plan, cat, env.rank);
+  fills_of_span.assign(plan.spans.size(), {});
+  at.assign(plan.spans.size(), nullptr);
+  direct.assign(plan.spans.size(), false);
+  for (uint32_t fi = 0; fi < plan.fills[cls].size(); ++fi)
+    fills_of_span[plan.fills[cls][fi].span].push_back(fi);
+  // Message tags: a PFS piece's number, or a memory piece's number between the two ranks.
+  if (cat.pieces.size() >= (1u << 24))
+    return Status::InvalidArgument(who + ": more than 2^24 saved pieces");
+  Status st;
+  // 1. Receives, straight into the target where the bytes are one whole target region.
+  PlanPacking();
+  CAIRN_RETURN_IF_ERROR(PostReceives());
   // 2. What this rank holds: where its pieces' bytes are.
   if (!cat.from_pfs)
     for (const auto& [p, loc] : local)
@@ -68,43 +114,9 @@ Status Attempt::Run() {
   if (cat.from_pfs) st = ReadRuns();
   // 4. Memory: sends, each chunk verified before it leaves (packed when the receiving
   // class needs only part of the span).
-  std::map<uint32_t, const std::byte*> payload;
-  for (const RankLoad::Put& put : cat.from_pfs ? std::span<const RankLoad::Put>()
-                                               : std::span<const RankLoad::Put>(load.puts)) {
-    const LoadPlan::Span& sp = plan.spans[put.span];
-    auto [it, fresh] = payload.emplace(put.span, at[put.span]);
-    if (fresh && Packed(put.span)) {
-      VerifyLocal(sp.piece, sp.lo, sp.hi);
-      std::byte* buf = Staging(packed_bytes[put.span]);
-      Status s = Pack(put.span, buf);
-      if (!s.ok() && st.ok()) st = s;
-      it->second = buf;
-    }
-    const uint64_t n = Packed(put.span) ? packed_bytes[put.span] : sp.hi - sp.lo;
-    for (uint64_t k = 0; k * kMsgBytes < n; ++k) {
-      const uint64_t m = std::min(kMsgBytes, n - k * kMsgBytes);
-      if (!Packed(put.span))
-        VerifyLocal(sp.piece, sp.lo + k * kMsgBytes, sp.lo + k * kMsgBytes + m);
-      Status s = env.transport->Send(put.to, Seq(put.seq, k), it->second + k * kMsgBytes, m);
-      if (!s.ok() && st.ok()) st = s;
-    }
-  }
+  if (!cat.from_pfs) SendHeld(&st);
   // 5. Local copies from this rank's memory.
-  for (const RankLoad::Get& g : load.gets) {
-    if (g.how != RankLoad::How::kLocal || direct[g.span]) continue;
-    const LoadPlan::Span& sp = plan.spans[g.span];
-    report->bytes_local += sp.hi - sp.lo;
-    std::byte* dst = DirectTarget(g.span);
-    if (dst && env.engine->checksums_while_copying() && !verified.count(sp.piece)) {
-      // The same layout: checksums taken while copying.
-      Status s = CopyVerified(sp.piece, dst);
-      if (!s.ok() && st.ok()) st = s;
-      continue;
-    }
-    VerifyLocal(sp.piece, sp.lo, sp.hi);
-    Status s = FillFrom(g.span);
-    if (!s.ok() && st.ok()) st = s;
-  }
+  CopyLocal(&st);
   // 6. Everything in flight; then what arrived.
   Status fin = env.transport ? env.transport->Finish(env.timeout_s) : Status::OK();
   if (!fin.ok() && st.ok()) st = fin.WithContext(who + ": restore transfer");

@@ -228,6 +228,13 @@ struct Attempt {
   }
 
   Status ReadRuns();
+  // Run's phases: the receives posted (into the targets where a span is one whole target
+  // region, else staging); this rank's held pieces sent to the ranks that need them
+  // (verified, packed where only part is needed); the copies from this rank's own memory.
+  // The last two add their first error to *st and go on.
+  Status PostReceives();
+  void SendHeld(Status* st);
+  void CopyLocal(Status* st);
   Status Run();
 };
 

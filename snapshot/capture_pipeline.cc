@@ -89,10 +89,8 @@ Status CapturePipeline::CheckReachable(const ShardSpec& s, const std::string& wh
   return Status::OK();
 }
 
-Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
-    int64_t step, std::span<const ShardSpec> shards, const Blobs& blobs, CudaStream stream,
-    const std::string& who) {
-  // Validate everything before reserving anything.
+Result<int> CapturePipeline::Validate(std::span<const ShardSpec> shards, const Blobs& blobs,
+                                      const std::string& who) {
   std::unordered_map<std::string_view, const TensorMeta*> metas;  // names live in `shards`
   std::unordered_set<std::string> keys;
   metas.reserve(shards.size());
@@ -118,6 +116,14 @@ Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
   }
   for (const auto& [name, bytes] : blobs)
     CAIRN_RETURN_IF_ERROR(CheckTensorName(name).WithContext(who + ": blob name"));
+  return device;
+}
+
+Result<std::unique_ptr<CapturePipeline::Request>> CapturePipeline::Layout(
+    int64_t step, std::span<const ShardSpec> shards, const Blobs& blobs, CudaStream stream,
+    const std::string& who) {
+  // Validate everything before reserving anything.
+  CAIRN_ASSIGN_OR_RETURN(const int device, Validate(shards, blobs, who));
 
   // Lay the version out in a slot and cut it into chunks.
   auto req = std::make_unique<Request>();

@@ -104,6 +104,10 @@ class CapturePipeline {
  private:
   struct Request;
   std::string Who() const { return "rank " + std::to_string(config_.rank); }
+  // Checks the shards (reachable, one device, one meta per name, no box twice) and the
+  // blob names; the device of the device shards (-1: none).
+  Result<int> Validate(std::span<const ShardSpec> shards, const Blobs& blobs,
+                       const std::string& who);
   // The version laid out in a slot: header, chunks, blob bytes (no slot yet).
   Result<std::unique_ptr<Request>> Layout(int64_t step, std::span<const ShardSpec> shards,
                                           const Blobs& blobs, CudaStream stream,

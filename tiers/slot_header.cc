@@ -65,6 +65,48 @@ std::string EncodeSlotHeader(const SlotHeader& h) {
   return std::move(w.out());
 }
 
+namespace {
+
+// Shard record i of a header whose fixed fields are in `h` (`n_chunks` checksums).
+Status DecodeShard(Reader& r, uint32_t i, const SlotHeader& h, uint32_t n_chunks, SlotShard* s) {
+  uint8_t dtype = 0, pad = 0;
+  uint16_t ndim = 0;
+  if (!r.GetString(&s->name, kMaxTensorNameBytes) || !r.Get(&dtype) || !r.Get(&pad) ||
+      !r.Get(&ndim))
+    return Bad("truncated shard " + std::to_string(i));
+  Status ns = CheckTensorName(s->name);
+  if (!ns.ok()) return Bad("shard " + std::to_string(i) + ": " + ns.message());
+  if (!IsValidDType(dtype)) return Bad("tensor '" + s->name + "': unknown dtype");
+  s->dtype = static_cast<DType>(dtype);
+  if (ndim > kMaxTensorRank) return Bad("tensor '" + s->name + "': rank too large");
+  s->global_shape.resize(ndim);
+  s->box.offsets.resize(ndim);
+  s->box.lengths.resize(ndim);
+  bool ok = true;
+  for (auto& v : s->global_shape) ok = ok && r.Get(&v);
+  for (auto& v : s->box.offsets) ok = ok && r.Get(&v);
+  for (auto& v : s->box.lengths) ok = ok && r.Get(&v);
+  ok = ok && r.Get(&s->offset) && r.Get(&s->nbytes) && r.Get(&s->first_chunk) &&
+       r.Get(&s->num_chunks);
+  if (!ok) return Bad("truncated shard '" + s->name + "'");
+  Status bs = CheckBoxInShape(s->box, s->global_shape);
+  if (!bs.ok()) return Bad("tensor '" + s->name + "': " + bs.message());
+  auto numel = CheckedNumElements(s->global_shape);
+  if (!numel) return Bad("tensor '" + s->name + "': shape too large");
+  const unsigned __int128 want =
+      static_cast<unsigned __int128>(s->box.numel()) * DTypeSize(s->dtype);
+  if (want != s->nbytes) return Bad("tensor '" + s->name + "': byte count does not match box");
+  if (s->offset > h.data_bytes || s->nbytes > h.data_bytes - s->offset)
+    return Bad("tensor '" + s->name + "': bytes lie outside the data file");
+  const uint64_t chunks = s->nbytes == 0 ? 0 : (s->nbytes - 1) / h.chunk_bytes + 1;
+  if (s->num_chunks != chunks || s->first_chunk > n_chunks ||
+      s->num_chunks > n_chunks - s->first_chunk)
+    return Bad("tensor '" + s->name + "': chunk table inconsistent");
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
   if (bytes.size() < sizeof(kMagic) + 8)
     return Bad("only " + std::to_string(bytes.size()) + " bytes (truncated)");
@@ -97,39 +139,7 @@ Result<SlotHeader> DecodeSlotHeader(std::string_view bytes) {
   h.shards.reserve(n_shards);
   for (uint32_t i = 0; i < n_shards; ++i) {
     SlotShard s;
-    uint8_t dtype = 0, pad = 0;
-    uint16_t ndim = 0;
-    if (!r.GetString(&s.name, kMaxTensorNameBytes) || !r.Get(&dtype) || !r.Get(&pad) ||
-        !r.Get(&ndim))
-      return Bad("truncated shard " + std::to_string(i));
-    Status ns = CheckTensorName(s.name);
-    if (!ns.ok()) return Bad("shard " + std::to_string(i) + ": " + ns.message());
-    if (!IsValidDType(dtype)) return Bad("tensor '" + s.name + "': unknown dtype");
-    s.dtype = static_cast<DType>(dtype);
-    if (ndim > kMaxTensorRank) return Bad("tensor '" + s.name + "': rank too large");
-    s.global_shape.resize(ndim);
-    s.box.offsets.resize(ndim);
-    s.box.lengths.resize(ndim);
-    bool ok = true;
-    for (auto& v : s.global_shape) ok = ok && r.Get(&v);
-    for (auto& v : s.box.offsets) ok = ok && r.Get(&v);
-    for (auto& v : s.box.lengths) ok = ok && r.Get(&v);
-    ok =
-        ok && r.Get(&s.offset) && r.Get(&s.nbytes) && r.Get(&s.first_chunk) && r.Get(&s.num_chunks);
-    if (!ok) return Bad("truncated shard '" + s.name + "'");
-    Status bs = CheckBoxInShape(s.box, s.global_shape);
-    if (!bs.ok()) return Bad("tensor '" + s.name + "': " + bs.message());
-    auto numel = CheckedNumElements(s.global_shape);
-    if (!numel) return Bad("tensor '" + s.name + "': shape too large");
-    const unsigned __int128 want =
-        static_cast<unsigned __int128>(s.box.numel()) * DTypeSize(s.dtype);
-    if (want != s.nbytes) return Bad("tensor '" + s.name + "': byte count does not match box");
-    if (s.offset > h.data_bytes || s.nbytes > h.data_bytes - s.offset)
-      return Bad("tensor '" + s.name + "': bytes lie outside the data file");
-    const uint64_t chunks = s.nbytes == 0 ? 0 : (s.nbytes - 1) / h.chunk_bytes + 1;
-    if (s.num_chunks != chunks || s.first_chunk > n_chunks ||
-        s.num_chunks > n_chunks - s.first_chunk)
-      return Bad("tensor '" + s.name + "': chunk table inconsistent");
+    CAIRN_RETURN_IF_ERROR(DecodeShard(r, i, h, n_chunks, &s));
     h.shards.push_back(std::move(s));
   }
   h.blobs.reserve(n_blobs);

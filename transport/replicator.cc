@@ -31,6 +31,8 @@ bool OfferAfter(uint32_t a, uint32_t b) {
   return static_cast<int16_t>(static_cast<uint16_t>(a - b)) > 0;
 }
 
+}  // namespace
+
 // Watches the link to a holder while a push waits on it: once a wait has lasted 1 s, asks
 // every second whether the holder's host answers (UcxComm::Reachable). A link seen down and
 // then up again means the connection under the push may sit in TCP's retransmission
@@ -56,7 +58,64 @@ class LinkWatch {
   int64_t next_probe_ = 0;
 };
 
+namespace {
+
 constexpr double kWaitSliceS = 0.05;
+
+// Verifies a replica while it arrives: a helper thread checks every checksum chunk as
+// soon as the transfer chunk that completes it has arrived (still warm in cache), so only
+// the tail is left when the last byte lands.
+class ArrivalVerifier {
+ public:
+  ArrivalVerifier(const SlotHeader& h, const std::byte* data, uint32_t chunks)
+      : thread_([this, &h, data, chunks] { Run(h, data, chunks); }) {}
+  ~ArrivalVerifier() { Finish(); }
+  ArrivalVerifier(const ArrivalVerifier&) = delete;
+  ArrivalVerifier& operator=(const ArrivalVerifier&) = delete;
+
+  // The next transfer chunk has landed (ok) or the transfer is given up (not ok).
+  void Arrived(bool ok) {
+    {
+      MutexLock l(mu_);
+      if (ok)
+        ++arrived_;
+      else
+        abort_ = true;
+    }
+    cv_.NotifyAll();
+  }
+  // Joins the thread; the number of chunks that had arrived.
+  uint32_t Finish() {
+    if (thread_.joinable()) thread_.join();
+    MutexLock l(mu_);
+    return arrived_;
+  }
+  // After Finish(): the first checksum mismatch, or OK.
+  const Status& status() const { return verified_; }
+
+ private:
+  void Run(const SlotHeader& h, const std::byte* data, uint32_t chunks) {
+    const uint64_t n = h.data_bytes;
+    for (uint32_t i = 0; i < chunks && verified_.ok(); ++i) {
+      {
+        MutexLock l(mu_);
+        cv_.Wait(l, [&]() CAIRN_REQUIRES(mu_) { return abort_ || arrived_ > i; });
+        if (abort_) return;
+      }
+      const int64_t t0 = NowNanos();
+      verified_ =
+          ReplicaStore::VerifyArrived(h, data, i * kReplChunk, std::min(n, (i + 1) * kReplChunk));
+      Trace::Record("replica checksum", "checksum", t0, NowNanos());
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  uint32_t arrived_ CAIRN_GUARDED_BY(mu_) = 0;
+  bool abort_ CAIRN_GUARDED_BY(mu_) = false;
+  Status verified_;  // the thread's until Finish()
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -161,6 +220,82 @@ Status Replicator::Reconnect(int h) {
   return comm_->Redial(h, std::min(kRedialWaitS, timeout_s_));
 }
 
+bool Replicator::WaitForHolders(const std::vector<int>& holders) {
+  // A holder that failed recently is retried after a back-off, or at once when it greeted
+  // the job again (restarted). Wait without pinning anything, so training can keep reusing
+  // slots meanwhile.
+  for (int h : holders) {
+    for (;;) {
+      HolderState hs;
+      {
+        MutexLock g(mu_);
+        if (stop_) return false;
+        hs = holders_[h];
+      }
+      if (!hs.down || comm_->peer_epoch(h) != hs.epoch || NowNanos() >= hs.retry_at) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  return true;
+}
+
+void Replicator::RecordPush(int h, int64_t step, const Status& st, uint64_t epoch, int64_t t0,
+                            uint64_t bytes) {
+  MutexLock g(mu_);
+  HolderState& cur = holders_[h];
+  if (st.ok()) {
+    if (cur.down && log_) log_->Info("replication to rank " + std::to_string(h) + " resumed");
+    cur.down = false;
+    cur.backoff_ns = 0;
+    stats_.bytes += bytes;
+    stats_.seconds += NanosToSeconds(NowNanos() - t0);
+    stats_.last_push_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
+    return;
+  }
+  ++stats_.failed;
+  if (log_)
+    log_->Debug("push of step " + std::to_string(step) + " to rank " + std::to_string(h) +
+                " failed: " + st.message());
+  if (!cur.down && log_)
+    log_->Warning("replication of step " + std::to_string(step) + " to rank " + std::to_string(h) +
+                  " failed; the version stays CAPTURED and later "
+                  "versions are retried (further failures are only counted): " +
+                  st.message());
+  cur.down = true;
+  cur.epoch = epoch;  // a reconnect during the push makes the next try immediate
+  cur.backoff_ns = std::min(kMaxRetryBackoffNs, std::max(kRetryBackoffNs, 2 * cur.backoff_ns));
+  cur.retry_at = NowNanos() + cur.backoff_ns;
+}
+
+Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
+  {
+    MutexLock g(mu_);
+    push_started_ns_ = NowNanos();
+  }
+  auto pinned = local_->Pin(step);
+  ReapDraining();
+  if (!pinned.ok()) return pinned.status();
+  std::shared_ptr<const HostTier::View> view = std::move(*pinned);
+  Status last = holders.empty() ? Status::FailedPrecondition("no replica holders") : Status::OK();
+  for (int h : holders) {
+    // A holder that timed out or failed, and has not greeted this rank since: its
+    // connection may be stuck or gone, so it is redialed once its host answers.
+    Status st = Reconnect(h);
+    const uint64_t epoch = comm_->peer_epoch(h);
+    const int64_t t0 = NowNanos();
+    if (st.ok()) st = Push(h, view);
+    RecordPush(h, step, st, epoch, t0, view->header().data_bytes);
+    if (!st.ok()) last = st;
+  }
+  if (last.ok()) {
+    CAIRN_KILL_POINT("replicate.acked");
+    Status st = local_->SetState(step, VersionState::kReplicated);
+    if (!st.ok() && log_)
+      log_->Warning("recording step " + std::to_string(step) + " as REPLICATED: " + st.message());
+  }
+  return last;
+}
+
 void Replicator::SenderLoop() {
   const int me = comm_->rank();
   const std::vector<int>& holders = placement_.holders_of(me);
@@ -169,21 +304,7 @@ void Replicator::SenderLoop() {
     cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stop_ || pending_ > attempted_; });
     if (stop_) return;
     lk.Unlock();
-    // A holder that failed recently is retried after a back-off, or at once when it
-    // greeted the job again (restarted). Wait without pinning anything, so training can
-    // keep reusing slots meanwhile.
-    for (int h : holders) {
-      for (;;) {
-        HolderState hs;
-        {
-          MutexLock g(mu_);
-          if (stop_) return;
-          hs = holders_[h];
-        }
-        if (!hs.down || comm_->peer_epoch(h) != hs.epoch || NowNanos() >= hs.retry_at) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
+    if (!WaitForHolders(holders)) return;
     lk.Lock();
     const int64_t pending = pending_, attempted = attempted_;
     lk.Unlock();
@@ -191,76 +312,18 @@ void Replicator::SenderLoop() {
     if (pending - attempted > 1)
       for (const VersionInfo& v : local_->Versions()) held.push_back(v.step);
     const int64_t step = ChooseReplicationStep(attempted, pending, held);
-    bool all_ok = !holders.empty();
-    Status last;
-    {
-      MutexLock g(mu_);
-      push_started_ns_ = NowNanos();
-    }
-    auto pinned = local_->Pin(step);
-    std::shared_ptr<const HostTier::View> view;
-    if (pinned.ok()) view = std::move(*pinned);
-    ReapDraining();
-    if (!view) {
-      all_ok = false;
-      last = pinned.status();
-    } else {
-      for (int h : holders) {
-        // A holder that timed out or failed, and has not greeted this rank since: its
-        // connection may be stuck or gone, so it is redialed once its host answers.
-        Status st = Reconnect(h);
-        const uint64_t epoch = comm_->peer_epoch(h);
-        const int64_t t0 = NowNanos();
-        if (st.ok()) st = Push(h, view);
-        MutexLock g(mu_);
-        HolderState& cur = holders_[h];
-        if (st.ok()) {
-          if (cur.down && log_) log_->Info("replication to rank " + std::to_string(h) + " resumed");
-          cur.down = false;
-          cur.backoff_ns = 0;
-          stats_.bytes += view->header().data_bytes;
-          stats_.seconds += NanosToSeconds(NowNanos() - t0);
-          stats_.last_push_ms = NanosToSeconds(NowNanos() - t0) * 1e3;
-        } else {
-          all_ok = false;
-          last = st;
-          ++stats_.failed;
-          if (log_)
-            log_->Debug("push of step " + std::to_string(step) + " to rank " + std::to_string(h) +
-                        " failed: " + st.message());
-          if (!cur.down && log_)
-            log_->Warning("replication of step " + std::to_string(step) + " to rank " +
-                          std::to_string(h) +
-                          " failed; the version stays CAPTURED and later "
-                          "versions are retried (further failures are only counted): " +
-                          st.message());
-          cur.down = true;
-          cur.epoch = epoch;  // a reconnect during the push makes the next try immediate
-          cur.backoff_ns =
-              std::min(kMaxRetryBackoffNs, std::max(kRetryBackoffNs, 2 * cur.backoff_ns));
-          cur.retry_at = NowNanos() + cur.backoff_ns;
-        }
-      }
-      if (all_ok) {
-        CAIRN_KILL_POINT("replicate.acked");
-        Status st = local_->SetState(step, VersionState::kReplicated);
-        if (!st.ok() && log_)
-          log_->Warning("recording step " + std::to_string(step) +
-                        " as REPLICATED: " + st.message());
-      }
-      view.reset();
-    }
+    const Status st = PushToAll(step, holders);
     lk.Lock();
     attempted_ = std::max(attempted_, step);
     push_started_ns_ = 0;
-    if (all_ok) {
+    if (st.ok()) {
       ++stats_.replicated;
       stats_.newest_replicated = std::max(stats_.newest_replicated, step);
       last_ok_ns_ = NowNanos();
       failing_since_ns_ = 0;
       last_error_ = Status::OK();
     } else {
-      last_error_ = last;
+      last_error_ = st;
       if (failing_since_ns_ == 0) {
         failing_since_ns_ = NowNanos();
         // Say at once what losing this node now would cost, then every 30 s.
@@ -286,6 +349,53 @@ void Replicator::ReapDraining() {
   }
 }
 
+Status Replicator::SendChunks(int holder, uint32_t offer,
+                              const std::shared_ptr<const HostTier::View>& pinned, LinkWatch& watch,
+                              const Status& came_back, std::optional<std::string>* early_ack) {
+  const HostTier::View& view = *pinned;
+  const int me = comm_->rank();
+  const SlotHeader& h = view.header();
+  const uint64_t n = h.data_bytes;
+  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
+  std::vector<UcxComm::PendingSend> sends;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
+    sends.push_back(comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)),
+                                     view.data() + b, len, UcxComm::Auth::kContent));
+  }
+  Status first;
+  const int64_t sending_since = NowNanos();
+  const int64_t deadline = sending_since + static_cast<int64_t>(timeout_s_ * 1e9);
+  std::vector<UcxComm::PendingSend> unfinished;
+  for (auto& s : sends) {
+    while (first.ok() && !comm_->Sent(s, kWaitSliceS)) {
+      if (NowNanos() >= deadline) {
+        first = Status::Unavailable("data not taken within " + std::to_string(timeout_s_) + " s");
+      } else if (comm_->peer_failed(holder)) {
+        first = Status::Unavailable("the connection to the holder failed");
+      } else if (*early_ack) {
+        continue;  // kept: the sends end as the holder took every byte
+      } else if (auto a = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), 0); a.ok()) {
+        *early_ack = std::move(*a);
+        if (**early_ack != "ok")
+          first = Status::Unavailable("the holder gave the transfer up: " + **early_ack);
+      } else if (watch.CameBack(sending_since)) {
+        first = came_back;
+      }
+    }
+    if (!comm_->Sent(s, 0)) {
+      // Given up while UCX still reads the slot: it stays pinned until the send ends (the
+      // holder drains what it gave up; ReapDraining).
+      unfinished.push_back(std::move(s));
+      continue;
+    }
+    Status st = comm_->FinishSend(s, 0.01);
+    if (first.ok()) first = st;
+  }
+  if (!unfinished.empty()) draining_.push_back({pinned, std::move(unfinished)});
+  return first;
+}
+
 Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>& pinned) {
   TraceSpan span("replicate push", "replicate");
   const HostTier::View& view = *pinned;
@@ -305,8 +415,9 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
           .WithContext(who));
   CAIRN_KILL_POINT("replicate.offered");
   LinkWatch watch(comm_, holder);
+  // (Every error below is returned with `who` in front, once.)
   const Status came_back =
-      Status::Unavailable(who + ": the link to the holder went down and came back; redialing it");
+      Status::Unavailable("the link to the holder went down and came back; redialing it");
   // Waits for the answer `tag`, up to the timeout, unless the link went down and came back.
   auto answer = [&](uint64_t tag) -> Result<std::string> {
     const int64_t t0 = NowNanos(), deadline = t0 + static_cast<int64_t>(timeout_s_ * 1e9);
@@ -320,50 +431,9 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   auto ready = answer(MakeTag(ch_.ready, holder, offer));
   if (!ready.ok()) return ready.status().WithContext(who);
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
-  const uint64_t n = h.data_bytes;
-  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
-  std::vector<UcxComm::PendingSend> sends;
-  for (uint32_t c = 0; c < chunks; ++c) {
-    const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    sends.push_back(comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)),
-                                     view.data() + b, len, UcxComm::Auth::kContent));
-  }
-  Status first;
-  const int64_t sending_since = NowNanos();
-  const int64_t deadline = sending_since + static_cast<int64_t>(timeout_s_ * 1e9);
-  std::vector<UcxComm::PendingSend> unfinished;
-  // The holder's answer, when it came before this rank saw its sends end: "ok" when every
-  // byte arrived first (shared memory completes a send late), else it gave the transfer up
-  // (its wait ran out while a link was down, and this rank got its READY late).
   std::optional<std::string> early_ack;
-  for (auto& s : sends) {
-    while (first.ok() && !comm_->Sent(s, kWaitSliceS)) {
-      if (NowNanos() >= deadline) {
-        first = Status::Unavailable(who + ": data not taken within " + std::to_string(timeout_s_) +
-                                    " s");
-      } else if (comm_->peer_failed(holder)) {
-        first = Status::Unavailable(who + ": the connection to the holder failed");
-      } else if (early_ack) {
-        continue;  // kept: the sends end as the holder took every byte
-      } else if (auto a = comm_->Recv(holder, MakeTag(ch_.ack, holder, offer), 0); a.ok()) {
-        early_ack = std::move(*a);
-        if (*early_ack != "ok")
-          first = Status::Unavailable(who + ": the holder gave the transfer up: " + *early_ack);
-      } else if (watch.CameBack(sending_since)) {
-        first = came_back;
-      }
-    }
-    if (!comm_->Sent(s, 0)) {
-      // Given up while UCX still reads the slot: it stays pinned until the send ends (the
-      // holder drains what it gave up; ReapDraining).
-      unfinished.push_back(std::move(s));
-      continue;
-    }
-    Status st = comm_->FinishSend(s, 0.01);
-    if (first.ok()) first = st;
-  }
-  if (!unfinished.empty()) draining_.push_back({pinned, std::move(unfinished)});
-  CAIRN_RETURN_IF_ERROR(first.WithContext(who));
+  CAIRN_RETURN_IF_ERROR(
+      SendChunks(holder, offer, pinned, watch, came_back, &early_ack).WithContext(who));
   CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
   Result<std::string> ack =
@@ -429,43 +499,36 @@ std::optional<UcxComm::Incoming> Replicator::TakeOffer(int src, uint32_t current
   return std::move(*got);
 }
 
-void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next) {
-  const int src = in.source;
-  const uint32_t offer = in.seq;
-  // A sender that redialed this rank sent its redial hello before this offer: take it
-  // first, so that the answers go over a fresh connection, not one TCP still backs off on.
-  comm_->ServiceHellos();
+void Replicator::Reply(int src, uint32_t offer, Channel channel, const std::string& text) {
   // An answer the sender does not get within its timeout is one it no longer waits for:
   // never hold this thread longer (a send queued behind a connection that is down).
-  auto reply = [&](Channel channel, const std::string& text) {
-    UcxComm::PendingSend s =
-        comm_->StartSend(src, MakeTag(channel, comm_->rank(), offer), text.data(), text.size());
-    (void)comm_->FinishSend(s, timeout_s_);
-  };
-  auto refuse = [&](const std::string& why) {
-    {
-      MutexLock g(mu_);
-      ++stats_.refused;
-    }
-    if (log_) log_->Info("refused a replica from rank " + std::to_string(src) + ": " + why);
-    reply(ch_.ready, why);
-  };
+  UcxComm::PendingSend s =
+      comm_->StartSend(src, MakeTag(channel, comm_->rank(), offer), text.data(), text.size());
+  (void)comm_->FinishSend(s, timeout_s_);
+}
+
+Result<Replicator::Admitted> Replicator::Admit(int src, const std::string& header) {
   const auto& held = placement_.held_by(comm_->rank());
   if (std::find(held.begin(), held.end(), src) == held.end())
-    return refuse("this rank does not hold replicas of rank " + std::to_string(src));
-  auto h = DecodeSlotHeader(in.bytes);
-  if (!h.ok()) return refuse(h.status().message());
-  auto tier = store_->TierFor(src);
-  if (!tier.ok()) return refuse(tier.status().message());
-  auto slot = (*tier)->Reserve(h->step, FullPolicy::kSkip);
-  if (!slot.ok()) return refuse(slot.status().message());
-  SlotHeader base = *h;
-  auto mem = (*tier)->Prepare(*slot, h->step, h->data_bytes, base);
+    return Status::FailedPrecondition("this rank does not hold replicas of rank " +
+                                      std::to_string(src));
+  Admitted a;
+  CAIRN_ASSIGN_OR_RETURN(a.header, DecodeSlotHeader(header));
+  CAIRN_ASSIGN_OR_RETURN(a.tier, store_->TierFor(src));
+  CAIRN_ASSIGN_OR_RETURN(a.slot, a.tier->Reserve(a.header.step, FullPolicy::kSkip));
+  SlotHeader base = a.header;
+  auto mem = a.tier->Prepare(a.slot, a.header.step, a.header.data_bytes, base);
   if (!mem.ok()) {
-    (*tier)->Abort(*slot);
-    return refuse(mem.status().message());
+    a.tier->Abort(a.slot);
+    return mem.status();
   }
-  const uint64_t n = h->data_bytes;
+  a.data = *mem;
+  return a;
+}
+
+Status Replicator::Receive(int src, uint32_t offer, const Admitted& a,
+                           std::optional<UcxComm::Incoming>* next) {
+  const uint64_t n = a.header.data_bytes;
   const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
   // At most kWindow chunks of 8 MiB are posted at a time: the transports interleave every posted
   // transfer, so posting them all would make every chunk land at the very end and leave
@@ -475,35 +538,14 @@ void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incom
   auto post = [&](uint32_t c) {
     const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
     // Without the token in front (zero copy): every chunk is checked against the offer's
-    // header, which came with the token, before the replica is kept (below).
-    recvs[c] = comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), *mem + b, len,
+    // header, which came with the token, before the replica is kept.
+    recvs[c] = comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), a.data + b, len,
                                 UcxComm::Auth::kContent);
   };
   for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
   CAIRN_KILL_POINT("replicate.ready");
-  reply(ch_.ready, "ok");
-  // Verify while receiving: a helper thread checks every checksum chunk as soon as the
-  // transfer chunk that completes it has arrived (still warm in cache), so only the tail is
-  // left when the last byte lands.
-  Mutex vmu;
-  CondVar vcv;
-  size_t arrived = 0;
-  bool abort = false;
-  Status verified;
-  const std::byte* data = *mem;
-  std::thread verifier([&] {
-    for (uint32_t i = 0; i < chunks && verified.ok(); ++i) {
-      {
-        MutexLock vl(vmu);
-        vcv.Wait(vl, [&] { return abort || arrived > i; });
-        if (abort) return;
-      }
-      const int64_t t0 = NowNanos();
-      verified =
-          ReplicaStore::VerifyArrived(*h, data, i * kReplChunk, std::min(n, (i + 1) * kReplChunk));
-      Trace::Record("replica checksum", "checksum", t0, NowNanos());
-    }
-  });
+  Reply(src, offer, ch_.ready, "ok");
+  ArrivalVerifier verifier(a.header, a.data, chunks);
   Status st;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
   for (uint32_t c = 0; c < chunks; ++c) {
@@ -530,43 +572,52 @@ void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incom
     else
       (void)comm_->FinishRecv(recvs[c], 0.001);  // cancels it
     if (st.ok() && c + kWindow < chunks) post(c + kWindow);
-    MutexLock vl(vmu);
-    if (st.ok())
-      ++arrived;
-    else
-      abort = true;
-    vcv.NotifyAll();
+    verifier.Arrived(st.ok());
   }
   if (st.ok()) CAIRN_KILL_POINT("replicate.received");
-  verifier.join();
-  if (!st.ok()) {
-    // The sender may still send what it had started: take it into scratch memory, so its
-    // sends end (it keeps the slot they read pinned until then).
-    MutexLock vl(vmu);
-    for (uint32_t c = static_cast<uint32_t>(arrived); c < chunks; ++c) Sink(src, offer, c, n);
-  }
-  if (st.ok()) st = chunks > 0 ? verified : ReplicaStore::Verify(*h, data);
-  if (st.ok()) CAIRN_KILL_POINT("replicate.verified");
-  if (st.ok()) (*tier)->MarkCopied(*slot);
-  if (st.ok()) st = (*tier)->Commit(*slot, *h);
-  if (!st.ok()) {
-    (*tier)->Abort(*slot);
-    {
-      MutexLock g(mu_);
-      ++stats_.refused;
-    }
-    if (log_)
-      log_->Warning("replica of step " + std::to_string(h->step) + " from rank " +
-                    std::to_string(src) + " not kept: " + st.message());
-    reply(ch_.ack, "not kept: " + st.message());
-    return;
-  }
-  {
+  const uint32_t arrived = verifier.Finish();
+  // The sender may still send what it had started: take it into scratch memory, so its
+  // sends end (it keeps the slot they read pinned until then).
+  if (!st.ok())
+    for (uint32_t c = arrived; c < chunks; ++c) Sink(src, offer, c, n);
+  if (st.ok()) st = chunks > 0 ? verifier.status() : ReplicaStore::Verify(a.header, a.data);
+  return st;
+}
+
+void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next) {
+  const int src = in.source;
+  const uint32_t offer = in.seq;
+  // A sender that redialed this rank sent its redial hello before this offer: take it
+  // first, so that the answers go over a fresh connection, not one TCP still backs off on.
+  comm_->ServiceHellos();
+  auto count = [&](uint64_t ReplicatorStats::*field) {
     MutexLock g(mu_);
-    ++stats_.received;
+    ++(stats_.*field);
+  };
+  auto admitted = Admit(src, in.bytes);
+  if (!admitted.ok()) {
+    count(&ReplicatorStats::refused);
+    if (log_)
+      log_->Info("refused a replica from rank " + std::to_string(src) + ": " +
+                 admitted.status().message());
+    return Reply(src, offer, ch_.ready, admitted.status().message());
   }
+  const Admitted& a = *admitted;
+  Status st = Receive(src, offer, a, next);
+  if (st.ok()) CAIRN_KILL_POINT("replicate.verified");
+  if (st.ok()) a.tier->MarkCopied(a.slot);
+  if (st.ok()) st = a.tier->Commit(a.slot, a.header);
+  if (!st.ok()) {
+    a.tier->Abort(a.slot);
+    count(&ReplicatorStats::refused);
+    if (log_)
+      log_->Warning("replica of step " + std::to_string(a.header.step) + " from rank " +
+                    std::to_string(src) + " not kept: " + st.message());
+    return Reply(src, offer, ch_.ack, "not kept: " + st.message());
+  }
+  count(&ReplicatorStats::received);
   CAIRN_KILL_POINT("replicate.published");
-  reply(ch_.ack, "ok");
+  Reply(src, offer, ch_.ack, "ok");
 }
 
 }  // namespace cairn

@@ -40,6 +40,8 @@
 
 namespace cairn {
 
+class LinkWatch;  // replicator.cc
+
 // The step to push next, given the newest step whose pushes were tried (`attempted`, -1
 // before the first), the newest step captured (`pending` > attempted) and the steps this
 // rank holds: with a gap of 1, `pending`; with a larger gap, the newest held step in
@@ -90,10 +92,24 @@ class Replicator {
 
  private:
   void SenderLoop();
+  // Waits while every holder that failed is in its back-off (false: stopping).
+  bool WaitForHolders(const std::vector<int>& holders);
+  // Pushes version `step` to every holder and records it REPLICATED when all took it; the
+  // last failure (the pin's, or a push's), or OK.
+  Status PushToAll(int64_t step, const std::vector<int>& holders);
+  // The outcome of one push to holder `h`: its state (down, back-off) and the stats.
+  void RecordPush(int h, int64_t step, const Status& st, uint64_t epoch, int64_t t0,
+                  uint64_t bytes);
   void ServiceLoop();
   // Pushes the pinned version to `holder`; sends still in flight when it gives up keep the
   // pin (draining_).
   Status Push(int holder, const std::shared_ptr<const HostTier::View>& pinned);
+  // Push's data: every chunk sent, waiting until each is taken, the holder fails or gives
+  // the transfer up (its answer, when it came first, in *early_ack), the link comes back
+  // (`came_back`) or the timeout. Sends still in flight keep `pinned` (draining_).
+  Status SendChunks(int holder, uint32_t offer, const std::shared_ptr<const HostTier::View>& pinned,
+                    LinkWatch& watch, const Status& came_back,
+                    std::optional<std::string>* early_ack);
   // Drops the given-up sends that ended, and with the last of a version its pin.
   void ReapDraining();
   // Receives chunk `chunk` (of a version of `n` bytes) of a transfer this holder gave up
@@ -106,6 +122,22 @@ class Replicator {
   // Answers offer `in`; a newer offer from the same sender that makes it give this one
   // up is left in *next.
   void HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next);
+  // An offer's slot, reserved and prepared for its bytes.
+  struct Admitted {
+    SlotHeader header;
+    HostTier* tier = nullptr;
+    int slot = -1;
+    std::byte* data = nullptr;
+  };
+  // Admission: this rank holds `src`'s replicas, the header decodes, a slot is free; the
+  // error is the refusal sent back.
+  Result<Admitted> Admit(int src, const std::string& header);
+  // Receives the offer's bytes into the slot (a window of chunks posted, answered "ready"
+  // first) and verifies them as they arrive; bytes a give-up leaves in flight are sunk.
+  Status Receive(int src, uint32_t offer, const Admitted& a,
+                 std::optional<UcxComm::Incoming>* next);
+  // Sends `text` to `src` for offer `offer` on `channel`, waiting at most the timeout.
+  void Reply(int src, uint32_t offer, Channel channel, const std::string& text);
   // Takes a waiting offer of rank `src`, if any, logging whether it supersedes offer
   // `current` or is older.
   std::optional<UcxComm::Incoming> TakeOffer(int src, uint32_t current);
