@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "api/channels.h"
+#include "api/open_with.h"
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
@@ -26,8 +27,10 @@ namespace cairn {
 
 class Checkpointer::Impl {
  public:
-  Impl(Options options, std::unique_ptr<CopyEngine> engine)
+  Impl(Options options, FileSystems fs, std::unique_ptr<CopyEngine> engine)
       : options_(std::move(options)),
+        fs_(fs.host ? fs.host : DefaultFileSystem()),
+        pfs_fs_(fs.pfs ? fs.pfs : fs_),
         log_("cairn rank " + std::to_string(options_.rank), options_.log_level),
         engine_(std::move(engine)) {}
   ~Impl();
@@ -35,7 +38,7 @@ class Checkpointer::Impl {
   Status Open();
   Status OpenTier(FileSystem* fs);
   Status OpenReplication(FileSystem* fs);
-  void OpenPersister(FileSystem* fs);
+  void OpenPersister();
   std::string Who() const { return "rank " + std::to_string(options_.rank); }
   Result<RestoreReport> Restore(std::span<const ShardSpec> targets, const RestoreOptions& options);
   Status WaitReplicated(double timeout_s);
@@ -43,6 +46,8 @@ class Checkpointer::Impl {
   Stats GetStats() const;
 
   Options options_;
+  FileSystem* const fs_;      // the host tier's
+  FileSystem* const pfs_fs_;  // the PFS tier's and the rendezvous directory's
   Logger log_;
   // Slot mappings pinned for device copies, and those the driver refused (Stats).
   std::atomic<uint64_t> slots_pinned_{0};
@@ -128,7 +133,7 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
   return Status::OK();
 }
 
-void Checkpointer::Impl::OpenPersister(FileSystem* fs) {
+void Checkpointer::Impl::OpenPersister() {
   const Options& o = options_;
   PersistConfig pc;
   pc.job = o.job_id;
@@ -145,13 +150,13 @@ void Checkpointer::Impl::OpenPersister(FileSystem* fs) {
   pc.writer.yield = [pipeline] { pipeline->YieldToCopies(std::chrono::milliseconds(50)); };
   pc.rate_bytes_per_s = o.persist_rate;
   pc.priority = o.persist_priority;
-  persister_ = std::make_unique<Persister>(std::move(pc), tier_.get(), persist_group_.get(),
-                                           o.pfs_fs ? o.pfs_fs : fs, &log_,
-                                           [pipeline](uint64_t seq) { pipeline->WaitDone(seq); });
+  persister_ =
+      std::make_unique<Persister>(std::move(pc), tier_.get(), persist_group_.get(), pfs_fs_, &log_,
+                                  [pipeline](uint64_t seq) { pipeline->WaitDone(seq); });
 }
 
 Status Checkpointer::Impl::Open() {
-  FileSystem* fs = options_.fs ? options_.fs : DefaultFileSystem();
+  FileSystem* fs = fs_;
   CAIRN_RETURN_IF_ERROR(OpenTier(fs));
   CaptureConfig cc;
   cc.rank = options_.rank;
@@ -168,7 +173,7 @@ Status Checkpointer::Impl::Open() {
   pipeline_ =
       std::make_unique<CapturePipeline>(cc, engine_.get(), tier_.get(), &log_, std::move(hooks));
   if (options_.world_size > 1) {
-    CAIRN_ASSIGN_OR_RETURN(comm_, UcxComm::Connect(options_, &log_));
+    CAIRN_ASSIGN_OR_RETURN(comm_, UcxComm::Connect(options_, &log_, "", pfs_fs_));
     group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.collective, channels_.broadcast);
     persist_group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.persist_collective,
                                                 channels_.persist_broadcast);
@@ -176,7 +181,7 @@ Status Checkpointer::Impl::Open() {
     persist_group_ = std::make_unique<SoloGroup>();
   }
   if (options_.world_size > 1 && options_.replicas > 0) CAIRN_RETURN_IF_ERROR(OpenReplication(fs));
-  OpenPersister(fs);
+  OpenPersister();
   return Status::OK();
 }
 
@@ -278,8 +283,7 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
   env.group = group_ ? static_cast<Group*>(group_.get()) : &solo;
   env.transport = transport.get();
   env.memory = &memory;
-  env.pfs_fs =
-      options_.pfs_fs ? options_.pfs_fs : (options_.fs ? options_.fs : DefaultFileSystem());
+  env.pfs_fs = pfs_fs_;
   if (!options_.pfs_root.empty()) env.pfs_job_dir = PfsJobDir(options_.pfs_root, options_.job_id);
   env.engine = engine_.get();
   env.log = &log_;
@@ -296,10 +300,14 @@ Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Checkpointer::~Checkpointer() = default;
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
+  return CheckpointerOpener::Open(std::move(options), {});
+}
+
+Result<std::unique_ptr<Checkpointer>> CheckpointerOpener::Open(Options options, FileSystems fs) {
   CAIRN_RETURN_IF_ERROR(options.Validate());
   if (!options.trace_path.empty()) Trace::Enable(options.rank);
   CAIRN_ASSIGN_OR_RETURN(auto engine, MakeCopyEngine(options.copy_engine, options.copy_threads));
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(engine));
+  auto impl = std::make_unique<Checkpointer::Impl>(std::move(options), fs, std::move(engine));
   CAIRN_RETURN_IF_ERROR(impl->Open());
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
 }

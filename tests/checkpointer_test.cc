@@ -16,6 +16,7 @@
 #include <future>
 #include <mutex>
 
+#include "api/open_with.h"
 #include "cairn/checkpointer.h"
 #include "cairn/pfs_step.h"
 #include "persist/manifest.h"
@@ -79,12 +80,13 @@ class CheckpointerTest : public ::testing::Test {
  protected:
   CheckpointerTest() : root_("ckpt") { opts_ = testing::TestOptions(root_, "ckpt"); }
   std::unique_ptr<Checkpointer> Open() {
-    auto c = Checkpointer::Open(opts_);
+    auto c = OpenCheckpointer(opts_, fs_);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(*c) : nullptr;
   }
   testing::TempDir root_;
   Options opts_;
+  FileSystems fs_;  // the host tier's filesystem, where a test replaces it
 };
 
 TEST_F(CheckpointerTest, RestoresBitExactWithBlobs) {
@@ -292,7 +294,7 @@ class GateFileSystem final : public ForwardingFileSystem {
 
 TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
   GateFileSystem gate(DefaultFileSystem());
-  opts_.fs = &gate;
+  fs_.host = &gate;
   opts_.slots = 2;  // the smallest ring: one slot besides the newest
   auto c = Open();
   State s;
@@ -314,7 +316,7 @@ TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
 
 TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
   GateFileSystem gate(DefaultFileSystem());
-  opts_.fs = &gate;
+  fs_.host = &gate;
   opts_.slots = 2;  // the smallest ring: one slot besides the newest
   opts_.full_policy = FullPolicy::kBlock;
   auto c = Open();
@@ -354,7 +356,7 @@ TEST_F(CheckpointerTest, AHostRootTooSmallForItsSlotsIsRefusedUpFront) {
   s.Fill(1);
   const uint64_t version = 10u << 20;  // State is a little over 9 MiB: 3 slots need ~30
   ShortFileSystem small(DefaultFileSystem(), 2 * version);
-  opts_.fs = &small;
+  fs_.host = &small;
   opts_.slots = 3;
   {
     auto c = Open();
@@ -369,13 +371,13 @@ TEST_F(CheckpointerTest, AHostRootTooSmallForItsSlotsIsRefusedUpFront) {
     EXPECT_TRUE(c->versions().empty());
   }
   opts_.slot_bytes = version;
-  auto refused = Checkpointer::Open(opts_);
+  auto refused = OpenCheckpointer(opts_, fs_);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kNoSpace) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find(opts_.host_root), std::string::npos);
 
   ShortFileSystem roomy(DefaultFileSystem(), 4 * version);
-  opts_.fs = &roomy;
+  fs_.host = &roomy;
   opts_.slot_bytes = 0;
   auto c = Open();
   ASSERT_TRUE(c->save(2, s.Shards()).ok());
@@ -387,7 +389,7 @@ TEST_F(CheckpointerTest, AHostRootTooSmallForItsSlotsIsRefusedUpFront) {
 // a clear error, the older one stays restorable, and the next save succeeds.
 TEST_F(CheckpointerTest, FailedCaptureKeepsOlderVersion) {
   FaultInjectionFileSystem fs(DefaultFileSystem());
-  opts_.fs = &fs;
+  fs_.host = &fs;
   auto c = Open();
   State small;
   small.big.resize(1000);

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "api/open_with.h"
 #include "cairn/checkpointer.h"
 #include "core/arith.h"
 #include "core/box_copy.h"
@@ -599,10 +600,9 @@ TEST(Persist, FailedFilesystemCallsNeverLoseTheCommittedStep) {
         TempDir root("pfsfault");
         FaultInjectionFileSystem fault(DefaultFileSystem());
         Options o = PersistOptions(root, "fault");
-        o.pfs_fs = &fault;
         FileSystem* fs = DefaultFileSystem();
         const std::string job = JobDir(o);
-        auto ck = Checkpointer::Open(o);
+        auto ck = OpenCheckpointer(o, {nullptr, &fault});
         ASSERT_TRUE(ck.ok());
         Checkpointer& c = **ck;
         auto save = [&](int64_t t) {
@@ -675,8 +675,7 @@ TEST(Persist, PowerLossAtAnyPointLeavesLatestOnACompleteStep) {
     const std::string job = JobDir(o);
     bool crashed = false;
     {
-      o.pfs_fs = &power;
-      auto ck = Checkpointer::Open(o);
+      auto ck = OpenCheckpointer(o, {nullptr, &power});
       ASSERT_TRUE(ck.ok()) << ck.status().ToString();
       Checkpointer& c = **ck;
       for (int64_t t : {1, 2}) {
@@ -700,8 +699,7 @@ TEST(Persist, PowerLossAtAnyPointLeavesLatestOnACompleteStep) {
       EXPECT_EQ(*latest, 2);
     EXPECT_EQ(s.Check(fs, JoinPath(job, StepDirName(*latest)), *latest, 0), "");
     {
-      o.pfs_fs = nullptr;  // power is back
-      auto ck = Checkpointer::Open(o);
+      auto ck = Checkpointer::Open(o);  // power is back
       ASSERT_TRUE(ck.ok()) << ck.status().ToString();
       s.Fill(3);
       ASSERT_TRUE((*ck)->save(3, s.Shards(), {{"who", PersistState::Blob(0, 3)}}).ok());
@@ -746,10 +744,9 @@ TEST(Persist, TrainingGoesOnWhileThePfsIsStuck) {
   TempDir root("persist");
   StuckFileSystem stuck(DefaultFileSystem());
   Options o = PersistOptions(root, "stuck");
-  o.pfs_fs = &stuck;
   o.persist_every = 1;
   PersistState s(16);
-  auto ck = Checkpointer::Open(o);
+  auto ck = OpenCheckpointer(o, {nullptr, &stuck});
   ASSERT_TRUE(ck.ok());
   Checkpointer& c = **ck;
   s.Fill(1);

@@ -230,13 +230,12 @@ TEST(Bootstrap, FailedRendezvousCallsAreErrorsNamingTheDirectory) {
     Options o;
     o.job_id = testing::UniqueJobId("rdvfault");
     o.pfs_root = pfs.path();
-    o.pfs_fs = &fault;
     o.world_size = 2;
     o.connect_timeout_s = 0.3;
     // The calls that publish something (the polling of the peers' files is not counted).
     fault.FailNth(nth, EIO, /*persistent=*/false, kFsMkdir | kFsWrite | kFsSync | kFsRename);
     Logger log("test", LogLevel::kError);
-    auto c = UcxComm::Connect(o, &log);
+    auto c = UcxComm::Connect(o, &log, "", &fault);
     ASSERT_FALSE(c.ok());
     if (fault.failures() == 0) {
       EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();

@@ -8,7 +8,8 @@
 
 namespace cairn {
 
-Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& o, const Logger* log) {
+Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& o, FileSystem* fs,
+                                                     const Logger* log) {
   const bool lazy = o.world_size > o.connect_all_max;
   if (o.bootstrap == BootstrapKind::kPmix) return OpenPmixAddressBook(o, !lazy);
   if (o.bootstrap == BootstrapKind::kAuto && PmixAvailable() && std::getenv("PMIX_NAMESPACE")) {
@@ -17,9 +18,8 @@ Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& o, const Log
     if (book.ok() || !other_job) return book;
     if (log) log->Info(book.status().message() + ": finding the ranks through address files");
   }
-  FileSystem* fs = o.pfs_fs ? o.pfs_fs : (o.fs ? o.fs : DefaultFileSystem());
-  return std::unique_ptr<AddressBook>(
-      std::make_unique<Rendezvous>(fs, o.RendezvousDir(), o.rank, o.world_size));
+  return std::unique_ptr<AddressBook>(std::make_unique<Rendezvous>(
+      fs ? fs : DefaultFileSystem(), o.RendezvousDir(), o.rank, o.world_size));
 }
 
 }  // namespace cairn

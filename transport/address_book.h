@@ -15,6 +15,7 @@
 
 #include "cairn/options.h"
 #include "cairn/status.h"
+#include "core/filesystem.h"
 
 namespace cairn {
 
@@ -40,10 +41,11 @@ class AddressBook {
 };
 
 // The book Options::bootstrap selects for options.rank of options.world_size:
-// files (Rendezvous over options.pfs_fs, else options.fs), pmix (FailedPrecondition when
+// files (Rendezvous over `fs`, nullptr: POSIX), pmix (FailedPrecondition when
 // this build has no PMIx or the process was not started by a PMIx launcher), or auto (pmix
 // when PMIX_NAMESPACE is set, this build has PMIx and the PMIx job is cairn's job, i.e. of
 // the same size; else files, said in an info line on `log`).
-Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& options, const Logger* log);
+Result<std::unique_ptr<AddressBook>> OpenAddressBook(const Options& options, FileSystem* fs,
+                                                     const Logger* log);
 
 }  // namespace cairn

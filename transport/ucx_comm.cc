@@ -52,11 +52,12 @@ UcxComm::UcxComm(const Options& o, const Logger* log)
       lazy_(o.world_size > o.connect_all_max) {}
 
 Result<std::unique_ptr<UcxComm>> UcxComm::Connect(const Options& options, const Logger* log,
-                                                  const std::string& token) {
+                                                  const std::string& token,
+                                                  FileSystem* rendezvous_fs) {
   CAIRN_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<UcxComm> c(new UcxComm(options, log));
   Lock lk(c->mu_);
-  auto book = OpenAddressBook(options, log);
+  auto book = OpenAddressBook(options, rendezvous_fs, log);
   if (!book.ok()) return book.status().WithContext("rank " + std::to_string(options.rank));
   c->book_ = std::move(*book);
   CAIRN_RETURN_IF_ERROR(c->Init().WithContext("rank " + std::to_string(options.rank)));
@@ -719,25 +720,35 @@ Status UcxComm::Redial(int p, double timeout_s) {
   if (!peer.redial && peer.ep && !peer_failed(p) &&
       NowNanos() - peer.connected_at < kFreshEndpointNs)
     return Status::OK();
-  if (!peer.redial || peer_failed(p) || NowNanos() - peer.redial_at > kRedialRefreshNs) {
-    // The old endpoint is retired, not closed: closing it would reset the connection the
-    // peer's endpoint to this rank may share, and fail what is in flight there.
-    RetireEndpoint(peer);
-    peer.error = 0;
-    Status st = Connected(p, peer.address, /*may_fall_back=*/false);
-    if (!st.ok()) return Status::Unavailable("redial " + Who(p) + ": " + st.message());
-    peer.redial_hello = Hello();
-    ucp_request_param_t prm{};
-    void* r = ucp_tag_send_nbx(peer.ep, peer.redial_hello.data(), peer.redial_hello.size(),
-                               MakeTag(kHello, rank_, kRedialHello), &prm);
-    if (UCS_PTR_IS_ERR(r))
-      return Status::Unavailable("redial " + Who(p) + ": " + UcsError(UCS_PTR_STATUS(r)));
-    if (r != nullptr) {
-      requests_.fetch_add(1, std::memory_order_relaxed);
-      peer.redial = r;
-      peer.redial_at = NowNanos();
-    }
+  if (!peer.redial || peer_failed(p) || NowNanos() - peer.redial_at > kRedialRefreshNs)
+    CAIRN_RETURN_IF_ERROR(StartRedial(p));
+  return AwaitRedial(lk, p, timeout_s);
+}
+
+Status UcxComm::StartRedial(int p) {
+  Peer& peer = *peers_[static_cast<size_t>(p)];
+  // The old endpoint is retired, not closed: closing it would reset the connection the
+  // peer's endpoint to this rank may share, and fail what is in flight there.
+  RetireEndpoint(peer);
+  peer.error = 0;
+  Status st = Connected(p, peer.address, /*may_fall_back=*/false);
+  if (!st.ok()) return Status::Unavailable("redial " + Who(p) + ": " + st.message());
+  peer.redial_hello = Hello();
+  ucp_request_param_t prm{};
+  void* r = ucp_tag_send_nbx(peer.ep, peer.redial_hello.data(), peer.redial_hello.size(),
+                             MakeTag(kHello, rank_, kRedialHello), &prm);
+  if (UCS_PTR_IS_ERR(r))
+    return Status::Unavailable("redial " + Who(p) + ": " + UcsError(UCS_PTR_STATUS(r)));
+  if (r != nullptr) {
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    peer.redial = r;
+    peer.redial_at = NowNanos();
   }
+  return Status::OK();
+}
+
+Status UcxComm::AwaitRedial(Lock& lk, int p, double timeout_s) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  Peer& peer = *peers_[static_cast<size_t>(p)];
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
   for (;;) {
@@ -977,48 +988,52 @@ Status UcxComm::Bootstrap(Lock& lk,
                  ")");
     return Status::OK();
   }
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
+  CAIRN_RETURN_IF_ERROR(GreetAll(lk, deadline));
+  CAIRN_RETURN_IF_ERROR(AwaitHellos(lk, deadline));
+  if (log_)
+    log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + book_->where());
+  return Status::OK();
+}
 
+Status UcxComm::GreetAll(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   // Read every peer's address and send it a hello with the token; a peer whose hello
   // fails (a stale address of a dead process) is retried when its file changes.
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
-  std::vector<std::string> tried(static_cast<size_t>(size_));
-  std::vector<bool> connected(static_cast<size_t>(size_), false);
-  std::vector<std::string> last_error(static_cast<size_t>(size_));
+  const auto n = static_cast<size_t>(size_);
+  std::vector<std::string> tried(n), last_error(n);
+  std::vector<bool> connected(n, false);
   connected[static_cast<size_t>(rank_)] = true;
   for (;;) {
     bool all = true;
     for (int p = 0; p < size_; ++p) {
-      if (connected[static_cast<size_t>(p)]) continue;
+      const auto k = static_cast<size_t>(p);
+      if (connected[k]) continue;
       all = false;
       std::string address, nonce;
       Status rs = ReadAddress(p, &address, &nonce);
-      if (rs.code() == StatusCode::kNotFound || (rs.ok() && nonce == tried[static_cast<size_t>(p)]))
-        continue;
+      if (rs.code() == StatusCode::kNotFound || (rs.ok() && nonce == tried[k])) continue;
       CAIRN_RETURN_IF_ERROR(rs);
-      tried[static_cast<size_t>(p)] = nonce;
+      tried[k] = nonce;
       // Even an endpoint that cannot be created is retried: the file may be a dead
       // process's (a job restarted under the same rendezvous directory), and the live
       // peer rewrites it soon. The timeout error below repeats the last failure.
       Status st = Greet(lk, p, address, nonce);
       if (st.ok()) {
-        connected[static_cast<size_t>(p)] = true;
+        connected[k] = true;
       } else {
-        last_error[static_cast<size_t>(p)] = st.message();
+        last_error[k] = st.message();
         if (log_)
           log_->Info("hello to rank " + std::to_string(p) +
-                     " failed, will retry when its address "
-                     "file changes: " +
-                     st.message());
+                     " failed, will retry when its address file changes: " + st.message());
       }
     }
-    if (all) break;
+    if (all) return Status::OK();
     if (NowNanos() > deadline) {
       std::string missing, why;
-      for (int p = 0; p < size_; ++p) {
-        if (connected[static_cast<size_t>(p)]) continue;
+      for (size_t p = 0; p < n; ++p) {
+        if (connected[p]) continue;
         missing += " " + std::to_string(p);
-        if (why.empty() && !last_error[static_cast<size_t>(p)].empty())
-          why = " (last failure: " + last_error[static_cast<size_t>(p)] + ")";
+        if (why.empty() && !last_error[p].empty()) why = " (last failure: " + last_error[p] + ")";
       }
       return Status::Unavailable("ranks" + missing + " never appeared in " + book_->where() +
                                  " within " + std::to_string(options_.connect_timeout_s) + " s" +
@@ -1029,6 +1044,9 @@ Status UcxComm::Bootstrap(Lock& lk,
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     lk.Lock();
   }
+}
+
+Status UcxComm::AwaitHellos(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   // Every peer must greet us with the job token before we accept anything from it.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
@@ -1055,8 +1073,6 @@ Status UcxComm::Bootstrap(Lock& lk,
     // the process that greeted us instead.
     if (nonce != peer.nonce) CAIRN_RETURN_IF_ERROR(Reconnect(lk, p, nonce, address));
   }
-  if (log_)
-    log_->Info("connected to " + std::to_string(size_ - 1) + " peers via " + book_->where());
   return Status::OK();
 }
 

@@ -117,9 +117,11 @@ class UcxComm {
   // Joins the job as options.rank of options.world_size. `token` overrides the job token
   // read from the rendezvous directory (tests use it to play an intruder). Fails with
   // Unavailable naming the ranks that never appeared within options.connect_timeout_s, or
-  // FailedPrecondition naming a rank that presented a wrong token.
+  // FailedPrecondition naming a rank that presented a wrong token. `rendezvous_fs`: the
+  // filesystem of the rendezvous directory (nullptr: POSIX; tests make it fail).
   static Result<std::unique_ptr<UcxComm>> Connect(const Options& options, const Logger* log,
-                                                  const std::string& token = "");
+                                                  const std::string& token = "",
+                                                  FileSystem* rendezvous_fs = nullptr);
   ~UcxComm();
   UcxComm(const UcxComm&) = delete;
   UcxComm& operator=(const UcxComm&) = delete;
@@ -293,6 +295,11 @@ class UcxComm {
   UcxComm(const Options& o, const Logger* log);
   Status Init() CAIRN_NO_THREAD_SAFETY_ANALYSIS;  // before the object is shared
   Status Bootstrap(Lock& lk, const std::string& token_override) CAIRN_REQUIRES(mu_);
+  // Bootstrap's halves (every peer connected up front): a hello with the token to every
+  // peer's published address, retried as address files change, until `deadline`; then
+  // every peer's hello received and its token checked.
+  Status GreetAll(Lock& lk, int64_t deadline) CAIRN_REQUIRES(mu_);
+  Status AwaitHellos(Lock& lk, int64_t deadline) CAIRN_REQUIRES(mu_);
   // Waits for a request with the lock held except while backing off, then frees it (after
   // cancelling it on a timeout or a failed peer); `request` is empty on return.
   Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what)
@@ -332,6 +339,11 @@ class UcxComm {
   void DropEndpoint(Lock& lk, Peer& peer) CAIRN_REQUIRES(mu_);
   void CloseByForce(ucp_ep_h ep, int rank) CAIRN_REQUIRES(mu_);
   // Moves `peer`'s endpoint (and its redial hello) to peer.retired.
+  // Redial's two halves: a fresh endpoint to `p` with the redial hello sent on it, and
+  // the wait (progressing the worker, the lock let go meanwhile) until the hello is
+  // delivered, the peer fails or `timeout_s` passes.
+  Status StartRedial(int p) CAIRN_REQUIRES(mu_);
+  Status AwaitRedial(Lock& lk, int p, double timeout_s) CAIRN_REQUIRES(mu_);
   void RetireEndpoint(Peer& peer) CAIRN_REQUIRES(mu_);
   // Closes the retired endpoints of `peer` older than `older_than_ns`.
   void CloseRetired(Peer& peer, int64_t older_than_ns) CAIRN_REQUIRES(mu_);

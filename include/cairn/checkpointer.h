@@ -118,6 +118,7 @@ class Checkpointer {
 
  private:
   class Impl;
+  friend struct CheckpointerOpener;  // api/open_with.h: opening on other filesystems (tests)
   explicit Checkpointer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -17,8 +17,6 @@
 
 namespace cairn {
 
-class FileSystem;
-
 // What save() does when every host slot is still needed (capturing, or holding the newest
 // complete version): skip this version (count it, never stall) or block until one frees.
 enum class FullPolicy { kSkip, kBlock };
@@ -79,8 +77,6 @@ struct Options {
   bool persist_direct = false;      // O_DIRECT writes
   uint64_t persist_rate = 0;        // bytes/s cap per rank (0: unlimited)
   PersistPriority persist_priority = PersistPriority::kLow;  // of the drain threads
-  FileSystem* fs = nullptr;                                  // nullptr: the POSIX filesystem
-  FileSystem* pfs_fs = nullptr;                              // for the PFS tier; nullptr: `fs`
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value
