@@ -1,6 +1,6 @@
 // Opening a Checkpointer on filesystems other than POSIX: the seam the tests use to make
 // the host tier or the PFS fail, fill up or lose power (testing/fault_filesystem.h,
-// tests/power_loss_filesystem.h). Not part of the public API: a user's checkpointer always
+// testing/power_loss_filesystem.h). Not part of the public API: a user's checkpointer always
 // works on the POSIX filesystem.
 #pragma once
 

@@ -15,10 +15,10 @@
 #include "bench/plan_util.h"
 #include "cairn/box.h"
 #include "core/checksum.h"
+#include "layout/load_planner.h"
+#include "layout/save_planner.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
-#include "persist/save_planner.h"
-#include "recovery/load_planner.h"
 #include "snapshot/copy_engine.h"
 #include "tiers/slot_header.h"
 

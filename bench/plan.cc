@@ -46,13 +46,13 @@
 #include "core/arith.h"
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "layout/load_planner.h"
+#include "layout/memory_plan.h"
+#include "layout/save_planner.h"
+#include "layout/templated_plan.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
-#include "persist/save_planner.h"
 #include "persist/step_index.h"
-#include "persist/templated_plan.h"
-#include "recovery/load_planner.h"
-#include "recovery/memory_plan.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_wire.h"
 
@@ -133,7 +133,7 @@ RankLayout FlatLayout(const Args& a, int layers, int n, int r) {
   return ExpandTemplate(t, static_cast<uint32_t>(r));
 }
 
-// What the persister's layout gathers bring a rank (persist/templated_plan.h).
+// What the persister's layout gathers bring a rank (layout/templated_plan.h).
 struct Gathered {
   std::vector<std::string> messages, templates;
   std::vector<uint64_t> hashes;
@@ -194,7 +194,7 @@ void SimulateIndexFiles(const TemplatedPlan& plan, uint64_t chunk, SimulatedInde
 }
 
 // A memory restore of the fully sharded step (host tiers and peers), planned by each rank
-// alone (recovery/memory_plan.h): source s's version is held by rank s and by its ring
+// alone (layout/memory_plan.h): source s's version is held by rank s and by its ring
 // partner on the next node, s + 8; onto n ranks of another layout, by ranks s mod n and
 // (s + 8) mod n. `lost`: node 1 (ranks 8..15) lost its memory and restarted empty.
 struct MemoryRestore {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/arith.h"
+#include "layout/save_planner.h"
 #include "persist/commit.h"
-#include "persist/save_planner.h"
 
 namespace cairn::bench {
 

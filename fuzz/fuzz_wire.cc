@@ -7,11 +7,11 @@
 #include <string>
 #include <string_view>
 
+#include "layout/layout_template.h"
+#include "layout/save_planner.h"
+#include "layout/templated_plan.h"
 #include "persist/commit.h"
-#include "persist/layout_template.h"
-#include "persist/save_planner.h"
 #include "persist/step_index.h"
-#include "persist/templated_plan.h"
 #include "transport/rendezvous.h"
 #include "transport/ucx_comm.h"
 

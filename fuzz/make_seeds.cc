@@ -9,11 +9,11 @@
 #include "cairn/checkpointer.h"
 #include "core/checksum.h"
 #include "core/filesystem.h"
+#include "layout/save_planner.h"
+#include "layout/templated_plan.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
-#include "persist/save_planner.h"
 #include "persist/step_index.h"
-#include "persist/templated_plan.h"
 #include "recovery/restore_wire.h"
 #include "tiers/slot_header.h"
 

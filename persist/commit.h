@@ -11,8 +11,8 @@
 #include "cairn/status.h"
 #include "core/filesystem.h"
 #include "core/log.h"
+#include "layout/save_planner.h"
 #include "persist/manifest.h"
-#include "persist/save_planner.h"
 
 namespace cairn {
 

@@ -8,7 +8,7 @@
 #include "core/arith.h"
 #include "core/bytes.h"
 #include "core/checksum.h"
-#include "persist/layout_template.h"
+#include "layout/layout_template.h"
 #include "persist/step_index.h"
 
 namespace cairn {
@@ -237,6 +237,26 @@ Result<std::vector<int64_t>> ListCommittedSteps(FileSystem* fs, const std::strin
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+void CatalogFromManifest(const pb::Manifest& m, LoadCatalog* cat) {
+  cat->chunk_bytes = m.chunk_bytes();
+  cat->tensors.reserve(cat->tensors.size() + static_cast<size_t>(m.tensors_size()));
+  for (const pb::Tensor& t : m.tensors())
+    cat->tensors.push_back(
+        {t.name(), static_cast<DType>(t.dtype()), Shape(t.shape().begin(), t.shape().end())});
+  cat->pieces.reserve(cat->pieces.size() + static_cast<size_t>(m.boxes_size()));
+  for (int i = 0; i < m.boxes_size(); ++i) {
+    const pb::SavedBox& b = m.boxes(i);
+    LoadPiece piece;
+    piece.tensor = b.tensor();
+    piece.box.offsets.assign(b.offsets().begin(), b.offsets().end());
+    piece.box.lengths.assign(b.lengths().begin(), b.lengths().end());
+    piece.nbytes = b.length();
+    piece.pfs_box = i;
+    piece.writer = static_cast<int>(b.writer());
+    cat->pieces.push_back(std::move(piece));
+  }
 }
 
 }  // namespace cairn

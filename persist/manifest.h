@@ -16,6 +16,7 @@
 
 #include "cairn/status.h"
 #include "core/filesystem.h"
+#include "layout/load_planner.h"
 #include "persist/manifest.pb.h"
 
 namespace cairn {
@@ -41,6 +42,10 @@ std::string EncodeManifest(const pb::Manifest& m);
 // Checks the framing, the checksum and everything ValidateManifest checks. Corruption
 // saying what is wrong (the caller adds the file name).
 Result<pb::Manifest> DecodeManifest(std::string_view bytes);
+// Fills `catalog`'s chunk size, tensors and pieces from a PFS step's MANIFEST (one piece
+// per saved box; its `where` and `step` are the caller's): what the load planner restores
+// from.
+void CatalogFromManifest(const pb::Manifest& manifest, LoadCatalog* catalog);
 // Format version, names, dtypes, boxes inside shapes, indices in range, chunk tables
 // consistent with lengths, file names of the form "data/<n>.bin", layout sizes; for
 // format 2 the templates and per-rank tables.

@@ -18,6 +18,7 @@
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/step_index.h"
+#include "tiers/slot_layout.h"
 
 namespace cairn {
 namespace {

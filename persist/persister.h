@@ -38,9 +38,9 @@
 #include "core/filesystem.h"
 #include "core/log.h"
 #include "core/mutex.h"
+#include "layout/save_planner.h"
+#include "layout/templated_plan.h"
 #include "persist/commit.h"
-#include "persist/save_planner.h"
-#include "persist/templated_plan.h"
 #include "persist/writer.h"
 #include "tiers/host_tier.h"
 
@@ -119,7 +119,7 @@ class Persister {
   Result<int64_t> PersistStep(int64_t step, const HostTier::View* view,
                               const std::vector<uint64_t>& layout_hashes,
                               const HeldLayout& my_layout);
-  // Re-plans from every rank's layout (the exchange in persist/templated_plan.h).
+  // Re-plans from every rank's layout (the exchange in layout/templated_plan.h).
   Status Replan(const std::vector<uint64_t>& layout_hashes, const HeldLayout& my_layout);
   // Writes this rank's planned pieces and its blobs to its data file in `step_dir`, after
   // checking the slot's bytes still match their checksums; fills *table.

@@ -1,4 +1,4 @@
-// MANIFEST format 2: a step saved from layout templates (persist/templated_plan.h), whose
+// MANIFEST format 2: a step saved from layout templates (layout/templated_plan.h), whose
 // metadata no single process needs to hold whole.
 //
 // The MANIFEST keeps what every reader needs and nothing per box: the tensors, the
@@ -28,9 +28,9 @@
 #include "cairn/box.h"
 #include "cairn/status.h"
 #include "core/filesystem.h"
+#include "layout/templated_plan.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
-#include "persist/templated_plan.h"
 
 namespace cairn {
 

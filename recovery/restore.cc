@@ -22,16 +22,17 @@
 #include "core/clock.h"
 #include "core/mutex.h"
 #include "core/trace.h"
-#include "persist/layout_template.h"
+#include "layout/layout_template.h"
+#include "layout/load_planner.h"
+#include "layout/memory_plan.h"
+#include "layout/save_planner.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
-#include "persist/save_planner.h"
 #include "persist/step_index.h"
-#include "recovery/load_planner.h"
-#include "recovery/memory_plan.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_transfer.h"
 #include "recovery/restore_wire.h"
+#include "tiers/slot_layout.h"
 
 namespace cairn {
 namespace {
@@ -108,7 +109,7 @@ class Restorer {
   // pinned, or `pin_st`); for a PFS step catalogs the MANIFEST read.
   Result<bool> Catalog(const std::vector<Inventory>& inv, ChosenStep& p, const Status& pin_st);
   // A memory step whose saved and target layouts are all templates: two small gathers,
-  // then each rank plans alone (recovery/memory_plan.h). false: some layout is no
+  // then each rank plans alone (layout/memory_plan.h). false: some layout is no
   // template, or they disagree; the general catalog is needed.
   Result<bool> PlanMemoryFromTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
                                        const Status& pin_st);

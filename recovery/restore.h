@@ -97,7 +97,7 @@ struct RestoreEnv {
   double timeout_s = 60;
   int read_threads = 4;      // PFS readers per rank
   bool host_targets = true;  // targets are host memory: reads and receives may land in them
-  // Plan memory restores of fully sharded jobs from layout templates (recovery/memory_plan.h)
+  // Plan memory restores of fully sharded jobs from layout templates (layout/memory_plan.h)
   // when every layout is one; off: always the general catalog (tests, benchmarks).
   bool templates = true;
 };

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/trace.h"
+#include "layout/load_planner.h"
 #include "persist/manifest.h"
-#include "recovery/load_planner.h"
 #include "recovery/restore.h"
 #include "recovery/restore_wire.h"
 

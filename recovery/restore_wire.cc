@@ -1,7 +1,7 @@
 #include "recovery/restore_wire.h"
 
 #include "core/bytes.h"
-#include "persist/layout_template.h"
+#include "layout/layout_template.h"
 
 namespace cairn::restore_internal {
 

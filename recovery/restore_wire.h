@@ -17,7 +17,7 @@
 
 #include "cairn/group.h"
 #include "cairn/status.h"
-#include "recovery/load_planner.h"
+#include "layout/load_planner.h"
 #include "recovery/restore.h"
 #include "tiers/slot_header.h"
 
@@ -53,7 +53,7 @@ Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
 std::string EncodeBlobs(const SlotHeader& h, const std::byte* data);
 std::string EncodeTables(const std::vector<std::unique_ptr<PinnedVersion>>& pinned);
 
-// A memory restore's first gather when layouts may be templates (recovery/memory_plan.h):
+// A memory restore's first gather when layouts may be templates (layout/memory_plan.h):
 // this rank's target layout as a template reference, and for each saved version of the
 // step this rank is the lowest holder of, that version's layout as one, its chunk size
 // and the size of its blobs. A layout that is no template is sent as `templated` false

@@ -20,6 +20,7 @@
 #include "cairn/checkpointer.h"
 #include "cairn/pfs_step.h"
 #include "persist/manifest.h"
+#include "testing/controlled_filesystems.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
@@ -267,33 +268,8 @@ TEST_F(CheckpointerTest, RestoreWithNothingSavedIsNotFound) {
   EXPECT_NE(e.status().message().find(c->host_dir()), std::string::npos);
 }
 
-// A FileSystem whose renames wait at a gate: holds a capture inside Prepare.
-class GateFileSystem final : public ForwardingFileSystem {
- public:
-  explicit GateFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
-  void Close_() {
-    std::lock_guard lk(mu_);
-    open_ = false;
-  }
-  void Open_() {
-    std::lock_guard lk(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  Status Rename(const std::string& a, const std::string& b) override {
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return open_; });
-    return base_->Rename(a, b);
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-};
-
 TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
-  GateFileSystem gate(DefaultFileSystem());
+  testing::GateFileSystem gate(DefaultFileSystem());
   fs_.host = &gate;
   opts_.slots = 2;  // the smallest ring: one slot besides the newest
   auto c = Open();
@@ -315,7 +291,7 @@ TEST_F(CheckpointerTest, SkipPolicyCountsAndNeverStalls) {
 }
 
 TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
-  GateFileSystem gate(DefaultFileSystem());
+  testing::GateFileSystem gate(DefaultFileSystem());
   fs_.host = &gate;
   opts_.slots = 2;  // the smallest ring: one slot besides the newest
   opts_.full_policy = FullPolicy::kBlock;
@@ -338,16 +314,6 @@ TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
   EXPECT_EQ(c->stats().save.skipped, 0u);
 }
 
-// A filesystem reporting `free` bytes available (what a small tmpfs or quota shows).
-class ShortFileSystem final : public ForwardingFileSystem {
- public:
-  ShortFileSystem(FileSystem* base, uint64_t free) : ForwardingFileSystem(base), free_(free) {}
-  Result<uint64_t> FreeBytes(const std::string&) override { return free_; }
-
- private:
-  uint64_t free_;
-};
-
 // A host root too small for every slot is refused with a clear error: at open when the
 // slots are sized there (CAIRN_SLOT_BYTES), else by the first save() of that size, which
 // then queues nothing; a root large enough works with the same settings.
@@ -355,7 +321,7 @@ TEST_F(CheckpointerTest, AHostRootTooSmallForItsSlotsIsRefusedUpFront) {
   State s;
   s.Fill(1);
   const uint64_t version = 10u << 20;  // State is a little over 9 MiB: 3 slots need ~30
-  ShortFileSystem small(DefaultFileSystem(), 2 * version);
+  testing::ShortFileSystem small(DefaultFileSystem(), 2 * version);
   fs_.host = &small;
   opts_.slots = 3;
   {
@@ -376,7 +342,7 @@ TEST_F(CheckpointerTest, AHostRootTooSmallForItsSlotsIsRefusedUpFront) {
   EXPECT_EQ(refused.status().code(), StatusCode::kNoSpace) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find(opts_.host_root), std::string::npos);
 
-  ShortFileSystem roomy(DefaultFileSystem(), 4 * version);
+  testing::ShortFileSystem roomy(DefaultFileSystem(), 4 * version);
   fs_.host = &roomy;
   opts_.slot_bytes = 0;
   auto c = Open();

@@ -1,4 +1,4 @@
-// Memory restores planned by each rank alone from layout templates (recovery/memory_plan.h):
+// Memory restores planned by each rank alone from layout templates (layout/memory_plan.h):
 // every rank's part of the plan must be the part the general load planner gives it when it
 // plans the whole job from every shard table and target layout — the same gets from the
 // same holders, the same fills, the same sends — and two ranks must number the pieces they
@@ -10,10 +10,10 @@
 #include <set>
 #include <tuple>
 
-#include "persist/layout_template.h"
-#include "persist/templated_plan.h"
-#include "recovery/load_planner.h"
-#include "recovery/memory_plan.h"
+#include "layout/layout_template.h"
+#include "layout/load_planner.h"
+#include "layout/memory_plan.h"
+#include "layout/templated_plan.h"
 #include "tests/plan_check.h"
 
 namespace cairn {

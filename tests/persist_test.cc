@@ -20,16 +20,17 @@
 #include "core/box_copy.h"
 #include "core/checksum.h"
 #include "core/clock.h"
+#include "layout/save_planner.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
 #include "persist/pfs_reader.h"
-#include "persist/save_planner.h"
 #include "persist/writer.h"
+#include "testing/controlled_filesystems.h"
 #include "testing/fault_injection_filesystem.h"
+#include "testing/power_loss_filesystem.h"
 #include "tests/persist_state.h"
 #include "tests/plan_check.h"
-#include "tests/power_loss_filesystem.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -715,34 +716,9 @@ TEST(Persist, PowerLossAtAnyPointLeavesLatestOnACompleteStep) {
   EXPECT_GT(crashes, 10);
 }
 
-// A filesystem whose writes wait until released: a persist stuck on a slow PFS.
-class StuckFileSystem final : public ForwardingFileSystem {
- public:
-  explicit StuckFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
-  void Release() {
-    std::lock_guard lk(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-  bool entered() const { return entered_.load(); }
-  Status WriteAt(int fd, const void* b, size_t n, uint64_t o) override {
-    entered_ = true;
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return released_; });
-    lk.unlock();
-    return base_->WriteAt(fd, b, n, o);
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool released_ = false;
-  std::atomic<bool> entered_{false};
-};
-
 TEST(Persist, TrainingGoesOnWhileThePfsIsStuck) {
   TempDir root("persist");
-  StuckFileSystem stuck(DefaultFileSystem());
+  testing::StuckFileSystem stuck(DefaultFileSystem());
   Options o = PersistOptions(root, "stuck");
   o.persist_every = 1;
   PersistState s(16);

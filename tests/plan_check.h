@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "persist/layout_template.h"
-#include "persist/save_planner.h"
+#include "layout/layout_template.h"
+#include "layout/save_planner.h"
 
 namespace cairn::testing {
 

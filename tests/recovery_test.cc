@@ -22,11 +22,11 @@
 #include "core/checksum.h"
 #include "core/filesystem.h"
 #include "core/log.h"
+#include "layout/layout_template.h"
+#include "layout/load_planner.h"
 #include "persist/commit.h"
-#include "persist/layout_template.h"
 #include "persist/manifest.h"
 #include "persist/writer.h"
-#include "recovery/load_planner.h"
 #include "recovery/restore.h"
 #include "snapshot/copy_engine.h"
 #include "tests/test_util.h"
@@ -245,7 +245,7 @@ std::vector<std::vector<Box>> RandomLayout(std::mt19937_64& rng, const Shape& sh
   return out;
 }
 
-// The boxes each of `world` ranks holds under a layout template (persist/layout_template.h):
+// The boxes each of `world` ranks holds under a layout template (layout/layout_template.h):
 // every tensor split by a random rule into d parts (d = world or a divisor of it), rank r
 // holding part r % d or r / (world / d): FSDP, ZeRO-3, DTensor Shard, tensor parallel
 // inside data parallel.
@@ -461,7 +461,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
     std::vector<std::vector<std::pair<size_t, Box>>> saved(static_cast<size_t>(saved_world)),
         wanted(static_cast<size_t>(world));
     // Every other case saves and restores layout templates (fully sharded jobs): memory
-    // restores of those are planned by each rank alone (recovery/memory_plan.h).
+    // restores of those are planned by each rank alone (layout/memory_plan.h).
     const bool templates = c % 2 == 1;
     if (templates) {
       saved = TemplateLayouts(rng, tensors, saved_world);

@@ -1,5 +1,5 @@
-// Layout templates and the save plans made from them (persist/layout_template.h,
-// persist/templated_plan.h): recognition is exact, the exchange sends each template once,
+// Layout templates and the save plans made from them (layout/layout_template.h,
+// layout/templated_plan.h): recognition is exact, the exchange sends each template once,
 // the templated plan writes every unique box once from a rank that holds it and agrees
 // with the general planner on what the job holds, and every case it does not handle falls
 // back to the general planner.
@@ -11,9 +11,9 @@
 #include <set>
 
 #include "core/checksum.h"
-#include "persist/layout_template.h"
+#include "layout/layout_template.h"
+#include "layout/templated_plan.h"
 #include "persist/step_index.h"
-#include "persist/templated_plan.h"
 #include "tests/plan_check.h"
 
 namespace cairn {

@@ -24,8 +24,7 @@
 #include <vector>
 
 #include "cairn/status.h"
-#include "persist/save_planner.h"
-#include "tiers/slot_header.h"
+#include "layout/save_planner.h"
 
 namespace cairn {
 
@@ -63,9 +62,6 @@ uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index,
 std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
                                                               const SplitRule& rule, uint32_t parts,
                                                               const Box& box);
-
-// The layout a host slot holds (its shards in slot order, tensors first seen first).
-RankLayout SlotLayout(const SlotHeader& h);
 
 // The layout part `index` of the template holds.
 RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index);

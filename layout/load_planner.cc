@@ -1,4 +1,4 @@
-#include "recovery/load_planner.h"
+#include "layout/load_planner.h"
 #include "core/arith.h"
 #include "core/box_copy.h"
 
@@ -355,26 +355,6 @@ RankLoad ForRank(const LoadPlan& plan, const LoadCatalog& cat, int rank) {
           out.puts.push_back({t, s, next[t]++});
   }
   return out;
-}
-
-void CatalogFromManifest(const pb::Manifest& m, LoadCatalog* cat) {
-  cat->chunk_bytes = m.chunk_bytes();
-  cat->tensors.reserve(cat->tensors.size() + static_cast<size_t>(m.tensors_size()));
-  for (const pb::Tensor& t : m.tensors())
-    cat->tensors.push_back(
-        {t.name(), static_cast<DType>(t.dtype()), Shape(t.shape().begin(), t.shape().end())});
-  cat->pieces.reserve(cat->pieces.size() + static_cast<size_t>(m.boxes_size()));
-  for (int i = 0; i < m.boxes_size(); ++i) {
-    const pb::SavedBox& b = m.boxes(i);
-    LoadPiece piece;
-    piece.tensor = b.tensor();
-    piece.box.offsets.assign(b.offsets().begin(), b.offsets().end());
-    piece.box.lengths.assign(b.lengths().begin(), b.lengths().end());
-    piece.nbytes = b.length();
-    piece.pfs_box = i;
-    piece.writer = static_cast<int>(b.writer());
-    cat->pieces.push_back(std::move(piece));
-  }
 }
 
 Result<LoadTargets> GroupTargets(const std::vector<std::string>& encoded,

@@ -28,8 +28,7 @@
 #include "cairn/box.h"
 #include "cairn/dtype.h"
 #include "cairn/status.h"
-#include "persist/manifest.h"
-#include "persist/save_planner.h"
+#include "layout/save_planner.h"
 
 namespace cairn {
 
@@ -99,10 +98,6 @@ struct LoadPlan {
   static int HolderFor(const LoadPiece& p, int rank) { return HolderFor(p.holders, rank); }
   static int HolderFor(const std::vector<int>& sorted_holders, int rank);
 };
-
-// Fills `catalog`'s chunk size, tensors and pieces from a PFS step's MANIFEST (one piece
-// per saved box; its `where` and `step` are the caller's).
-void CatalogFromManifest(const pb::Manifest& manifest, LoadCatalog* catalog);
 
 // NotFound (a target tensor was not saved), InvalidArgument (dtype or shape differ, or
 // part of a target is covered by no saved piece); each message names the tensor, the box,

@@ -96,7 +96,7 @@ struct PlannerConfig {
   // and the slabs grow by at most 2x (the checksum chunk: a writer can then compare its
   // checksums with the host slot's instead of hashing the slot again).
   uint64_t align_bytes = 4ull << 20;
-  // Recognise layout templates (persist/templated_plan.h): fully sharded jobs are then
+  // Recognise layout templates (layout/templated_plan.h): fully sharded jobs are then
   // planned without gathering or deduplicating every rank's boxes. Off: always the
   // general plan above.
   bool templates = true;

@@ -1,4 +1,4 @@
-#include "persist/layout_template.h"
+#include "layout/layout_template.h"
 
 #include <algorithm>
 #include <unordered_map>
@@ -151,18 +151,6 @@ std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape
   }
   if (a == first) return std::nullopt;
   return std::pair<uint32_t, uint32_t>{first, a - 1};
-}
-
-RankLayout SlotLayout(const SlotHeader& h) {
-  RankLayout l;
-  std::unordered_map<std::string, uint32_t> ids;
-  l.shards.reserve(h.shards.size());
-  for (const SlotShard& s : h.shards) {
-    auto [it, fresh] = ids.emplace(s.name, static_cast<uint32_t>(l.tensors.size()));
-    if (fresh) l.tensors.push_back(TensorMeta{s.name, s.dtype, s.global_shape});
-    l.shards.push_back({it->second, s.box});
-  }
-  return l;
 }
 
 RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index) {

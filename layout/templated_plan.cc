@@ -1,4 +1,4 @@
-#include "persist/templated_plan.h"
+#include "layout/templated_plan.h"
 
 #include <algorithm>
 #include <map>

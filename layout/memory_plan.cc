@@ -1,4 +1,4 @@
-#include "recovery/memory_plan.h"
+#include "layout/memory_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "persist/save_planner.h"
+#include "layout/save_planner.h"
 
 #include <algorithm>
 #include <numeric>

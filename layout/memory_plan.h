@@ -2,7 +2,7 @@
 // peer counterpart of MANIFEST format 2's per-rank PFS restore, persist/step_index.h).
 //
 // When the layouts a memory step was saved with and the layouts it is restored into are
-// all templates (persist/layout_template.h), the restore need not gather every rank's
+// all templates (layout/layout_template.h), the restore need not gather every rank's
 // target boxes and every holder's shard table, nor plan the whole job on every rank.
 // Instead ranks exchange, per rank, a template reference for its targets and for each
 // saved version it is the lowest holder of (a few dozen bytes), and each distinct template
@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "cairn/status.h"
-#include "persist/templated_plan.h"
-#include "recovery/load_planner.h"
+#include "layout/load_planner.h"
+#include "layout/templated_plan.h"
 
 namespace cairn {
 

@@ -1,7 +1,7 @@
 // Save plans from layout templates, and the layout exchange that chooses between them and
 // the general SavePlanner.
 //
-// When every rank's layout is a template (persist/layout_template.h) and the templates
+// When every rank's layout is a template (layout/layout_template.h) and the templates
 // agree on every tensor they share (same dtype, shape, rule and part count), no box needs
 // deduplicating: the boxes of a split tensor's part i are held exactly by the ranks of
 // index i whose template lists the tensor, and a whole tensor by every rank whose template
@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "cairn/status.h"
-#include "persist/layout_template.h"
-#include "persist/save_planner.h"
+#include "layout/layout_template.h"
+#include "layout/save_planner.h"
 
 namespace cairn {
 
