@@ -233,7 +233,6 @@ Stats Checkpointer::Impl::GetStats() const {
   s.persist.templated_plan = p.templated_plan;
   s.persist.newest_persisted_step = p.newest_persisted_step;
   s.persist.last_error = p.last_error;
-  if (comm_) s.ucx_requests_in_flight = comm_->requests_in_flight();
   return s;
 }
 
@@ -300,16 +299,20 @@ Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Checkpointer::~Checkpointer() = default;
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Open(Options options) {
-  return CheckpointerOpener::Open(std::move(options), {});
+  return CheckpointerInternals::Open(std::move(options), {});
 }
 
-Result<std::unique_ptr<Checkpointer>> CheckpointerOpener::Open(Options options, FileSystems fs) {
+Result<std::unique_ptr<Checkpointer>> CheckpointerInternals::Open(Options options, FileSystems fs) {
   CAIRN_RETURN_IF_ERROR(options.Validate());
   if (!options.trace_path.empty()) Trace::Enable(options.rank);
   CAIRN_ASSIGN_OR_RETURN(auto engine, MakeCopyEngine(options.copy_engine, options.copy_threads));
   auto impl = std::make_unique<Checkpointer::Impl>(std::move(options), fs, std::move(engine));
   CAIRN_RETURN_IF_ERROR(impl->Open());
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
+}
+
+int64_t CheckpointerInternals::UcxRequestsInFlight(const Checkpointer& c) {
+  return c.impl_->comm_ ? static_cast<int64_t>(c.impl_->comm_->requests_in_flight()) : 0;
 }
 
 Result<SaveOutcome> Checkpointer::save(int64_t step, std::span<const ShardSpec> shards,

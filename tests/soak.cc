@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "api/open_with.h"
 #include "cairn/checkpointer.h"
 #include "cli/launcher.h"
 #include "core/filesystem.h"
@@ -34,7 +35,7 @@ namespace {
 struct Sample {
   int64_t version = 0;
   long rss_kb = 0, fds = 0, maps = 0;
-  long ucx = 0;  // UCX requests in flight (Stats::ucx_requests_in_flight)
+  long ucx = 0;  // UCX requests in flight (api/open_with.h)
 };
 
 Sample Now(int64_t version) {
@@ -83,7 +84,7 @@ int Child(int64_t versions, uint64_t bytes) {
     }
     if (v % every == 0) {
       Sample s = Now(v);
-      s.ucx = static_cast<long>(ck->stats().ucx_requests_in_flight);
+      s.ucx = static_cast<long>(CheckpointerInternals::UcxRequestsInFlight(*ck));
       std::printf("sample %lld %ld %ld %ld %ld\n", static_cast<long long>(v), s.rss_kb, s.fds,
                   s.maps, s.ucx);
       std::fflush(stdout);

@@ -118,7 +118,7 @@ class Checkpointer {
 
  private:
   class Impl;
-  friend struct CheckpointerOpener;  // api/open_with.h: opening on other filesystems (tests)
+  friend struct CheckpointerInternals;  // api/open_with.h: the seams tests use
   explicit Checkpointer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -79,9 +79,6 @@ struct Stats {
   CaptureStats capture;
   ReplicationStats replication;
   PersistStats persist;
-  // UCX requests this rank started and has not yet completed and released (0 without
-  // UCX); bounded by the transfers in flight, never growing with the versions saved.
-  int64_t ucx_requests_in_flight = 0;
 };
 
 }  // namespace cairn
