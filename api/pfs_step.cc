@@ -74,15 +74,15 @@ const std::vector<PfsStep::Tensor>& PfsStep::tensors() const {
   return impl_->tensors;
 }
 
-Status PfsStep::Read(std::span<const ShardSpec> targets) const {
+Status PfsStep::read(std::span<const ShardSpec> targets) const {
   for (const ShardSpec& s : targets)
     if (s.memory != MemoryKind::kHost)
-      return Status::InvalidArgument("PfsStep::Read: target '" + s.meta.name +
+      return Status::InvalidArgument("PfsStep::read: target '" + s.meta.name +
                                      "' is not in host memory");
   return ReadShards(DefaultFileSystem(), impl_->dir, impl_->manifest, targets);
 }
 
-Result<std::map<std::string, std::string>> PfsStep::Blobs(int rank) const {
+Result<std::map<std::string, std::string>> PfsStep::blobs(int rank) const {
   if (rank < 0 || rank >= world_size())
     return Status::InvalidArgument("rank " + std::to_string(rank) + " is outside the world of " +
                                    std::to_string(world_size()) + " that saved step " +

@@ -528,7 +528,7 @@ void BindPfsStep(py::module_& m) {
           "read",
           [](const PfsStep& s, const std::vector<PyShard>& targets) {
             const std::vector<ShardSpec> specs = Specs(targets);
-            const Status st = WithoutGil([&] { return s.Read(specs); });
+            const Status st = WithoutGil([&] { return s.read(specs); });
             if (!st.ok()) Throw(st);
           },
           py::arg("targets"),
@@ -536,7 +536,7 @@ void BindPfsStep(py::module_& m) {
       .def(
           "blobs",
           [](const PfsStep& s, int rank) {
-            return FromBlobs(Unwrap(WithoutGil([&] { return s.Blobs(rank); })));
+            return FromBlobs(Unwrap(WithoutGil([&] { return s.blobs(rank); })));
           },
           py::arg("rank"), "The blobs `rank` saved with the step ({name: bytes}).");
 }

@@ -508,23 +508,23 @@ TEST_F(CheckpointerTest, APfsStepIsReadWithoutAJob) {
   auto three = PfsStep::Open(job_dir, 3);
   ASSERT_TRUE(three.ok()) << three.status().ToString();
   State r;
-  ASSERT_TRUE(three->Read(r.Shards()).ok());
+  ASSERT_TRUE(three->read(r.Shards()).ok());
   EXPECT_TRUE(r.Holds(21));
   std::vector<uint16_t> rows(4 * 48);
   ShardSpec part;
   part.meta = qkv->meta;
   part.box = Box{{70, 0}, {4, 48}};
   part.data = rows.data();
-  ASSERT_TRUE(three->Read({&part, 1}).ok());
+  ASSERT_TRUE(three->read({&part, 1}).ok());
   EXPECT_EQ(std::memcmp(rows.data(), r.bf16.data() + 6 * 48, rows.size() * 2), 0);
-  auto blobs = three->Blobs(0);
+  auto blobs = three->blobs(0);
   ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
   EXPECT_EQ(blobs->at("rng"), "r3");
-  EXPECT_EQ(three->Blobs(1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(three->blobs(1).status().code(), StatusCode::kInvalidArgument);
 
   // Rows never saved, a step never committed, a damaged byte.
   part.box = Box{{0, 0}, {4, 48}};
-  EXPECT_EQ(three->Read({&part, 1}).code(), StatusCode::kCorruption);
+  EXPECT_EQ(three->read({&part, 1}).code(), StatusCode::kCorruption);
   auto missing = PfsStep::Open(job_dir, 5);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
@@ -538,7 +538,7 @@ TEST_F(CheckpointerTest, APfsStepIsReadWithoutAJob) {
       testing::CorruptByte(data_file, b.offset() + 5);
       break;
     }
-  const Status bad = three->Read(r.Shards());
+  const Status bad = three->read(r.Shards());
   EXPECT_EQ(bad.code(), StatusCode::kCorruption);
   EXPECT_NE(bad.message().find(data_file), std::string::npos) << bad.message();
 }

@@ -5,7 +5,7 @@
 //
 //   auto step = cairn::PfsStep::Open("/lustre/ckpt/run7");   // the step LATEST names
 //   for (const auto& t : step->tensors()) ...                 // name, dtype, shape, boxes
-//   CAIRN_RETURN_IF_ERROR(step->Read(targets));               // any boxes of any tensors
+//   CAIRN_RETURN_IF_ERROR(step->read(targets));               // any boxes of any tensors
 //
 // Thread-safety: const methods may be called from several threads at once.
 #pragma once
@@ -50,9 +50,9 @@ class PfsStep {
   // Fills `targets` (host memory; any boxes of saved tensors), verifying every chunk read.
   // NotFound (a tensor not saved), InvalidArgument (dtype or shape differ), Corruption
   // naming the file (checksum mismatch, truncated file).
-  Status Read(std::span<const ShardSpec> targets) const;
+  Status read(std::span<const ShardSpec> targets) const;
   // The blobs `rank` saved with the step, verified.
-  Result<std::map<std::string, std::string>> Blobs(int rank) const;
+  Result<std::map<std::string, std::string>> blobs(int rank) const;
 
  private:
   struct Impl;
