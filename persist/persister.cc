@@ -17,8 +17,8 @@
 #include "core/trusted_path.h"
 #include "persist/commit.h"
 #include "persist/manifest.h"
+#include "persist/slot_layout.h"
 #include "persist/step_index.h"
-#include "tiers/slot_layout.h"
 
 namespace cairn {
 namespace {

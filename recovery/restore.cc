@@ -28,11 +28,11 @@
 #include "layout/save_planner.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
+#include "persist/slot_layout.h"
 #include "persist/step_index.h"
 #include "recovery/restore_agree.h"
 #include "recovery/restore_transfer.h"
 #include "recovery/restore_wire.h"
-#include "tiers/slot_layout.h"
 
 namespace cairn {
 namespace {

@@ -1,4 +1,4 @@
-#include "tiers/slot_layout.h"
+#include "persist/slot_layout.h"
 
 #include <string>
 #include <unordered_map>

@@ -1,4 +1,5 @@
-// The parallel layout (layout/save_planner.h's RankLayout) of the version a host slot holds.
+// The parallel layout (layout/save_planner.h's RankLayout) of the version a host slot holds:
+// what a rank offers to persist and what a memory restore gathers.
 #pragma once
 
 #include "layout/save_planner.h"
