@@ -2,14 +2,17 @@
 // ordered after the stream that produced the tensors (see copy_engine.h).
 //
 // A capture: the copy stream waits for the producer's mark (recorded by save()), then one
-// cudaMemcpyAsync per group of chunks of one tensor (up to kGroupBytes), each followed by
-// an event, then the version's end mark. The capture thread waits for the group events in
-// order; the checksum threads take the chunks in order and checksum each as soon as its
-// group has landed, all of them busy while bytes arrive, so the version is CAPTURED
-// shortly after its last byte. (On an H200, 8 GiB, bench/gpu_parts: checksumming a batch
-// of landed chunks and only then waiting for the next reached half the link, 26.8 of
-// 53.8 GB/s with 8 threads that checksum 58-75 GB/s alone.) Slots are registered (pinned)
-// once, when the host tier maps or grows them, never per save.
+// cudaMemcpyAsync per group of chunks of one tensor, each followed by an event, then the
+// version's end mark. The capture thread waits for the group events in order, and the
+// chunks are checksummed on host threads while later ones are in flight, in one of two
+// ways (CAIRN_CUDA_LANDING, until a GPU run settles it: docs/gpu.md):
+//   batch (default)  one chunk per group; after each wait, every chunk landed by then is
+//                    checksummed, and only then does the next wait begin. On an H200 this
+//                    reached half the link (26.8 of 53.8 GB/s, 8 threads that checksum
+//                    58-75 GB/s alone; bench/gpu_parts).
+//   stream           groups up to kGroupBytes; the checksum threads take each chunk as soon
+//                    as its group has landed, all of them busy while bytes arrive.
+// Slots are registered (pinned) once, when the host tier maps or grows them, never per save.
 //
 // Compiled only when CMake finds the CUDA toolkit; without a usable device every entry
 // point reports Unavailable and cairn uses the host engine.
@@ -124,7 +127,7 @@ class CudaCopyEngine final : public CopyEngine {
       : copy_device_(device),
         stream_landing_(stream_landing),
         batch_max_(static_cast<size_t>(checksum_threads) * 4),
-        pool_(checksum_threads),
+        pool_(stream_landing ? std::make_unique<WorkerPool>(checksum_threads) : nullptr),
         host_(MakeHostCopyEngine(checksum_threads)) {}
 
   ~CudaCopyEngine() override {
@@ -310,7 +313,7 @@ class CudaCopyEngine final : public CopyEngine {
         GroupCopies(chunks, dev, stream_landing_ ? kGroupBytes : 0, group_of);
     while (d->group_events.size() < groups.size()) {
       cudaEvent_t e = nullptr;
-      // Blocking sync: a checksum thread sleeps while its chunk is in flight instead of
+      // Blocking sync: the capture thread sleeps while a group is in flight instead of
       // spinning on a core the training's own host thread may need.
       CAIRN_CUDA_CHECK(
           cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
@@ -338,7 +341,7 @@ class CudaCopyEngine final : public CopyEngine {
                        const std::vector<size_t>& dev, const std::vector<uint32_t>& group_of,
                        uint64_t* checksums) {
     Status st = ChecksumAsTheyLand(
-        pool_, group_of,
+        *pool_, group_of,
         [&](size_t g) -> Status {
           const cudaError_t e = cudaEventSynchronize(d->group_events[g]);
           if (e != cudaSuccess) return CudaFailure("cudaEventSynchronize (capture chunk)", e);
@@ -391,8 +394,10 @@ class CudaCopyEngine final : public CopyEngine {
 
   int copy_device_;  // Copy()'s device: the engine's, or the last OrderAfter's
   const bool stream_landing_;
-  const size_t batch_max_;            // chunks checksummed at once by the batch landing
-  WorkerPool pool_;                   // the device chunks' checksums (streaming landing)
+  const size_t batch_max_;  // chunks checksummed at once by the batch landing
+  // The device chunks' checksums of the streaming landing (the batch landing checksums on
+  // host_'s threads).
+  const std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<CopyEngine> host_;  // host chunks, their checksums
   Mutex mu_;                          // guards states_ (MarkStream runs on another thread)
   std::map<int, std::unique_ptr<DeviceState>> states_ CAIRN_GUARDED_BY(mu_);
