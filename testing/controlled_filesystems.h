@@ -14,29 +14,43 @@
 
 namespace cairn::testing {
 
-// A FileSystem whose renames wait at a gate: holds a capture inside Prepare.
-class GateFileSystem final : public ForwardingFileSystem {
+// Threads that call Pass() wait while the gate is closed.
+class Gate {
  public:
-  explicit GateFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
-  void Close_() {
+  explicit Gate(bool open) : open_(open) {}
+  void Close() {
     std::lock_guard lk(mu_);
     open_ = false;
   }
-  void Open_() {
+  void Open() {
     std::lock_guard lk(mu_);
     open_ = true;
     cv_.notify_all();
   }
-  Status Rename(const std::string& a, const std::string& b) override {
+  void Pass() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return open_; });
-    return base_->Rename(a, b);
   }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool open_ = true;
+  bool open_;
+};
+
+// A FileSystem whose renames wait at a gate: holds a capture inside Prepare.
+class GateFileSystem final : public ForwardingFileSystem {
+ public:
+  explicit GateFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
+  void Close_() { gate_.Close(); }
+  void Open_() { gate_.Open(); }
+  Status Rename(const std::string& a, const std::string& b) override {
+    gate_.Pass();
+    return base_->Rename(a, b);
+  }
+
+ private:
+  Gate gate_{true};
 };
 
 // A filesystem reporting `free` bytes available (what a small tmpfs or quota shows).
@@ -53,24 +67,16 @@ class ShortFileSystem final : public ForwardingFileSystem {
 class StuckFileSystem final : public ForwardingFileSystem {
  public:
   explicit StuckFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
-  void Release() {
-    std::lock_guard lk(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
+  void Release() { gate_.Open(); }
   bool entered() const { return entered_.load(); }
   Status WriteAt(int fd, const void* b, size_t n, uint64_t o) override {
     entered_ = true;
-    std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return released_; });
-    lk.unlock();
+    gate_.Pass();
     return base_->WriteAt(fd, b, n, o);
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool released_ = false;
+  Gate gate_{false};
   std::atomic<bool> entered_{false};
 };
 
