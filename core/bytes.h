@@ -1,5 +1,6 @@
-// ByteWriter / ByteReader: little-endian encoding of the small binary records cairn writes
-// (slot headers, layouts, location tables).
+// ByteWriter / ByteReader: little-endian encoding of the on-disk and in-memory records
+// cairn writes (slot headers, writer index files). Messages between live ranks use the one
+// codec of wire/codec.h instead.
 // Thread-safety: plain values.
 #pragma once
 
@@ -29,11 +30,6 @@ class ByteWriter {
     Put<uint32_t>(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }
-  // u32 status code, then the message (PutString).
-  void PutStatus(const Status& st) {
-    Put<uint32_t>(static_cast<uint32_t>(st.code()));
-    PutString(st.message());
-  }
   std::string& out() { return out_; }
 
  private:
@@ -57,20 +53,6 @@ class ByteReader {
     if (!Get(&n) || n > max || b_.size() - pos_ < n) return Rewind(start);
     s->assign(b_.data() + pos_, n);
     pos_ += n;
-    return true;
-  }
-  // Reads what PutStatus wrote; a code this build does not know reads as kInternal.
-  bool GetStatus(Status* st, size_t max_message) {
-    uint32_t code = 0;
-    std::string msg;
-    const size_t start = pos_;
-    if (!Get(&code) || !GetString(&msg, max_message)) return Rewind(start);
-    if (code == 0) {
-      *st = Status::OK();
-    } else {
-      const bool known = code <= static_cast<uint32_t>(StatusCode::kInternal);
-      *st = Status(known ? static_cast<StatusCode>(code) : StatusCode::kInternal, std::move(msg));
-    }
     return true;
   }
   size_t remaining() const { return b_.size() - pos_; }

@@ -4,13 +4,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/bytes.h"
 #include "core/checksum.h"
+#include "layout/layout_wire.h"
 
 namespace cairn {
 namespace {
-
-constexpr char kTemplateMagic[4] = {'C', 'L', 'T', '1'};
 
 Status Bad(const std::string& what) {
   return Status::Corruption("bad layout template: " + what);
@@ -227,48 +225,42 @@ std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int ra
 }
 
 std::string EncodeTemplate(const LayoutTemplate& t) {
-  ByteWriter w;
-  w.PutBytes(kTemplateMagic, sizeof(kTemplateMagic));
-  w.Put<uint32_t>(t.parts);
-  w.Put<uint32_t>(static_cast<uint32_t>(t.tensors.size()));
+  wire::LayoutTemplate w;
+  w.set_parts(t.parts);
   for (size_t k = 0; k < t.tensors.size(); ++k) {
-    PutTensorMeta(w, t.tensors[k]);
-    w.Put<uint8_t>(static_cast<uint8_t>(t.rules[k].kind));
-    w.Put<uint8_t>(static_cast<uint8_t>(t.rules[k].round));
-    w.Put<uint8_t>(t.rules[k].dim);
+    AddTensor(t.tensors[k], w.mutable_tensors());
+    w.add_rule_kind(static_cast<uint32_t>(t.rules[k].kind));
+    w.add_rule_round(static_cast<uint32_t>(t.rules[k].round));
+    w.add_rule_dim(t.rules[k].dim);
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
 Result<LayoutTemplate> DecodeTemplate(std::string_view bytes) {
-  ByteReader r(bytes);
-  char magic[4];
-  for (char& c : magic)
-    if (!r.Get(&c)) return Bad("truncated magic");
-  if (std::string_view(magic, 4) != std::string_view(kTemplateMagic, 4)) return Bad("wrong magic");
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::LayoutTemplate>(bytes, "layout template"));
   LayoutTemplate t;
-  uint32_t nt = 0;
-  if (!r.Get(&t.parts) || t.parts == 0) return Bad("part count");
-  if (!r.Get(&nt) || nt > r.remaining() / 15) return Bad("tensor count");
-  t.tensors.resize(nt);
+  t.parts = w.parts();
+  if (t.parts == 0) return Bad("part count");
+  CAIRN_RETURN_IF_ERROR(TensorsFromWire(w.mutable_tensors(), &t.tensors, "layout template"));
+  const size_t nt = t.tensors.size();
+  if (static_cast<size_t>(w.rule_kind_size()) != nt ||
+      static_cast<size_t>(w.rule_round_size()) != nt ||
+      static_cast<size_t>(w.rule_dim_size()) != nt)
+    return Bad("not one split rule per tensor");
   t.rules.resize(nt);
   std::unordered_set<std::string_view> names;
   for (size_t k = 0; k < nt; ++k) {
-    TensorMeta& m = t.tensors[k];
-    CAIRN_RETURN_IF_ERROR(GetTensorMeta(r, &m, "layout template"));
-    const size_t nd = m.global_shape.size();
-    if (r.remaining() < 3) return Bad("truncated tensor entry");
-    uint8_t kind = 0, round = 0, dim = 0;
-    r.Get(&kind);
-    r.Get(&round);
-    r.Get(&dim);
-    if (kind > 2 || round > 1 || (kind == 2 && dim >= nd) || (kind != 2 && dim != 0))
+    const TensorMeta& m = t.tensors[k];
+    const int i = static_cast<int>(k);
+    const uint32_t kind = w.rule_kind(i), round = w.rule_round(i), dim = w.rule_dim(i);
+    if (kind > 2 || round > 1 || (kind == 2 && dim >= m.global_shape.size()) ||
+        (kind != 2 && dim != 0))
       return Bad("tensor '" + m.name + "' has a bad split rule");
-    t.rules[k] = {static_cast<SplitRule::Kind>(kind), static_cast<SplitRule::Round>(round), dim};
+    t.rules[k] = {static_cast<SplitRule::Kind>(kind), static_cast<SplitRule::Round>(round),
+                  static_cast<uint8_t>(dim)};
   }
   for (const TensorMeta& m : t.tensors)
     if (!names.insert(m.name).second) return Bad("tensor '" + m.name + "' listed twice");
-  if (r.remaining() != 0) return Bad("trailing bytes");
   return t;
 }
 

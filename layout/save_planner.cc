@@ -6,13 +6,11 @@
 #include <unordered_map>
 
 #include "core/arith.h"
-#include "core/bytes.h"
 #include "core/checksum.h"
+#include "layout/layout_wire.h"
 
 namespace cairn {
 namespace {
-
-constexpr char kLayoutMagic[4] = {'C', 'L', 'Y', '1'};
 
 Status Bad(const std::string& what) {
   return Status::Corruption("bad layout: " + what);
@@ -50,76 +48,31 @@ int SplitDim(const Box& b) {
 
 }  // namespace
 
-void PutTensorMeta(ByteWriter& w, const TensorMeta& t) {
-  w.PutString(t.name);
-  w.Put<uint32_t>(static_cast<uint32_t>(t.dtype));
-  w.Put<uint32_t>(static_cast<uint32_t>(t.global_shape.size()));
-  for (int64_t e : t.global_shape) w.Put<int64_t>(e);
-}
-
-Status GetTensorMeta(ByteReader& r, TensorMeta* t, const char* what) {
-  auto bad = [&](const std::string& why) {
-    return Status::Corruption("bad " + std::string(what) + ": " + why);
-  };
-  uint32_t dt = 0, nd = 0;
-  if (!r.GetString(&t->name, kMaxTensorNameBytes) || !r.Get(&dt) || !r.Get(&nd) ||
-      nd > kMaxTensorRank || r.remaining() < nd * sizeof(int64_t))
-    return bad("truncated tensor entry");
-  CAIRN_RETURN_IF_ERROR(CheckTensorName(t->name));
-  if (dt > 255 || !IsValidDType(static_cast<uint8_t>(dt)))
-    return bad("tensor '" + t->name + "' has an unknown dtype " + std::to_string(dt));
-  t->dtype = static_cast<DType>(dt);
-  t->global_shape.resize(nd);
-  for (int64_t& e : t->global_shape) r.Get(&e);
-  if (!CheckedNumElements(t->global_shape)) return bad("tensor '" + t->name + "' has a bad shape");
-  return Status::OK();
-}
-
 std::string EncodeRankLayout(const RankLayout& layout) {
-  ByteWriter w;
-  w.PutBytes(kLayoutMagic, sizeof(kLayoutMagic));
-  w.Put<uint32_t>(static_cast<uint32_t>(layout.tensors.size()));
-  for (const TensorMeta& t : layout.tensors) PutTensorMeta(w, t);
-  w.Put<uint32_t>(static_cast<uint32_t>(layout.shards.size()));
+  wire::RankLayout w;
+  for (const TensorMeta& t : layout.tensors) AddTensor(t, w.mutable_tensors());
+  w.mutable_shard_tensor()->Reserve(static_cast<int>(layout.shards.size()));
   for (const RankLayout::Entry& s : layout.shards) {
-    w.Put<uint32_t>(s.tensor);
-    for (size_t d = 0; d < s.box.ndim(); ++d) {
-      w.Put<int64_t>(s.box.offsets[d]);
-      w.Put<int64_t>(s.box.lengths[d]);
-    }
+    w.add_shard_tensor(s.tensor);
+    AddBox(s.box, w.mutable_shard_boxes());
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
 Result<RankLayout> DecodeRankLayout(std::string_view bytes) {
-  ByteReader r(bytes);
-  char magic[4];
-  for (char& c : magic)
-    if (!r.Get(&c)) return Bad("truncated magic");
-  if (std::string_view(magic, 4) != std::string_view(kLayoutMagic, 4)) return Bad("wrong magic");
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::RankLayout>(bytes, "layout"));
   RankLayout out;
-  uint32_t nt = 0;
-  if (!r.Get(&nt) || nt > r.remaining() / 12) return Bad("tensor count");
-  out.tensors.resize(nt);
-  for (TensorMeta& t : out.tensors) CAIRN_RETURN_IF_ERROR(GetTensorMeta(r, &t, "layout"));
-  uint32_t ns = 0;
-  if (!r.Get(&ns) || ns > r.remaining() / 4) return Bad("shard count");
-  out.shards.resize(ns);
-  for (RankLayout::Entry& s : out.shards) {
-    if (!r.Get(&s.tensor) || s.tensor >= nt) return Bad("shard names no tensor");
-    const TensorMeta& t = out.tensors[s.tensor];
-    const size_t nd = t.global_shape.size();
-    if (r.remaining() < nd * 2 * sizeof(int64_t)) return Bad("truncated box");
-    s.box.offsets.resize(nd);
-    s.box.lengths.resize(nd);
-    for (size_t d = 0; d < nd; ++d) {
-      r.Get(&s.box.offsets[d]);
-      r.Get(&s.box.lengths[d]);
-    }
-    Status st = CheckBoxInShape(s.box, t.global_shape);
-    if (!st.ok()) return Bad("tensor '" + t.name + "': " + st.message());
+  CAIRN_RETURN_IF_ERROR(TensorsFromWire(w.mutable_tensors(), &out.tensors, "layout"));
+  out.shards.resize(static_cast<size_t>(w.shard_tensor_size()));
+  size_t at = 0;
+  for (size_t k = 0; k < out.shards.size(); ++k) {
+    RankLayout::Entry& s = out.shards[k];
+    s.tensor = w.shard_tensor(static_cast<int>(k));
+    if (s.tensor >= out.tensors.size()) return Bad("shard names no tensor");
+    Status st = BoxFromWire(w.shard_boxes(), &at, out.tensors[s.tensor], &s.box);
+    if (!st.ok()) return Bad(st.message());
   }
-  if (r.remaining() != 0) return Bad("trailing bytes");
+  if (at != static_cast<size_t>(w.shard_boxes_size())) return Bad("box values left over");
   return out;
 }
 

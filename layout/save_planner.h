@@ -28,9 +28,6 @@
 
 namespace cairn {
 
-class ByteReader;
-class ByteWriter;
-
 // A rank's layout: its tensors and, in slot order, the boxes it holds of them.
 struct RankLayout {
   struct Entry {
@@ -42,10 +39,6 @@ struct RankLayout {
 };
 
 std::string EncodeRankLayout(const RankLayout& layout);
-// A tensor's name, dtype and shape as the layout encodings write them; GetTensorMeta
-// checks them (Corruption "bad <what>: ..." saying what is wrong).
-void PutTensorMeta(ByteWriter& w, const TensorMeta& t);
-Status GetTensorMeta(ByteReader& r, TensorMeta* t, const char* what);
 // Corruption saying what is wrong (checked: names, dtypes, boxes inside shapes).
 Result<RankLayout> DecodeRankLayout(std::string_view bytes);
 // The hash the plan cache compares (XXH3 of the encoding).

@@ -1,18 +1,17 @@
 #include "layout/templated_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <queue>
 #include <unordered_map>
 
-#include "core/bytes.h"
 #include "core/checksum.h"
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
-
-constexpr char kTemplated = 'T', kExplicit = 'E';
 
 bool Lists(const std::vector<uint32_t>& sorted, uint32_t v) {
   return std::binary_search(sorted.begin(), sorted.end(), v);
@@ -337,43 +336,44 @@ double TemplatedPlan::max_writer_share() const {
 }
 
 uint64_t TemplatedLayoutHash(uint64_t template_hash, uint32_t index) {
-  ByteWriter w;
-  w.Put<char>(kTemplated);
-  w.Put<uint64_t>(template_hash);
-  w.Put<uint32_t>(index);
-  return Checksum(w.out().data(), w.out().size());
+  // 'T', the template's hash, the part: distinct from any encoded layout's hash input.
+  char key[1 + sizeof template_hash + sizeof index] = {'T'};
+  std::memcpy(key + 1, &template_hash, sizeof template_hash);
+  std::memcpy(key + 1 + sizeof template_hash, &index, sizeof index);
+  return Checksum(key, sizeof key);
 }
 
 std::string EncodeLayoutMessage(const LayoutMessage& m) {
-  ByteWriter w;
+  wire::LayoutMessage w;
   if (m.templated) {
-    w.Put<char>(kTemplated);
-    w.Put<uint64_t>(m.template_hash);
-    w.Put<uint32_t>(m.index);
+    w.mutable_templated()->set_template_hash(m.template_hash);
+    w.mutable_templated()->set_index(m.index);
   } else {
-    w.Put<char>(kExplicit);
-    w.PutBytes(m.layout.data(), m.layout.size());
+    w.set_layout(m.layout);
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
 Result<LayoutMessage> DecodeLayoutMessage(std::string_view bytes) {
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::LayoutMessage>(bytes, "layout message"));
   LayoutMessage m;
-  if (bytes.empty()) return Status::Corruption("bad layout message: empty");
-  if (bytes[0] == kExplicit) {
-    m.layout = std::string(bytes.substr(1));
-    return m;
+  if (w.has_templated()) {
+    m.templated = true;
+    m.template_hash = w.templated().template_hash();
+    m.index = w.templated().index();
+  } else if (w.has_layout()) {
+    m.layout = std::move(*w.mutable_layout());
+  } else {
+    return Status::Corruption("bad layout message: neither a template nor a layout");
   }
-  ByteReader r(bytes.substr(1));
-  if (bytes[0] != kTemplated || !r.Get(&m.template_hash) || !r.Get(&m.index) || r.remaining() != 0)
-    return Status::Corruption("bad layout message: " + std::to_string(bytes.size()) + " bytes");
-  m.templated = true;
   return m;
 }
 
 bool AnyTemplated(const std::vector<std::string>& messages) {
-  for (const std::string& m : messages)
-    if (!m.empty() && m[0] == kTemplated) return true;
+  for (const std::string& m : messages) {
+    auto d = DecodeLayoutMessage(m);
+    if (d.ok() && d->templated) return true;
+  }
   return false;
 }
 

@@ -2,13 +2,11 @@
 
 #include <algorithm>
 
-#include "core/bytes.h"
 #include "core/kill_point.h"
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
-
-constexpr uint32_t kTableMagic = 0x314c5443;  // "CTL1"
 
 Status Bad(const std::string& what) {
   return Status::Corruption("bad location table: " + what);
@@ -17,60 +15,54 @@ Status Bad(const std::string& what) {
 }  // namespace
 
 std::string EncodeLocationTable(const LocationTable& t) {
-  ByteWriter w;
-  w.Put<uint32_t>(kTableMagic);
-  w.PutStatus(t.status);
-  if (!t.status.ok()) return std::move(w.out());
-  w.Put<uint8_t>(t.indexed ? 1 : 0);
+  wire::LocationTable w;
+  wire::ToWire(t.status, w.mutable_status());
+  if (!t.status.ok()) return wire::Encode(w);
   if (t.indexed) {
-    w.Put<uint32_t>(t.index_pieces);
-    w.Put<uint64_t>(t.index_bytes);
-    w.Put<uint64_t>(t.index_checksum);
+    auto* d = w.mutable_index();
+    d->set_pieces(t.index_pieces);
+    d->set_bytes(t.index_bytes);
+    d->set_checksum(t.index_checksum);
   }
-  w.Put<uint32_t>(static_cast<uint32_t>(t.pieces.size()));
   for (const auto& p : t.pieces) {
-    w.Put<uint64_t>(p.offset);
-    w.Put<uint32_t>(static_cast<uint32_t>(p.chunk_checksums.size()));
-    w.PutBytes(p.chunk_checksums.data(), p.chunk_checksums.size() * sizeof(uint64_t));
+    auto* wp = w.add_pieces();
+    wp->set_offset(p.offset);
+    wp->mutable_chunk_checksums()->Add(p.chunk_checksums.begin(), p.chunk_checksums.end());
   }
-  w.Put<uint32_t>(static_cast<uint32_t>(t.blobs.size()));
   for (const auto& b : t.blobs) {
-    w.PutString(b.name);
-    w.Put<uint64_t>(b.offset);
-    w.Put<uint64_t>(b.length);
-    w.Put<uint64_t>(b.checksum);
+    auto* wb = w.add_blobs();
+    wb->set_name(b.name);
+    wb->set_offset(b.offset);
+    wb->set_length(b.length);
+    wb->set_checksum(b.checksum);
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
 Result<LocationTable> DecodeLocationTable(std::string_view bytes) {
-  ByteReader r(bytes);
-  uint32_t magic = 0;
-  if (!r.Get(&magic) || magic != kTableMagic) return Bad("wrong magic");
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::LocationTable>(bytes, "location table"));
   LocationTable t;
-  if (!r.GetStatus(&t.status, 1 << 20)) return Bad("truncated status");
+  t.status = wire::FromWire(w.status());
   if (!t.status.ok()) return t;
-  uint8_t indexed = 0;
-  if (!r.Get(&indexed) || indexed > 1) return Bad("truncated");
-  t.indexed = indexed == 1;
-  if (t.indexed && (!r.Get(&t.index_pieces) || !r.Get(&t.index_bytes) || !r.Get(&t.index_checksum)))
-    return Bad("truncated index digest");
-  uint32_t n = 0;
-  if (!r.Get(&n) || n > r.remaining() / 12) return Bad("piece count");
-  t.pieces.resize(n);
-  for (auto& p : t.pieces) {
-    uint32_t c = 0;
-    if (!r.Get(&p.offset) || !r.Get(&c) || c > r.remaining() / 8) return Bad("truncated piece");
-    p.chunk_checksums.resize(c);
-    for (uint64_t& s : p.chunk_checksums) r.Get(&s);
+  t.indexed = w.has_index();
+  if (t.indexed) {
+    t.index_pieces = w.index().pieces();
+    t.index_bytes = w.index().bytes();
+    t.index_checksum = w.index().checksum();
   }
-  if (!r.Get(&n) || n > r.remaining() / 28) return Bad("blob count");
-  t.blobs.resize(n);
-  for (auto& b : t.blobs)
-    if (!r.GetString(&b.name, 1 << 16) || !r.Get(&b.offset) || !r.Get(&b.length) ||
-        !r.Get(&b.checksum))
-      return Bad("truncated blob");
-  if (r.remaining() != 0) return Bad("trailing bytes");
+  t.pieces.resize(static_cast<size_t>(w.pieces_size()));
+  for (size_t k = 0; k < t.pieces.size(); ++k) {
+    const auto& p = w.pieces(static_cast<int>(k));
+    t.pieces[k].offset = p.offset();
+    t.pieces[k].chunk_checksums.assign(p.chunk_checksums().begin(), p.chunk_checksums().end());
+  }
+  t.blobs.resize(static_cast<size_t>(w.blobs_size()));
+  for (size_t k = 0; k < t.blobs.size(); ++k) {
+    const auto& b = w.blobs(static_cast<int>(k));
+    if (b.name().size() > (1u << 16))
+      return Bad("a blob name of " + std::to_string(b.name().size()) + " bytes");
+    t.blobs[k] = {b.name(), b.offset(), b.length(), b.checksum()};
+  }
   return t;
 }
 

@@ -8,7 +8,6 @@
 #include <map>
 #include <unordered_map>
 
-#include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
@@ -19,6 +18,7 @@
 #include "persist/manifest.h"
 #include "persist/slot_layout.h"
 #include "persist/step_index.h"
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
@@ -30,29 +30,21 @@ struct Offer {
 };
 
 std::string EncodeOffer(const Offer& o) {
-  ByteWriter w;
-  w.Put<uint64_t>(o.newest_mark);
-  w.Put<uint32_t>(static_cast<uint32_t>(o.held.size()));
+  wire::PersistOffer w;
+  w.set_newest_mark(o.newest_mark);
   for (auto [step, hash] : o.held) {
-    w.Put<int64_t>(step);
-    w.Put<uint64_t>(hash);
+    auto* h = w.add_held();
+    h->set_step(step);
+    h->set_layout_hash(hash);
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
 Result<Offer> DecodeOffer(std::string_view b) {
-  ByteReader r(b);
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::PersistOffer>(b, "persist offer"));
   Offer o;
-  uint32_t n = 0;
-  if (!r.Get(&o.newest_mark) || !r.Get(&n) || n > r.remaining() / 16)
-    return Status::Corruption("bad persist offer");
-  for (uint32_t i = 0; i < n; ++i) {
-    int64_t s = 0;
-    uint64_t h = 0;
-    r.Get(&s);
-    r.Get(&h);
-    o.held[s] = h;
-  }
+  o.newest_mark = w.newest_mark();
+  for (const auto& h : w.held()) o.held[h.step()] = h.layout_hash();
   return o;
 }
 
@@ -70,23 +62,21 @@ std::optional<int64_t> ChooseStep(const std::vector<Offer>& offers, int64_t mark
   return std::nullopt;
 }
 
-// Rank 0's verdict on a round: u8 1 when LATEST was left naming the step although the
-// round failed, then the round's status.
+// Rank 0's verdict on a round: its status, and whether LATEST was left naming the step
+// although the round failed.
 std::string EncodeOutcome(const Status& st, bool left_published) {
-  ByteWriter w;
-  w.Put<uint8_t>(left_published ? 1 : 0);
-  w.PutStatus(st);
-  return std::move(w.out());
+  wire::PersistOutcome w;
+  wire::ToWire(st, w.mutable_status());
+  w.set_left_published(left_published);
+  return wire::Encode(w);
 }
 
 Status DecodeOutcome(std::string_view bytes, bool* left_published) {
-  ByteReader r(bytes);
-  uint8_t left = 0;
-  Status st;
-  if (!r.Get(&left) || !r.GetStatus(&st, 1 << 20))
-    return Status::Internal("undecodable persist outcome from rank 0");
-  *left_published = left == 1;
-  return st;
+  auto w = wire::Decode<wire::PersistOutcome>(bytes, "persist outcome");
+  if (!w.ok())
+    return Status::Internal("undecodable persist outcome from rank 0: " + w.status().message());
+  *left_published = w->left_published();
+  return wire::FromWire(w->status());
 }
 
 }  // namespace

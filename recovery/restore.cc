@@ -17,7 +17,6 @@
 #include <unordered_map>
 
 #include "core/box_copy.h"
-#include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/mutex.h"
@@ -231,27 +230,21 @@ Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, ChosenStep& p,
     if (r < static_cast<size_t>(env_.rank) && inv[r].layout_hash == layout_hash_)
       send_layout = false;
   }
-  ByteWriter w;
-  w.PutString(send_layout ? std::string_view(layout_) : std::string_view());
-  const std::string tables = p.choice.from_pfs ? std::string() : EncodeTables(p.pinned);
-  w.PutBytes(tables.data(), tables.size());
-  CAIRN_ASSIGN_OR_RETURN(auto all, GatherChecked(env_.group, pin_st, w.out()));
+  const std::string part = EncodeCatalogPart(send_layout ? std::string_view(layout_) : "",
+                                             p.choice.from_pfs ? nullptr : &p.pinned);
+  CAIRN_ASSIGN_OR_RETURN(auto all, GatherChecked(env_.group, pin_st, part));
   uint32_t saved_world = 0;  // of the job that saved the chosen step (one world: Choose)
   for (const Inventory& i : inv)
     for (const HeldVersion& v : i.held)
       if (v.step == step) saved_world = std::max(saved_world, v.world_size);
   for (size_t r = 0; r < all.size(); ++r) {
-    ByteReader rd(all[r]);
-    std::string l;
-    if (!rd.GetString(&l, all[r].size()))
-      return Status::Corruption(who_ + ": garbled layout from rank " + std::to_string(r));
-    p.layouts.push_back(std::move(l));
+    auto got = DecodeCatalogPart(all[r], static_cast<int>(r));
+    if (!got.ok()) return got.status().WithContext(who_);
+    p.layouts.push_back(std::move(*got->mutable_layout()));
     if (!p.choice.from_pfs)
-      CAIRN_RETURN_IF_ERROR(
-          AddTables(static_cast<int>(r),
-                    std::string_view(all[r]).substr(all[r].size() - rd.remaining()), saved_world,
-                    &p.sources, &p.tensor_ids, &p.piece_ids)
-              .WithContext(who_));
+      CAIRN_RETURN_IF_ERROR(AddTables(static_cast<int>(r), *got->mutable_tables(), saved_world,
+                                      &p.sources, &p.tensor_ids, &p.piece_ids)
+                                .WithContext(who_));
   }
   if (p.choice.from_pfs) {
     p.sources.cat.where = p.step_dir;
@@ -279,19 +272,19 @@ Result<bool> Restorer::FetchManifest(ChosenStep& p) {
     else
       read_st = m.status();
   }
-  ByteWriter bw;
-  bw.PutStatus(read_st);
-  bw.PutBytes(encoded.data(), encoded.size());
-  CAIRN_ASSIGN_OR_RETURN(std::string got, env_.group->Broadcast(0, bw.out()));
-  ByteReader br(got);
-  Status st0;
-  if (!br.GetStatus(&st0, kMaxText)) return Status::Corruption(who_ + ": garbled manifest");
+  wire::ManifestFrame frame;
+  wire::ToWire(read_st, frame.mutable_status());
+  frame.set_manifest(std::move(encoded));
+  CAIRN_ASSIGN_OR_RETURN(std::string got, env_.group->Broadcast(0, wire::Encode(frame)));
+  auto back = wire::Decode<wire::ManifestFrame>(got, "manifest from rank 0");
+  if (!back.ok()) return back.status().WithContext(who_);
+  Status st0 = wire::FromWire(back->status());
   if (!st0.ok()) {
     // An unreadable MANIFEST: skip the step like a corrupt one.
     Skip(p, st0);
     return false;
   }
-  CAIRN_ASSIGN_OR_RETURN(p.manifest, DecodeManifest(got.substr(got.size() - br.remaining())));
+  CAIRN_ASSIGN_OR_RETURN(p.manifest, DecodeManifest(back->manifest()));
   return true;
 }
 
@@ -573,19 +566,6 @@ Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv
   return true;
 }
 
-// Blobs as EncodeBlobs (and ShareBlobsWithNewRanks) lay them out: false when garbled.
-bool DecodeBlobs(std::string_view bytes, Blobs* out) {
-  ByteReader br(bytes);
-  uint32_t n = 0;
-  bool ok = br.Get(&n);
-  for (uint32_t i = 0; ok && i < n; ++i) {
-    std::string k, v;
-    ok = br.GetString(&k, kMaxText) && br.GetString(&v, bytes.size());
-    if (ok) out->emplace(std::move(k), std::move(v));
-  }
-  return ok;
-}
-
 Status Restorer::ExchangeBlobs(ChosenStep& p, Attempt& a, std::string* blob_bytes) {
   Status st;
   const auto& providers = p.sources.blob_providers;
@@ -645,8 +625,8 @@ Status Restorer::Transfer(ChosenStep& p, Attempt& a, RestoreReport& r) {
     st = ReadRankBlobs(env_.pfs_fs, p.step_dir, p.manifest, env_.rank, &b);
     if (st.ok()) r.blobs = std::move(b);
   } else if (st.ok() && !blob_bytes.empty()) {
-    if (!DecodeBlobs(blob_bytes, &r.blobs))
-      st = Status::Corruption(who_ + ": garbled blobs of step " + std::to_string(p.choice.step));
+    st = DecodeBlobs(blob_bytes, &r.blobs)
+             .WithContext(who_ + ": blobs of step " + std::to_string(p.choice.step));
   }
   if (st.ok() && !a.corrupt.ok()) st = a.corrupt;
   return st;
@@ -658,39 +638,31 @@ Status Restorer::ShareBlobsWithNewRanks(const ChosenStep& p, RestoreReport& r) {
   r.blobs_rank = saved_world == 0 || static_cast<size_t>(env_.rank) < saved_world ? env_.rank : -1;
   if (saved_world == 0 || saved_world >= static_cast<size_t>(env_.group->size()))
     return Status::OK();
-  ByteWriter w;
-  if (env_.rank == 0) {
-    w.Put<uint32_t>(static_cast<uint32_t>(r.blobs.size()));
-    for (const auto& [k, v] : r.blobs) {
-      w.PutString(k);
-      w.PutString(v);
-    }
-  }
-  CAIRN_ASSIGN_OR_RETURN(std::string bytes, env_.group->Broadcast(0, w.out()));
+  CAIRN_ASSIGN_OR_RETURN(std::string bytes,
+                         env_.group->Broadcast(0, env_.rank == 0 ? EncodeBlobs(r.blobs) : ""));
   if (r.blobs_rank >= 0) return Status::OK();
   Blobs b;
-  if (!DecodeBlobs(bytes, &b))
-    return Status::Corruption(who_ + ": garbled blobs of rank 0, step " +
-                              std::to_string(p.choice.step));
+  CAIRN_RETURN_IF_ERROR(DecodeBlobs(bytes, &b).WithContext(who_ + ": blobs of rank 0, step " +
+                                                           std::to_string(p.choice.step)));
   r.blobs = std::move(b);
   r.blobs_rank = 0;
   return Status::OK();
 }
 
 Result<bool> Restorer::Outcome(const Status& st, ChosenStep& p, RestoreReport& r) {
-  ByteWriter w;
-  w.PutStatus(st);
-  w.Put<uint64_t>(r.pfs_bytes_read);
-  w.Put<uint64_t>(p.planned_alone ? p.plan.unique_bytes_needed : 0);
-  CAIRN_ASSIGN_OR_RETURN(auto outcomes, env_.group->AllGather(w.out()));
+  wire::RestoreOutcome mine;
+  wire::ToWire(st, mine.mutable_status());
+  mine.set_pfs_bytes_read(r.pfs_bytes_read);
+  mine.set_needed_bytes(p.planned_alone ? p.plan.unique_bytes_needed : 0);
+  CAIRN_ASSIGN_OR_RETURN(auto outcomes, env_.group->AllGather(wire::Encode(mine)));
   Status first_bad, first_corrupt;
   uint64_t job_pfs = 0, job_needed = 0;
   for (size_t k = 0; k < outcomes.size(); ++k) {
-    ByteReader rd(outcomes[k]);
-    Status s;
-    uint64_t n = 0, needed = 0;
-    if (!rd.GetStatus(&s, kMaxText) || !rd.Get(&n) || !rd.Get(&needed))
-      s = Status::Corruption("garbled outcome from rank " + std::to_string(k));
+    auto o = wire::Decode<wire::RestoreOutcome>(outcomes[k],
+                                                "restore outcome from rank " + std::to_string(k));
+    const Status s = o.ok() ? wire::FromWire(o->status()) : o.status();
+    const uint64_t n = o.ok() ? o->pfs_bytes_read() : 0;
+    const uint64_t needed = o.ok() ? o->needed_bytes() : 0;
     job_pfs += n;
     job_needed += needed;
     if (s.code() == StatusCode::kCorruption) {

@@ -1,202 +1,181 @@
 #include "recovery/restore_wire.h"
 
-#include "core/bytes.h"
 #include "layout/layout_template.h"
+#include "layout/layout_wire.h"
 
 namespace cairn::restore_internal {
 
 std::string EncodeInventory(const Inventory& inv) {
-  ByteWriter w;
-  w.Put<uint64_t>(inv.layout_hash);
-  w.Put<uint32_t>(static_cast<uint32_t>(inv.held.size()));
+  wire::Inventory w;
+  w.set_layout_hash(inv.layout_hash);
   for (const HeldVersion& v : inv.held) {
-    w.Put<int32_t>(v.source);
-    w.Put<int64_t>(v.step);
-    w.Put<uint32_t>(v.world_size);
+    w.add_held_source(v.source);
+    w.add_held_step(v.step);
+    w.add_held_world(v.world_size);
   }
-  w.Put<uint32_t>(static_cast<uint32_t>(inv.pfs_steps.size()));
-  for (int64_t s : inv.pfs_steps) w.Put<int64_t>(s);
-  return std::move(w.out());
+  w.mutable_pfs_steps()->Add(inv.pfs_steps.begin(), inv.pfs_steps.end());
+  return wire::Encode(w);
 }
 
 Result<Inventory> DecodeInventory(std::string_view b) {
-  ByteReader r(b);
+  wire::Inventory w;
+  CAIRN_RETURN_IF_ERROR(wire::Decode(b, &w, "inventory"));
+  const int n = w.held_source_size();
+  if (w.held_step_size() != n || w.held_world_size() != n)
+    return Status::Corruption("bad inventory: " + std::to_string(n) + " sources for " +
+                              std::to_string(w.held_step_size()) + " steps");
   Inventory inv;
-  uint32_t n = 0;
-  if (!r.Get(&inv.layout_hash) || !r.Get(&n) || n > r.remaining() / 16)
-    return Status::Corruption("bad inventory");
-  inv.held.resize(n);
-  for (HeldVersion& v : inv.held)
-    if (!r.Get(&v.source) || !r.Get(&v.step) || !r.Get(&v.world_size))
-      return Status::Corruption("bad inventory");
-  if (!r.Get(&n) || n > r.remaining() / 8) return Status::Corruption("bad inventory");
-  inv.pfs_steps.resize(n);
-  for (int64_t& s : inv.pfs_steps)
-    if (!r.Get(&s)) return Status::Corruption("bad inventory");
+  inv.layout_hash = w.layout_hash();
+  inv.held.resize(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k)
+    inv.held[static_cast<size_t>(k)] = {w.held_source(k), w.held_step(k), w.held_world(k)};
+  inv.pfs_steps.assign(w.pfs_steps().begin(), w.pfs_steps().end());
   return inv;
 }
 
 namespace {
-void PutRef(ByteWriter& w, const TemplateRef& r) {
-  w.Put<uint8_t>(r.templated ? 1 : 0);
-  w.Put<uint64_t>(r.hash);
-  w.Put<uint32_t>(r.index);
+void PutRef(const TemplateRef& r, wire::LayoutRef* w) {
+  w->set_templated(r.templated);
+  w->set_hash(r.hash);
+  w->set_index(r.index);
 }
-bool GetRef(ByteReader& rd, TemplateRef* r) {
-  uint8_t t = 0;
-  if (!rd.Get(&t) || t > 1 || !rd.Get(&r->hash) || !rd.Get(&r->index)) return false;
-  r->templated = t == 1;
-  return true;
+TemplateRef GetRef(const wire::LayoutRef& w) {
+  return {w.templated(), w.hash(), w.index()};
 }
 }  // namespace
 
 std::string EncodeLayoutRefs(const LayoutRefs& refs) {
-  ByteWriter w;
-  PutRef(w, refs.target);
-  w.Put<uint32_t>(static_cast<uint32_t>(refs.saved.size()));
+  wire::LayoutRefs w;
+  PutRef(refs.target, w.mutable_target());
   for (const SavedRef& s : refs.saved) {
-    w.Put<int32_t>(s.source);
-    PutRef(w, s.layout);
-    w.Put<uint64_t>(s.chunk_bytes);
-    w.Put<uint64_t>(s.blob_bytes);
+    auto* ws = w.add_saved();
+    ws->set_source(s.source);
+    PutRef(s.layout, ws->mutable_layout());
+    ws->set_chunk_bytes(s.chunk_bytes);
+    ws->set_blob_bytes(s.blob_bytes);
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
 Result<LayoutRefs> DecodeLayoutRefs(std::string_view b) {
-  ByteReader r(b);
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::LayoutRefs>(b, "layout references"));
   LayoutRefs refs;
-  uint32_t n = 0;
-  if (!GetRef(r, &refs.target) || !r.Get(&n) || n > r.remaining() / 33)
-    return Status::Corruption("bad layout references");
-  refs.saved.resize(n);
-  for (SavedRef& s : refs.saved)
-    if (!r.Get(&s.source) || s.source < 0 || !GetRef(r, &s.layout) || !r.Get(&s.chunk_bytes) ||
-        !r.Get(&s.blob_bytes))
-      return Status::Corruption("bad layout references");
-  if (r.remaining() != 0) return Status::Corruption("bad layout references: trailing bytes");
+  refs.target = GetRef(w.target());
+  refs.saved.reserve(static_cast<size_t>(w.saved_size()));
+  for (const auto& s : w.saved()) {
+    if (s.source() < 0)
+      return Status::Corruption("bad layout references: source rank " + std::to_string(s.source()));
+    refs.saved.push_back({s.source(), GetRef(s.layout()), s.chunk_bytes(), s.blob_bytes()});
+  }
   return refs;
 }
 
 std::string EncodeTemplateList(const std::vector<std::string>& encoded) {
-  ByteWriter w;
-  w.Put<uint32_t>(static_cast<uint32_t>(encoded.size()));
-  for (const std::string& e : encoded) w.PutString(e);
-  return std::move(w.out());
+  wire::TemplateList w;
+  for (const std::string& e : encoded) w.add_templates(e);
+  return wire::Encode(w);
 }
 
 Result<std::vector<std::string>> DecodeTemplateList(std::string_view b) {
-  ByteReader r(b);
-  uint32_t n = 0;
-  if (!r.Get(&n) || n > r.remaining() / 4) return Status::Corruption("bad template list");
-  std::vector<std::string> out(n);
-  for (std::string& e : out)
-    if (!r.GetString(&e, b.size())) return Status::Corruption("bad template list");
-  if (r.remaining() != 0) return Status::Corruption("bad template list: trailing bytes");
-  return out;
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::TemplateList>(b, "template list"));
+  return std::vector<std::string>(std::make_move_iterator(w.mutable_templates()->begin()),
+                                  std::make_move_iterator(w.mutable_templates()->end()));
 }
 
-// One rank's (status, payload) message: the payload when the status is OK, that status
-// otherwise, Corruption naming `rank` when the bytes are not such a message.
-Result<std::string_view> DecodeChecked(std::string_view bytes, int rank) {
-  ByteReader rd(bytes);
-  Status st;
-  if (!rd.GetStatus(&st, kMaxText))
-    return Status::Corruption("garbled message from rank " + std::to_string(rank));
-  if (!st.ok()) return st;
-  return bytes.substr(bytes.size() - rd.remaining());
+Result<std::string> DecodeChecked(std::string_view bytes, int rank) {
+  auto w = wire::Decode<wire::Checked>(bytes, "message from rank " + std::to_string(rank));
+  if (!w.ok()) return w.status();
+  if (w->has_status()) {
+    Status st = wire::FromWire(w->status());
+    if (!st.ok()) return st;
+  }
+  return std::move(*w->mutable_payload());
 }
 
-// Allgather of (status, payload): the payloads when every rank is OK, the first failing
-// rank's status otherwise (the same on every rank).
 Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
                                                std::string_view payload) {
-  ByteWriter w;
-  w.PutStatus(mine);
-  w.PutBytes(payload.data(), payload.size());
-  CAIRN_ASSIGN_OR_RETURN(auto all, g->AllGather(w.out()));
+  wire::Checked w;
+  wire::ToWire(mine, w.mutable_status());
+  if (mine.ok()) w.set_payload(std::string(payload));
+  CAIRN_ASSIGN_OR_RETURN(auto all, g->AllGather(wire::Encode(w)));
   std::vector<std::string> out(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
-    CAIRN_ASSIGN_OR_RETURN(std::string_view payload, DecodeChecked(all[r], static_cast<int>(r)));
-    out[r] = payload;
+    CAIRN_ASSIGN_OR_RETURN(out[r], DecodeChecked(all[r], static_cast<int>(r)));
   }
   return out;
 }
 
-// ---- shard tables of memory versions ------------------------------------------------------
-
-void PutBox(ByteWriter& w, const Box& b) {
-  w.Put<uint32_t>(static_cast<uint32_t>(b.ndim()));
-  for (size_t d = 0; d < b.ndim(); ++d) {
-    w.Put<int64_t>(b.offsets[d]);
-    w.Put<int64_t>(b.lengths[d]);
-  }
-}
-
-bool GetBox(ByteReader& r, Box* b) {
-  uint32_t nd = 0;
-  if (!r.Get(&nd) || nd > 64) return false;
-  b->offsets.resize(nd);
-  b->lengths.resize(nd);
-  for (uint32_t d = 0; d < nd; ++d)
-    if (!r.Get(&b->offsets[d]) || !r.Get(&b->lengths[d])) return false;
-  return true;
-}
+// ---- blobs and shard tables of memory versions --------------------------------------------
 
 std::string EncodeBlobs(const SlotHeader& h, const std::byte* data) {
-  ByteWriter w;
-  w.Put<uint32_t>(static_cast<uint32_t>(h.blobs.size()));
+  wire::Blobs w;
   for (const SlotBlob& b : h.blobs) {
-    w.PutString(b.name);
-    w.PutString(std::string_view(reinterpret_cast<const char*>(data + b.offset), b.nbytes));
+    auto* wb = w.add_blobs();
+    wb->set_name(b.name);
+    wb->set_data(reinterpret_cast<const char*>(data + b.offset), b.nbytes);
   }
-  return std::move(w.out());
+  return wire::Encode(w);
 }
 
-// The tables of the versions of the chosen step this rank holds.
-std::string EncodeTables(const std::vector<std::unique_ptr<PinnedVersion>>& pinned) {
-  ByteWriter w;
-  w.Put<uint32_t>(static_cast<uint32_t>(pinned.size()));
-  for (const auto& p : pinned) {
-    const SlotHeader& h = p->header();
-    w.Put<int32_t>(static_cast<int32_t>(h.rank));
-    w.Put<uint64_t>(h.chunk_bytes);
-    w.Put<uint64_t>(EncodeBlobs(h, p->data()).size());
-    w.Put<uint32_t>(static_cast<uint32_t>(h.shards.size()));
+std::string EncodeBlobs(const Blobs& blobs) {
+  wire::Blobs w;
+  for (const auto& [name, data] : blobs) {
+    auto* wb = w.add_blobs();
+    wb->set_name(name);
+    wb->set_data(data);
+  }
+  return wire::Encode(w);
+}
+
+Status DecodeBlobs(std::string_view bytes, Blobs* out) {
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::Blobs>(bytes, "blobs"));
+  for (auto& b : *w.mutable_blobs()) out->emplace(b.name(), std::move(*b.mutable_data()));
+  return Status::OK();
+}
+
+std::string EncodeCatalogPart(std::string_view layout,
+                              const std::vector<std::unique_ptr<PinnedVersion>>* pinned) {
+  wire::CatalogPart w;
+  w.set_layout(std::string(layout));
+  for (size_t k = 0; pinned && k < pinned->size(); ++k) {
+    const PinnedVersion& p = *(*pinned)[k];
+    const SlotHeader& h = p.header();
+    auto* t = w.mutable_tables()->add_tables();
+    t->set_source(static_cast<int32_t>(h.rank));
+    t->set_chunk_bytes(h.chunk_bytes);
+    t->set_blob_bytes(EncodeBlobs(h, p.data()).size());
     for (const SlotShard& s : h.shards) {
-      w.PutString(s.name);
-      w.Put<uint8_t>(static_cast<uint8_t>(s.dtype));
-      w.Put<uint32_t>(static_cast<uint32_t>(s.global_shape.size()));
-      for (int64_t x : s.global_shape) w.Put<int64_t>(x);
-      PutBox(w, s.box);
-      w.Put<uint64_t>(s.nbytes);
+      AddTensor(TensorMeta{s.name, s.dtype, s.global_shape}, t->mutable_tensors());
+      AddBox(s.box, t->mutable_boxes());
+      t->add_nbytes(s.nbytes);
     }
   }
-  return std::move(w.out());
+  return wire::Encode(w);
+}
+
+Result<wire::CatalogPart> DecodeCatalogPart(std::string_view bytes, int rank) {
+  return wire::Decode<wire::CatalogPart>(bytes, "catalog part from rank " + std::to_string(rank));
 }
 
 // Adds rank `holder`'s shard tables to the catalog. The bytes come from a peer: every field
 // is checked (source below `saved_world`, names, dtypes, boxes inside their shapes, byte
 // counts) before it is used, so a garbled table is an error, never a crash or a huge
 // allocation.
-Status AddTables(int holder, std::string_view bytes, uint32_t saved_world, MemoryCatalog* mc,
+Status AddTables(int holder, wire::ShardTables& tables, uint32_t saved_world, MemoryCatalog* mc,
                  std::unordered_map<std::string, uint32_t>* tensor_ids,
                  std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t>* piece_ids) {
-  const auto bad = [&] {
-    return Status::Corruption("garbled shard table from rank " + std::to_string(holder));
+  const auto bad = [&](const std::string& why) {
+    return Status::Corruption("garbled shard table from rank " + std::to_string(holder) + ": " +
+                              why);
   };
-  ByteReader r(bytes);
-  uint32_t n = 0;
-  if (!r.Get(&n)) return bad();
   LoadCatalog& cat = mc->cat;
-  for (uint32_t t = 0; t < n; ++t) {
-    int32_t source = 0;
-    uint64_t chunk = 0, blob_bytes = 0;
-    uint32_t nshards = 0;
-    if (!r.Get(&source) || !r.Get(&chunk) || !r.Get(&blob_bytes) || !r.Get(&nshards) ||
-        source < 0 || static_cast<uint32_t>(source) >= saved_world || source >= (1 << 24) ||
-        chunk == 0 || chunk > kMaxChunkBytes)
-      return bad();
+  for (auto& t : *tables.mutable_tables()) {
+    const int32_t source = t.source();
+    const uint64_t chunk = t.chunk_bytes();
+    if (source < 0 || static_cast<uint32_t>(source) >= saved_world || source >= (1 << 24))
+      return bad("source rank " + std::to_string(source) + " of a job of " +
+                 std::to_string(saved_world));
+    if (chunk == 0 || chunk > kMaxChunkBytes) return bad("chunk size " + std::to_string(chunk));
     if (cat.chunk_bytes == 0) cat.chunk_bytes = chunk;
     if (chunk != cat.chunk_bytes)
       return Status::InvalidArgument("ranks saved step " + std::to_string(cat.step) +
@@ -204,23 +183,23 @@ Status AddTables(int holder, std::string_view bytes, uint32_t saved_world, Memor
                                      " and " + std::to_string(cat.chunk_bytes) + ")");
     if (mc->blob_providers.size() <= static_cast<size_t>(source))
       mc->blob_providers.resize(static_cast<size_t>(source) + 1);
-    mc->blob_providers[static_cast<size_t>(source)].push_back({holder, blob_bytes});
-    for (uint32_t i = 0; i < nshards; ++i) {
-      TensorMeta meta;
-      uint8_t dt = 0;
-      uint32_t nd = 0;
-      if (!r.GetString(&meta.name, kMaxText) || !r.Get(&dt) || !r.Get(&nd) || nd > 64) return bad();
-      meta.dtype = static_cast<DType>(dt);
-      if (DTypeSize(meta.dtype) == 0 || !CheckTensorName(meta.name).ok()) return bad();
-      meta.global_shape.resize(nd);
-      for (int64_t& x : meta.global_shape)
-        if (!r.Get(&x)) return bad();
+    mc->blob_providers[static_cast<size_t>(source)].push_back({holder, t.blob_bytes()});
+    std::vector<TensorMeta> metas;
+    Status st = TensorsFromWire(t.mutable_tensors(), &metas, "shard table");
+    if (!st.ok()) return bad(st.message());
+    if (static_cast<size_t>(t.nbytes_size()) != metas.size())
+      return bad(std::to_string(metas.size()) + " shards for " + std::to_string(t.nbytes_size()) +
+                 " sizes");
+    size_t at = 0;
+    for (size_t k = 0; k < metas.size(); ++k) {
+      TensorMeta& meta = metas[k];
       Box box;
-      uint64_t nbytes = 0;
-      if (!GetBox(r, &box) || !r.Get(&nbytes)) return bad();
-      if (!CheckedNumElements(meta.global_shape) || !CheckBoxInShape(box, meta.global_shape).ok() ||
-          nbytes != static_cast<uint64_t>(box.numel()) * DTypeSize(meta.dtype))
-        return bad();
+      st = BoxFromWire(t.boxes(), &at, meta, &box);
+      if (!st.ok()) return bad(st.message());
+      const uint64_t nbytes = t.nbytes(static_cast<int>(k));
+      if (nbytes != static_cast<uint64_t>(box.numel()) * DTypeSize(meta.dtype))
+        return bad("tensor '" + meta.name + "': " + std::to_string(nbytes) + " bytes for " +
+                   box.ToString());
       auto [it, fresh] = tensor_ids->emplace(meta.name, static_cast<uint32_t>(cat.tensors.size()));
       if (fresh) {
         cat.tensors.push_back(meta);
@@ -268,10 +247,13 @@ Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t
     for (const std::string& t : *list) CAIRN_RETURN_IF_ERROR(DecodeTemplate(t).status());
     return Status::OK();
   }
+  // A rank's catalog part, its shard tables added as the restore adds them.
+  CAIRN_ASSIGN_OR_RETURN(auto part, restore_internal::DecodeCatalogPart(bytes, 1));
   restore_internal::MemoryCatalog mc;
   std::unordered_map<std::string, uint32_t> tensor_ids;
   std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t> piece_ids;
-  return restore_internal::AddTables(1, bytes, saved_world, &mc, &tensor_ids, &piece_ids);
+  return restore_internal::AddTables(1, *part.mutable_tables(), saved_world, &mc, &tensor_ids,
+                                     &piece_ids);
 }
 
 }  // namespace cairn

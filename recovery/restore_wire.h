@@ -1,8 +1,9 @@
-// The messages ranks exchange during a restore (recovery/restore.cc): every rank's
-// inventory (what it holds in memory, and the PFS steps rank 0 sees), the status frame
-// every allgather travels in, and the shard tables of a memory version. Every decoder
-// checks every field of bytes that came from a peer: a garbled message is an error, never
-// a crash or a huge allocation.
+// The messages ranks exchange during a restore (recovery/restore.cc), as the one codec
+// writes them (wire/messages.proto): every rank's inventory (what it holds in memory, and
+// the PFS steps rank 0 sees), the status frame every allgather travels in, the catalog
+// part (target layout and shard tables of memory versions), template references and
+// blobs. Every decoder checks every field of bytes that came from a peer: a garbled
+// message is an error, never a crash or a huge allocation.
 // Thread-safety: plain functions.
 #pragma once
 
@@ -20,12 +21,12 @@
 #include "layout/load_planner.h"
 #include "recovery/restore.h"
 #include "tiers/slot_header.h"
+#include "wire/codec.h"
 
 namespace cairn::restore_internal {
 
 inline constexpr uint64_t kMsgBytes = 64ull << 20;  // largest single transfer message
 inline constexpr uint32_t kBlobSeq = 0xffffffffu;
-inline constexpr size_t kMaxText = 1 << 20;
 
 // Tag sequence of message `k` of a piece's span (pieces < 2^24, messages < 256).
 inline uint32_t Seq(uint32_t piece, uint64_t k) {
@@ -43,15 +44,23 @@ Result<Inventory> DecodeInventory(std::string_view b);
 
 // One rank's (status, payload) message: the payload when the status is OK, that status
 // otherwise, Corruption naming `rank` when the bytes are not such a message.
-Result<std::string_view> DecodeChecked(std::string_view bytes, int rank);
+Result<std::string> DecodeChecked(std::string_view bytes, int rank);
 // Allgather of (status, payload): the payloads when every rank is OK, the first failing
 // rank's status otherwise (the same on every rank).
 Result<std::vector<std::string>> GatherChecked(Group* g, const Status& mine,
                                                std::string_view payload);
 
-// The blobs of a pinned version, and the shard tables of every version a rank pinned.
+// The blobs of a pinned version, or those a rank restored; DecodeBlobs adds them to *out
+// (Corruption when garbled).
 std::string EncodeBlobs(const SlotHeader& h, const std::byte* data);
-std::string EncodeTables(const std::vector<std::unique_ptr<PinnedVersion>>& pinned);
+std::string EncodeBlobs(const Blobs& blobs);
+Status DecodeBlobs(std::string_view bytes, Blobs* out);
+
+// A rank's part of the catalog gather: its target layout (empty when a lower rank sends
+// the same) and the shard tables of every version it pinned (none for a PFS restore).
+std::string EncodeCatalogPart(std::string_view layout,
+                              const std::vector<std::unique_ptr<PinnedVersion>>* pinned);
+Result<wire::CatalogPart> DecodeCatalogPart(std::string_view bytes, int rank);
 
 // A memory restore's first gather when layouts may be templates (layout/memory_plan.h):
 // this rank's target layout as a template reference, and for each saved version of the
@@ -85,11 +94,11 @@ struct MemoryCatalog {
   std::vector<std::vector<std::pair<int, uint64_t>>> blob_providers;  // per source: (rank, size)
 };
 
-// Adds rank `holder`'s shard tables to the catalog. The bytes come from a peer: every field
-// is checked (source below `saved_world`, names, dtypes, boxes inside their shapes, byte
-// counts) before it is used, so a garbled table is an error, never a crash or a huge
-// allocation.
-Status AddTables(int holder, std::string_view bytes, uint32_t saved_world, MemoryCatalog* mc,
+// Adds rank `holder`'s shard tables to the catalog (their names moved out of `tables`). The bytes
+// come from a peer: every field is checked (source below `saved_world`, names, dtypes, boxes inside
+// their shapes, byte counts) before it is used, so a garbled table is an error, never a crash or a
+// huge allocation.
+Status AddTables(int holder, wire::ShardTables& tables, uint32_t saved_world, MemoryCatalog* mc,
                  std::unordered_map<std::string, uint32_t>* tensor_ids,
                  std::map<std::pair<uint32_t, std::vector<int64_t>>, uint32_t>* piece_ids);
 

@@ -17,6 +17,7 @@
 #include "core/trusted_path.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
@@ -84,14 +85,38 @@ TEST(ByteReader, AFailedGetConsumesNothing) {
   EXPECT_EQ(whole.remaining(), left + 1);
   ASSERT_TRUE(whole.GetString(&s, 100));
   EXPECT_EQ(s, "abcdef");
-  ByteWriter sw;
-  sw.Put<uint32_t>(5);
-  sw.PutString("message");
-  const std::string st_bytes = sw.out().substr(0, sw.out().size() - 2);
-  ByteReader sr(st_bytes);
-  Status st;
-  EXPECT_FALSE(sr.GetStatus(&st, 100));
-  EXPECT_EQ(sr.remaining(), st_bytes.size());
+}
+
+// The codec of messages between ranks: a message cut short, with a bit flipped, or of
+// another type is a Corruption naming what was expected, never a half-read message.
+TEST(Wire, AMessageCutShortDamagedOrOfAnotherTypeIsRefused) {
+  wire::PersistOffer offer;
+  offer.set_newest_mark(3);
+  for (int64_t s : {20, 30}) offer.add_held()->set_step(s);
+  const std::string bytes = wire::Encode(offer);
+  auto back = wire::Decode<wire::PersistOffer>(bytes, "offer");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->newest_mark(), 3u);
+  ASSERT_EQ(back->held_size(), 2);
+  EXPECT_EQ(back->held(1).step(), 30);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto cut = wire::Decode<wire::PersistOffer>(bytes.substr(0, n), "offer");
+    EXPECT_EQ(cut.status().code(), StatusCode::kCorruption) << n;
+    std::string flipped = bytes;
+    flipped[n] ^= 1;
+    EXPECT_FALSE(wire::Decode<wire::PersistOffer>(flipped, "offer").ok()) << n;
+  }
+  auto other = wire::Decode<wire::Inventory>(bytes, "inventory from rank 2");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("inventory from rank 2"), std::string::npos)
+      << other.status().ToString();
+  // Statuses travel with their code and message.
+  wire::StatusMessage sm;
+  wire::ToWire(Status::NotFound("no version"), &sm);
+  EXPECT_EQ(wire::FromWire(sm).code(), StatusCode::kNotFound);
+  EXPECT_EQ(wire::FromWire(sm).message(), "no version");
+  sm.set_code(9999);
+  EXPECT_EQ(wire::FromWire(sm).code(), StatusCode::kInternal);
 }
 
 TEST(DType, SizesNamesAndParsing) {

@@ -18,7 +18,6 @@
 
 #include "core/arith.h"
 #include "core/box_copy.h"
-#include "core/bytes.h"
 #include "core/checksum.h"
 #include "core/filesystem.h"
 #include "core/log.h"
@@ -30,6 +29,7 @@
 #include "recovery/restore.h"
 #include "snapshot/copy_engine.h"
 #include "tests/test_util.h"
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
@@ -708,21 +708,22 @@ std::string ShardTable(const std::function<void(int32_t&, uint8_t&, std::vector<
   std::vector<int64_t> shape_and_box = {8, 16, 4, 4, 0, 16};  // shape, then (offset, length)s
   uint64_t nbytes = 4 * 16 * 4;
   if (mutate) mutate(source, dtype, shape_and_box, nbytes);
-  ByteWriter w;
-  w.Put<uint32_t>(1);
-  w.Put<int32_t>(source);
-  w.Put<uint64_t>(1 << 16);
-  w.Put<uint64_t>(10);
-  w.Put<uint32_t>(1);
-  w.PutString("layers.0.w");
-  w.Put<uint8_t>(dtype);
-  w.Put<uint32_t>(2);
-  w.Put<int64_t>(shape_and_box[0]);
-  w.Put<int64_t>(shape_and_box[1]);
-  w.Put<uint32_t>(2);
-  for (size_t i = 2; i < 6; ++i) w.Put<int64_t>(shape_and_box[i]);
-  w.Put<uint64_t>(nbytes);
-  return std::move(w.out());
+  wire::CatalogPart part;
+  auto* t = part.mutable_tables()->add_tables();
+  t->set_source(source);
+  t->set_chunk_bytes(1 << 16);
+  t->set_blob_bytes(10);
+  auto* tensors = t->mutable_tensors();
+  tensors->set_names("layers.0.w");
+  tensors->add_name_bytes(10);
+  tensors->add_dtype(dtype);
+  tensors->add_ndim(2);
+  tensors->add_dims(shape_and_box[0]);
+  tensors->add_dims(shape_and_box[1]);
+  for (size_t i = 2; i < 6; i += 2) t->add_boxes(shape_and_box[i]);  // offsets, then lengths
+  for (size_t i = 3; i < 6; i += 2) t->add_boxes(shape_and_box[i]);
+  t->add_nbytes(nbytes);
+  return wire::Encode(part);
 }
 
 // Shard tables come from peers: a garbled one is refused before anything is sized from it.
@@ -736,6 +737,12 @@ TEST(Recovery, GarbledShardTablesFromPeersAreRefused) {
       {"negative extent", ShardTable([](auto&, auto&, auto& v, auto&) { v[1] = -16; })},
       {"byte count off", ShardTable([](auto&, auto&, auto&, auto& n) { n += 4; })},
       {"truncated", ShardTable().substr(0, 40)},
+      {"one bit flipped",
+       [] {
+         std::string b = ShardTable();
+         b[b.size() / 2] ^= 4;
+         return b;
+       }()},
   };
   for (const auto& [what, bytes] : bad) {
     Status st = DecodeRestoreMessageForFuzzing(1, bytes, 4);

@@ -1,52 +1,37 @@
 #include "transport/ucx_group.h"
 
-#include <cstring>
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
 
-// Every collective message starts with one byte: kData, then the payload, or kAbort, then
-// the error that stopped its sender. A rank that fails (a peer died or timed out, or an
-// abort came in) sends kAbort to every rank still waiting on it in this collective, so
-// the failure reaches every rank in at most log2(n) hops instead of each waiting out its
-// own timeout.
-constexpr char kData = 'D';
-constexpr char kAbort = 'A';
-
-std::string Framed(char kind, std::string_view body) {
-  std::string m(1, kind);
-  m.append(body);
-  return m;
+// Every collective message is a wire::CollectiveFrame: the data (Bruck's blocks, or the one
+// block a broadcast carries), or the error that stopped its sender. A rank that fails (a
+// peer died or timed out, or an abort came in) sends an abort to every rank still waiting
+// on it in this collective, so the failure reaches every rank in at most log2(n) hops
+// instead of each waiting out its own timeout.
+std::string AbortFrame(const Status& why) {
+  wire::CollectiveFrame f;
+  f.set_abort(why.message());
+  return wire::Encode(f);
 }
 
-// Bruck's blocks: `count` contributions, each as a 4-byte length then its bytes.
+// Bruck's blocks: the `count` contributions from index `first` on (mod n).
 std::string PackBlocks(const std::vector<std::string>& all, int first, int count, int n) {
-  std::string out(1, kData);
-  for (int i = 0; i < count; ++i) {
-    const std::string& b = all[static_cast<size_t>((first + i) % n)];
-    const auto len = static_cast<uint32_t>(b.size());
-    out.append(reinterpret_cast<const char*>(&len), sizeof len);
-    out.append(b);
-  }
-  return out;
+  wire::CollectiveFrame f;
+  auto* blocks = f.mutable_data();
+  for (int i = 0; i < count; ++i) blocks->add_block(all[static_cast<size_t>((first + i) % n)]);
+  return wire::Encode(f);
 }
 
-Status UnpackBlocks(std::string_view m, std::vector<std::string>* all, int first, int count, int n,
-                    int from) {
-  size_t off = 1;
-  for (int i = 0; i < count; ++i) {
-    uint32_t len = 0;
-    if (m.size() - off < sizeof len)
-      return Status::Corruption("allgather: a short message from rank " + std::to_string(from));
-    std::memcpy(&len, m.data() + off, sizeof len);
-    off += sizeof len;
-    if (m.size() - off < len)
-      return Status::Corruption("allgather: a short message from rank " + std::to_string(from));
-    (*all)[static_cast<size_t>((first + i) % n)] = std::string(m.substr(off, len));
-    off += len;
-  }
-  if (off != m.size())
-    return Status::Corruption("allgather: a long message from rank " + std::to_string(from));
+Status UnpackBlocks(wire::CollectiveFrame& f, std::vector<std::string>* all, int first, int count,
+                    int n, int from) {
+  if (f.data().block_size() != count)
+    return Status::Corruption("allgather: " + std::to_string(f.data().block_size()) +
+                              " contributions from rank " + std::to_string(from) + ", expected " +
+                              std::to_string(count));
+  for (int i = 0; i < count; ++i)
+    (*all)[static_cast<size_t>((first + i) % n)] = std::move(*f.mutable_data()->mutable_block(i));
   return Status::OK();
 }
 
@@ -56,21 +41,24 @@ Status UcxGroup::Barrier() {
   return AllGather({}).status();
 }
 
-Status UcxGroup::ReceiveRound(int from, uint64_t tag, std::string* out) {
+Status UcxGroup::ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out,
+                              std::string* raw) {
   auto got = comm_->Recv(from, tag, comm_->op_timeout_s());
   if (!got.ok()) return got.status();
-  if (got->empty() || ((*got)[0] != kData && (*got)[0] != kAbort))
-    return Status::Corruption("collective: a malformed message from rank " + std::to_string(from));
-  if ((*got)[0] == kAbort)
-    return Status::Unavailable(got->substr(1) + " (an abort relayed by rank " +
-                               std::to_string(from) + ")");
-  *out = std::move(*got);
+  Status st = wire::Decode(*got, out, "collective message from rank " + std::to_string(from));
+  if (!st.ok()) return st;
+  if (raw) *raw = std::move(*got);
+  if (out->has_abort())
+    return Status::Unavailable(out->abort() + " (an abort relayed by rank " + std::to_string(from) +
+                               ")");
+  if (!out->has_data())
+    return Status::Corruption("collective: an empty message from rank " + std::to_string(from));
   return Status::OK();
 }
 
 void UcxGroup::Abort(const std::vector<int>& waiting, Channel channel, uint32_t seq,
                      const Status& why) {
-  const std::string m = Framed(kAbort, why.message());
+  const std::string m = AbortFrame(why);
   std::vector<UcxComm::PendingSend> sends;
   for (int to : waiting)
     sends.push_back(comm_->StartSend(to, MakeTag(channel, rank(), seq), m.data(), m.size()));
@@ -96,7 +84,7 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
     const int to = targets[round], from = (me + d) % n;
     const std::string out = PackBlocks(all, me, c, n);
     auto send = comm_->StartSend(to, MakeTag(collective_, me, seq), out.data(), out.size());
-    std::string in;
+    wire::CollectiveFrame in;
     failed = ReceiveRound(from, MakeTag(collective_, from, seq), &in);
     if (failed.ok()) failed = UnpackBlocks(in, &all, from, c, n, from);
     Status st = comm_->FinishSend(send);
@@ -124,10 +112,18 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
   while (high <= v) high *= 2;
   std::vector<int> children;
   for (int k = high; v + k < n; k *= 2) children.push_back((v + k + root) % n);
-  std::string message = Framed(kData, data);
-  if (v != 0) {
+  // The root frames the data once; every other rank forwards the bytes it received.
+  wire::CollectiveFrame frame;
+  std::string message;
+  if (v == 0) {
+    frame.mutable_data()->add_block(std::string(data));
+    message = wire::Encode(frame);
+  } else {
     const int parent = (v - high / 2 + root) % n;
-    Status st = ReceiveRound(parent, MakeTag(broadcast_, parent, seq), &message);
+    Status st = ReceiveRound(parent, MakeTag(broadcast_, parent, seq), &frame, &message);
+    if (st.ok() && frame.data().block_size() != 1)
+      st = Status::Corruption("broadcast: " + std::to_string(frame.data().block_size()) +
+                              " blocks from rank " + std::to_string(parent));
     if (!st.ok()) {
       Abort(children, broadcast_, seq, st);
       return st.WithContext("broadcast #" + std::to_string(seq));
@@ -143,7 +139,7 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
     if (first.ok()) first = st;
   }
   if (!first.ok()) return first.WithContext("broadcast #" + std::to_string(seq));
-  return message.substr(1);
+  return std::move(*frame.mutable_data()->mutable_block(0));
 }
 
 }  // namespace cairn

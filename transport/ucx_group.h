@@ -18,6 +18,9 @@
 #include "transport/ucx_comm.h"
 
 namespace cairn {
+namespace wire {
+class CollectiveFrame;
+}
 
 class UcxGroup final : public Group {
  public:
@@ -34,7 +37,10 @@ class UcxGroup final : public Group {
  private:
   // Receives one round's message from `from`: its framed bytes, or the relayed abort as
   // an error.
-  Status ReceiveRound(int from, uint64_t tag, std::string* out);
+  // The frame from `from`, decoded into *out (its bytes left in *raw when raw is not null);
+  // an abort it carries, or a frame that is none, as an error.
+  Status ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out,
+                      std::string* raw = nullptr);
   // Tells the ranks in `waiting` that this collective failed here (best effort).
   void Abort(const std::vector<int>& waiting, Channel channel, uint32_t seq, const Status& why);
 
