@@ -1,7 +1,7 @@
 // libFuzzer target: what ranks send each other during a restore (recovery/restore.cc) and a
 // persist round (persist/persister.cc). The first byte picks the message (mod 7):
-//   0  a rank's restore inventory            1  its shard tables (the second byte is the
-//   2  a status-framed restore message          saved job's world size)
+//   0  a rank's restore inventory            1  its catalog part with shard tables (the
+//   2  a status-framed restore message          second byte is the saved job's world size)
 //   3  a persist round's offer               4  rank 0's outcome of a persist round
 //   5  a memory restore's layout references  6  its list of templates
 // Must decode or fail cleanly: no crash, no huge allocation.

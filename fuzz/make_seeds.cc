@@ -9,6 +9,7 @@
 #include "cairn/checkpointer.h"
 #include "core/checksum.h"
 #include "core/filesystem.h"
+#include "layout/layout_wire.h"
 #include "layout/save_planner.h"
 #include "layout/templated_plan.h"
 #include "persist/commit.h"
@@ -16,6 +17,7 @@
 #include "persist/step_index.h"
 #include "recovery/restore_wire.h"
 #include "tiers/slot_header.h"
+#include "wire/codec.h"
 
 using namespace cairn;
 
@@ -119,8 +121,8 @@ int main(int argc, char** argv) {
   addr += ucx;
   Put(out, "fuzz_wire", 2, std::string(1, '\2') + addr);
 
-  // Format 2: a 3-rank fully sharded step (template "CLT1", index file "CIX1", layout
-  // message), and its MANIFEST for fuzz_manifest.
+  // Format 2: a 3-rank fully sharded step (template, index file "CIX1", layout message), and its
+  // MANIFEST for fuzz_manifest.
   LayoutTemplate lt;
   lt.tensors = {
       {"embed.weight", DType::kBF16, {64, 32}}, {"b", DType::kF32, {7}}, {"step", DType::kI64, {}}};
@@ -172,58 +174,47 @@ int main(int argc, char** argv) {
   Put(out, "fuzz_flat_range", 1, flat({3, 4, 5}, 7, 53));
   Put(out, "fuzz_flat_range", 2, flat({}, 0, 1));
   Put(out, "fuzz_flat_range", 3, flat({6, 7}, 0, 42));
-  // Restore messages: an inventory (mode byte 0) and shard tables of a 4-rank job (1, 4).
-  std::string inv;
-  Append<uint64_t>(&inv, 0xabcdef);
-  Append<uint32_t>(&inv, 2);  // held versions: source, step, world size
-  for (int32_t src : {0, 2}) {
-    Append<int32_t>(&inv, src);
-    Append<int64_t>(&inv, 7);
-    Append<uint32_t>(&inv, 4);
-  }
-  Append<uint32_t>(&inv, 1);  // PFS steps
-  Append<int64_t>(&inv, 5);
-  Put(out, "fuzz_restore", 0, std::string("\0\4", 2) + inv);
-  std::string tab;
-  Append<uint32_t>(&tab, 1);        // one held version
-  Append<int32_t>(&tab, 2);         // of rank 2
-  Append<uint64_t>(&tab, 1 << 16);  // chunk bytes
-  Append<uint64_t>(&tab, 10);       // blob bytes
-  Append<uint32_t>(&tab, 1);        // one shard
-  const std::string name = "layers.0.w";
-  Append<uint32_t>(&tab, static_cast<uint32_t>(name.size()));
-  tab += name;
-  Append<uint8_t>(&tab, static_cast<uint8_t>(DType::kF32));
-  Append<uint32_t>(&tab, 2);  // shape [8, 16]
-  Append<int64_t>(&tab, 8);
-  Append<int64_t>(&tab, 16);
-  Append<uint32_t>(&tab, 2);  // box [4:8, 0:16]
-  for (int64_t x : {4, 4, 0, 16}) Append<int64_t>(&tab, x);
-  Append<uint64_t>(&tab, 4 * 16 * 4);
-  Put(out, "fuzz_restore", 1, std::string("\1\4", 2) + tab);
-  // The frame every restore message travels in: status (OK: code 0, empty text), then an
-  // inventory; and a frame carrying a failure.
-  std::string framed;
-  Append<uint32_t>(&framed, 0);
-  Append<uint32_t>(&framed, 0);
-  Put(out, "fuzz_restore", 2, std::string("\2\4", 2) + framed + inv);
-  const std::string why = "rank 3: no version";
-  std::string failed;
-  Append<uint32_t>(&failed, static_cast<uint32_t>(StatusCode::kNotFound));
-  Append<uint32_t>(&failed, static_cast<uint32_t>(why.size()));
-  failed += why;
-  Put(out, "fuzz_restore", 3, std::string("\2\4", 2) + failed);
+  // Restore messages: an inventory (mode byte 0) and a catalog part with the shard table
+  // of a 4-rank job (1, 4).
+  restore_internal::Inventory inv;
+  inv.layout_hash = 0xabcdef;
+  inv.held = {{0, 7, 4}, {2, 7, 4}};  // source, step, world size
+  inv.pfs_steps = {5};
+  const std::string inv_bytes = restore_internal::EncodeInventory(inv);
+  Put(out, "fuzz_restore", 0, std::string("\0\4", 2) + inv_bytes);
+  wire::CatalogPart part;
+  auto* table = part.mutable_tables()->add_tables();
+  table->set_source(2);
+  table->set_chunk_bytes(1 << 16);
+  table->set_blob_bytes(10);
+  AddTensor(TensorMeta{"layers.0.w", DType::kF32, {8, 16}}, table->mutable_tensors());
+  for (int64_t x : {4, 0, 4, 16}) table->add_boxes(x);  // box [4:8, 0:16]: offsets, lengths
+  table->add_nbytes(4 * 16 * 4);
+  Put(out, "fuzz_restore", 1, std::string("\1\4", 2) + wire::Encode(part));
+  // The frame every restore message travels in: an OK status, then an inventory; and a
+  // frame carrying a failure.
+  wire::Checked framed;
+  wire::ToWire(Status::OK(), framed.mutable_status());
+  framed.set_payload(inv_bytes);
+  Put(out, "fuzz_restore", 2, std::string("\2\4", 2) + wire::Encode(framed));
+  const Status why = Status::NotFound("rank 3: no version");
+  wire::Checked failed;
+  wire::ToWire(why, failed.mutable_status());
+  Put(out, "fuzz_restore", 3, std::string("\2\4", 2) + wire::Encode(failed));
   // A persist round's offer: newest mark, then (step, layout hash) pairs.
-  std::string offer;
-  Append<uint64_t>(&offer, 3);
-  Append<uint32_t>(&offer, 2);
+  wire::PersistOffer offer;
+  offer.set_newest_mark(3);
   for (int64_t st : {20, 30}) {
-    Append<int64_t>(&offer, st);
-    Append<uint64_t>(&offer, 0x1234u + static_cast<uint64_t>(st));
+    auto* held = offer.add_held();
+    held->set_step(st);
+    held->set_layout_hash(0x1234u + static_cast<uint64_t>(st));
   }
-  Put(out, "fuzz_restore", 4, std::string("\3\0", 2) + offer);
-  // Rank 0's outcome of a round: "left published" byte, then a status.
-  Put(out, "fuzz_restore", 5, std::string("\4\0\1", 3) + failed);
+  Put(out, "fuzz_restore", 4, std::string("\3\0", 2) + wire::Encode(offer));
+  // Rank 0's outcome of a round: a failure that left LATEST published.
+  wire::PersistOutcome outcome;
+  wire::ToWire(why, outcome.mutable_status());
+  outcome.set_left_published(true);
+  Put(out, "fuzz_restore", 5, std::string("\4\0", 2) + wire::Encode(outcome));
   // A memory restore's layout references (target template 3 of a rank, the saved layouts of
   // ranks 3 and 7 it first holds) and a list of one template.
   restore_internal::LayoutRefs refs;

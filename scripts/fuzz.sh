@@ -18,7 +18,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
     "${missing[@]}" >/dev/null
 fi
+# FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION (libFuzzer's convention): wire/codec.cc skips its
+# checksum, so that mutations reach the protobuf parser and the checks behind it.
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+flags+=" -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
   -DCAIRN_BUILD_FUZZ=ON -DCAIRN_BUILD_TESTS=OFF -DCAIRN_BUILD_BENCH=OFF -DCAIRN_WITH_PYTHON=OFF \
   -DCAIRN_WITH_CUDA=OFF -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \

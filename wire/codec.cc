@@ -38,6 +38,8 @@ Status Decode(std::string_view bytes, google::protobuf::MessageLite* m, uint64_t
   if (sum != (Checksum(body.data(), body.size()) ^ seed))
     return bad("checksum mismatch (" + std::to_string(bytes.size()) +
                " bytes: cut short, damaged, or another kind of message)");
+#else
+  (void)seed;
 #endif
   if (body.size() > static_cast<size_t>(INT32_MAX) ||
       !m->ParseFromArray(body.data(), static_cast<int>(body.size())))
