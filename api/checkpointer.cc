@@ -230,7 +230,7 @@ Stats Checkpointer::Impl::GetStats() const {
   s.persist.gbps = p.write_seconds > 0 ? static_cast<double>(p.bytes) / p.write_seconds / 1e9 : 0;
   s.persist.round_ms = p.last_round_ms;
   s.persist.max_writer_share = p.max_writer_share;
-  s.persist.templated_plan = p.templated_plan;
+  s.persist.plan = p.plan;
   s.persist.newest_persisted_step = p.newest_persisted_step;
   s.persist.last_error = p.last_error;
   return s;

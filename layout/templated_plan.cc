@@ -396,6 +396,12 @@ const SavePlan& PersistPlan::Full() {
   return *full;
 }
 
+std::string PersistPlan::Path() const {
+  if (templated) return "templated: every rank's layout is a layout template";
+  return "general: " +
+         (why_general.empty() ? std::string("no rank's layout is a layout template") : why_general);
+}
+
 double PersistPlan::max_writer_share() const {
   return templated ? templated->max_writer_share() : full->max_writer_share();
 }

@@ -110,6 +110,8 @@ struct PersistPlan {
   std::optional<SavePlan> full;  // the general plan; for a templated one, Expand()'s
   std::vector<uint64_t> layout_hashes;
   std::string why_general;  // when some rank was templated but the general plan was used
+  // Which planner made this plan and why: "templated: ..." or "general: ...".
+  std::string Path() const;
 
   std::vector<WritePiece> PiecesOf(int rank) const;
   // The general form (expanded and kept on first use when templated).

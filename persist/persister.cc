@@ -368,7 +368,7 @@ Status Persister::Replan(const std::vector<uint64_t>& hashes, const HeldLayout& 
   MutexLock lk(mu_);
   ++stats_.plans;
   stats_.max_writer_share = plan_->max_writer_share();
-  stats_.templated_plan = plan_->templated.has_value();
+  stats_.plan = plan_->Path();
   return Status::OK();
 }
 

@@ -66,7 +66,7 @@ struct PersisterStats {
   double write_seconds = 0;     // time this rank spent writing and fsyncing them
   double last_round_ms = 0;     // duration of the last committed round
   double max_writer_share = 0;  // of the last plan
-  bool templated_plan = false;  // the last plan came from layout templates
+  std::string plan;             // which planner made the last plan, and why (PersistPlan::Path)
   int64_t newest_persisted_step = -1;
   std::string last_error;  // of the last failed round
 };

@@ -469,7 +469,7 @@ void BindReports(py::module_& m) {
       .def_readonly("pfs_bytes_read", &RestoreReport::pfs_bytes_read)
       .def_readonly("job_pfs_bytes_read", &RestoreReport::job_pfs_bytes_read)
       .def_readonly("job_unique_bytes_needed", &RestoreReport::job_unique_bytes_needed)
-      .def_readonly("templated_plan", &RestoreReport::templated_plan);
+      .def_readonly("plan", &RestoreReport::plan);
 
   py::class_<VersionInfo>(m, "VersionInfo")
       .def_readonly("step", &VersionInfo::step)

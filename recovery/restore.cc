@@ -79,6 +79,7 @@ struct ChosenStep {
   // (p.manifest then holds only those pieces), or a memory step from layout templates
   // (p.sources.cat then holds only the pieces it needs or sends).
   bool planned_alone = false;
+  std::string plan_path;    // RestoreReport::plan
   uint64_t job_needed = 0;  // planned_alone: the bytes every rank's targets needed, summed
 };
 
@@ -290,6 +291,7 @@ Result<bool> Restorer::FetchManifest(ChosenStep& p) {
 
 Result<bool> Restorer::PlanFromIndex(ChosenStep& p) {
   p.planned_alone = true;
+  p.plan_path = "templated: the step was saved from layout templates (MANIFEST format 2)";
   const pb::Manifest saved = std::move(p.manifest);
   std::vector<std::pair<std::string, Box>> want;
   for (const ShardSpec& t : targets_) want.push_back({t.meta.name, t.box});
@@ -540,6 +542,7 @@ Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv
   CAIRN_ASSIGN_OR_RETURN(bool templated, GatherTemplates(inv, p, pin_st, &ts));
   if (!templated) return false;
   p.planned_alone = true;
+  p.plan_path = "templated: every target and saved layout is a layout template";
   const int64_t plan_t0 = NowNanos();
   Status st = [&]() -> Status {
     CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, PlanMemoryAlone(ts, env_.rank));
@@ -714,7 +717,7 @@ void Restorer::Describe(const ChosenStep& p, RestoreReport& r) const {
     }
   }
   r.job_unique_bytes_needed = p.planned_alone ? p.job_needed : p.plan.unique_bytes_needed;
-  r.templated_plan = p.planned_alone;
+  r.plan = p.plan_path;
   r.seconds = NanosToSeconds(NowNanos() - t0_);
 }
 
@@ -738,6 +741,10 @@ Result<RestoreReport> Restorer::Run() {
         CAIRN_ASSIGN_OR_RETURN(alone, PlanMemoryFromTemplates(inv, p, pin_st));
       }
       if (!alone) {
+        p.plan_path = p.choice.from_pfs ? "general: the step was saved with the general plan"
+                      : env_.templates
+                          ? "general: some target or saved layout is no layout template"
+                          : "general: layout templates are off";
         CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p, pin_st));
         if (!usable) continue;
         CAIRN_RETURN_IF_ERROR(Plan(p));

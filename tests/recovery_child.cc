@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         std::printf("committed %lld plan %s\n", static_cast<long long>(*r),
-                    c.stats().persist.templated_plan ? "templated" : "general");
+                    c.stats().persist.plan.starts_with("templated") ? "templated" : "general");
         return *r == last ? 0 : 1;
       }
     }
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(r->bytes_received),
         static_cast<unsigned long long>(r->job_pfs_bytes_read),
         static_cast<unsigned long long>(r->job_unique_bytes_needed), r->resharded ? 1 : 0,
-        r->skipped.size(), r->templated_plan ? "alone" : "job", r->blobs_rank);
+        r->skipped.size(), r->plan.starts_with("templated") ? "alone" : "job", r->blobs_rank);
     std::fflush(stdout);
     return r->step >= arg ? 0 : 1;
   }

@@ -428,10 +428,10 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
       resharded += res.report->resharded;
       with_peers += res.report->bytes_received > 0;
       if (on_pfs && expect_step == 2) {
-        EXPECT_FALSE(res.report->templated_plan);  // format 1: planned job-wide
+        EXPECT_TRUE(res.report->plan.starts_with("general")) << res.report->plan;  // format 1
       }
       // Every rank plans alike: alone, or all from the job-wide catalog.
-      EXPECT_EQ(res.report->templated_plan, results[0].report->templated_plan);
+      EXPECT_EQ(res.report->plan, results[0].report->plan);
       if (on_pfs && expect_step == 2) {
         ASSERT_EQ(res.report->tier, "pfs");
         // Every byte some target needs read once by the job, in whole checksum chunks.
@@ -440,7 +440,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
                   res.report->job_unique_bytes_needed + 2 * chunk * 64 * tensors.size());
       }
     }
-    if (!on_pfs && results[0].report->templated_plan) {
+    if (!on_pfs && results[0].report->plan.starts_with("templated")) {
       ++alone;
       alone_with_peers += with_peers > with_peers_before;
     }

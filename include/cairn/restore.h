@@ -44,12 +44,13 @@ struct RestoreReport {
   uint64_t bytes_received = 0;       // received from other ranks
   uint64_t pfs_bytes_read = 0;       // read from the PFS by this rank
   uint64_t job_pfs_bytes_read = 0;   // by the whole job
-  // Saved bytes some target of the job needs (when ranks planned alone, templated_plan:
-  // the sum of what each rank's targets need, so bytes two ranks need count twice).
+  // Saved bytes some target of the job needs (when ranks planned alone, a "templated"
+  // plan: the sum of what each rank's targets need, so bytes two ranks need count twice).
   uint64_t job_unique_bytes_needed = 0;
-  // Every rank planned its own part from layout templates (fully sharded jobs): nobody
-  // gathered the job's target layouts or saved boxes.
-  bool templated_plan = false;
+  // How the restore was planned, and why: "templated: ..." (every rank planned its own part
+  // from layout templates, as in fully sharded jobs: nobody gathered the job's target
+  // layouts or saved boxes) or "general: <why>" (gathered and planned job-wide).
+  std::string plan;
 };
 
 }  // namespace cairn

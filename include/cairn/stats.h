@@ -67,9 +67,10 @@ struct PersistStats {
   double gbps = 0;              // bytes / time this rank spent writing them
   double round_ms = 0;          // duration of the last committed round
   double max_writer_share = 0;  // busiest writer's bytes over the mean, last plan
-  // The last plan came from layout templates (fully sharded jobs: no rank gathered or
-  // planned the job's every box; docs/performance.md), not the general planner.
-  bool templated_plan = false;
+  // Which save planner made the last plan, and why: "templated: ..." (every rank's layout
+  // is a layout template, as in fully sharded jobs: no rank gathered or planned the job's
+  // every box; docs/performance.md) or "general: <why>" (gathered and planned job-wide).
+  std::string plan;
   int64_t newest_persisted_step = -1;
   std::string last_error;  // of the last failed round ("" if none)
 };
