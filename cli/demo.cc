@@ -24,6 +24,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "cairn/checkpointer.h"
@@ -115,6 +116,91 @@ __attribute__((format(printf, 1, 2))) void Say(const char* fmt, ...) {
 //   job-check <ranks that failed, or "none">
 //   flushed <step>
 
+namespace {
+
+// What one demo worker holds while it runs.
+struct DemoWorker {
+  Checkpointer& c;
+  ShardedModel& model;
+  std::vector<ShardSpec> shards;
+  Group* group;
+  int rank;
+
+  Blobs BlobsOf(int64_t t) const {
+    return Blobs{{"trainer", "step=" + std::to_string(t) + " rank=" + std::to_string(rank) +
+                                 " tokens_seen=" + std::to_string(t * 4096 * 1024)}};
+  }
+};
+
+// Restores, checks this rank's values and the blob, and learns whether every rank restored
+// exact values: the restored step, or the process's exit code (1: failed, 3: wrong values).
+std::variant<int64_t, int> RestoreAndCheck(DemoWorker& w) {
+  auto r = w.c.restore(w.shards);
+  if (!r.ok()) {
+    std::fprintf(stderr, "demo worker: restore failed: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  Say("restored %lld tier %s ms %.3f bytes %llu received %llu pfs %llu needed %llu resharded %d",
+      static_cast<long long>(r->step), r->tier.c_str(), r->seconds * 1e3,
+      static_cast<unsigned long long>(r->bytes), static_cast<unsigned long long>(r->bytes_received),
+      static_cast<unsigned long long>(r->job_pfs_bytes_read),
+      static_cast<unsigned long long>(r->job_unique_bytes_needed), r->resharded ? 1 : 0);
+  for (const std::string& s : r->skipped) Say("skipped %s", s.c_str());
+  // The saving rank of the same number wrote the blob: its step must be the restored one.
+  const std::string want_blob = "step=" + std::to_string(r->step) + " rank=";
+  std::string bad = r->blobs["trainer"].rfind(want_blob, 0) == 0
+                        ? w.model.Check(r->step)
+                        : "blob 'trainer' is '" + r->blobs["trainer"] + "'";
+  if (bad.empty())
+    Say("check ok");
+  else
+    Say("check FAILED %s", bad.c_str());
+  // Every rank learns whether every other one restored exact values.
+  auto all = w.group->AllGather(bad.empty() ? "ok" : "bad");
+  std::string failed;
+  if (!all.ok()) {
+    failed = "unknown (" + all.status().ToString() + ")";
+  } else {
+    for (size_t q = 0; q < all->size(); ++q)
+      if ((*all)[q] != "ok") failed += (failed.empty() ? "" : ",") + std::to_string(q);
+  }
+  Say("job-check %s", failed.empty() ? "none" : failed.c_str());
+  if (!failed.empty()) return 3;
+  return r->step;
+}
+
+// Steps first..last: backward, fence, optimizer, save; a line of figures per step.
+Status Train(DemoWorker& w, int64_t first, int64_t last) {
+  for (int64_t t = first; t <= last; ++t) {
+    const int64_t i0 = NowNanos();
+    const double loss = w.model.Backward(t);  // forward + backward: read the parameters only
+    const int64_t f0 = NowNanos();
+    Status fs = w.c.fence();  // the optimizer is about to write
+    const int64_t f1 = NowNanos();
+    if (!fs.ok()) std::fprintf(stderr, "demo worker: %s\n", fs.ToString().c_str());
+    w.model.OptimizerStep();
+    CAIRN_RETURN_IF_ERROR(w.model.GatherParameters(w.group));
+    const int64_t s0 = NowNanos();
+    auto out = w.c.save(t, w.shards, w.BlobsOf(t));
+    const int64_t s1 = NowNanos();
+    if (!out.ok()) return out.status();
+    const Stats s = w.c.stats();
+    Say("step %lld loss %.6g iter_ms %.3f stall_ms %.4f fence_ms %.4f copied %llu replicated %llu "
+        "repl_step %lld "
+        "persisted %llu pers_step %lld",
+        static_cast<long long>(t), loss, NanosToSeconds(s1 - i0) * 1e3,
+        NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3, NanosToSeconds(f1 - f0) * 1e3,
+        static_cast<unsigned long long>(s.capture.bytes_copied),
+        static_cast<unsigned long long>(s.replication.bytes),
+        static_cast<long long>(s.replication.newest_replicated_step),
+        static_cast<unsigned long long>(s.persist.bytes),
+        static_cast<long long>(s.persist.newest_persisted_step));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 int DemoWorkerMain(int argc, char** argv) {
   DemoArgs a;
   CLI::App app("One rank of the jobs `cairn demo` starts (internal).", "cairn demo-worker");
@@ -133,96 +219,33 @@ int DemoWorkerMain(int argc, char** argv) {
     std::fprintf(stderr, "demo worker: %s\n", ck.status().ToString().c_str());
     return 1;
   }
-  Checkpointer& c = **ck;
-  SoloGroup solo;
-  Group* group = c.group() ? static_cast<Group*>(c.group()) : &solo;
+  SoloGroup single_rank;  // a job of one rank has no group of its own
   const bool check_only = a.mode == "check";
   ShardedModel model(GptTensors(a.layers, a.dim, a.vocab), check_only ? "zero3" : "megatron",
                      o->rank, o->world_size, check_only ? 1 : o->local_world_size);
-  std::vector<ShardSpec> shards = model.Shards();
-  auto blobs = [&](int64_t t) {
-    return Blobs{{"trainer", "step=" + std::to_string(t) + " rank=" + std::to_string(o->rank) +
-                                 " tokens_seen=" + std::to_string(t * 4096 * 1024)}};
-  };
+  Checkpointer& c = **ck;
+  DemoWorker w{c, model, model.Shards(), c.group() ? static_cast<Group*>(c.group()) : &single_rank,
+               o->rank};
 
   int64_t start = 0;
   if (a.mode == "train") {
-    auto out = c.save(0, shards, blobs(0));
+    auto out = c.save(0, w.shards, w.BlobsOf(0));
     if (!out.ok()) {
       std::fprintf(stderr, "demo worker: %s\n", out.status().ToString().c_str());
       return 1;
     }
   } else {
-    auto r = c.restore(shards);
-    if (!r.ok()) {
-      std::fprintf(stderr, "demo worker: restore failed: %s\n", r.status().ToString().c_str());
-      return 1;
-    }
-    Say("restored %lld tier %s ms %.3f bytes %llu received %llu pfs %llu needed %llu resharded %d",
-        static_cast<long long>(r->step), r->tier.c_str(), r->seconds * 1e3,
-        static_cast<unsigned long long>(r->bytes),
-        static_cast<unsigned long long>(r->bytes_received),
-        static_cast<unsigned long long>(r->job_pfs_bytes_read),
-        static_cast<unsigned long long>(r->job_unique_bytes_needed), r->resharded ? 1 : 0);
-    for (const std::string& s : r->skipped) Say("skipped %s", s.c_str());
-    // The saving rank of the same number wrote the blob: its step must be the restored one.
-    const std::string want_blob = "step=" + std::to_string(r->step) + " rank=";
-    std::string bad = r->blobs["trainer"].rfind(want_blob, 0) == 0
-                          ? model.Check(r->step)
-                          : "blob 'trainer' is '" + r->blobs["trainer"] + "'";
-    if (bad.empty())
-      Say("check ok");
-    else
-      Say("check FAILED %s", bad.c_str());
-    // Every rank learns whether every other one restored exact values.
-    auto all = group->AllGather(bad.empty() ? "ok" : "bad");
-    std::string failed;
-    if (!all.ok()) {
-      failed = "unknown (" + all.status().ToString() + ")";
-    } else {
-      for (size_t q = 0; q < all->size(); ++q)
-        if ((*all)[q] != "ok") failed += (failed.empty() ? "" : ",") + std::to_string(q);
-    }
-    Say("job-check %s", failed.empty() ? "none" : failed.c_str());
-    if (!failed.empty()) return 3;
+    auto restored = RestoreAndCheck(w);
+    if (const int* rc = std::get_if<int>(&restored)) return *rc;
     if (check_only) return 0;
-    start = r->step;
+    start = std::get<int64_t>(restored);
   }
-
   // "train" runs until the demo kills it (it only stops by itself far past --steps); a
   // resumed run trains at least 3 more steps, so there is a new version to flush.
   const int64_t last = a.mode == "train" ? 100 * a.steps : std::max(a.steps, start + 3);
-  for (int64_t t = start + 1; t <= last; ++t) {
-    const int64_t i0 = NowNanos();
-    const double loss = model.Backward(t);  // forward + backward: read the parameters only
-    const int64_t f0 = NowNanos();
-    Status fs = c.fence();  // the optimizer is about to write
-    const int64_t f1 = NowNanos();
-    if (!fs.ok()) std::fprintf(stderr, "demo worker: %s\n", fs.ToString().c_str());
-    model.OptimizerStep();
-    Status gs = model.GatherParameters(group);
-    if (!gs.ok()) {
-      std::fprintf(stderr, "demo worker: %s\n", gs.ToString().c_str());
-      return 1;
-    }
-    const int64_t s0 = NowNanos();
-    auto out = c.save(t, shards, blobs(t));
-    const int64_t s1 = NowNanos();
-    if (!out.ok()) {
-      std::fprintf(stderr, "demo worker: %s\n", out.status().ToString().c_str());
-      return 1;
-    }
-    const Stats s = c.stats();
-    Say("step %lld loss %.6g iter_ms %.3f stall_ms %.4f fence_ms %.4f copied %llu replicated %llu "
-        "repl_step %lld "
-        "persisted %llu pers_step %lld",
-        static_cast<long long>(t), loss, NanosToSeconds(s1 - i0) * 1e3,
-        NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3, NanosToSeconds(f1 - f0) * 1e3,
-        static_cast<unsigned long long>(s.capture.bytes_copied),
-        static_cast<unsigned long long>(s.replication.bytes),
-        static_cast<long long>(s.replication.newest_replicated_step),
-        static_cast<unsigned long long>(s.persist.bytes),
-        static_cast<long long>(s.persist.newest_persisted_step));
+  if (Status st = Train(w, start + 1, last); !st.ok()) {
+    std::fprintf(stderr, "demo worker: %s\n", st.ToString().c_str());
+    return 1;
   }
   if (a.mode == "resume") {
     auto f = c.flush();

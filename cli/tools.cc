@@ -453,6 +453,67 @@ Result<std::pair<std::string, pb::Manifest>> OpenStep(FileSystem* fs, const std:
   return std::make_pair(dir, std::move(m));
 }
 
+// The safetensors header of tensors `chosen` of `m`: in name order, laid end to end
+// (ordered_json keeps that order), padded to 8 bytes; *data_bytes: the bytes after it.
+Result<std::string> SafetensorsHeader(const pb::Manifest& m, const std::vector<int>& chosen,
+                                      uint64_t* data_bytes) {
+  nlohmann::ordered_json h;
+  h["__metadata__"] = {{"format", "pt"}, {"cairn_step", std::to_string(m.step())}};
+  uint64_t offset = 0;
+  for (int t : chosen) {
+    const pb::Tensor& x = m.tensors(t);
+    const Shape shape(x.shape().begin(), x.shape().end());
+    const uint64_t n =
+        static_cast<uint64_t>(NumElements(shape)) * DTypeSize(static_cast<DType>(x.dtype()));
+    h[x.name()] = {{"dtype", SafetensorsDType(static_cast<DType>(x.dtype()))},
+                   {"shape", shape},
+                   {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string header;
+  try {
+    header = h.dump();
+  } catch (const nlohmann::json::type_error& e) {  // names that are not UTF-8
+    return Status::InvalidArgument(std::string("safetensors needs UTF-8 tensor names: ") +
+                                   e.what());
+  }
+  while (header.size() % 8) header += ' ';
+  *data_bytes = offset;
+  return header;
+}
+
+// Writes `out` whole or not at all: header length, header, each chosen tensor read (and
+// verified) from step directory `dir`, into a temporary file synced and renamed.
+Status WriteSafetensors(FileSystem* fs, const std::string& dir, const pb::Manifest& m,
+                        const std::vector<int>& chosen, const std::string& header,
+                        uint64_t data_bytes, const std::string& out) {
+  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  CAIRN_ASSIGN_OR_RETURN(File f, fs->OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  Status st = f.WriteAt(len, 8, 0);
+  if (st.ok()) st = f.WriteAt(header.data(), header.size(), 8);
+  uint64_t at = 8 + header.size();
+  for (int t : chosen) {
+    if (!st.ok()) break;
+    const pb::Tensor& x = m.tensors(t);
+    TensorMeta meta{x.name(), static_cast<DType>(x.dtype()),
+                    Shape(x.shape().begin(), x.shape().end())};
+    std::vector<std::byte> buf(static_cast<size_t>(NumElements(meta.global_shape)) *
+                               DTypeSize(meta.dtype));
+    ShardSpec whole = ShardSpec::Whole(meta, buf.data());
+    st = ReadShards(fs, dir, m, std::span<const ShardSpec>(&whole, 1));
+    if (st.ok()) st = f.WriteAt(buf.data(), buf.size(), at);
+    at += buf.size();
+    Progress("export", at, 8 + header.size() + data_bytes);
+  }
+  if (st.ok()) st = f.Sync();
+  if (Status cl = f.Close(); st.ok()) st = cl;
+  if (st.ok()) st = fs->Rename(tmp, out);
+  if (!st.ok()) (void)fs->Unlink(tmp);
+  return st;
+}
+
 }  // namespace
 
 int ExportMain(int argc, char** argv) {
@@ -500,64 +561,16 @@ int ExportMain(int argc, char** argv) {
                  static_cast<long long>(m.step()), pattern.c_str());
     return 1;
   }
-  // The header: tensors in name order, laid end to end (ordered_json keeps that order).
-  nlohmann::ordered_json h;
-  h["__metadata__"] = {{"format", "pt"}, {"cairn_step", std::to_string(m.step())}};
-  uint64_t offset = 0;
-  for (int t : chosen) {
-    const pb::Tensor& x = m.tensors(t);
-    const Shape shape(x.shape().begin(), x.shape().end());
-    const uint64_t n =
-        static_cast<uint64_t>(NumElements(shape)) * DTypeSize(static_cast<DType>(x.dtype()));
-    h[x.name()] = {{"dtype", SafetensorsDType(static_cast<DType>(x.dtype()))},
-                   {"shape", shape},
-                   {"data_offsets", {offset, offset + n}}};
-    offset += n;
-  }
-  std::string header;
-  try {
-    header = h.dump();
-  } catch (const nlohmann::json::type_error& e) {  // names that are not UTF-8
-    std::fprintf(stderr, "cairn export: safetensors needs UTF-8 tensor names: %s\n", e.what());
-    return 1;
-  }
-  while (header.size() % 8) header += ' ';
-  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
-  auto file = fs->OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (!file.ok()) {
-    std::fprintf(stderr, "cairn export: %s\n", file.status().ToString().c_str());
-    return 1;
-  }
-  File& f = *file;
-  Status st;
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  st = f.WriteAt(len, 8, 0);
-  if (st.ok()) st = f.WriteAt(header.data(), header.size(), 8);
-  uint64_t at = 8 + header.size();
-  for (int t : chosen) {
-    if (!st.ok()) break;
-    const pb::Tensor& x = m.tensors(t);
-    TensorMeta meta{x.name(), static_cast<DType>(x.dtype()),
-                    Shape(x.shape().begin(), x.shape().end())};
-    std::vector<std::byte> buf(static_cast<size_t>(NumElements(meta.global_shape)) *
-                               DTypeSize(meta.dtype));
-    ShardSpec whole = ShardSpec::Whole(meta, buf.data());
-    st = ReadShards(fs, dir, m, std::span<const ShardSpec>(&whole, 1));
-    if (st.ok()) st = f.WriteAt(buf.data(), buf.size(), at);
-    at += buf.size();
-    Progress("export", at, 8 + header.size() + offset);
-  }
-  if (st.ok()) st = f.Sync();
-  if (Status cl = f.Close(); st.ok()) st = cl;
-  if (st.ok()) st = fs->Rename(tmp, out);
+  uint64_t data_bytes = 0;
+  auto header = SafetensorsHeader(m, chosen, &data_bytes);
+  Status st = header.ok() ? WriteSafetensors(fs, dir, m, chosen, *header, data_bytes, out)
+                          : header.status();
   if (!st.ok()) {
-    (void)fs->Unlink(tmp);
     std::fprintf(stderr, "cairn export: %s\n", st.ToString().c_str());
     return 1;
   }
   std::printf("exported %zu tensor(s), %s, of step %lld to %s\n", chosen.size(),
-              Size(offset).c_str(), static_cast<long long>(m.step()), out.c_str());
+              Size(data_bytes).c_str(), static_cast<long long>(m.step()), out.c_str());
   return 0;
 }
 
