@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -310,10 +311,39 @@ Status MemoryRestores(const Args& a, int world, int n, bool lost, MemoryRestore*
   return Status::OK();
 }
 
-}  // namespace
+using cairn::bench::Round;
 
-int main(int argc, char** argv) {
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// What main's phases share: the arguments, and what each phase leaves for the next.
+struct Run {
   Args a;
+  bool fsdp = false;
+  int world = 0, load_world = 0;
+  size_t entries = 0;                 // (rank, shard) pairs of the whole job
+  std::vector<std::string> distinct;  // encoded distinct layouts, for the general restore
+  Gathered gathered;
+  std::optional<PersistPlan> persist_plan;
+  std::string manifest;  // the last one, encoded
+  uint64_t manifest_bytes = 0;
+  SimulatedIndex index;  // format 2
+  std::vector<double> agree_t;
+  uint64_t inventory_bytes = 0;
+  nlohmann::ordered_json j;  // the result line
+
+  // The rank (tp, pp)'s layout; fully sharded: rank tp's flat ranges.
+  RankLayout LayoutOf(int tp, int pp) const {
+    return fsdp ? FlatLayout(a, a.layers_per_stage, a.tp, tp)
+                : StageLayout(a, a.tp, a.layers_per_stage, tp, pp, pp);
+  }
+};
+
+// The command line into *a (fully sharded: the job and the loading job made flat); an exit
+// code when the program should stop.
+std::optional<int> ParseArgs(int argc, char** argv, Args& a) {
   CLI::App app(
       "Times the save planner and MANIFEST building for a simulated TP x PP x DP job (each "
       "rank: 48 tensors per layer + 40 buffers = 1000 shards), and the load planner restoring "
@@ -342,9 +372,8 @@ int main(int argc, char** argv) {
                "plan every layout with the general planner (as before layout templates)");
   app.add_flag("--save-only", a.save_only,
                "time the save side only (plan, cached plan, MANIFEST), not the restore");
-  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
-  const bool fsdp = a.fully_sharded > 0;
-  if (fsdp) {
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return rc;
+  if (a.fully_sharded > 0) {
     a.tp = a.fully_sharded, a.pp = 1, a.dp = 1;
     a.load_pp = 1, a.load_dp = 1;
     a.load_tp = a.load_ranks > 0 ? a.load_ranks : std::max(1, a.fully_sharded * 4 / 5);
@@ -355,26 +384,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plan: bad arguments\n");
     return 2;
   }
-  const int world = a.tp * a.pp * a.dp;
+  return std::nullopt;
+}
+
+// Every rank's layout described as the persister's first gather carries it (template
+// references, or explicit layouts from the lowest rank of each), each template once.
+void GatherLayouts(Run& run) {
+  const Args& a = run.a;
+  const int world = run.world;
   // rank = (dp * pp_size + pp) * tp_size + tp, as Megatron orders them: rank r holds
   // distinct layout r % (tp * pp), which rank r % (tp * pp) describes for all of them (a
   // rank's template index is its tp index, the same for its data-parallel replicas).
   const size_t ndistinct = static_cast<size_t>(a.tp * a.pp);
-  std::vector<std::string> distinct(a.save_only ? 0 : ndistinct);  // encoded, for the restore
+  run.distinct.resize(a.save_only ? 0 : ndistinct);
   std::vector<std::string> message(ndistinct);
   std::vector<uint64_t> tmpl_hash(ndistinct, 0);  // 0: not a template
   std::map<uint64_t, std::string> tmpl_bytes;     // each distinct template once
   std::vector<uint64_t> distinct_hash(ndistinct);
-  size_t entries = 0;  // (rank, shard) pairs of the whole job
-  // The rank (tp, pp)'s layout; fully sharded: rank tp's flat ranges.
-  auto layout_of = [&](int tp, int pp) {
-    return fsdp ? FlatLayout(a, a.layers_per_stage, a.tp, tp)
-                : StageLayout(a, a.tp, a.layers_per_stage, tp, pp, pp);
-  };
   for (int pp = 0; pp < a.pp; ++pp)
     for (int tp = 0; tp < a.tp; ++tp) {
-      RankLayout l = layout_of(tp, pp);
-      entries += l.shards.size() * static_cast<size_t>(a.dp);
+      RankLayout l = run.LayoutOf(tp, pp);
+      run.entries += l.shards.size() * static_cast<size_t>(a.dp);
       const size_t k = static_cast<size_t>(pp * a.tp + tp);
       std::string tmpl;
       Describe(l, static_cast<int>(k), world, !a.no_templates, &message[k], &distinct_hash[k],
@@ -384,11 +414,11 @@ int main(int argc, char** argv) {
         tmpl_bytes.emplace(tmpl_hash[k], std::move(tmpl));
       }
       // Kept for the general restore path (a templated one never needs them).
-      if (!a.save_only && tmpl_hash[k] == 0) distinct[k] = EncodeRankLayout(l);
+      if (!a.save_only && tmpl_hash[k] == 0) run.distinct[k] = EncodeRankLayout(l);
     }
   // What a rank holds after the layout gathers: template references from everyone (or
   // explicit layouts from the lowest rank of each), each template once.
-  Gathered gathered;
+  Gathered& gathered = run.gathered;
   gathered.messages.resize(static_cast<size_t>(world));
   gathered.hashes.resize(static_cast<size_t>(world));
   bool any_templated = false;
@@ -414,24 +444,29 @@ int main(int argc, char** argv) {
   for (const std::string& t : gathered.templates) gathered.bytes += t.size();
   message.clear();
   tmpl_bytes.clear();
+}
 
+// What every rank does after the gathers, timed: plan (plan_s), check a later round's cache
+// (cached_plan_s), and on rank 0 build and encode the MANIFEST (manifest_s).
+Status TimeSavePlans(Run& run) {
+  const Args& a = run.a;
+  const int world = run.world;
   std::vector<double> plan_t, cached_t, manifest_t;
-  std::optional<PersistPlan> persist_plan;
-  uint64_t manifest_bytes = 0;
+  std::optional<PersistPlan>& persist_plan = run.persist_plan;
+  uint64_t& manifest_bytes = run.manifest_bytes;
   size_t my_pieces = 0;
-  std::string manifest;  // the last one, encoded
-  SimulatedIndex index;  // format 2
+  std::string& manifest = run.manifest;
+  SimulatedIndex& index = run.index;
   long rss_after_plan_kb = 0;
   for (int rep = 0; rep < a.repeats; ++rep) {
     // What every rank does after the gathers: plan, and find the pieces it writes.
     persist_plan.reset();
     int64_t t0 = NowNanos();
-    auto p = PlanPersist(gathered.messages, gathered.templates, gathered.hashes);
+    auto p = PlanPersist(run.gathered.messages, run.gathered.templates, run.gathered.hashes);
     if (p.ok()) my_pieces = p->PiecesOf(0).size();
     plan_t.push_back(NanosToSeconds(NowNanos() - t0));
     if (!p.ok()) {
-      std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
-      return 1;
+      return p.status();
     }
     persist_plan = std::move(*p);
     // (before any MANIFEST: what a rank other than 0 ever holds for planning)
@@ -440,16 +475,14 @@ int main(int argc, char** argv) {
     // A later round: this rank re-derives its hash (its layout's template, when it is
     // one) and compares everyone's.
     t0 = NowNanos();
-    RankLayout mine = layout_of(0, 0);
+    RankLayout mine = run.LayoutOf(0, 0);
     std::string msg, mine_tmpl;
     uint64_t h = 0;
     Describe(mine, 0, world, !a.no_templates, &msg, &h, &mine_tmpl);
-    const bool same = h == gathered.hashes[0] && persist_plan->layout_hashes == gathered.hashes;
+    const bool same =
+        h == run.gathered.hashes[0] && persist_plan->layout_hashes == run.gathered.hashes;
     cached_t.push_back(NanosToSeconds(NowNanos() - t0));
-    if (!same) {
-      std::fprintf(stderr, "plan: cache check failed\n");
-      return 1;
-    }
+    if (!same) return Status::Internal("cache check failed");
 
     const uint64_t chunk = 4ull << 20;  // CAIRN_CHUNK_BYTES default
     if (persist_plan->templated) {
@@ -460,8 +493,7 @@ int main(int argc, char** argv) {
       auto m =
           BuildTemplatedManifest(*persist_plan->templated, index.digests, "bench", 1000, chunk);
       if (!m.ok()) {
-        std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
-        return 1;
+        return m.status();
       }
       manifest = EncodeManifest(*m);
       manifest_bytes = manifest.size();
@@ -477,8 +509,7 @@ int main(int argc, char** argv) {
     t0 = NowNanos();
     auto m = BuildManifest(full, tables, "bench", 1000, chunk);
     if (!m.ok()) {
-      std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
-      return 1;
+      return m.status();
     }
     manifest = EncodeManifest(*m);
     manifest_bytes = manifest.size();
@@ -502,53 +533,47 @@ int main(int argc, char** argv) {
     writer_share = plan.max_writer_share();
   }
 
-  using cairn::bench::Round;
-  auto med = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const long rss_after_manifest_kb = cairn::bench::MaxRssKb();
-  nlohmann::ordered_json j = {
-      {"bench", "plan"},
-      {"ranks", world},
-      {"shards", entries / static_cast<size_t>(world)},
-      {"entries", entries},
-      {"templated", persist_plan->templated.has_value()},
-      {"layout_gather_bytes", gathered.bytes},
-      {"distinct_layouts", distinct_layouts},
-      {"unique_boxes", unique_boxes},
-      {"pieces", pieces},
-      {"my_pieces", my_pieces},
-      {"unique_tb", Round(static_cast<double>(unique_bytes) / 1e12, 3)},
-      {"plan_s", Round(med(plan_t), 4)},
-      {"cached_plan_s", Round(med(cached_t), 6)},
-      {"plan_rss_mb", Round(static_cast<double>(rss_after_plan_kb) / 1024, 1)},
-      {"manifest_s", Round(med(manifest_t), 4)},
-      {"manifest_bytes", manifest_bytes},
-      {"manifest_rss_mb", Round(static_cast<double>(rss_after_manifest_kb) / 1024, 1)},
-      {"max_writer_share", Round(writer_share, 4)}};
+  run.j = {{"bench", "plan"},
+           {"ranks", world},
+           {"shards", run.entries / static_cast<size_t>(world)},
+           {"entries", run.entries},
+           {"templated", persist_plan->templated.has_value()},
+           {"layout_gather_bytes", run.gathered.bytes},
+           {"distinct_layouts", distinct_layouts},
+           {"unique_boxes", unique_boxes},
+           {"pieces", pieces},
+           {"my_pieces", my_pieces},
+           {"unique_tb", Round(static_cast<double>(unique_bytes) / 1e12, 3)},
+           {"plan_s", Round(Median(plan_t), 4)},
+           {"cached_plan_s", Round(Median(cached_t), 6)},
+           {"plan_rss_mb", Round(static_cast<double>(rss_after_plan_kb) / 1024, 1)},
+           {"manifest_s", Round(Median(manifest_t), 4)},
+           {"manifest_bytes", manifest_bytes},
+           {"manifest_rss_mb", Round(static_cast<double>(rss_after_manifest_kb) / 1024, 1)},
+           {"max_writer_share", Round(writer_share, 4)}};
   std::fprintf(stderr,
                "plan: %d ranks x %zu shards, %zu distinct layouts, %zu unique boxes, %zu pieces, "
                "%s plan%s%s\n",
-               world, entries / static_cast<size_t>(world), distinct_layouts, unique_boxes, pieces,
-               persist_plan->templated ? "templated" : "general",
+               world, run.entries / static_cast<size_t>(world), distinct_layouts, unique_boxes,
+               pieces, persist_plan->templated ? "templated" : "general",
                persist_plan->why_general.empty() ? "" : ": ", persist_plan->why_general.c_str());
-  if (fsdp) j["fully_sharded"] = true;
-  if (a.save_only) {
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
+  if (run.fsdp) run.j["fully_sharded"] = true;
+  return Status::OK();
+}
 
-  // The restore's discovery and agreement over `world` simulated ranks.
-  std::vector<double> agree_t;
-  uint64_t inventory_bytes = 0;
+// A restore's discovery and agreement over `world` simulated ranks (agree_s): decode every
+// rank's inventory and choose.
+Status TimeAgreement(Run& run) {
+  const Args& a = run.a;
+  const int world = run.world;
   {
     using namespace cairn::restore_internal;
     constexpr int kPerNode = 8;
     std::vector<std::string> encoded(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r) {
       Inventory inv;
-      inv.layout_hash = gathered.hashes[static_cast<size_t>(r)];
+      inv.layout_hash = run.gathered.hashes[static_cast<size_t>(r)];
       const int partner = (r - kPerNode + world) % world;
       for (int64_t step : {998, 999, 1000}) {
         inv.held.push_back({r, step, static_cast<uint32_t>(world)});
@@ -556,7 +581,7 @@ int main(int argc, char** argv) {
       }
       if (r == 0) inv.pfs_steps = {900, 950};
       encoded[static_cast<size_t>(r)] = EncodeInventory(inv);
-      inventory_bytes += encoded[static_cast<size_t>(r)].size();
+      run.inventory_bytes += encoded[static_cast<size_t>(r)].size();
     }
     for (int rep = 0; rep < a.repeats; ++rep) {
       const int64_t t0 = NowNanos();
@@ -564,133 +589,137 @@ int main(int argc, char** argv) {
       inv.reserve(encoded.size());
       for (const std::string& e : encoded) {
         auto d = DecodeInventory(e);
-        if (!d.ok()) {
-          std::fprintf(stderr, "plan: %s\n", d.status().ToString().c_str());
-          return 1;
-        }
+        if (!d.ok()) return d.status();
         inv.push_back(std::move(*d));
       }
       auto choice = Choose(inv, std::nullopt, {});
-      agree_t.push_back(NanosToSeconds(NowNanos() - t0));
+      run.agree_t.push_back(NanosToSeconds(NowNanos() - t0));
       if (!choice || choice->step != 1000 || choice->from_pfs) {
-        std::fprintf(stderr, "plan: agreement chose the wrong step\n");
-        return 1;
+        return Status::Internal("agreement chose the wrong step");
       }
     }
   }
 
-  const int load_world = a.load_tp * a.load_pp * a.load_dp;
-  if (persist_plan->templated) {
-    // Format 2: every rank decodes the small MANIFEST and rebuilds the plan (catalog_s),
-    // then plans its own reads: the index files of the parts its targets meet, and a
-    // load plan of its own (load_plan_s, the slowest of the ranks sampled).
-    std::vector<double> catalog_t;
-    std::optional<pb::Manifest> m;
-    std::optional<TemplatedPlan> tp;
+  run.j["agree_s"] = Round(Median(run.agree_t), 4);
+  run.j["inventory_bytes"] = run.inventory_bytes;
+  return Status::OK();
+}
+
+// Restores of a templated (format 2) step: every rank decodes the MANIFEST and rebuilds
+// the plan (catalog_s), then plans its own reads (load_plan_s); and memory restores planned
+// by each rank alone.
+Status TimeTemplatedRestores(Run& run) {
+  const Args& a = run.a;
+  const int world = run.world, load_world = run.load_world;
+  // Format 2: every rank decodes the small MANIFEST and rebuilds the plan (catalog_s),
+  // then plans its own reads: the index files of the parts its targets meet, and a
+  // load plan of its own (load_plan_s, the slowest of the ranks sampled).
+  std::vector<double> catalog_t;
+  std::optional<pb::Manifest> m;
+  std::optional<TemplatedPlan> tp;
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    const int64_t t0 = NowNanos();
+    auto d = DecodeManifest(run.manifest);
+    auto p = d.ok() ? PlanOfManifest(*d) : Result<TemplatedPlan>(d.status());
+    if (!p.ok()) {
+      return p.status();
+    }
+    catalog_t.push_back(NanosToSeconds(NowNanos() - t0));
+    m = std::move(*d);
+    tp = std::move(*p);
+  }
+  const IndexReader reader = [&](int w) -> Result<std::string> {
+    return run.index.files[static_cast<size_t>(w)];
+  };
+  struct Solo {
+    double s = 0;
+    uint64_t index_bytes = 0, read = 0, needed = 0;
+  };
+  // Rank r of an n-rank flat layout plans its restore.
+  auto solo = [&](int n, int r) -> Result<Solo> {
+    Solo out;
+    std::vector<double> t;
     for (int rep = 0; rep < a.repeats; ++rep) {
       const int64_t t0 = NowNanos();
-      auto d = DecodeManifest(manifest);
-      auto p = d.ok() ? PlanOfManifest(*d) : Result<TemplatedPlan>(d.status());
-      if (!p.ok()) {
-        std::fprintf(stderr, "plan: %s\n", p.status().ToString().c_str());
-        return 1;
-      }
-      catalog_t.push_back(NanosToSeconds(NowNanos() - t0));
-      m = std::move(*d);
-      tp = std::move(*p);
+      const RankLayout target = FlatLayout(a, a.layers_per_stage, n, r);
+      std::vector<std::pair<std::string, Box>> want;
+      for (const auto& e : target.shards) want.push_back({target.tensors[e.tensor].name, e.box});
+      CAIRN_ASSIGN_OR_RETURN(pb::Manifest part,
+                             PartialManifest(*m, *tp, want, r, reader, &out.index_bytes));
+      LoadCatalog cat;
+      cat.step = 1000;
+      cat.from_pfs = true;
+      cat.where = "simulated";
+      CatalogFromManifest(part, &cat);
+      LoadTargets lt;
+      lt.classes = {target, RankLayout{}};
+      lt.class_of_rank.assign(static_cast<size_t>(n), 1);
+      lt.class_of_rank[static_cast<size_t>(r)] = 0;
+      CAIRN_ASSIGN_OR_RETURN(LoadPlan lp, MakeLoadPlan(cat, lt));
+      const RankLoad mine = ForRank(lp, cat, r);
+      t.push_back(NanosToSeconds(NowNanos() - t0));
+      out.read = lp.pfs_bytes_to_read;
+      out.needed = lp.unique_bytes_needed;
+      if (mine.gets.size() != lp.spans.size() || lp.pfs_bytes_to_read < lp.unique_bytes_needed)
+        return Status::Internal("rank " + std::to_string(r) + " does not read all it needs");
     }
-    const IndexReader reader = [&](int w) -> Result<std::string> {
-      return index.files[static_cast<size_t>(w)];
-    };
-    struct Solo {
-      double s = 0;
-      uint64_t index_bytes = 0, read = 0, needed = 0;
-    };
-    // Rank r of an n-rank flat layout plans its restore.
-    auto solo = [&](int n, int r) -> Result<Solo> {
-      Solo out;
-      std::vector<double> t;
-      for (int rep = 0; rep < a.repeats; ++rep) {
-        const int64_t t0 = NowNanos();
-        const RankLayout target = FlatLayout(a, a.layers_per_stage, n, r);
-        std::vector<std::pair<std::string, Box>> want;
-        for (const auto& e : target.shards) want.push_back({target.tensors[e.tensor].name, e.box});
-        CAIRN_ASSIGN_OR_RETURN(pb::Manifest part,
-                               PartialManifest(*m, *tp, want, r, reader, &out.index_bytes));
-        LoadCatalog cat;
-        cat.step = 1000;
-        cat.from_pfs = true;
-        cat.where = "simulated";
-        CatalogFromManifest(part, &cat);
-        LoadTargets lt;
-        lt.classes = {target, RankLayout{}};
-        lt.class_of_rank.assign(static_cast<size_t>(n), 1);
-        lt.class_of_rank[static_cast<size_t>(r)] = 0;
-        CAIRN_ASSIGN_OR_RETURN(LoadPlan lp, MakeLoadPlan(cat, lt));
-        const RankLoad mine = ForRank(lp, cat, r);
-        t.push_back(NanosToSeconds(NowNanos() - t0));
-        out.read = lp.pfs_bytes_to_read;
-        out.needed = lp.unique_bytes_needed;
-        if (mine.gets.size() != lp.spans.size() || lp.pfs_bytes_to_read < lp.unique_bytes_needed)
-          return Status::Internal("rank " + std::to_string(r) + " does not read all it needs");
-      }
-      out.s = med(t);
-      return out;
-    };
-    // The slowest of the first, middle and last ranks, onto both layouts.
-    auto worst = [&](int n, Solo* w) -> Status {
-      for (int r : {0, n / 2, n - 1}) {
-        CAIRN_ASSIGN_OR_RETURN(Solo x, solo(n, r));
-        w->s = std::max(w->s, x.s);
-        w->index_bytes = std::max(w->index_bytes, x.index_bytes);
-        if (x.needed > 0 &&
-            (w->needed == 0 || static_cast<double>(x.read) / static_cast<double>(x.needed) >
-                                   static_cast<double>(w->read) / static_cast<double>(w->needed)))
-          w->read = x.read, w->needed = x.needed;
-      }
-      return Status::OK();
-    };
-    Solo other, same;
-    Status st = worst(load_world, &other);
-    if (st.ok()) st = worst(world, &same);
-    if (!st.ok()) {
-      std::fprintf(stderr, "plan: %s\n", st.ToString().c_str());
-      return 1;
+    out.s = Median(t);
+    return out;
+  };
+  // The slowest of the first, middle and last ranks, onto both layouts.
+  auto worst = [&](int n, Solo* w) -> Status {
+    for (int r : {0, n / 2, n - 1}) {
+      CAIRN_ASSIGN_OR_RETURN(Solo x, solo(n, r));
+      w->s = std::max(w->s, x.s);
+      w->index_bytes = std::max(w->index_bytes, x.index_bytes);
+      if (x.needed > 0 &&
+          (w->needed == 0 || static_cast<double>(x.read) / static_cast<double>(x.needed) >
+                                 static_cast<double>(w->read) / static_cast<double>(w->needed)))
+        w->read = x.read, w->needed = x.needed;
     }
-    // What a restoring rank receives or reads: every rank's inventory, the MANIFEST, the
-    // index files it reads, and one bit per saved tensor from every rank (the check that
-    // every saved tensor is some rank's target).
-    const uint64_t bits = static_cast<uint64_t>(load_world) *
-                          ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
-    MemoryRestore mem_same, mem_other;
-    st = MemoryRestores(a, world, world, true, &mem_same);
-    if (st.ok()) st = MemoryRestores(a, world, load_world, false, &mem_other);
-    if (!st.ok()) {
-      std::fprintf(stderr, "plan: memory restore: %s\n", st.ToString().c_str());
-      return 1;
-    }
-    j["agree_s"] = Round(med(agree_t), 4);
-    j["inventory_bytes"] = inventory_bytes;
-    j["load_ranks"] = load_world;
-    j["index_file_bytes"] = index.total_bytes;
-    j["catalog_s"] = Round(med(catalog_t), 4);
-    j["load_plan_s"] = Round(other.s, 4);
-    j["load_plan_same_layout_s"] = Round(same.s, 4);
-    j["restore_metadata_bytes"] =
-        inventory_bytes + manifest_bytes + std::max(other.index_bytes, same.index_bytes) + bits;
-    j["load_read_over_needed"] =
-        Round(static_cast<double>(other.read) / static_cast<double>(other.needed), 4);
-    j["memory_catalog_s"] = Round(std::max(mem_same.catalog_s, mem_other.catalog_s), 4);
-    j["memory_plan_lost_node_s"] = Round(mem_same.plan_s, 4);
-    j["memory_plan_other_layout_s"] = Round(mem_other.plan_s, 4);
-    j["memory_restore_metadata_bytes"] =
-        inventory_bytes + std::max(mem_same.gather_bytes, mem_other.gather_bytes) + bits;
-    j["memory_general_layout_bytes"] = mem_other.general_layout_bytes;
-    j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
+    return Status::OK();
+  };
+  Solo other, same;
+  Status st = worst(load_world, &other);
+  if (st.ok()) st = worst(world, &same);
+  if (!st.ok()) {
+    return st;
   }
+  // What a restoring rank receives or reads: every rank's inventory, the MANIFEST, the
+  // index files it reads, and one bit per saved tensor from every rank (the check that
+  // every saved tensor is some rank's target).
+  const uint64_t bits =
+      static_cast<uint64_t>(load_world) * ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
+  MemoryRestore mem_same, mem_other;
+  st = MemoryRestores(a, world, world, true, &mem_same);
+  if (st.ok()) st = MemoryRestores(a, world, load_world, false, &mem_other);
+  if (!st.ok()) return st.WithContext("memory restore");
+  run.j["load_ranks"] = load_world;
+  run.j["index_file_bytes"] = run.index.total_bytes;
+  run.j["catalog_s"] = Round(Median(catalog_t), 4);
+  run.j["load_plan_s"] = Round(other.s, 4);
+  run.j["load_plan_same_layout_s"] = Round(same.s, 4);
+  run.j["restore_metadata_bytes"] = run.inventory_bytes + run.manifest_bytes +
+                                    std::max(other.index_bytes, same.index_bytes) + bits;
+  run.j["load_read_over_needed"] =
+      Round(static_cast<double>(other.read) / static_cast<double>(other.needed), 4);
+  run.j["memory_catalog_s"] = Round(std::max(mem_same.catalog_s, mem_other.catalog_s), 4);
+  run.j["memory_plan_lost_node_s"] = Round(mem_same.plan_s, 4);
+  run.j["memory_plan_other_layout_s"] = Round(mem_other.plan_s, 4);
+  run.j["memory_restore_metadata_bytes"] =
+      run.inventory_bytes + std::max(mem_same.gather_bytes, mem_other.gather_bytes) + bits;
+  run.j["memory_general_layout_bytes"] = mem_other.general_layout_bytes;
+  run.j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
+  return Status::OK();
+}
 
+// Restores of a general (format 1) step onto another layout: decode the MANIFEST into the
+// load planner's catalog (catalog_s), decode the distinct target layouts as the restore
+// gathers them and plan (load_plan_s); fully sharded, also onto the saving layout.
+Status TimeGeneralRestores(Run& run) {
+  const Args& a = run.a;
+  const bool fsdp = run.fsdp;
+  const int world = run.world, load_world = run.load_world;
   // Restoring that step onto another layout: the catalog of its PFS pieces, and the
   // distinct target layouts as the restore gathers them (one per (tp, pp) of the new job).
   // What every restoring rank does with the MANIFEST rank 0 broadcasts: decode it and
@@ -699,10 +728,9 @@ int main(int argc, char** argv) {
   std::vector<double> catalog_t;
   for (int rep = 0; rep < a.repeats; ++rep) {
     const int64_t t0 = NowNanos();
-    auto m = DecodeManifest(manifest);
+    auto m = DecodeManifest(run.manifest);
     if (!m.ok()) {
-      std::fprintf(stderr, "plan: %s\n", m.status().ToString().c_str());
-      return 1;
+      return m.status();
     }
     cat = LoadCatalog{};
     cat.step = 1000;
@@ -770,40 +798,60 @@ int main(int argc, char** argv) {
                : StageLayout(a, a.load_tp, layers, tp, pp,
                              pp % stages_per_saved == 0 ? pp / stages_per_saved : -1)));
   const Load load = plan_load(load_layouts, load_world);
-  if (!load.ok) return 1;
+  if (!load.ok) return Status::Internal("the load plan failed (above)");
   // Fully sharded: also onto the saving job's own layout (every rank reads its own bytes).
   Load same;
   if (fsdp) {
     // (layouts that were templates were not kept: made again)
-    for (size_t k = 0; k < distinct.size(); ++k)
-      if (distinct[k].empty())
-        distinct[k] =
-            EncodeRankLayout(layout_of(static_cast<int>(k) % a.tp, static_cast<int>(k) / a.tp));
-    same = plan_load(distinct, world);
-    if (!same.ok) return 1;
+    for (size_t k = 0; k < run.distinct.size(); ++k)
+      if (run.distinct[k].empty())
+        run.distinct[k] =
+            EncodeRankLayout(run.LayoutOf(static_cast<int>(k) % a.tp, static_cast<int>(k) / a.tp));
+    same = plan_load(run.distinct, world);
+    if (!same.ok) return Status::Internal("the load plan onto the same layout failed (above)");
   }
   const LoadPlan& lp = load.plan;
   const RankLoad& mine = load.mine;
   const size_t targets = load.targets;
-  uint64_t restore_metadata_bytes = inventory_bytes + manifest_bytes;
+  uint64_t restore_metadata_bytes = run.inventory_bytes + run.manifest_bytes;
   for (const std::string& l : load_layouts) restore_metadata_bytes += l.size();
   std::fprintf(stderr,
                "load: onto %d ranks, %zu distinct targets, %zu spans, %zu runs; rank 0 reads %zu "
                "runs, receives %zu spans, sends %zu\n",
                load_world, targets, lp.spans.size(), lp.runs.size(), mine.my_runs.size(),
                mine.gets.size() - mine.my_runs.size(), mine.puts.size());
-  j["agree_s"] = Round(med(agree_t), 4);
-  j["inventory_bytes"] = inventory_bytes;
-  j["load_ranks"] = load_world;
-  j["load_distinct_targets"] = targets;
-  j["load_runs"] = lp.runs.size();
-  j["catalog_s"] = Round(med(catalog_t), 4);
-  j["load_plan_s"] = Round(load.s, 4);
-  j["restore_metadata_bytes"] = restore_metadata_bytes;
-  j["load_read_over_needed"] = Round(
+  run.j["load_ranks"] = load_world;
+  run.j["load_distinct_targets"] = targets;
+  run.j["load_runs"] = lp.runs.size();
+  run.j["catalog_s"] = Round(Median(catalog_t), 4);
+  run.j["load_plan_s"] = Round(load.s, 4);
+  run.j["restore_metadata_bytes"] = restore_metadata_bytes;
+  run.j["load_read_over_needed"] = Round(
       static_cast<double>(lp.pfs_bytes_to_read) / static_cast<double>(lp.unique_bytes_needed), 4);
-  if (fsdp) j["load_plan_same_layout_s"] = Round(same.s, 4);
-  j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
-  std::printf("%s\n", j.dump().c_str());
+  if (fsdp) run.j["load_plan_same_layout_s"] = Round(same.s, 4);
+  return Status::OK();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Run run;
+  if (auto rc = ParseArgs(argc, argv, run.a)) return *rc;
+  const Args& a = run.a;
+  run.fsdp = a.fully_sharded > 0;
+  run.world = a.tp * a.pp * a.dp;
+  run.load_world = a.load_tp * a.load_pp * a.load_dp;
+  GatherLayouts(run);
+  Status st = TimeSavePlans(run);
+  if (st.ok() && !a.save_only) st = TimeAgreement(run);
+  if (st.ok() && !a.save_only)
+    st = run.persist_plan->templated ? TimeTemplatedRestores(run) : TimeGeneralRestores(run);
+  if (!st.ok()) {
+    std::fprintf(stderr, "plan: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  if (!a.save_only)
+    run.j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
+  std::printf("%s\n", run.j.dump().c_str());
   return 0;
 }
