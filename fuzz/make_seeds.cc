@@ -108,6 +108,11 @@ int main(int argc, char** argv) {
   l.tensors = {{"embed.weight", DType::kBF16, {64, 32}}, {"b", DType::kF32, {7}}};
   l.shards = {{0, {{0, 0}, {32, 32}}}, {1, Box::Whole({7})}};
   Put(out, "fuzz_wire", 0, std::string(1, '\0') + EncodeRankLayout(l));
+  // The same layout with a box far outside its shape, which the decoder's error message
+  // describes (describing such a box overflowed int64: a fuzzing find, BoxTest).
+  RankLayout hostile = l;
+  hostile.shards[1].box = Box{{INT64_MAX - 1}, {INT64_MAX}};
+  Put(out, "fuzz_wire", 6, std::string(1, '\0') + EncodeRankLayout(hostile));
   LocationTable t;
   t.pieces = {{4096, {11, 12}}, {0, {13}}};
   t.blobs = {{"rng", 8192, 3, 99}};
