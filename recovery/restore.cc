@@ -273,11 +273,11 @@ Result<bool> Restorer::FetchManifest(ChosenStep& p) {
     else
       read_st = m.status();
   }
-  wire::ManifestFrame frame;
+  wire::Checked frame;
   wire::ToWire(read_st, frame.mutable_status());
-  frame.set_manifest(std::move(encoded));
+  frame.set_payload(std::move(encoded));
   CAIRN_ASSIGN_OR_RETURN(std::string got, env_.group->Broadcast(0, wire::Encode(frame)));
-  auto back = wire::Decode<wire::ManifestFrame>(got, "manifest from rank 0");
+  auto back = wire::Decode<wire::Checked>(got, "manifest from rank 0");
   if (!back.ok()) return back.status().WithContext(who_);
   Status st0 = wire::FromWire(back->status());
   if (!st0.ok()) {
@@ -285,7 +285,7 @@ Result<bool> Restorer::FetchManifest(ChosenStep& p) {
     Skip(p, st0);
     return false;
   }
-  CAIRN_ASSIGN_OR_RETURN(p.manifest, DecodeManifest(back->manifest()));
+  CAIRN_ASSIGN_OR_RETURN(p.manifest, DecodeManifest(back->payload()));
   return true;
 }
 

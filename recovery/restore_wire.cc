@@ -34,23 +34,23 @@ Result<Inventory> DecodeInventory(std::string_view b) {
 }
 
 namespace {
-void PutRef(const TemplateRef& r, wire::LayoutRef* w) {
-  w->set_templated(r.templated);
-  w->set_hash(r.hash);
+// A reference to a template travels as a wire::TemplateRef; one to no template is absent.
+void PutRef(const TemplateRef& r, wire::TemplateRef* w) {
+  w->set_template_hash(r.hash);
   w->set_index(r.index);
 }
-TemplateRef GetRef(const wire::LayoutRef& w) {
-  return {w.templated(), w.hash(), w.index()};
+TemplateRef GetRef(bool present, const wire::TemplateRef& w) {
+  return present ? TemplateRef{true, w.template_hash(), w.index()} : TemplateRef{};
 }
 }  // namespace
 
 std::string EncodeLayoutRefs(const LayoutRefs& refs) {
   wire::LayoutRefs w;
-  PutRef(refs.target, w.mutable_target());
+  if (refs.target.templated) PutRef(refs.target, w.mutable_target());
   for (const SavedRef& s : refs.saved) {
     auto* ws = w.add_saved();
     ws->set_source(s.source);
-    PutRef(s.layout, ws->mutable_layout());
+    if (s.layout.templated) PutRef(s.layout, ws->mutable_layout());
     ws->set_chunk_bytes(s.chunk_bytes);
     ws->set_blob_bytes(s.blob_bytes);
   }
@@ -60,12 +60,13 @@ std::string EncodeLayoutRefs(const LayoutRefs& refs) {
 Result<LayoutRefs> DecodeLayoutRefs(std::string_view b) {
   CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::LayoutRefs>(b, "layout references"));
   LayoutRefs refs;
-  refs.target = GetRef(w.target());
+  refs.target = GetRef(w.has_target(), w.target());
   refs.saved.reserve(static_cast<size_t>(w.saved_size()));
   for (const auto& s : w.saved()) {
     if (s.source() < 0)
       return Status::Corruption("bad layout references: source rank " + std::to_string(s.source()));
-    refs.saved.push_back({s.source(), GetRef(s.layout()), s.chunk_bytes(), s.blob_bytes()});
+    refs.saved.push_back(
+        {s.source(), GetRef(s.has_layout(), s.layout()), s.chunk_bytes(), s.blob_bytes()});
   }
   return refs;
 }
