@@ -369,20 +369,27 @@ Result<LayoutMessage> DecodeLayoutMessage(std::string_view bytes) {
   return m;
 }
 
-bool AnyTemplated(const std::vector<std::string>& messages) {
-  for (const std::string& m : messages) {
-    auto d = DecodeLayoutMessage(m);
-    if (d.ok() && d->templated) return true;
+Result<std::vector<LayoutMessage>> DecodeLayoutMessages(const std::vector<std::string>& messages) {
+  std::vector<LayoutMessage> out(messages.size());
+  for (size_t r = 0; r < messages.size(); ++r) {
+    auto m = DecodeLayoutMessage(messages[r]);
+    if (!m.ok()) return m.status().WithContext("save plan: rank " + std::to_string(r));
+    out[r] = std::move(*m);
   }
-  return false;
+  return out;
 }
 
-bool SendsTemplate(const std::vector<std::string>& messages, int rank) {
-  auto mine = DecodeLayoutMessage(messages[static_cast<size_t>(rank)]);
-  if (!mine.ok() || !mine->templated) return false;
+bool AnyTemplated(const std::vector<LayoutMessage>& messages) {
+  return std::any_of(messages.begin(), messages.end(),
+                     [](const LayoutMessage& m) { return m.templated; });
+}
+
+bool SendsTemplate(const std::vector<LayoutMessage>& messages, int rank) {
+  const LayoutMessage& mine = messages[static_cast<size_t>(rank)];
+  if (!mine.templated) return false;
   for (int r = 0; r < rank; ++r) {
-    auto other = DecodeLayoutMessage(messages[static_cast<size_t>(r)]);
-    if (other.ok() && other->templated && other->template_hash == mine->template_hash) return false;
+    const LayoutMessage& other = messages[static_cast<size_t>(r)];
+    if (other.templated && other.template_hash == mine.template_hash) return false;
   }
   return true;
 }
@@ -409,18 +416,19 @@ double PersistPlan::max_writer_share() const {
 Result<PersistPlan> PlanPersist(const std::vector<std::string>& messages,
                                 const std::vector<std::string>& template_bytes,
                                 const std::vector<uint64_t>& hashes, const PlannerConfig& config) {
-  const size_t world = messages.size();
+  CAIRN_ASSIGN_OR_RETURN(auto msgs, DecodeLayoutMessages(messages));
+  return PlanPersist(std::move(msgs), template_bytes, hashes, config);
+}
+
+Result<PersistPlan> PlanPersist(std::vector<LayoutMessage> msgs,
+                                const std::vector<std::string>& template_bytes,
+                                const std::vector<uint64_t>& hashes, const PlannerConfig& config) {
+  const size_t world = msgs.size();
   if (world == 0 || hashes.size() != world)
     return Status::InvalidArgument("save plan: need one layout message and one hash per rank");
-  std::vector<LayoutMessage> msgs(world);
-  bool all_templated = true, any_templated = false;
-  for (size_t r = 0; r < world; ++r) {
-    auto m = DecodeLayoutMessage(messages[r]);
-    if (!m.ok()) return m.status().WithContext("save plan: rank " + std::to_string(r));
-    msgs[r] = std::move(*m);
-    all_templated = all_templated && msgs[r].templated;
-    any_templated = any_templated || msgs[r].templated;
-  }
+  const bool any_templated = AnyTemplated(msgs);
+  const bool all_templated =
+      std::all_of(msgs.begin(), msgs.end(), [](const LayoutMessage& m) { return m.templated; });
   // The templates, decoded once each, numbered by their lowest rank.
   std::vector<LayoutTemplate> templates;
   std::vector<uint32_t> rank_template(world, 0), rank_index(world, 0);

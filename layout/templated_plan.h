@@ -119,16 +119,23 @@ struct PersistPlan {
   double max_writer_share() const;
 };
 
+// The messages of gather 1, each decoded once: Corruption naming the rank of a bad one.
+Result<std::vector<LayoutMessage>> DecodeLayoutMessages(const std::vector<std::string>& messages);
+
 // Plans from the gathers: messages[r] from gather 1, template_bytes[r] from gather 2 (may
-// be empty when no rank is templated). hashes[r] is rank r's layout hash.
+// be empty when no rank is templated). hashes[r] is rank r's layout hash. The first form
+// decodes the messages (DecodeLayoutMessages).
 Result<PersistPlan> PlanPersist(const std::vector<std::string>& messages,
                                 const std::vector<std::string>& template_bytes,
                                 const std::vector<uint64_t>& hashes,
                                 const PlannerConfig& config = {});
+Result<PersistPlan> PlanPersist(std::vector<LayoutMessage> msgs,
+                                const std::vector<std::string>& template_bytes,
+                                const std::vector<uint64_t>& hashes, const PlannerConfig& config);
 
 // After gather 1: whether `rank` sends its template in gather 2 (it is templated and no
 // lower rank has the same template hash), and whether gather 2 is needed at all.
-bool SendsTemplate(const std::vector<std::string>& messages, int rank);
-bool AnyTemplated(const std::vector<std::string>& messages);
+bool SendsTemplate(const std::vector<LayoutMessage>& messages, int rank);
+bool AnyTemplated(const std::vector<LayoutMessage>& messages);
 
 }  // namespace cairn

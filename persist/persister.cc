@@ -351,7 +351,9 @@ Status Persister::Replan(const std::vector<uint64_t>& hashes, const HeldLayout& 
     for (int r = 0; r < me; ++r) first_of_hash = first_of_hash && hashes[r] != hashes[me];
     if (first_of_hash) msg.layout = my_layout.encoded;
   }
-  CAIRN_ASSIGN_OR_RETURN(auto messages, group_->AllGather(EncodeLayoutMessage(msg)));
+  CAIRN_ASSIGN_OR_RETURN(auto gathered, group_->AllGather(EncodeLayoutMessage(msg)));
+  CAIRN_ASSIGN_OR_RETURN(std::vector<LayoutMessage> messages, DecodeLayoutMessages(gathered));
+  gathered.clear();
   // Gather 2: each distinct template once.
   std::vector<std::string> templates;
   if (AnyTemplated(messages)) {
@@ -361,7 +363,7 @@ Status Persister::Replan(const std::vector<uint64_t>& hashes, const HeldLayout& 
                                          : std::string()));
   }
   CAIRN_ASSIGN_OR_RETURN(PersistPlan plan,
-                         PlanPersist(messages, templates, hashes, config_.planner));
+                         PlanPersist(std::move(messages), templates, hashes, config_.planner));
   if (me == 0 && !plan.why_general.empty())
     log_->Info("persist: the general save planner is used: " + plan.why_general);
   plan_ = std::move(plan);

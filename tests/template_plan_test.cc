@@ -60,9 +60,10 @@ Gathered Exchange(const std::vector<RankLayout>& layouts, bool templates = true)
     }
     g.messages.push_back(EncodeLayoutMessage(m));
   }
-  if (AnyTemplated(g.messages))
+  const std::vector<LayoutMessage> decoded = *DecodeLayoutMessages(g.messages);
+  if (AnyTemplated(decoded))
     for (int r = 0; r < world; ++r) {
-      const bool send = SendsTemplate(g.messages, r);
+      const bool send = SendsTemplate(decoded, r);
       g.senders += send;
       g.templates.push_back(send ? EncodeTemplate(rec[static_cast<size_t>(r)]->layout_template)
                                  : std::string());
