@@ -117,6 +117,14 @@ int main(int argc, char** argv) {
     const int64_t last = matrix ? arg : argc > 5 ? std::atoll(argv[5]) : -1;
     const int64_t every = matrix && argc > 5 ? std::atoll(argv[5]) : 0;
     for (int64_t t = first;; ++t) {
+      if (matrix && t == last && t > first) {
+        // The run's last version must not be skipped for want of a free slot (under a
+        // loaded machine replication and persist can still pin every older slot; the
+        // matrix restores the last step): wait for the pipeline as a user ending a run
+        // would, then save it.
+        Status cap = c.wait_captured();
+        if (cap.ok() && opts.replicas > 0) (void)c.wait_replicated(30);
+      }
       model.Visit(held, t, false);
       if (!device.Upload()) {
         std::fprintf(stderr, "recovery_child: copy to the device failed\n");
