@@ -1,9 +1,5 @@
 #include "persist/persister.h"
 
-#include <sched.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <map>
 #include <unordered_map>
@@ -22,6 +18,18 @@
 
 namespace cairn {
 namespace {
+
+ThreadPriority DrainPriority(PersistPriority p) {
+  switch (p) {
+    case PersistPriority::kLow:
+      return ThreadPriority::kLow;
+    case PersistPriority::kIdle:
+      return ThreadPriority::kIdle;
+    case PersistPriority::kNormal:
+      break;
+  }
+  return ThreadPriority::kNormal;
+}
 
 // What a rank brings to a round: its newest mark and the versions it holds.
 struct Offer {
@@ -101,7 +109,10 @@ Persister::Persister(PersistConfig config, HostTier* tier, Group* group, FileSys
       fs_(fs),
       log_(log),
       settle_(std::move(settle)),
-      limiter_(config_.rate_bytes_per_s) {
+      limiter_(config_.rate_bytes_per_s),
+      writers_("cairn-persist", std::clamp(config_.writer.threads, 1, 64) - 1,
+               DrainPriority(config_.priority)) {
+  config_.writer.pool = &writers_;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -142,16 +153,10 @@ PersisterStats Persister::stats() const {
 
 void Persister::Loop() {
   // Draining is background work: it yields the CPU to the training and capture threads
-  // (Linux scheduling policy and nice value are per thread; the writer threads this thread
-  // starts inherit them). flush() is unaffected in practice: the training thread waits.
-  if (config_.priority == PersistPriority::kIdle) {
-    sched_param sp{};
-    if (::sched_setscheduler(0, SCHED_IDLE, &sp) != 0)
-      log_->Info("persist: SCHED_IDLE refused; writers run at normal priority");
-  } else if (config_.priority == PersistPriority::kLow) {
-    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) != 0)
-      log_->Info("persist: setpriority refused; writers run at normal priority");
-  }
+  // (Linux scheduling policy and nice value are per thread: the writer pool's threads got
+  // the same). flush() is unaffected in practice: the training thread waits.
+  if (!SetThreadPriority(DrainPriority(config_.priority)))
+    log_->Info("persist: the drain's CPU priority was refused; writers run at normal priority");
   for (;;) {
     uint64_t newest = 0, seq = 0;
     {

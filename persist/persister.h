@@ -133,6 +133,7 @@ class Persister {
   const Logger* log_;
   std::function<void(uint64_t)> settle_;
   RateLimiter limiter_;
+  Pool writers_;  // with the drain thread, the writers of its data files (drain priority)
   struct HeldLayout {
     int64_t created_wall_ns = 0;  // tells a version from a later one of the same step
     uint64_t hash = 0;            // LayoutHash(encoded), or TemplatedLayoutHash

@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include "core/arith.h"
 #include "core/checksum.h"
@@ -104,58 +103,65 @@ Result<File> CreateDataFile(FileSystem* fs, const std::string& path,
   return file;
 }
 
-// Checksums and writes every unit on options.threads threads (direct: unaligned sources
-// through an aligned buffer); the first error.
+// Checksums and writes every unit on the writer pool (direct: unaligned sources through
+// an aligned buffer, one per thread at a time); the first error.
 Status WriteUnits(File& f, const std::string& path, std::span<const WriteItem> items,
                   const std::vector<Unit>& units, uint64_t chunk, bool direct,
                   const WriterOptions& options, RateLimiter* limiter, WriteReport* report) {
-  std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  Mutex err_mu;
-  Status first;
+  Mutex mu;
+  Status first;                                           // under mu
+  std::vector<std::unique_ptr<void, FreeDeleter>> spare;  // bounce buffers, under mu
   auto fail = [&](Status st) {
-    MutexLock lk(err_mu);
+    MutexLock lk(mu);
     if (first.ok()) first = std::move(st);
     failed = true;
   };
-  auto work = [&] {
+  auto write_unit = [&](size_t u) {
+    if (failed.load()) return;
+    const WriteItem& it = items[units[u].item];
+    const uint64_t b = static_cast<uint64_t>(units[u].chunk) * chunk;
+    const uint64_t n = std::min(chunk, it.nbytes - b);
+    const std::byte* src = it.src + b;
+    uint64_t write_n = n;
+    const bool aligned_src =
+        reinterpret_cast<uintptr_t>(src) % kPfsAlign == 0 && n % kPfsAlign == 0;
     std::unique_ptr<void, FreeDeleter> bounce;
-    if (direct) {
-      void* p = nullptr;
-      if (posix_memalign(&p, kPfsAlign, chunk) != 0)
-        return fail(Status::Internal(path + ": cannot allocate a write buffer"));
-      bounce.reset(p);
-    }
-    for (;;) {
-      const size_t u = next.fetch_add(1);
-      if (u >= units.size() || failed.load()) return;
-      const WriteItem& it = items[units[u].item];
-      const uint64_t b = static_cast<uint64_t>(units[u].chunk) * chunk;
-      const uint64_t n = std::min(chunk, it.nbytes - b);
-      const std::byte* src = it.src + b;
-      uint64_t write_n = n;
-      const bool aligned_src =
-          reinterpret_cast<uintptr_t>(src) % kPfsAlign == 0 && n % kPfsAlign == 0;
-      if (direct && !aligned_src) {  // through the aligned buffer
-        std::memcpy(bounce.get(), src, n);
-        write_n = RoundUp(n, kPfsAlign);
-        if (write_n > n) std::memset(static_cast<std::byte*>(bounce.get()) + n, 0, write_n - n);
-        src = static_cast<const std::byte*>(bounce.get());
+    if (direct && !aligned_src) {  // through an aligned buffer
+      {
+        MutexLock lk(mu);
+        if (!spare.empty()) {
+          bounce = std::move(spare.back());
+          spare.pop_back();
+        }
       }
-      report->chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
-      if (options.yield) options.yield();
-      if (limiter) limiter->Acquire(write_n);
-      Status st = f.WriteAt(src, write_n, it.file_offset + b);
-      if (!st.ok()) return fail(std::move(st));
-      CAIRN_KILL_POINT("persist.piece_written");
+      void* p = nullptr;
+      if (!bounce && posix_memalign(&p, kPfsAlign, chunk) != 0)
+        return fail(Status::Internal(path + ": cannot allocate a write buffer"));
+      if (!bounce) bounce.reset(p);
+      std::memcpy(bounce.get(), src, n);
+      write_n = RoundUp(n, kPfsAlign);
+      if (write_n > n) std::memset(static_cast<std::byte*>(bounce.get()) + n, 0, write_n - n);
+      src = static_cast<const std::byte*>(bounce.get());
     }
+    report->chunk_checksums[units[u].item][units[u].chunk] = Checksum(src, n);
+    if (options.yield) options.yield();
+    if (limiter) limiter->Acquire(write_n);
+    Status st = f.WriteAt(src, write_n, it.file_offset + b);
+    if (bounce) {
+      MutexLock lk(mu);
+      spare.push_back(std::move(bounce));
+    }
+    if (!st.ok()) return fail(std::move(st));
+    CAIRN_KILL_POINT("persist.piece_written");
   };
-  const int nthreads = std::clamp(options.threads, 1, 64);
-  std::vector<std::thread> pool;
-  for (int t = 1; t < nthreads && static_cast<size_t>(t) < units.size(); ++t)
-    pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  if (options.pool != nullptr) {
+    options.pool->ParallelFor(units.size(), write_unit);
+  } else {
+    Pool pool("cairn-write", std::clamp(options.threads, 1, 64) - 1);
+    pool.ParallelFor(units.size(), write_unit);
+  }
+  MutexLock lk(mu);
   return first;
 }
 

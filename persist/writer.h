@@ -23,6 +23,7 @@
 #include "core/filesystem.h"
 #include "core/log.h"
 #include "core/mutex.h"
+#include "core/pool.h"
 
 namespace cairn {
 
@@ -47,7 +48,11 @@ struct WriteItem {
 };
 
 struct WriterOptions {
+  // Threads that checksum and write, the calling thread among them: those of `pool` and
+  // the caller when a pool is given (the persister's, at the drain's priority), else a pool
+  // of threads - 1 started for the one file.
   int threads = 1;
+  Pool* pool = nullptr;
   bool direct = false;
   uint64_t chunk_bytes = 4ull << 20;  // write and checksum unit
   // Called before each chunk; may block for a while to let more urgent work run (the

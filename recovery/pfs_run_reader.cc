@@ -6,6 +6,7 @@
 #include <chrono>
 #include <unordered_map>
 
+#include "core/pool.h"
 #include "persist/pfs_reader.h"
 
 namespace cairn::restore_internal {
@@ -70,38 +71,28 @@ Status PfsRunReader::CopyRun(size_t k) {
   return x;
 }
 
-void PfsRunReader::ReaderLoop() {
-  for (;;) {
-    Item it;
-    {
-      MutexLock lk(mu_);
-      cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      it = queue_.front();
-      queue_.pop_front();
+void PfsRunReader::Read(const Item& it) {
+  const LoadPlan::Run& r = a_.plan.runs[a_.load.my_runs[it.k]];
+  const pb::SavedBox& b = a_.manifest->boxes(a_.cat.pieces[r.piece].pfs_box);
+  std::byte* dst = bufs_[it.k] + it.off;
+  const std::string path = JoinPath(a_.step_dir, a_.manifest->files(static_cast<int>(b.file())));
+  Status s = files_.at(b.file()).ReadAt(dst, it.n, b.offset() + r.lo + it.off).WithContext(path);
+  if (s.ok()) s = CheckSavedChunk(*a_.manifest, b, r.lo + it.off, dst, path);
+  MutexLock lk(mu_);
+  if (s.code() == StatusCode::kCorruption)
+    a_.NoteCorrupt(s.WithContext(a_.who));
+  else if (!s.ok() && st_.ok())
+    st_ = s.WithContext(a_.who);
+  if (--left_[it.k] == 0) {
+    if (a_.env.host_targets && st_.ok()) {
+      lk.Unlock();
+      Status x = CopyRun(it.k);
+      lk.Lock();
+      if (!x.ok() && copy_st_.ok()) copy_st_ = x;
+      copied_[it.k] = 1;
     }
-    const LoadPlan::Run& r = a_.plan.runs[a_.load.my_runs[it.k]];
-    const pb::SavedBox& b = a_.manifest->boxes(a_.cat.pieces[r.piece].pfs_box);
-    std::byte* dst = bufs_[it.k] + it.off;
-    const std::string path = JoinPath(a_.step_dir, a_.manifest->files(static_cast<int>(b.file())));
-    Status s = files_.at(b.file()).ReadAt(dst, it.n, b.offset() + r.lo + it.off).WithContext(path);
-    if (s.ok()) s = CheckSavedChunk(*a_.manifest, b, r.lo + it.off, dst, path);
-    MutexLock lk(mu_);
-    if (s.code() == StatusCode::kCorruption)
-      a_.NoteCorrupt(s.WithContext(a_.who));
-    else if (!s.ok() && st_.ok())
-      st_ = s.WithContext(a_.who);
-    if (--left_[it.k] == 0) {
-      if (a_.env.host_targets && st_.ok()) {
-        lk.Unlock();
-        Status x = CopyRun(it.k);
-        lk.Lock();
-        if (!x.ok() && copy_st_.ok()) copy_st_ = x;
-        copied_[it.k] = 1;
-      }
-      ready_[it.k] = 1;
-      cv_.NotifyAll();
-    }
+    ready_[it.k] = 1;
+    cv_.NotifyAll();
   }
 }
 
@@ -151,7 +142,7 @@ void PfsRunReader::StartMore() {
     MutexLock lk(mu_);
     if (st_.ok())  // after an error the bytes still go out, so no peer waits for them
       for (uint64_t o = 0; o < r.hi - r.lo; o += chunk) {
-        queue_.push_back({k, o, std::min(chunk, r.hi - r.lo - o)});
+        reads_->Run([this, it = Item{k, o, std::min(chunk, r.hi - r.lo - o)}] { Read(it); });
         ++left_[k];
       }
     if (left_[k] == 0) ready_[k] = 1;
@@ -205,19 +196,16 @@ Status PfsRunReader::Run() {
     ready_.assign(nruns_, 0);
   }
   const size_t nthreads = std::max<size_t>(1, std::min<size_t>(a_.env.read_threads, nruns_));
-  for (size_t t = 0; t < nthreads && nruns_ > 0; ++t)
-    threads_.emplace_back([this] { ReaderLoop(); });
+  Pool readers("cairn-read", nruns_ > 0 ? static_cast<int>(nthreads) : 0);
+  TaskGroup reads(&readers);
+  reads_ = &reads;
   for (size_t k = 0; k < nruns_; ++k) {
     StartMore();
     WaitReady(k);
     PassOn(k);
   }
-  {
-    MutexLock lk(mu_);
-    stop_ = true;
-    cv_.NotifyAll();
-  }
-  for (auto& t : threads_) t.join();
+  reads.Wait();
+  reads_ = nullptr;
   while (!sent_.empty()) ReleaseOldest();
   MutexLock lk(mu_);
   Note(copy_st_);

@@ -9,17 +9,17 @@
 // down to their regions when that is smaller) and this rank's targets are filled from it
 // (by the reader that completed it, for host targets); its buffer goes back to the pool
 // once those sends completed.
-// Thread-safety: Run() once, on the attempt's thread; the reader threads are its own.
+// Thread-safety: Run() once, on the attempt's thread; the readers are a pool of its own.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "core/mutex.h"
+#include "core/pool.h"
 #include "recovery/restore_transfer.h"
 
 namespace cairn::restore_internal {
@@ -51,7 +51,9 @@ class PfsRunReader {
   // Orders this rank's runs by file position, opens their files, and finds each run's
   // spans, sends, and direct target.
   Status Prepare();
-  void ReaderLoop();
+  // One chunk-sized read: reads, verifies; the read that completes its run packs and fills
+  // it (host targets) and marks it ready. A task of the readers' pool.
+  void Read(const Item& it);
   // Packs and fills of run k with memcpy (by the reader that completed it, so they run
   // beside the next reads and the calling thread's sends).
   Status CopyRun(size_t k);
@@ -89,12 +91,10 @@ class PfsRunReader {
   // before the run's reads are queued, read by the readers after.
   std::vector<std::byte*> bufs_;
   std::vector<std::byte*> pack_buf_;
-  std::vector<std::thread> threads_;
+  TaskGroup* reads_ = nullptr;  // the reads queued on Run()'s pool of read_threads threads
 
   Mutex mu_;
   CondVar cv_;
-  std::deque<Item> queue_ CAIRN_GUARDED_BY(mu_);
-  bool stop_ CAIRN_GUARDED_BY(mu_) = false;
   Status st_ CAIRN_GUARDED_BY(mu_);                   // the first read error
   Status copy_st_ CAIRN_GUARDED_BY(mu_);              // the first error of a reader's copies
   std::vector<uint64_t> left_ CAIRN_GUARDED_BY(mu_);  // by run: reads not done

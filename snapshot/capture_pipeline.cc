@@ -9,8 +9,8 @@
 #include "core/checksum.h"
 #include "core/clock.h"
 #include "core/kill_point.h"
+#include "core/pool.h"
 #include "core/trace.h"
-#include "snapshot/worker_pool.h"
 
 namespace cairn {
 namespace {
@@ -316,7 +316,8 @@ CaptureStats CapturePipeline::capture_stats() const {
 }
 
 void CapturePipeline::CaptureLoop() {
-  RunAsBatchThread();  // save() returns at once rather than yield to the copy it queued
+  // save() returns at once rather than yield to the copy it queued.
+  (void)SetThreadPriority(ThreadPriority::kBatch);
   for (;;) {
     std::unique_ptr<Request> r;
     {

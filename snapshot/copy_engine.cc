@@ -3,12 +3,10 @@
 // chunks.
 #include "snapshot/copy_engine.h"
 
-#include <atomic>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "snapshot/worker_pool.h"
+#include "core/pool.h"
 
 namespace cairn {
 
@@ -64,34 +62,17 @@ std::vector<CopyGroup> GroupCopies(std::span<const CopyChunk> chunks, std::span<
   return groups;
 }
 
-Status ChecksumAsTheyLand(WorkerPool& pool, std::span<const uint32_t> group_of,
+Status ChecksumAsTheyLand(Pool& pool, std::span<const uint32_t> group_of,
                           const std::function<Status(size_t group)>& wait_group,
                           const std::function<void(size_t chunk)>& checksum) {
-  const size_t groups = group_of.empty() ? 0 : size_t{group_of.back()} + 1;
-  std::atomic<size_t> landed{0};  // groups whose bytes are in
-  std::atomic<bool> stop{false};  // a wait failed: start no more checksums
-  std::thread checksums([&] {
-    pool.ParallelFor(group_of.size(), [&](size_t k) {
-      for (size_t n = landed.load(std::memory_order_acquire); n <= group_of[k];
-           n = landed.load(std::memory_order_acquire))
-        landed.wait(n, std::memory_order_acquire);
-      if (!stop.load(std::memory_order_acquire)) checksum(k);
-    });
-  });
-  Status st;
-  for (size_t g = 0; g < groups; ++g) {
-    st = wait_group(g);
-    if (!st.ok()) {
-      stop.store(true, std::memory_order_release);
-      landed.store(groups, std::memory_order_release);  // wakes every waiter
-      landed.notify_all();
-      break;
-    }
-    landed.store(g + 1, std::memory_order_release);
-    landed.notify_all();
+  TaskGroup sums(&pool);
+  size_t k = 0;
+  for (size_t g = 0; k < group_of.size(); ++g) {
+    Status st = wait_group(g);
+    if (!st.ok()) return st;  // sums waits for the checksums already queued
+    for (; k < group_of.size() && group_of[k] == g; ++k) sums.Run([&checksum, k] { checksum(k); });
   }
-  checksums.join();
-  return st;
+  return Status::OK();
 }
 
 Status CopyEngine::Capture(const StreamMark* after, int device, std::span<const CopyChunk> chunks,

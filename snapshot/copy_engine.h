@@ -152,14 +152,13 @@ std::vector<CopyGroup> GroupCopies(std::span<const CopyChunk> chunks, std::span<
                                    size_t max_bytes, std::vector<uint32_t>* group_of);
 
 // Checksums chunks as their copies land: the calling thread waits for groups 0, 1, ... in
-// order (`wait_group`, e.g. a CUDA event) and publishes each as landed, while `pool`'s
-// threads (driven from a thread started here) take the chunks in order and run
-// `checksum(k)` as soon as chunk k's group (group_of[k], non-decreasing) is in; every pool
-// thread is busy while bytes arrive. Only the calling thread waits on the copies. On the
-// first failed wait, no chunk not yet started is checksummed and that error is returned
-// once every checksum has ended.
-class WorkerPool;
-Status ChecksumAsTheyLand(WorkerPool& pool, std::span<const uint32_t> group_of,
+// order (`wait_group`, e.g. a CUDA event) and, as each is in, queues `checksum(k)` on
+// `pool` for every chunk k of it (group_of[k], non-decreasing), so the pool's threads are
+// busy while later bytes arrive. Only the calling thread waits on the copies. On the first
+// failed wait, no further chunk is checksummed and that error is returned once every
+// checksum queued has ended.
+class Pool;
+Status ChecksumAsTheyLand(Pool& pool, std::span<const uint32_t> group_of,
                           const std::function<Status(size_t group)>& wait_group,
                           const std::function<void(size_t chunk)>& checksum);
 

@@ -10,8 +10,9 @@
 //                    checksummed, and only then does the next wait begin. On an H200 this
 //                    reached half the link (26.8 of 53.8 GB/s, 8 threads that checksum
 //                    58-75 GB/s alone; bench/gpu_parts).
-//   stream           groups up to kGroupBytes; the checksum threads take each chunk as soon
-//                    as its group has landed, all of them busy while bytes arrive.
+//   stream           groups up to kGroupBytes; each group's chunks are queued on the
+//                    checksum pool as soon as it has landed, its threads busy while later
+//                    bytes arrive.
 // Slots are registered (pinned) once, when the host tier maps or grows them, never per save.
 //
 // Compiled only when CMake finds the CUDA toolkit; without a usable device every entry
@@ -27,8 +28,8 @@
 #include "core/checksum.h"
 #include "core/kill_point.h"
 #include "core/mutex.h"
+#include "core/pool.h"
 #include "snapshot/copy_engine.h"
-#include "snapshot/worker_pool.h"
 
 namespace cairn {
 namespace {
@@ -127,7 +128,9 @@ class CudaCopyEngine final : public CopyEngine {
       : copy_device_(device),
         stream_landing_(stream_landing),
         batch_max_(static_cast<size_t>(checksum_threads) * 4),
-        pool_(stream_landing ? std::make_unique<WorkerPool>(checksum_threads) : nullptr),
+        pool_(stream_landing ? std::make_unique<Pool>("cairn-checksum", checksum_threads,
+                                                      ThreadPriority::kBatch)
+                             : nullptr),
         host_(MakeHostCopyEngine(checksum_threads)) {}
 
   ~CudaCopyEngine() override {
@@ -331,12 +334,10 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   // Streaming landing (CAIRN_CUDA_LANDING=stream): checksums every device chunk as it
-  // lands. This thread waits for the group events in
-  // order and publishes how many groups have landed; the pool's threads (driven from a
-  // thread of this capture) take the chunks in order and checksum each as soon as its group
-  // is in, so every checksum thread is busy while bytes arrive. Only this thread calls
-  // CUDA: checksum threads waiting in the driver too would contend with the training
-  // thread's kernel launches for the driver's locks.
+  // lands. This thread waits for the group events in order and, as each group is in, queues
+  // its chunks' checksums on the pool, so the checksum threads are busy while later bytes
+  // arrive. Only this thread calls CUDA: checksum threads waiting in the driver too would
+  // contend with the training thread's kernel launches for the driver's locks.
   Status LandStreaming(DeviceState* d, std::span<const CopyChunk> chunks,
                        const std::vector<size_t>& dev, const std::vector<uint32_t>& group_of,
                        uint64_t* checksums) {
@@ -397,7 +398,7 @@ class CudaCopyEngine final : public CopyEngine {
   const size_t batch_max_;  // chunks checksummed at once by the batch landing
   // The device chunks' checksums of the streaming landing (the batch landing checksums on
   // host_'s threads).
-  const std::unique_ptr<WorkerPool> pool_;
+  const std::unique_ptr<Pool> pool_;
   std::unique_ptr<CopyEngine> host_;  // host chunks, their checksums
   Mutex mu_;                          // guards states_ (MarkStream runs on another thread)
   std::map<int, std::unique_ptr<DeviceState>> states_ CAIRN_GUARDED_BY(mu_);

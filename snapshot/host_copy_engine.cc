@@ -5,8 +5,8 @@
 
 #include "core/checksum.h"
 #include "core/kill_point.h"
+#include "core/pool.h"
 #include "snapshot/copy_engine.h"
-#include "snapshot/worker_pool.h"
 
 namespace cairn {
 namespace {
@@ -17,7 +17,7 @@ constexpr size_t kSubBlock = 256 << 10;
 
 class HostCopyEngine final : public CopyEngine {
  public:
-  explicit HostCopyEngine(int threads) : pool_(threads) {}
+  explicit HostCopyEngine(int threads) : pool_("cairn-copy", threads - 1, ThreadPriority::kBatch) {}
 
   std::string_view name() const override { return "host"; }
   bool checksums_while_copying() const override { return true; }
@@ -53,7 +53,7 @@ class HostCopyEngine final : public CopyEngine {
   }
 
  private:
-  WorkerPool pool_;
+  Pool pool_;  // the calling thread copies too
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The host copy engine: streaming copies at every alignment, checksums equal to XXH3 of
-// the bytes, and the worker pool runs every iteration exactly once; the grouping of chunks
-// into device copies, and the capture pipeline marking which chunks may be grouped.
+// the bytes; the grouping of chunks into device copies, and the capture pipeline marking
+// which chunks may be grouped.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,9 +12,9 @@
 #include "core/checksum.h"
 #include "core/filesystem.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "snapshot/capture_pipeline.h"
 #include "snapshot/copy_engine.h"
-#include "snapshot/worker_pool.h"
 #include "tests/test_util.h"
 
 namespace cairn {
@@ -107,18 +107,6 @@ TEST(HostCopyEngine, ChecksumsMatchTheCopiedBytes) {
   }
 }
 
-TEST(WorkerPool, RunsEveryIterationOnce) {
-  for (int threads : {1, 2, 4}) {
-    WorkerPool pool(threads);
-    for (int round = 0; round < 300; ++round) {
-      const size_t n = static_cast<size_t>(round % 37);
-      std::vector<std::atomic<int>> hits(n);
-      pool.ParallelFor(n, [&](size_t i) { hits[i].fetch_add(1); });
-      for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << round;
-    }
-  }
-}
-
 TEST(GroupCopies, OnlyChunksThatContinueATensorJoinAndEveryChunkLandsOnce) {
   std::vector<std::byte> src(1 << 16), dst(1 << 16);
   std::byte* s = src.data();
@@ -165,7 +153,7 @@ TEST(GroupCopies, OnlyChunksThatContinueATensorJoinAndEveryChunkLandsOnce) {
 // checksummed only after every copy would time out here), and after a failed wait no
 // chunk of that group or a later one is checksummed (earlier ones may or may not be).
 TEST(ChecksumAsTheyLand, EachChunkOnceAfterItsGroupLandsWhileLaterGroupsAreInFlight) {
-  WorkerPool pool(4);
+  Pool pool("test", 4);
   const std::vector<uint32_t> group_of = {0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 4, 5, 5, 6, 7, 7};
   const size_t groups = 8;
   for (const size_t fail_at : {groups, size_t{3}}) {

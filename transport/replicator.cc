@@ -62,59 +62,60 @@ namespace {
 
 constexpr double kWaitSliceS = 0.05;
 
-// Verifies a replica while it arrives: a helper thread checks every checksum chunk as
-// soon as the transfer chunk that completes it has arrived (still warm in cache), so only
-// the tail is left when the last byte lands.
+// Verifies a replica while it arrives: as each transfer chunk lands, the checksum chunks
+// it completes are checked by a task on the replicator's verify pool (while still warm in
+// cache), so only the tail is left when the last byte lands.
 class ArrivalVerifier {
  public:
-  ArrivalVerifier(const SlotHeader& h, const std::byte* data, uint32_t chunks)
-      : thread_([this, &h, data, chunks] { Run(h, data, chunks); }) {}
+  ArrivalVerifier(Pool* pool, const SlotHeader& h, const std::byte* data)
+      : h_(h), data_(data), checks_(pool) {}
   ~ArrivalVerifier() { Finish(); }
   ArrivalVerifier(const ArrivalVerifier&) = delete;
   ArrivalVerifier& operator=(const ArrivalVerifier&) = delete;
 
   // The next transfer chunk has landed (ok) or the transfer is given up (not ok).
   void Arrived(bool ok) {
-    {
-      MutexLock l(mu_);
-      if (ok)
-        ++arrived_;
-      else
-        abort_ = true;
+    MutexLock l(mu_);
+    if (!ok || abort_) {
+      abort_ = true;
+      return;
     }
-    cv_.NotifyAll();
+    const uint64_t from = uint64_t{arrived_++} * kReplChunk;
+    checks_.Run([this, from] { Check(from); });
   }
-  // Joins the thread; the number of chunks that had arrived.
+  // Waits for the checks queued; the number of chunks that had arrived.
   uint32_t Finish() {
-    if (thread_.joinable()) thread_.join();
+    checks_.Wait();
     MutexLock l(mu_);
     return arrived_;
   }
   // After Finish(): the first checksum mismatch, or OK.
-  const Status& status() const { return verified_; }
-
- private:
-  void Run(const SlotHeader& h, const std::byte* data, uint32_t chunks) {
-    const uint64_t n = h.data_bytes;
-    for (uint32_t i = 0; i < chunks && verified_.ok(); ++i) {
-      {
-        MutexLock l(mu_);
-        cv_.Wait(l, [&]() CAIRN_REQUIRES(mu_) { return abort_ || arrived_ > i; });
-        if (abort_) return;
-      }
-      const int64_t t0 = NowNanos();
-      verified_ =
-          ReplicaStore::VerifyArrived(h, data, i * kReplChunk, std::min(n, (i + 1) * kReplChunk));
-      Trace::Record("replica checksum", "checksum", t0, NowNanos());
-    }
+  Status status() const {
+    MutexLock l(mu_);
+    return verified_;
   }
 
-  Mutex mu_;
-  CondVar cv_;
+ private:
+  void Check(uint64_t from) {
+    {
+      MutexLock l(mu_);
+      if (abort_ || !verified_.ok()) return;
+    }
+    const int64_t t0 = NowNanos();
+    Status st =
+        ReplicaStore::VerifyArrived(h_, data_, from, std::min(h_.data_bytes, from + kReplChunk));
+    Trace::Record("replica checksum", "checksum", t0, NowNanos());
+    MutexLock l(mu_);
+    if (!st.ok() && verified_.ok()) verified_ = std::move(st);
+  }
+
+  const SlotHeader& h_;
+  const std::byte* const data_;
+  mutable Mutex mu_;
   uint32_t arrived_ CAIRN_GUARDED_BY(mu_) = 0;
   bool abort_ CAIRN_GUARDED_BY(mu_) = false;
-  Status verified_;  // the thread's until Finish()
-  std::thread thread_;
+  Status verified_ CAIRN_GUARDED_BY(mu_);
+  TaskGroup checks_;  // last: destroyed (waited for) first
 };
 
 }  // namespace
@@ -545,7 +546,7 @@ Status Replicator::Receive(int src, uint32_t offer, const Admitted& a,
   for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
   CAIRN_KILL_POINT("replicate.ready");
   Reply(src, offer, ch_.ready, "ok");
-  ArrivalVerifier verifier(a.header, a.data, chunks);
+  ArrivalVerifier verifier(&verify_pool_, a.header, a.data);
   Status st;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
   for (uint32_t c = 0; c < chunks; ++c) {

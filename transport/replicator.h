@@ -33,6 +33,7 @@
 
 #include "core/log.h"
 #include "core/mutex.h"
+#include "core/pool.h"
 #include "tiers/host_tier.h"
 #include "tiers/replica_store.h"
 #include "transport/placement.h"
@@ -184,6 +185,8 @@ class Replicator {
   };
   std::vector<SinkRecv> sinks_;
   std::atomic<uint32_t> next_offer_{1};
+  // Checks incoming replicas' checksums as their chunks land (HandleOffer's ArrivalVerifier).
+  Pool verify_pool_{"cairn-verify", 1};
   std::thread sender_;
   std::thread service_;
 };
