@@ -62,15 +62,15 @@ struct Pool::Impl {
       std::shared_ptr<Job> job = queue.front();
       const size_t i = job->next++;
       if (job->next == job->n) queue.pop_front();  // every iteration is handed out
-      RunOne(lk, *job, i);
+      lk.Unlock();
+      job->fn(i);
+      lk.Lock();
+      Done(*job);
     }
   }
 
-  // Runs iteration i of `job` without the lock, then counts it.
-  void RunOne(MutexLock& lk, Job& job, size_t i) CAIRN_REQUIRES(mu) {
-    lk.Unlock();
-    job.fn(i);
-    lk.Lock();
+  // Counts an iteration of `job` that returned.
+  void Done(Job& job) CAIRN_REQUIRES(mu) {
     if (++job.done < job.n) return;
     if (job.group != nullptr) --job.group->pending;
     done.NotifyAll();
@@ -131,7 +131,10 @@ void Pool::ParallelFor(size_t n, const std::function<void(size_t)>& f) {
   while (job->next < job->n) {
     const size_t i = job->next++;
     if (job->next == job->n) std::erase(p.queue, job);
-    p.RunOne(lk, *job, i);
+    lk.Unlock();
+    job->fn(i);
+    lk.Lock();
+    p.Done(*job);
   }
   p.done.Wait(lk, [&]() CAIRN_REQUIRES(p.mu) { return job->done == job->n; });
 }

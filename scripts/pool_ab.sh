@@ -19,6 +19,13 @@ rounds="${1:-3}"
 dir="${CAIRN_AB_DIR:-/var/tmp}"
 targets=(bench_capture bench_persist bench_restore)
 bash scripts/setup.sh >/dev/null
+if ! dpkg-query -W -f='${Status}' libtbb-dev 2>/dev/null | grep -q "install ok installed"; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    libtbb-dev >/dev/null
+fi
 ninja -C build "${targets[@]}" >/dev/null
 if [ ! -f build-pool-tbb/build.ninja ]; then
   cmake -S . -B build-pool-tbb -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_POOL=tbb \
@@ -60,5 +67,5 @@ for b, keys in heads.items():
     if "tbb" in res[b] and "threads" in res[b]:
         res[b]["tbb_over_threads"] = {k: round(res[b]["tbb"][k] / res[b]["threads"][k], 3)
                                       for k in keys if res[b]["threads"][k]}
-print(json.dumps({"bench": "pool_ab", "rounds": int(len(rows)), **res}))
+print(json.dumps({"bench": "pool_ab", "rounds": len(rows), **res}))
 PY
