@@ -80,15 +80,25 @@ std::string NetnsCluster::address(int node) const {
   return "10.77.0." + std::to_string(node + 1);
 }
 
+Status NetnsCluster::CheckNode(int node) const {
+  if (node < 0 || node >= nodes_)
+    return Status::InvalidArgument("netns cluster " + name_ + ": no node " + std::to_string(node) +
+                                   " (it has " + std::to_string(nodes_) + ")");
+  return Status::OK();
+}
+
 Status NetnsCluster::Cut(int node) {
+  CAIRN_RETURN_IF_ERROR(CheckNode(node));
   return Run({"cut", name_, std::to_string(node)});
 }
 
 Status NetnsCluster::Heal(int node) {
+  CAIRN_RETURN_IF_ERROR(CheckNode(node));
   return Run({"heal", name_, std::to_string(node)});
 }
 
 Status NetnsCluster::SetRate(int node, const std::string& rate) {
+  CAIRN_RETURN_IF_ERROR(CheckNode(node));
   return Run({"rate", name_, std::to_string(node), rate});
 }
 

@@ -41,6 +41,8 @@ class NetnsCluster {
   NetnsCluster(std::string script, std::string name, int nodes)
       : script_(std::move(script)), name_(std::move(name)), nodes_(nodes) {}
   Status Run(const std::vector<std::string>& args, std::string* out = nullptr) const;
+  // InvalidArgument unless 0 <= node < nodes_.
+  Status CheckNode(int node) const;
   std::string script_, name_;
   int nodes_;
 };
