@@ -1,9 +1,6 @@
 #include "core/pool.h"
 
 #include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <deque>
 #include <thread>
@@ -13,21 +10,6 @@
 #include "core/mutex.h"
 
 namespace cairn {
-
-bool SetThreadPriority(ThreadPriority p) {
-  sched_param sp{};
-  switch (p) {
-    case ThreadPriority::kNormal:
-      return true;
-    case ThreadPriority::kBatch:
-      return ::sched_setscheduler(0, SCHED_BATCH, &sp) == 0;  // 0: this thread (Linux)
-    case ThreadPriority::kLow:
-      return ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) == 0;
-    case ThreadPriority::kIdle:
-      return ::sched_setscheduler(0, SCHED_IDLE, &sp) == 0;
-  }
-  return false;
-}
 
 namespace {
 

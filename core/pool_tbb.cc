@@ -9,31 +9,12 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <utility>
 
 #include "core/pool.h"
 
 namespace cairn {
-
-bool SetThreadPriority(ThreadPriority p) {
-  sched_param sp{};
-  switch (p) {
-    case ThreadPriority::kNormal:
-      return true;
-    case ThreadPriority::kBatch:
-      return ::sched_setscheduler(0, SCHED_BATCH, &sp) == 0;
-    case ThreadPriority::kLow:
-      return ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10) == 0;
-    case ThreadPriority::kIdle:
-      return ::sched_setscheduler(0, SCHED_IDLE, &sp) == 0;
-  }
-  return false;
-}
 
 namespace {
 tbb::global_control& Workers() {
