@@ -46,6 +46,8 @@ struct Pool::Impl {
       if (job->next == job->n) queue.pop_front();  // every iteration is handed out
       lk.Unlock();
       job->fn(i);
+      // A task's captures die here, not under mu: their destructors may use the pool.
+      if (job->n == 1) job->fn = nullptr;
       lk.Lock();
       Done(*job);
     }

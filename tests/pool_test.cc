@@ -9,6 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -74,6 +77,41 @@ TEST(TaskGroup, WaitReturnsOnceEveryTaskRanAndGroupsAreIndependent) {
     ga.Wait();
     EXPECT_EQ(a.load(), 500) << threads;
   }
+}
+
+// A task's captures are destroyed before Wait() returns and outside the pool's lock: a
+// capture whose destructor uses the same pool (the last reference to an object that
+// queues work on it) must not deadlock.
+TEST(TaskGroup, ATaskCaptureWhoseDestructorUsesThePoolDoesNotDeadlock) {
+  Pool pool("test", 2);
+  struct UsesPoolWhenDestroyed {
+    Pool* pool;
+    std::atomic<int>* ran;
+    ~UsesPoolWhenDestroyed() {
+      pool->ParallelFor(2, [&](size_t) { ran->fetch_add(1); });
+    }
+  };
+  std::atomic<int> ran{0};
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread watchdog([finished] {  // a deadlock cannot be unwound: report it and end
+    for (int i = 0; i < 300 && !finished->load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!finished->load()) {
+      std::fprintf(stderr, "deadlock: a task's capture destroyed under the pool's lock\n");
+      std::_Exit(1);
+    }
+  });
+  {
+    TaskGroup g(&pool);
+    for (int i = 0; i < 50; ++i) {
+      auto obj = std::make_shared<UsesPoolWhenDestroyed>(&pool, &ran);
+      g.Run([obj = std::move(obj)] {});
+    }
+    g.Wait();
+    EXPECT_EQ(ran.load(), 100);  // every destructor ran before Wait() returned
+  }
+  finished->store(true);
+  watchdog.join();
 }
 
 TEST(TaskGroup, ANullPoolRunsTasksOnTheCaller) {
