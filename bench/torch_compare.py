@@ -6,7 +6,7 @@ over a 2-way mesh, gloo).
 
     PYTHONPATH=build/python:tests/python python3 bench/torch_compare.py \\
         [--procs 1,2] [--dim 256] [--layers 2] [--vocab 32768] [--seq 16] [--batch 1]
-        [--rounds 6] [--iters 4] [--threads 2] [--dir /var/tmp]
+        [--rounds 6] [--iters 4] [--threads 2] [--dir /var/tmp] [--timeout 0]
 
 Arms, rotated in rounds (round 0 warms up and is not counted), --iters iterations each:
   none       no checkpoint
@@ -29,12 +29,18 @@ stall_ms and iter_ms (medians), cairn_vs_dcp_async (the stall ratio),
 iter_overhead_cairn and iter_overhead_dcp_async (iteration time over no checkpoint's, - 1);
 at the top level the worst of the configurations: the smallest cairn_vs_dcp_async and the
 largest iter_overhead_cairn.
+
+--timeout S: a configuration that has not finished after S seconds is a hang: every
+process's Python threads (faulthandler) and, where gdb is installed, its native threads are
+printed to stderr before the processes are killed and the run fails.
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -176,6 +182,7 @@ class Arms:
 
 
 def worker(a):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # run_config's hang report
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -296,6 +303,28 @@ def worker(a):
     return 0
 
 
+def report_hang(children, procs, timeout):
+    """Prints where every process of a hung configuration is, kills them, and fails."""
+    alive = [(r, c) for r, c in enumerate(children) if c.poll() is None]
+    for r, c in alive:
+        print(f"torch_compare: rank {r} (pid {c.pid}) has not finished; its Python threads:",
+              file=sys.stderr, flush=True)
+        c.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+    if shutil.which("gdb"):
+        for r, c in alive:
+            print(f"torch_compare: rank {r} (pid {c.pid}), native threads:", file=sys.stderr,
+                  flush=True)
+            subprocess.run(["gdb", "-p", str(c.pid), "-batch", "-nx", "-ex",
+                            "thread apply all bt 30"], stdout=sys.stderr, stderr=subprocess.STDOUT,
+                           timeout=60, check=False)
+    for _, c in alive:
+        c.kill()
+        c.wait()
+    sys.exit(f"torch_compare: the {procs}-process run did not finish within {timeout} s "
+             f"(ranks {[r for r, _ in alive]} hung; where they were is printed above)")
+
+
 def run_config(a, procs, tag):
     """Runs the workers of one configuration; returns rank 0's JSON object."""
     init = os.path.join(tempfile.mkdtemp(prefix="cairn-bench-torch-init-", dir=a.dir), "init")
@@ -308,10 +337,13 @@ def run_config(a, procs, tag):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(procs), USE_LIBUV="0",
                    UCX_TLS=os.environ.get("UCX_TLS", "tcp"))
         children.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + a.timeout if a.timeout > 0 else None
     while any(c.poll() is None for c in children):  # one failed: the others would hang
         if any(c.poll() not in (None, 0) for c in children):
             for c in children:
                 c.kill()
+        if deadline is not None and time.monotonic() > deadline:
+            report_hang(children, procs, a.timeout)
         time.sleep(0.2)
     outs = [c.communicate()[0] for c in children]
     shutil.rmtree(os.path.dirname(init), ignore_errors=True)
@@ -338,6 +370,9 @@ def main():
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--threads", type=int, default=2, help="torch threads in all")
     p.add_argument("--dir", default="/var/tmp", help="where checkpoints are written")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds a configuration may take before it is reported as hung "
+                   "(stacks printed, processes killed); 0: no limit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--init", help=argparse.SUPPRESS)
     p.add_argument("--tag", default=str(os.getpid()), help=argparse.SUPPRESS)
