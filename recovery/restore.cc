@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/arith.h"
 #include "core/box_copy.h"
 #include "core/checksum.h"
 #include "core/clock.h"
@@ -24,6 +25,7 @@
 #include "layout/layout_template.h"
 #include "layout/load_planner.h"
 #include "layout/memory_plan.h"
+#include "layout/restore_plan.h"
 #include "layout/save_planner.h"
 #include "persist/manifest.h"
 #include "persist/pfs_reader.h"
@@ -120,7 +122,7 @@ class Restorer {
                                const Status& pin_st, TemplatedMemoryStep* out);
   // Gather 1: every rank's references; *my_templates gets the templates this rank named.
   Result<std::vector<LayoutRefs>> GatherLayoutRefs(const ChosenStep& p, const Status& pin_st,
-                                                   const TemplatedMemoryStep& ts,
+                                                   const std::vector<std::vector<int>>& holders,
                                                    std::map<uint64_t, std::string>* my_templates);
   // Gather 2: each template named once, sent by the first rank naming it.
   Result<std::map<uint64_t, LayoutTemplate>> GatherTemplateBodies(
@@ -291,7 +293,6 @@ Result<bool> Restorer::FetchManifest(ChosenStep& p) {
 
 Result<bool> Restorer::PlanFromIndex(ChosenStep& p) {
   p.planned_alone = true;
-  p.plan_path = "templated: the step was saved from layout templates (MANIFEST format 2)";
   const pb::Manifest saved = std::move(p.manifest);
   std::vector<std::pair<std::string, Box>> want;
   for (const ShardSpec& t : targets_) want.push_back({t.meta.name, t.box});
@@ -304,11 +305,10 @@ Result<bool> Restorer::PlanFromIndex(ChosenStep& p) {
     p.sources.cat.from_pfs = true;
     p.sources.cat.where = p.step_dir;
     CatalogFromManifest(p.manifest, &p.sources.cat);
-    // Planned alone: this rank is class 0, every other rank an empty class 1.
-    p.lt.classes = {LayoutOf(targets_), RankLayout{}};
-    p.lt.class_of_rank.assign(static_cast<size_t>(env_.group->size()), 1);
-    p.lt.class_of_rank[static_cast<size_t>(env_.rank)] = 0;
-    CAIRN_ASSIGN_OR_RETURN(p.plan, MakeLoadPlan(p.sources.cat, p.lt));
+    CAIRN_ASSIGN_OR_RETURN(OwnPlan own, PlanOwnTargets(p.sources.cat, LayoutOf(targets_), env_.rank,
+                                                       env_.group->size()));
+    p.lt = std::move(own.lt);
+    p.plan = std::move(own.plan);
     return Status::OK();
   }();
   Trace::Record("restore plan", "restore", plan_t0, NowNanos());
@@ -361,12 +361,12 @@ Status Restorer::Unrestored(const ChosenStep& p, const std::vector<std::string>&
 
 Status Restorer::Plan(ChosenStep& p) {
   for (auto& piece : p.sources.cat.pieces) std::sort(piece.holders.begin(), piece.holders.end());
-  CAIRN_ASSIGN_OR_RETURN(p.lt, GroupTargets(p.layouts, p.hashes));
   const int64_t plan_t0 = NowNanos();
-  auto plan = MakeLoadPlan(p.sources.cat, p.lt);
+  auto plan = PlanJobWide(p.sources.cat, p.layouts, p.hashes);
   Trace::Record("restore plan", "restore", plan_t0, NowNanos());
   if (!plan.ok()) return plan.status();
-  p.plan = std::move(*plan);
+  p.lt = std::move(plan->lt);
+  p.plan = std::move(plan->plan);
   const auto& unrestored = p.plan.unrestored;
   if (unrestored.empty() || options_.partial) return Status::OK();
   return Unrestored(p, unrestored, unrestored.size());
@@ -374,74 +374,28 @@ Status Restorer::Plan(ChosenStep& p) {
 
 namespace {
 
-// The saved job's world size (one world: Choose) and, per source rank, the ranks holding
-// its version of `step`, lowest first.
-uint32_t FindHolders(const std::vector<Inventory>& inv, int64_t step, TemplatedMemoryStep* ts) {
+// Per source rank of `step` (the saved job's world: Choose made it one), the ranks holding
+// its version, lowest first.
+std::vector<std::vector<int>> FindHolders(const std::vector<Inventory>& inv, int64_t step) {
   uint32_t saved_world = 0;
   for (const Inventory& i : inv)
     for (const HeldVersion& v : i.held)
       if (v.step == step) saved_world = std::max(saved_world, v.world_size);
-  ts->step = step;
-  ts->holders.resize(saved_world);
+  std::vector<std::vector<int>> holders(saved_world);
   for (size_t r = 0; r < inv.size(); ++r)
     for (const HeldVersion& v : inv[r].held)
       if (v.step == step && v.source >= 0 && static_cast<uint32_t>(v.source) < saved_world &&
-          (ts->holders[v.source].empty() || ts->holders[v.source].back() != static_cast<int>(r)))
-        ts->holders[v.source].push_back(static_cast<int>(r));
-  return saved_world;
-}
-
-// Every source's layout reference, from its first holder (a rank reporting one it is not
-// the first holder of is Corruption); false where some layout is no template.
-Result<bool> IndexSavedRefs(const std::vector<LayoutRefs>& refs, const TemplatedMemoryStep& ts,
-                            std::vector<const SavedRef*>* of_source, const std::string& who) {
-  bool templated = true;
-  for (const LayoutRefs& r : refs) templated = templated && r.target.templated;
-  for (size_t r = 0; r < refs.size(); ++r)
-    for (const SavedRef& s : refs[r].saved) {
-      if (static_cast<size_t>(s.source) >= of_source->size() || ts.holders[s.source].empty() ||
-          ts.holders[s.source].front() != static_cast<int>(r) || (*of_source)[s.source])
-        return Status::Corruption(who + ": rank " + std::to_string(r) +
-                                  " reported the layout of rank " + std::to_string(s.source) +
-                                  "'s version of step " + std::to_string(ts.step) +
-                                  ", which it is not the first holder of");
-      (*of_source)[s.source] = &s;
-      templated = templated && s.layout.templated;
-    }
-  for (const SavedRef* s : *of_source) templated = templated && s;
-  return templated;
-}
-
-// The plan of `n` ranks whose layouts `ref_of(r)` names (nullopt: a template is missing
-// or the templates disagree).
-std::optional<TemplatedPlan> PlanOfRefs(const std::map<uint64_t, LayoutTemplate>& templates,
-                                        size_t n,
-                                        const std::function<const TemplateRef&(size_t)>& ref_of) {
-  std::vector<LayoutTemplate> list;
-  std::map<uint64_t, uint32_t> ids;
-  std::vector<uint32_t> rank_template(n), rank_index(n);
-  std::vector<uint64_t> hashes(n);
-  for (size_t r = 0; r < n; ++r) {
-    const TemplateRef& ref = ref_of(r);
-    auto it = templates.find(ref.hash);
-    if (it == templates.end()) return std::nullopt;
-    auto [id, fresh] = ids.emplace(ref.hash, static_cast<uint32_t>(list.size()));
-    if (fresh) list.push_back(it->second);
-    rank_template[r] = id->second;
-    rank_index[r] = ref.index;
-    hashes[r] = TemplatedLayoutHash(ref.hash, ref.index);
-  }
-  std::string why;
-  return MakeTemplatedPlan(std::move(list), std::move(rank_template), std::move(rank_index),
-                           std::move(hashes), nullptr, &why);
+          (holders[v.source].empty() || holders[v.source].back() != static_cast<int>(r)))
+        holders[v.source].push_back(static_cast<int>(r));
+  return holders;
 }
 
 }  // namespace
 
 Result<std::vector<LayoutRefs>> Restorer::GatherLayoutRefs(
-    const ChosenStep& p, const Status& pin_st, const TemplatedMemoryStep& ts,
+    const ChosenStep& p, const Status& pin_st, const std::vector<std::vector<int>>& holders,
     std::map<uint64_t, std::string>* my_templates) {
-  const uint32_t saved_world = static_cast<uint32_t>(ts.holders.size());
+  const uint32_t saved_world = static_cast<uint32_t>(holders.size());
   LayoutRefs mine;
   auto refer = [&](const RankLayout& l, int r, int w, TemplateRef* ref) {
     if (!env_.templates) return;
@@ -456,8 +410,8 @@ Result<std::vector<LayoutRefs>> Restorer::GatherLayoutRefs(
   for (const auto& pv : p.pinned) {
     const SlotHeader& h = pv->header();
     const int src = static_cast<int>(h.rank);
-    if (src >= static_cast<int>(saved_world) || ts.holders[src].empty() ||
-        ts.holders[src].front() != env_.rank || !reported.insert(src).second)
+    if (src >= static_cast<int>(saved_world) || holders[src].empty() ||
+        holders[src].front() != env_.rank || !reported.insert(src).second)
       continue;
     SavedRef s;
     s.source = src;
@@ -503,36 +457,25 @@ Result<std::map<uint64_t, LayoutTemplate>> Restorer::GatherTemplateBodies(
 
 Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
                                        const Status& pin_st, TemplatedMemoryStep* out) {
-  TemplatedMemoryStep& ts = *out;
-  const uint32_t saved_world = FindHolders(inv, p.choice.step, &ts);
+  std::vector<std::vector<int>> holders = FindHolders(inv, p.choice.step);
   // Gather 1: template references (this rank's targets; the versions it is the lowest
   // holder of).
   std::map<uint64_t, std::string> my_templates;
-  CAIRN_ASSIGN_OR_RETURN(auto refs, GatherLayoutRefs(p, pin_st, ts, &my_templates));
-  std::vector<const SavedRef*> of_source(saved_world, nullptr);
-  CAIRN_ASSIGN_OR_RETURN(bool templated, IndexSavedRefs(refs, ts, &of_source, who_));
+  CAIRN_ASSIGN_OR_RETURN(auto refs, GatherLayoutRefs(p, pin_st, holders, &my_templates));
+  bool templated = false;
+  CAIRN_ASSIGN_OR_RETURN(auto of_source,
+                         IndexSavedRefs(refs, p.choice.step, holders, who_, &templated));
   if (!templated) return false;
-  ts.chunk_bytes = of_source[0]->chunk_bytes;
-  for (const SavedRef* s : of_source)
-    if (s->chunk_bytes != ts.chunk_bytes || s->chunk_bytes == 0 || s->chunk_bytes > kMaxChunkBytes)
-      return Status::InvalidArgument(
-          "ranks saved step " + std::to_string(ts.step) + " with different chunk sizes (" +
-          std::to_string(s->chunk_bytes) + " and " + std::to_string(ts.chunk_bytes) + ")");
   // Gather 2: each template once, from the first rank naming it.
   CAIRN_ASSIGN_OR_RETURN(auto templates, GatherTemplateBodies(refs, my_templates));
-  // The saved plan (per source) and the target plan (per rank).
-  auto saved = PlanOfRefs(templates, saved_world,
-                          [&](size_t s) -> const TemplateRef& { return of_source[s]->layout; });
-  auto wanted = PlanOfRefs(templates, refs.size(),
-                           [&](size_t r) -> const TemplateRef& { return refs[r].target; });
-  if (!saved || !wanted) return false;
-  ts.saved = std::move(*saved);
-  ts.targets = std::move(*wanted);
+  CAIRN_ASSIGN_OR_RETURN(auto step,
+                         MemoryStepFromRefs(p.choice.step, holders, refs, of_source, templates));
+  if (!step) return false;
+  *out = std::move(*step);
   // Blobs: every holder of a source can provide them; the first one sends.
-  p.sources.blob_providers.resize(saved_world);
-  for (uint32_t s = 0; s < saved_world; ++s)
-    for (int h : ts.holders[s])
-      p.sources.blob_providers[s].push_back({h, of_source[s]->blob_bytes});
+  p.sources.blob_providers.resize(holders.size());
+  for (size_t s = 0; s < holders.size(); ++s)
+    for (int h : holders[s]) p.sources.blob_providers[s].push_back({h, of_source[s]->blob_bytes});
   return true;
 }
 
@@ -542,7 +485,6 @@ Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv
   CAIRN_ASSIGN_OR_RETURN(bool templated, GatherTemplates(inv, p, pin_st, &ts));
   if (!templated) return false;
   p.planned_alone = true;
-  p.plan_path = "templated: every target and saved layout is a layout template";
   const int64_t plan_t0 = NowNanos();
   Status st = [&]() -> Status {
     CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, PlanMemoryAlone(ts, env_.rank));
@@ -730,26 +672,31 @@ Result<RestoreReport> Restorer::Run() {
       CAIRN_ASSIGN_OR_RETURN(bool readable, FetchManifest(p));
       if (!readable) continue;
     }
-    if (p.choice.from_pfs && p.manifest.format_version() == kTemplatedManifestVersion) {
+    // Which planner (layout/restore_plan.h); the gathers it needs run here.
+    RestoreFacts facts;
+    facts.from_pfs = p.choice.from_pfs;
+    facts.indexed_manifest =
+        p.choice.from_pfs && p.manifest.format_version() == kTemplatedManifestVersion;
+    facts.templates_on = env_.templates;
+    RestorePlanChoice how = ChooseRestorePlan(facts);
+    if (how.route == RestoreRoute::kPfsIndex) {
       // No target layouts gathered, no job-wide plan: each rank reads what it needs.
       CAIRN_ASSIGN_OR_RETURN(bool usable, PlanFromIndex(p));
       if (!usable) continue;
     } else {
       const Status pin_st = p.choice.from_pfs ? Status::OK() : Pin(p);
-      bool alone = false;
-      if (!p.choice.from_pfs) {
-        CAIRN_ASSIGN_OR_RETURN(alone, PlanMemoryFromTemplates(inv, p, pin_st));
+      if (how.route == RestoreRoute::kMemoryTemplates) {
+        CAIRN_ASSIGN_OR_RETURN(bool alone, PlanMemoryFromTemplates(inv, p, pin_st));
+        facts.every_layout_templated = alone;
+        how = ChooseRestorePlan(facts);
       }
-      if (!alone) {
-        p.plan_path = p.choice.from_pfs ? "general: the step was saved with the general plan"
-                      : env_.templates
-                          ? "general: some target or saved layout is no layout template"
-                          : "general: layout templates are off";
+      if (how.route == RestoreRoute::kJobWide) {
         CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p, pin_st));
         if (!usable) continue;
         CAIRN_RETURN_IF_ERROR(Plan(p));
       }
     }
+    p.plan_path = how.Path();
     RestoreReport r;
     Attempt a(env_, targets_, p.sources.cat, p.plan);
     a.manifest = p.choice.from_pfs ? &p.manifest : nullptr;

@@ -19,6 +19,7 @@
 #include "cairn/group.h"
 #include "cairn/status.h"
 #include "layout/load_planner.h"
+#include "layout/restore_plan.h"
 #include "recovery/restore.h"
 #include "tiers/slot_header.h"
 #include "wire/codec.h"
@@ -62,26 +63,8 @@ std::string EncodeCatalogPart(std::string_view layout,
                               const std::vector<std::unique_ptr<PinnedVersion>>* pinned);
 Result<wire::CatalogPart> DecodeCatalogPart(std::string_view bytes, int rank);
 
-// A memory restore's first gather when layouts may be templates (layout/memory_plan.h):
-// this rank's target layout as a template reference, and for each saved version of the
-// step this rank is the lowest holder of, that version's layout as one, its chunk size
-// and the size of its blobs. A layout that is no template is sent as `templated` false
-// (the restore then gathers the general catalog).
-struct TemplateRef {
-  bool templated = false;
-  uint64_t hash = 0;  // TemplateHash of the encoded template
-  uint32_t index = 0;
-};
-struct SavedRef {
-  int32_t source = 0;
-  TemplateRef layout;
-  uint64_t chunk_bytes = 0;
-  uint64_t blob_bytes = 0;  // EncodeBlobs size
-};
-struct LayoutRefs {
-  TemplateRef target;
-  std::vector<SavedRef> saved;
-};
+// A memory restore's first gather when layouts may be templates (LayoutRefs,
+// layout/restore_plan.h).
 std::string EncodeLayoutRefs(const LayoutRefs& refs);
 Result<LayoutRefs> DecodeLayoutRefs(std::string_view b);
 
