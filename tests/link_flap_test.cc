@@ -165,6 +165,7 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
               {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
               {"CAIRN_PERSIST_EVERY", "0"},
               {"CAIRN_SLOTS", "8"},
+              {"CAIRN_TEST_LOCKSTEP", root_->path()},  // ranks in step, as in training
               {"CAIRN_LOG_LEVEL", "3"},
               {"UCX_TLS", "tcp"},
               {"UCX_NET_DEVICES", "eth0"}};
@@ -296,6 +297,9 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   const int64_t last_saved = Lines(log(1)).back().step;
+  std::printf("killed at rank 0's step %lld, rank 1's step %lld\n",
+              static_cast<long long>(Lines(log(0)).back().step),
+              static_cast<long long>(last_saved));
   for (int r = 0; r < 2; ++r) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
   for (int r = 0; r < 2; ++r) (*l)->WaitRank(r);
   // `cairn ls` tells which step the job would come back to from memory.

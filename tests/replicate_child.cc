@@ -8,6 +8,11 @@
 //       Stats' replication.unreplicated_s), then waits for the newest
 //       version to be replicated and prints "final ...". Exit 0 when that last replication
 //       succeeded.
+//       With CAIRN_TEST_LOCKSTEP=DIR (a directory all ranks see), a rank does not start
+//       step T before every other rank has saved step T-1, as training's collectives keep
+//       ranks in step (through files, not the network: a cut link must not couple them).
+//       Free-running ranks drift apart: under a sanitizer, one rank slower by a few
+//       percent fell a whole ring of slots behind the other in 240 steps.
 //   replicate_child restore STATE_BYTES
 //       Restores the newest version every rank can restore, checks every byte, prints
 //       "restored T tier X received B"; exit 0 when exact.
@@ -50,6 +55,39 @@ int Restore(size_t bytes) {
   return 0;
 }
 
+// CAIRN_TEST_LOCKSTEP: this rank has saved `step`.
+void Saved(const std::string& dir, int rank, int64_t step) {
+  const std::string path = dir + "/lockstep-" + std::to_string(rank);
+  if (FILE* f = std::fopen((path + ".tmp").c_str(), "w")) {
+    std::fprintf(f, "%lld\n", static_cast<long long>(step));
+    std::fclose(f);
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+}
+
+// CAIRN_TEST_LOCKSTEP: waits (at most 60 s, then goes on and says so) until every other
+// rank has saved `step` or a later one.
+void WaitForOthers(const std::string& dir, int rank, int world, int64_t step) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    for (;;) {
+      long long got = -1;
+      if (FILE* f = std::fopen((dir + "/lockstep-" + std::to_string(r)).c_str(), "r")) {
+        if (std::fscanf(f, "%lld", &got) != 1) got = -1;
+        std::fclose(f);
+      }
+      if (got >= step) break;
+      if (std::chrono::steady_clock::now() > until) {
+        std::fprintf(stderr, "replicate_child: rank %d has not saved step %lld in 60 s\n", r,
+                     static_cast<long long>(step));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "restore")
     return Restore(std::strtoull(argv[2], nullptr, 10));
@@ -63,7 +101,9 @@ int main(int argc, char** argv) {
   testing::CrashState s(bytes);
   auto v = c.versions();
   const int64_t start = v.empty() ? 1 : v.front().step + 1;
+  const char* lockstep = std::getenv("CAIRN_TEST_LOCKSTEP");
   for (int64_t t = start; t < start + steps; ++t) {
+    if (lockstep && t > start) WaitForOthers(lockstep, opts.rank, opts.world_size, t - 1);
     const int64_t f0 = NowNanos();
     Status fs = c.fence();
     const int64_t f1 = NowNanos();
@@ -76,6 +116,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "replicate_child: %s\n", out.status().ToString().c_str());
       return 1;
     }
+    if (lockstep) Saved(lockstep, opts.rank, t);
     Stats st = c.stats();
     std::printf(
         "step %lld stall_ms %.3f replicated %llu failed %llu newest %lld wall %.3f unreplicated_s "
