@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
   Put(out, "fuzz_restore", 5, std::string("\4\0", 2) + wire::Encode(outcome));
   // A memory restore's layout references (target template 3 of a rank, the saved layouts of
   // ranks 3 and 7 it first holds) and a list of one template.
-  restore_internal::LayoutRefs refs;
+  LayoutRefs refs;
   refs.target = {true, 0x5eed, 3};
   refs.saved = {{3, {true, 0xfeed, 3}, 1 << 16, 40}, {7, {false, 0, 0}, 1 << 16, 40}};
   Put(out, "fuzz_restore", 6, std::string("\5\4", 2) + restore_internal::EncodeLayoutRefs(refs));
