@@ -25,8 +25,9 @@ RestorePlanChoice ChooseRestorePlan(const RestoreFacts& f) {
   return {RestoreRoute::kJobWide, "some target or saved layout is no layout template"};
 }
 
-Result<OwnPlan> PlanOwnTargets(const LoadCatalog& cat, RankLayout mine, int rank, int world) {
-  OwnPlan out;
+Result<RankRestorePlan> PlanOwnTargets(const LoadCatalog& cat, RankLayout mine, int rank,
+                                       int world) {
+  RankRestorePlan out;
   out.lt.classes = {std::move(mine), RankLayout{}};
   out.lt.class_of_rank.assign(static_cast<size_t>(world), 1);
   out.lt.class_of_rank[static_cast<size_t>(rank)] = 0;
@@ -34,9 +35,9 @@ Result<OwnPlan> PlanOwnTargets(const LoadCatalog& cat, RankLayout mine, int rank
   return out;
 }
 
-Result<OwnPlan> PlanJobWide(const LoadCatalog& cat, const std::vector<std::string>& layouts,
-                            const std::vector<uint64_t>& hashes) {
-  OwnPlan out;
+Result<RankRestorePlan> PlanJobWide(const LoadCatalog& cat, const std::vector<std::string>& layouts,
+                                    const std::vector<uint64_t>& hashes) {
+  RankRestorePlan out;
   CAIRN_ASSIGN_OR_RETURN(out.lt, GroupTargets(layouts, hashes));
   CAIRN_ASSIGN_OR_RETURN(out.plan, MakeLoadPlan(cat, out.lt));
   return out;

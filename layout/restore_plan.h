@@ -52,19 +52,22 @@ struct RestorePlanChoice {
 
 RestorePlanChoice ChooseRestorePlan(const RestoreFacts& facts);
 
-// kPfsIndex: this rank's plan over the pieces its targets meet (`cat`, from the index
-// files): its layout as class 0, every other rank of `world` an empty class. Errors as
-// MakeLoadPlan's for its own targets.
-struct OwnPlan {
+// A plan and the target classes it was made for (PlanOwnTargets, PlanJobWide).
+struct RankRestorePlan {
   LoadTargets lt;
   LoadPlan plan;
 };
-Result<OwnPlan> PlanOwnTargets(const LoadCatalog& cat, RankLayout mine, int rank, int world);
+
+// kPfsIndex: this rank's plan over the pieces its targets meet (`cat`, from the index
+// files): its layout as class 0, every other rank of `world` an empty class. Errors as
+// MakeLoadPlan's for its own targets.
+Result<RankRestorePlan> PlanOwnTargets(const LoadCatalog& cat, RankLayout mine, int rank,
+                                       int world);
 
 // kJobWide: every rank's plan, from every rank's encoded target layout and its hash (equal
 // layouts form one class). `cat`'s holder lists must be sorted.
-Result<OwnPlan> PlanJobWide(const LoadCatalog& cat, const std::vector<std::string>& layouts,
-                            const std::vector<uint64_t>& hashes);
+Result<RankRestorePlan> PlanJobWide(const LoadCatalog& cat, const std::vector<std::string>& layouts,
+                                    const std::vector<uint64_t>& hashes);
 
 // kMemoryTemplates. A rank's part of the first gather: its target layout as a template
 // reference, and for each saved version of the step it is the lowest holder of, that

@@ -305,8 +305,8 @@ Result<bool> Restorer::PlanFromIndex(ChosenStep& p) {
     p.sources.cat.from_pfs = true;
     p.sources.cat.where = p.step_dir;
     CatalogFromManifest(p.manifest, &p.sources.cat);
-    CAIRN_ASSIGN_OR_RETURN(OwnPlan own, PlanOwnTargets(p.sources.cat, LayoutOf(targets_), env_.rank,
-                                                       env_.group->size()));
+    CAIRN_ASSIGN_OR_RETURN(RankRestorePlan own, PlanOwnTargets(p.sources.cat, LayoutOf(targets_),
+                                                               env_.rank, env_.group->size()));
     p.lt = std::move(own.lt);
     p.plan = std::move(own.plan);
     return Status::OK();
