@@ -403,7 +403,7 @@ Status UcxComm::FinishRecv(PendingRecv& recv, double timeout_s) {
 }
 
 Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
-                             bool gentle, uint64_t* sender_tag,
+                             RecvWait wait, uint64_t* sender_tag,
                              std::string* out) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
@@ -458,6 +458,11 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       return Status::Unavailable("receive " +
                                  (peer >= 0 ? Who(peer) : std::string("from any rank")) +
                                  ": nothing arrived within " + std::to_string(timeout_s) + " s");
+    if (wait.cancel && wait.cancel->load(std::memory_order_relaxed))
+      return Status::Unavailable("receive " +
+                                 (peer >= 0 ? Who(peer) : std::string("from any rank")) +
+                                 ": given up (closing)");
+    const bool gentle = wait.gentle;
     if (gentle || idle) {
       lk.Unlock();
       // A service loop waits here most of the time: it polls gently, so that it never
@@ -471,12 +476,12 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
   }
 }
 
-Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s) {
+Result<std::string> UcxComm::Recv(int peer, uint64_t tag, double timeout_s, RecvWait wait) {
   Lock lk(mu_);
   // An endpoint to the sender reports its failure while we wait (lazy jobs make it now).
   if (lazy_) CAIRN_RETURN_IF_ERROR(EnsurePeer(lk, peer, "receive"));
   std::string out;
-  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, tag, ~uint64_t{0}, peer, timeout_s, false, nullptr, &out));
+  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, tag, ~uint64_t{0}, peer, timeout_s, wait, nullptr, &out));
   return out;
 }
 
@@ -486,7 +491,8 @@ Result<UcxComm::Incoming> UcxComm::RecvAny(Channel channel, double timeout_s, in
   uint64_t sender_tag = 0;
   const uint64_t tag = MakeTag(channel, source >= 0 ? source : 0, 0);
   const uint64_t mask = MakeTag(Channel{0xff}, source >= 0 ? 0xffffff : 0, 0);
-  CAIRN_RETURN_IF_ERROR(ProbeReceive(lk, tag, mask, -1, timeout_s, true, &sender_tag, &in.bytes));
+  CAIRN_RETURN_IF_ERROR(
+      ProbeReceive(lk, tag, mask, -1, timeout_s, RecvWait{.gentle = true}, &sender_tag, &in.bytes));
   in.source = static_cast<int>((sender_tag >> 32) & 0xffffff);
   in.seq = static_cast<uint32_t>(sender_tag);
   return in;
@@ -855,8 +861,7 @@ bool UcxComm::Verified(Lock& lk, int p) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   // Its hello was sent before its other messages on the same endpoint, so it is here.
   std::string got;
   uint64_t sender_tag = 0;
-  Status rs =
-      ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, -1, 0, false, &sender_tag, &got);
+  Status rs = ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, -1, 0, {}, &sender_tag, &got);
   bool restarted = false;
   return rs.ok() && TakeHello(lk, p, got, false, &restarted);
 }
@@ -934,7 +939,7 @@ std::vector<int> UcxComm::ServiceHellos() {
     uint64_t sender_tag = 0;
     std::string got;
     Status rs = ProbeReceive(lk, static_cast<uint64_t>(kHello.id) << 56, uint64_t{0xff} << 56, -1,
-                             0, false, &sender_tag, &got);
+                             0, {}, &sender_tag, &got);
     if (sender_tag == 0) break;  // no hello waiting
     if (!rs.ok()) continue;
     const int p = static_cast<int>((sender_tag >> 32) & 0xffffff);
@@ -1052,8 +1057,7 @@ Status UcxComm::AwaitHellos(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_A
     if (p == rank_) continue;
     std::string got;
     const double left = std::max(0.0, NanosToSeconds(deadline - NowNanos()));
-    Status rs =
-        ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, false, nullptr, &got);
+    Status rs = ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, {}, nullptr, &got);
     if (!rs.ok())
       return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
                                  std::to_string(options_.connect_timeout_s) + " s (" +

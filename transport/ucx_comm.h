@@ -112,6 +112,13 @@ class UcxRequest {
   void* req_ = nullptr;
 };
 
+// How UcxComm::Recv waits: `gentle` polls every 0.5 ms instead of spinning (for a
+// background thread that may wait long); a set `*cancel` ends the wait (Unavailable).
+struct RecvWait {
+  bool gentle = false;
+  const std::atomic<bool>* cancel = nullptr;
+};
+
 class UcxComm {
  public:
   // Joins the job as options.rank of options.world_size. `token` overrides the job token
@@ -201,7 +208,7 @@ class UcxComm {
   uint64_t peer_epoch(int peer) const;
   // Receives the message carrying exactly `tag`, which `peer` sends. Unavailable if `peer`
   // fails or nothing arrives within `timeout_s`.
-  Result<std::string> Recv(int peer, uint64_t tag, double timeout_s);
+  Result<std::string> Recv(int peer, uint64_t tag, double timeout_s, RecvWait wait = {});
 
   // Memory registered with this rank's UCX context for RMA; unregistered on destruction
   // (it must not outlive the UcxComm).
@@ -319,10 +326,12 @@ class UcxComm {
   Status Greet(Lock& lk, int peer, const std::string& address, const std::string& nonce)
       CAIRN_REQUIRES(mu_);
   // Probes for a message matching `tag` under `mask` (from `peer`, or any rank if -1) and
-  // receives it into *out, waiting up to `timeout_s` (0: look once). `gentle` polls every
-  // 0.5 ms instead of spinning. *sender_tag is set only when a message was found.
+  // receives it into *out, waiting up to `timeout_s` (0: look once). `wait.gentle` polls
+  // every 0.5 ms instead of spinning; a set `*wait.cancel` ends the wait
+  // (Unavailable).
+  // *sender_tag is set only when a message was found.
   Status ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, double timeout_s,
-                      bool gentle, uint64_t* sender_tag, std::string* out) CAIRN_REQUIRES(mu_);
+                      RecvWait wait, uint64_t* sender_tag, std::string* out) CAIRN_REQUIRES(mu_);
   Status CheckPeer(int peer, const char* what) const;
   // CheckPeer, after connecting to `peer` first in a lazy job (see the top); a failed
   // peer is reconnected when its address file has changed (it restarted).

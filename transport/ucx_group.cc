@@ -1,5 +1,6 @@
 #include "transport/ucx_group.h"
 
+#include "core/clock.h"
 #include "wire/codec.h"
 
 namespace cairn {
@@ -43,7 +44,7 @@ Status UcxGroup::Barrier() {
 
 Status UcxGroup::ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out,
                               std::string* raw) {
-  auto got = comm_->Recv(from, tag, comm_->op_timeout_s());
+  auto got = comm_->Recv(from, tag, comm_->op_timeout_s(), wait_);
   if (!got.ok()) return got.status();
   Status st = wire::Decode(*got, out, "collective message from rank " + std::to_string(from));
   if (!st.ok()) return st;
@@ -56,13 +57,25 @@ Status UcxGroup::ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out
   return Status::OK();
 }
 
+Status UcxGroup::FinishSend(UcxComm::PendingSend& send) {
+  if (wait_.cancel) {
+    const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+    while (!comm_->Sent(send, 0.1)) {
+      if (wait_.cancel->load(std::memory_order_relaxed))
+        return comm_->FinishSend(send, 0).WithContext("given up (closing)");
+      if (NowNanos() > deadline) break;
+    }
+  }
+  return comm_->FinishSend(send);
+}
+
 void UcxGroup::Abort(const std::vector<int>& waiting, Channel channel, uint32_t seq,
                      const Status& why) {
   const std::string m = AbortFrame(why);
   std::vector<UcxComm::PendingSend> sends;
   for (int to : waiting)
     sends.push_back(comm_->StartSend(to, MakeTag(channel, rank(), seq), m.data(), m.size()));
-  for (auto& s : sends) (void)comm_->FinishSend(s);  // best effort: `to` may be dead too
+  for (auto& s : sends) (void)FinishSend(s);  // best effort: `to` may be dead too
 }
 
 Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
@@ -87,7 +100,7 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
     wire::CollectiveFrame in;
     failed = ReceiveRound(from, MakeTag(collective_, from, seq), &in);
     if (failed.ok()) failed = UnpackBlocks(in, &all, from, c, n, from);
-    Status st = comm_->FinishSend(send);
+    Status st = FinishSend(send);
     if (failed.ok()) failed = st;
     if (!failed.ok()) break;
   }
@@ -135,7 +148,7 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
         comm_->StartSend(to, MakeTag(broadcast_, me, seq), message.data(), message.size()));
   Status first;
   for (auto& s : sends) {
-    Status st = comm_->FinishSend(s);
+    Status st = FinishSend(s);
     if (first.ok()) first = st;
   }
   if (!first.ok()) return first.WithContext("broadcast #" + std::to_string(seq));

@@ -25,9 +25,11 @@ class CollectiveFrame;
 class UcxGroup final : public Group {
  public:
   // Groups on the same comm need channels of their own (one pair per thread that runs
-  // collectives; see api/channels.h).
-  UcxGroup(UcxComm* comm, Channel collective, Channel broadcast)
-      : comm_(comm), collective_(collective), broadcast_(broadcast) {}
+  // collectives; see api/channels.h). `wait` is how its receives wait: a background thread
+  // that waits on its peers most of the time polls gently, and its owner may end a
+  // collective in flight by setting `*wait.cancel` (the collective then fails).
+  UcxGroup(UcxComm* comm, Channel collective, Channel broadcast, RecvWait wait = {})
+      : comm_(comm), collective_(collective), broadcast_(broadcast), wait_(wait) {}
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   Status Barrier() override;
@@ -44,9 +46,13 @@ class UcxGroup final : public Group {
   // Tells the ranks in `waiting` that this collective failed here (best effort).
   void Abort(const std::vector<int>& waiting, Channel channel, uint32_t seq, const Status& why);
 
+  // FinishSend, ended early when the owner cancels.
+  Status FinishSend(UcxComm::PendingSend& send);
+
   UcxComm* comm_;
   Channel collective_;
   Channel broadcast_;
+  RecvWait wait_;
   uint32_t seq_ = 0;
 };
 
