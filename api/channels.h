@@ -17,14 +17,16 @@ struct JobChannels {
   ReplicatorChannels replication{{4}, {5}, {6}, {7}};
   Channel persist_collective{8};  // the persister's own Group (its collectives run on its thread)
   Channel persist_broadcast{9};
-  Channel restore_data{10};  // bytes of saved pieces, holder or PFS reader -> target rank
+  Channel restore_data{10};      // bytes of saved pieces, holder or PFS reader -> target rank
+  Channel agree_collective{11};  // the step agreement's own Group (its thread)
+  Channel agree_broadcast{12};
 };
 
 // Every channel above, for the check below.
-constexpr std::array<Channel, 9> AllChannels(const JobChannels& c) {
-  return {c.collective,         c.broadcast,         c.replication.offer,
-          c.replication.ready,  c.replication.data,  c.replication.ack,
-          c.persist_collective, c.persist_broadcast, c.restore_data};
+constexpr std::array<Channel, 11> AllChannels(const JobChannels& c) {
+  return {c.collective,       c.broadcast,        c.replication.offer,  c.replication.ready,
+          c.replication.data, c.replication.ack,  c.persist_collective, c.persist_broadcast,
+          c.restore_data,     c.agree_collective, c.agree_broadcast};
 }
 
 constexpr bool ChannelsAreDistinctAndFree(const JobChannels& c) {

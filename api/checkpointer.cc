@@ -17,6 +17,7 @@
 #include "recovery/ucx_transport.h"
 #include "snapshot/capture_pipeline.h"
 #include "snapshot/copy_engine.h"
+#include "snapshot/step_agreement.h"
 #include "tiers/host_tier.h"
 #include "tiers/replica_store.h"
 #include "transport/replicator.h"
@@ -62,7 +63,10 @@ class Checkpointer::Impl {
   std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<Group> persist_group_;  // the persister's own collectives
   std::unique_ptr<Persister> persister_;
-  std::vector<int> replica_sources_;  // ranks whose replicas this rank holds
+  std::vector<int> replica_sources_;          // ranks whose replicas this rank holds
+  std::atomic<bool> agree_cancel_{false};     // set by the agreement's close (agree_group_)
+  std::unique_ptr<UcxGroup> agree_group_;     // the agreement's own collectives
+  std::unique_ptr<StepAgreement> agreement_;  // several ranks only
 };
 
 Status Checkpointer::Impl::OpenTier(FileSystem* fs) {
@@ -166,7 +170,10 @@ Status Checkpointer::Impl::Open() {
   cc.full_policy = options_.full_policy;
   CaptureHooks hooks;
   // Both stages exist before the first save() (made below, before Open returns).
-  hooks.on_save = [this](uint64_t seq, int64_t step) { persister_->OnSave(seq, step); };
+  hooks.on_save = [this](uint64_t seq, int64_t step) {
+    persister_->OnSave(seq, step);
+    if (agreement_) agreement_->OnSave(seq, step);
+  };
   hooks.on_captured = [this](int64_t step) {
     if (replicator_) replicator_->Notify(step);
   };
@@ -177,20 +184,34 @@ Status Checkpointer::Impl::Open() {
     group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.collective, channels_.broadcast);
     persist_group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.persist_collective,
                                                 channels_.persist_broadcast);
+    // Its thread waits on the other ranks most of the time: it polls gently, and closing
+    // may give its round up.
+    agree_group_ = std::make_unique<UcxGroup>(comm_.get(), channels_.agree_collective,
+                                              channels_.agree_broadcast,
+                                              RecvWait{.gentle = true, .cancel = &agree_cancel_});
   } else {
     persist_group_ = std::make_unique<SoloGroup>();
   }
   if (options_.world_size > 1 && options_.replicas > 0) CAIRN_RETURN_IF_ERROR(OpenReplication(fs));
   OpenPersister();
+  if (agree_group_) {
+    CapturePipeline* pipeline = pipeline_.get();
+    agreement_ = std::make_unique<StepAgreement>(
+        agree_group_.get(), tier_.get(), &log_,
+        [pipeline](uint64_t seq) { pipeline->WaitDone(seq); }, &agree_cancel_,
+        std::min(options_.op_timeout_s, 10.0));
+  }
   return Status::OK();
 }
 
 Checkpointer::Impl::~Impl() {
   if (pipeline_) pipeline_->Stop();  // captures everything queued; no more hooks after it
+  agreement_.reset();                // its last rounds, when every rank is closing too
   persister_.reset();   // runs the persist rounds already due (every rank has the same ones)
   replicator_.reset();  // stops pushing before the tiers and the connections go
   store_.reset();
   persist_group_.reset();
+  agree_group_.reset();
   group_.reset();
   comm_.reset();
   pipeline_.reset();
@@ -206,6 +227,13 @@ Checkpointer::Impl::~Impl() {
 Stats Checkpointer::Impl::GetStats() const {
   Stats s;
   s.save = pipeline_->save_stats();
+  if (agreement_) {
+    AgreementStats a = agreement_->stats();
+    s.save.agreed_step = a.agreed_step;
+    s.save.not_held_by_all = a.not_held_by_all;
+  } else {
+    s.save.agreed_step = pipeline_->capture_stats().newest_captured_step;
+  }
   s.capture = pipeline_->capture_stats();
   s.capture.slots_pinned = slots_pinned_.load(std::memory_order_relaxed);
   s.capture.slots_not_pinned = slots_not_pinned_.load(std::memory_order_relaxed);

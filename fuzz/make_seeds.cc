@@ -16,6 +16,7 @@
 #include "persist/manifest.h"
 #include "persist/step_index.h"
 #include "recovery/restore_wire.h"
+#include "snapshot/step_agreement.h"
 #include "tiers/slot_header.h"
 #include "wire/codec.h"
 
@@ -220,6 +221,13 @@ int main(int argc, char** argv) {
   wire::ToWire(why, outcome.mutable_status());
   outcome.set_left_published(true);
   Put(out, "fuzz_restore", 5, std::string("\4\0", 2) + wire::Encode(outcome));
+  // A step agreement offer: saves 4..6, the middle one not held.
+  AgreeOffer agree;
+  agree.first = 4;
+  agree.settled = 6;
+  agree.steps = {40, 50, 60};
+  agree.held = {true, false, true};
+  Put(out, "fuzz_restore", 8, std::string("\7\0", 2) + EncodeAgreeOffer(agree));
   // A memory restore's layout references (target template 3 of a rank, the saved layouts of
   // ranks 3 and 7 it first holds) and a list of one template.
   LayoutRefs refs;

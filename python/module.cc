@@ -417,6 +417,9 @@ void BindReports(py::module_& m) {
                     "Counters of a Checkpointer (include/cairn/stats.h; flat names here).")
       .def_property_readonly("saves", [](const Stats& s) { return s.save.saves; })
       .def_property_readonly("skipped", [](const Stats& s) { return s.save.skipped; })
+      .def_property_readonly("agreed_step", [](const Stats& s) { return s.save.agreed_step; })
+      .def_property_readonly("not_held_by_all",
+                             [](const Stats& s) { return s.save.not_held_by_all; })
       .def_property_readonly("captured", [](const Stats& s) { return s.capture.captured; })
       .def_property_readonly("failed", [](const Stats& s) { return s.capture.failed; })
       .def_property_readonly("fences", [](const Stats& s) { return s.save.fences; })

@@ -10,10 +10,11 @@
 //   recovery_child matrix LAYOUT ROWS LAST EVERY
 //       the crash matrix's training run (tests/crash_matrix.cc; also the node-loss test):
 //       saves 1..LAST like train, printing "saved <step> captured <c> replicated <r>
-//       persisted <p>" (the newest steps Stats reports) or "skipped <step>"; every EVERY
-//       steps it waits for the version to be captured and replicated and prints "complete
-//       <step>" when both succeeded; a failed barrier ends the run (exit 1); after LAST,
-//       flushes and prints "committed <step> plan <templated|general>"
+//       persisted <p> agreed <a>" (the newest steps Stats reports) or "skipped <step>";
+//       every EVERY steps (0: never) it waits for the version to be captured and replicated
+//       and prints "complete <step>" when both succeeded; a failed barrier ends the run
+//       (exit 1); after LAST, flushes and prints "committed <step> plan
+//       <templated|general>"
 //   recovery_child restore LAYOUT ROWS MIN_STEP
 //       restores into LAYOUT, checks every byte and the blob, prints "restored <step> tier
 //       <tier> received <bytes> pfs <job bytes read> needed <job bytes needed> resharded
@@ -154,11 +155,12 @@ int main(int argc, char** argv) {
       } else if (*out == SaveOutcome::kSkipped) {
         std::printf("skipped %lld\n", static_cast<long long>(t));
       } else {
-        std::printf("saved %lld captured %lld replicated %lld persisted %lld\n",
+        std::printf("saved %lld captured %lld replicated %lld persisted %lld agreed %lld\n",
                     static_cast<long long>(t),
                     static_cast<long long>(s.capture.newest_captured_step),
                     static_cast<long long>(s.replication.newest_replicated_step),
-                    static_cast<long long>(s.persist.newest_persisted_step));
+                    static_cast<long long>(s.persist.newest_persisted_step),
+                    static_cast<long long>(s.save.agreed_step));
       }
       std::fflush(stdout);
       if (every > 0 && t % every == 0 && *out == SaveOutcome::kQueued) {

@@ -252,31 +252,64 @@ std::string HostTier::StepsHeldLocked() const {
   return out;
 }
 
+bool HostTier::ProtectedLocked(const Slot& s, int newest, bool keeping) const {
+  if (!keeping) return s.index == newest;
+  return s.use == Use::kCaptured &&
+         std::find(keep_.begin(), keep_.end(), s.header->step) != keep_.end();
+}
+
+std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
+                                    const std::vector<int64_t>& drop) {
+  MutexLock lk(mu_);
+  keep_ = keep;
+  std::vector<int64_t> held;
+  for (Slot& s : slots_) {
+    if (s.use != Use::kCaptured) continue;
+    const int64_t step = s.header->step;
+    if (std::find(keep.begin(), keep.end(), step) != keep.end()) held.push_back(step);
+    if (std::find(drop.begin(), drop.end(), step) != drop.end()) s.dropped = true;
+  }
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  cv_.NotifyAll();  // a slot may have become free for a blocked Reserve
+  return held;
+}
+
 Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
   MutexLock lk(mu_);
   for (;;) {
     const int newest = NewestLocked();
+    bool keeping = false;  // a kept step is held: it, not the newest, is what survives
+    for (const Slot& s : slots_)
+      keeping = keeping || (s.use == Use::kCaptured &&
+                            std::find(keep_.begin(), keep_.end(), s.header->step) != keep_.end());
     int pick = -1;
+    // Empty slots first, then the versions the job does not hold, then the oldest.
+    auto better = [&](const Slot& a, const Slot& b) CAIRN_REQUIRES(mu_) {
+      if (a.dropped != b.dropped) return a.dropped;
+      return a.header->step < b.header->step;
+    };
     for (const Slot& s : slots_) {
-      if (s.pins > 0 || s.index == newest) continue;
+      if (s.pins > 0 || ProtectedLocked(s, newest, keeping)) continue;
       if (s.use == Use::kEmpty) {
         pick = s.index;
         break;
       }
-      if (s.use == Use::kCaptured &&
-          (pick < 0 || s.header->step < slots_[static_cast<size_t>(pick)].header->step))
+      if (s.use == Use::kCaptured && (pick < 0 || better(s, slots_[static_cast<size_t>(pick)])))
         pick = s.index;
     }
     if (pick >= 0) {
       slots_[static_cast<size_t>(pick)].use = Use::kReserved;
+      slots_[static_cast<size_t>(pick)].dropped = false;
       return pick;
     }
     bool committing = false;
     for (const Slot& s : slots_) committing = committing || s.use == Use::kCommitting;
     if (policy == FullPolicy::kSkip && !committing)
-      return Status::Unavailable("no host slot is free for step " + std::to_string(step) +
-                                 " (all " + std::to_string(slots_.size()) +
-                                 " slots are capturing, pinned or hold the newest version)");
+      return Status::Unavailable(
+          "no host slot is free for step " + std::to_string(step) + " (all " +
+          std::to_string(slots_.size()) + " slots are capturing, " + "pinned or hold " +
+          (keeping ? "a version the job keeps" : "the newest version") + ")");
     cv_.Wait(lk);
   }
 }

@@ -14,7 +14,10 @@
 //
 // Reuse rules: a slot is never reused while it is being captured, while it is pinned by a
 // reader, or while it holds the newest restorable version (so an older complete version
-// always survives a capture that dies).
+// always survives a capture that dies). In a job of several ranks the job's agreement on
+// the versions every rank holds (Keep, snapshot/step_agreement.h) replaces the last rule:
+// the slots of the kept steps are never reused instead, and the newest version, not yet
+// known to be held by every rank, may be.
 // Thread-safety: all methods may be called from any thread; one process at a time may
 // open a rank's directory (an flock on ".lock" enforces it).
 #pragma once
@@ -93,6 +96,14 @@ class HostTier {
   // Gives the slot up after a failed Prepare, copy or Commit.
   void Abort(int slot);
 
+  // Keeps the versions of `keep` (the newest step every rank holds and the steps offered
+  // for the job's agreement) from reuse, in place of the newest version while at least one
+  // of them is held; the slots of `drop` (steps some rank does not hold: no job restores
+  // them from memory) are reused before any other. Returns the steps of `keep` held now,
+  // decided together with keeping them (a step reported held cannot be reused after the
+  // check). An empty `keep` restores the newest-version rule.
+  std::vector<int64_t> Keep(const std::vector<int64_t>& keep, const std::vector<int64_t>& drop);
+
   // Records that the restorable version of `step` reached a stage (REPLICATED or
   // PERSISTED; both together read REPLICATED+PERSISTED) by republishing its header
   // atomically. NotFound if the tier no longer holds it.
@@ -141,6 +152,7 @@ class HostTier {
     Use use = Use::kEmpty;
     std::optional<SlotHeader> header;  // the restorable version (kCaptured, kReserved)
     int pins = 0;
+    bool dropped = false;  // its version is one the job does not hold (Keep)
     bool prefaulted = false;
     void* registered = nullptr;  // address passed to on_map
     size_t registered_bytes = 0;
@@ -155,6 +167,8 @@ class HostTier {
   void RemoveForeign(Slot& s, const Status& why);
   // Index of the slot with the newest restorable version, -1 if none. Caller holds mu_.
   int NewestLocked() const CAIRN_REQUIRES(mu_);
+  // Whether a capture may not take slot `s` for its version (the reuse rules above).
+  bool ProtectedLocked(const Slot& s, int newest, bool keeping) const CAIRN_REQUIRES(mu_);
   std::string StepsHeldLocked() const CAIRN_REQUIRES(mu_);
 
   HostTierConfig config_;
@@ -170,6 +184,7 @@ class HostTier {
   // written with mu_ held; its file and mapping belong to whoever moved it out of
   // kEmpty/kCaptured (the capture thread while kCapturing/kCommitting).
   std::vector<Slot> slots_;
+  std::vector<int64_t> keep_ CAIRN_GUARDED_BY(mu_);  // Keep's steps
 };
 
 }  // namespace cairn

@@ -17,6 +17,12 @@ struct SaveStats {
   double fence_wait_max_s = 0;
   double save_call_total_s = 0;  // time the training thread spent inside save()
   double save_call_max_s = 0;
+  // The job's agreement on the versions every rank holds (snapshot/step_agreement.h): the
+  // newest step every rank holds (with one rank, the newest captured; -1: none yet), and
+  // the saves whose step some rank does not hold (skipped or failed there: no job restores
+  // it from memory). A restore from memory finds at least agreed_step while it lasts.
+  int64_t agreed_step = -1;
+  uint64_t not_held_by_all = 0;
 };
 
 // Device/host memory -> a host slot (CAPTURED).

@@ -1,0 +1,179 @@
+#include "snapshot/step_agreement.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "wire/codec.h"
+
+namespace cairn {
+
+std::string EncodeAgreeOffer(const AgreeOffer& o) {
+  wire::AgreeOffer w;
+  w.set_settled(o.settled);
+  w.set_first(o.first);
+  for (int64_t s : o.steps) w.add_steps(s);
+  for (bool h : o.held) w.add_held(h);
+  return wire::Encode(w);
+}
+
+Result<AgreeOffer> DecodeAgreeOffer(std::string_view bytes, const std::string& from) {
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::AgreeOffer>(bytes, "agreement offer"));
+  AgreeOffer o;
+  o.settled = w.settled();
+  o.first = w.first();
+  if (w.steps_size() != w.held_size() || o.first == 0 ||
+      o.settled + 1 != o.first + static_cast<uint64_t>(w.steps_size()))
+    return Status::Corruption("agreement offer from " + from + ": " +
+                              std::to_string(w.steps_size()) + " steps and " +
+                              std::to_string(w.held_size()) + " flags for saves " +
+                              std::to_string(o.first) + ".." + std::to_string(o.settled));
+  o.steps.assign(w.steps().begin(), w.steps().end());
+  o.held.assign(w.held().begin(), w.held().end());
+  return o;
+}
+
+Result<RoundOutcome> Agree(const std::vector<AgreeOffer>& offers, uint64_t consumed) {
+  RoundOutcome out;
+  if (offers.empty()) return Status::InvalidArgument("agreement: no offers");
+  out.consumed = offers[0].settled;
+  for (size_t r = 0; r < offers.size(); ++r) {
+    if (offers[r].first != consumed + 1)
+      return Status::FailedPrecondition("agreement: rank " + std::to_string(r) +
+                                        " offered saves from #" + std::to_string(offers[r].first) +
+                                        ", the job has consumed " + std::to_string(consumed));
+    out.consumed = std::min(out.consumed, offers[r].settled);
+  }
+  // Each offer names settled - consumed >= out.consumed - consumed steps (DecodeAgreeOffer).
+  for (uint64_t i = 0; i < out.consumed - consumed; ++i) {
+    const int64_t step = offers[0].steps[i];
+    bool all = true;
+    for (size_t r = 0; r < offers.size(); ++r) {
+      if (offers[r].steps[i] != step)
+        return Status::FailedPrecondition(
+            "agreement: save #" + std::to_string(consumed + 1 + i) + " was step " +
+            std::to_string(step) + " on rank 0 but step " + std::to_string(offers[r].steps[i]) +
+            " on rank " + std::to_string(r) + " (the ranks' saves differ)");
+      all = all && offers[r].held[i];
+    }
+    if (all)
+      out.agreed = std::max(out.agreed, step);
+    else
+      out.dropped.push_back(step);
+  }
+  return out;
+}
+
+StepAgreement::StepAgreement(Group* group, HostTier* tier, const Logger* log,
+                             std::function<void(uint64_t)> settle, std::atomic<bool>* cancel,
+                             double close_wait_s)
+    : group_(group),
+      tier_(tier),
+      log_(log),
+      settle_(std::move(settle)),
+      cancel_(cancel),
+      close_wait_s_(close_wait_s) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+StepAgreement::~StepAgreement() {
+  {
+    MutexLock lk(mu_);
+    stopping_ = true;
+    cv_.NotifyAll();
+    // Every rank closes after the same saves: their last rounds end at once. A rank that
+    // is gone, or still training, is not waited for long.
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(close_wait_s_ * 1000));
+    cv_.WaitUntil(lk, until, [&]() CAIRN_REQUIRES(mu_) { return done_; });
+  }
+  if (cancel_) cancel_->store(true);
+  thread_.join();
+}
+
+void StepAgreement::OnSave(uint64_t seq, int64_t step) {
+  MutexLock lk(mu_);
+  saves_.emplace_back(seq, step);
+  cv_.NotifyAll();
+}
+
+AgreementStats StepAgreement::stats() const {
+  MutexLock lk(mu_);
+  return stats_;
+}
+
+void StepAgreement::End(const Status& why) {
+  tier_->Keep({}, {});
+  MutexLock lk(mu_);
+  stats_.ended = true;
+  stats_.error = why.ToString();
+  // Closing gives the round in flight up here and on the other ranks: not news.
+  if (stopping_)
+    log_->Info("agreement on the versions every rank holds ended at close: " + why.ToString());
+  else
+    log_->Warning("agreement on the versions every rank holds ended: " + why.ToString() +
+                  "; each rank keeps its own newest version from now on, and a restore from "
+                  "memory may find no step every rank holds");
+}
+
+void StepAgreement::Loop() {
+  for (;;) {
+    uint64_t seq = 0;
+    std::vector<int64_t> window;
+    {
+      MutexLock lk(mu_);
+      cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stopping_ || !saves_.empty(); });
+      if (saves_.empty()) break;  // stopping with every save consumed
+      seq = saves_.back().first;
+      for (const auto& [q, step] : saves_) window.push_back(step);
+    }
+    if (!Round(seq, window)) break;
+  }
+  MutexLock lk(mu_);
+  done_ = true;
+  cv_.NotifyAll();
+}
+
+bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
+  settle_(seq);
+  // Kept from here on: a step offered as held cannot be reused while the ranks agree.
+  std::vector<int64_t> keep = window;
+  if (agreed_ >= 0) keep.push_back(agreed_);
+  const std::vector<int64_t> held = tier_->Keep(keep, {});
+  AgreeOffer mine;
+  mine.first = consumed_ + 1;
+  mine.settled = consumed_ + window.size();
+  mine.steps = window;
+  for (int64_t s : window) mine.held.push_back(std::binary_search(held.begin(), held.end(), s));
+  auto all = group_->AllGather(EncodeAgreeOffer(mine));
+  if (!all.ok()) {
+    End(all.status());
+    return false;
+  }
+  std::vector<AgreeOffer> offers;
+  for (size_t r = 0; r < all->size(); ++r) {
+    auto o = DecodeAgreeOffer((*all)[r], "rank " + std::to_string(r));
+    if (!o.ok()) {
+      End(o.status());
+      return false;
+    }
+    offers.push_back(std::move(*o));
+  }
+  auto out = Agree(offers, consumed_);
+  if (!out.ok()) {
+    End(out.status());
+    return false;
+  }
+  const uint64_t newly = out->consumed - consumed_;
+  consumed_ = out->consumed;
+  agreed_ = std::max(agreed_, out->agreed);
+  tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, out->dropped);
+  MutexLock lk(mu_);
+  for (uint64_t i = 0; i < newly && !saves_.empty(); ++i) saves_.pop_front();
+  ++stats_.rounds;
+  stats_.agreed_saves = consumed_;
+  stats_.agreed_step = agreed_;
+  stats_.not_held_by_all += out->dropped.size();
+  return true;
+}
+
+}  // namespace cairn

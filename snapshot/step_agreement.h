@@ -1,0 +1,128 @@
+// StepAgreement: the ranks of a job agree, off the training thread, on the saved steps
+// every rank holds, so that the job keeps the same versions on every rank and a restore
+// from memory always finds one.
+//
+// Each rank decides on its own whether a save finds a free slot (skips are local), and
+// each rank's ring forgets its old versions on its own: without agreement, rank A may
+// evict step 8 while rank B, which skipped 9 and 10, still has 8 as its only version the
+// others also hold, and no step is left that every rank holds. Here:
+//
+//   save() (training thread): records (capture sequence, step) and returns; no collective.
+//   the agreement thread, one round at a time over its own Group:
+//     1. settles the captures recorded so far (CAPTURED, failed or skipped);
+//     2. keeps (HostTier::Keep) `agreed`, the newest step every rank holds, and the steps
+//        it is about to offer, and learns which of the offered steps it holds;
+//     3. allgathers its offer: how many saves it has settled and, for each save not yet
+//        consumed, the step and whether it holds it;
+//     4. consumes the saves up to the smallest count offered (the same on every rank, so
+//        every rank runs the same rounds): a consumed step every rank holds becomes
+//        `agreed` when newer, the others are dropped (no job restores them from memory:
+//        their slots are reused first); then keeps `agreed` alone.
+//
+// Why a step every rank holds survives at every moment: a rank that finished round r keeps
+// agreed(r). A rank that has not (every rank has at least entered round r when one
+// finishes it) keeps agreed(r-1) and every step it offered held in round r; agreed(r) is
+// either agreed(r-1) or one of those. So any two ranks keep a step both hold.
+//
+// A round that fails (a rank died, the ranks saved different steps) ends the agreement:
+// the tier goes back to keeping its newest version, and the log says why, once. Closing
+// lets the last rounds finish while every rank closes too, and gives them up otherwise.
+// Thread-safety: OnSave from the training thread; stats() from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cairn/group.h"
+#include "core/log.h"
+#include "core/mutex.h"
+#include "tiers/host_tier.h"
+
+namespace cairn {
+
+struct AgreementStats {
+  uint64_t rounds = 0;           // rounds run
+  uint64_t agreed_saves = 0;     // saves consumed (the same on every rank)
+  int64_t agreed_step = -1;      // newest step every rank holds (-1: none yet)
+  uint64_t not_held_by_all = 0;  // consumed saves whose step some rank does not hold
+  bool ended = false;            // a round failed: the tier keeps its newest version again
+  std::string error;             // why it ended
+};
+
+// What one rank offered in a round, decoded (for the unit tests and the fuzz target).
+struct AgreeOffer {
+  uint64_t settled = 0;
+  uint64_t first = 0;
+  std::vector<int64_t> steps;
+  std::vector<bool> held;
+};
+std::string EncodeAgreeOffer(const AgreeOffer& o);
+// Corruption naming `from` unless the bytes are an offer whose steps and flags agree.
+Result<AgreeOffer> DecodeAgreeOffer(std::string_view bytes, const std::string& from);
+
+// The outcome of a round from every rank's offer (indexed by rank): the saves consumed,
+// the newest step every rank holds among them (-1: none), the steps some rank lacks.
+// FailedPrecondition when the offers do not start at `consumed` + 1 or name different
+// steps for the same save (the ranks' saves differ).
+struct RoundOutcome {
+  uint64_t consumed = 0;
+  int64_t agreed = -1;
+  std::vector<int64_t> dropped;
+};
+Result<RoundOutcome> Agree(const std::vector<AgreeOffer>& offers, uint64_t consumed);
+
+class StepAgreement {
+ public:
+  // `settle(seq)` blocks until the captures queued up to sequence `seq` are settled.
+  // `group` runs this agreement's collectives only (its own channels) and `*cancel`, when
+  // given, is what its receives watch: closing sets it to give a round up. `group`,
+  // `tier` and `log` must outlive the agreement.
+  StepAgreement(Group* group, HostTier* tier, const Logger* log,
+                std::function<void(uint64_t)> settle, std::atomic<bool>* cancel,
+                double close_wait_s);
+  // Lets the rounds of the saves recorded finish for up to `close_wait_s`, then gives
+  // the one in flight up (*cancel) and joins.
+  ~StepAgreement();
+  StepAgreement(const StepAgreement&) = delete;
+  StepAgreement& operator=(const StepAgreement&) = delete;
+
+  // After every save() of `step` (queued or skipped); `seq` is the capture sequence
+  // queued so far.
+  void OnSave(uint64_t seq, int64_t step);
+  AgreementStats stats() const;
+
+ private:
+  void Loop();
+  // One round over the saves recorded (the newest with sequence `seq`); false when the
+  // agreement ended.
+  bool Round(uint64_t seq, const std::vector<int64_t>& window);
+  void End(const Status& why);
+
+  Group* group_;
+  HostTier* tier_;
+  const Logger* log_;
+  std::function<void(uint64_t)> settle_;
+  std::atomic<bool>* cancel_;
+  const double close_wait_s_;
+
+  // Agreement thread only.
+  uint64_t consumed_ = 0;
+  int64_t agreed_ = -1;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  // The saves not yet consumed: (capture sequence, step) of saves consumed_+1, ...
+  std::deque<std::pair<uint64_t, int64_t>> saves_ CAIRN_GUARDED_BY(mu_);
+  bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
+  bool done_ CAIRN_GUARDED_BY(mu_) = false;  // the thread has returned
+  AgreementStats stats_ CAIRN_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace cairn

@@ -1,0 +1,221 @@
+// The job's agreement on the versions every rank holds (snapshot/step_agreement.h): the
+// round's arithmetic, its checks of what ranks send, and, on two real host tiers whose
+// ranks are threads, that a step every rank holds survives rank-local skips.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "snapshot/step_agreement.h"
+#include "testing/in_process_job.h"
+#include "tests/test_util.h"
+#include "tiers/host_tier.h"
+
+namespace cairn {
+namespace {
+
+AgreeOffer Offer(uint64_t first, std::vector<int64_t> steps, std::vector<bool> held) {
+  AgreeOffer o;
+  o.first = first;
+  o.settled = first + steps.size() - 1;
+  o.steps = std::move(steps);
+  o.held = std::move(held);
+  return o;
+}
+
+TEST(AgreeTest, ConsumesTheSavesEveryRankSettledAndAgreesOnTheNewestHeldByAll) {
+  // Rank 0 settled saves 1..3, rank 1 only 1..2: the round consumes 2 on both.
+  auto out =
+      Agree({Offer(1, {10, 11, 12}, {true, true, true}), Offer(1, {10, 11}, {true, false})}, 0);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->consumed, 2u);
+  EXPECT_EQ(out->agreed, 10);  // 11 was skipped (or lost) on rank 1
+  EXPECT_EQ(out->dropped, std::vector<int64_t>{11});
+  // Nothing held by all: no agreed step from this round.
+  out = Agree({Offer(3, {12}, {false}), Offer(3, {12}, {true})}, 2);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->agreed, -1);
+  EXPECT_EQ(out->consumed, 3u);
+}
+
+TEST(AgreeTest, RanksThatSavedDifferentStepsOrDisagreeOnTheRoundAreRefused) {
+  auto out = Agree({Offer(1, {10}, {true}), Offer(1, {20}, {true})}, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("save #1 was step 10 on rank 0 but step 20 on rank 1"),
+            std::string::npos)
+      << out.status().ToString();
+  out = Agree({Offer(1, {10}, {true}), Offer(2, {11}, {true})}, 0);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("rank 1 offered saves from #2"), std::string::npos);
+}
+
+TEST(AgreeTest, OffersRoundTripAndDamagedOnesAreErrorsNamingTheSender) {
+  const AgreeOffer o = Offer(4, {7, 8, 9}, {true, false, true});
+  auto back = DecodeAgreeOffer(EncodeAgreeOffer(o), "rank 3");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->first, 4u);
+  EXPECT_EQ(back->settled, 6u);
+  EXPECT_EQ(back->steps, o.steps);
+  EXPECT_EQ(back->held, o.held);
+  std::string bad = EncodeAgreeOffer(o);
+  bad[bad.size() - 1] ^= 0x5a;
+  auto refused = DecodeAgreeOffer(bad, "rank 3");
+  EXPECT_FALSE(refused.ok());
+  // Flags that do not match the steps: refused by meaning, not only by checksum.
+  AgreeOffer odd = o;
+  odd.held.pop_back();
+  refused = DecodeAgreeOffer(EncodeAgreeOffer(odd), "rank 3");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("rank 3"), std::string::npos);
+}
+
+// Two ranks as threads, each with a host tier of its own, agreeing over an in-process
+// group; captures are made by hand so that the test decides which rank skips what.
+class TwoRanks : public ::testing::Test {
+ protected:
+  TwoRanks() : root_("agree"), log_("test", LogLevel::kError), job_(2) {
+    const std::string id = testing::UniqueJobId("agree");
+    for (int r = 0; r < 2; ++r) {
+      HostTierConfig c;
+      c.dir = HostTier::RankDir(root_.path(), id, r, r);
+      c.slots = 2;
+      auto t = HostTier::Open(c, DefaultFileSystem(), &log_);
+      EXPECT_TRUE(t.ok()) << t.status().ToString();
+      tiers_[r] = std::move(*t);
+      groups_[r] = std::make_unique<testing::ThreadGroup>(&job_, r);
+    }
+  }
+  void Start() {
+    for (int r = 0; r < 2; ++r)
+      agree_[r] = std::make_unique<StepAgreement>(
+          groups_[r].get(), tiers_[r].get(), &log_, [](uint64_t) {}, nullptr, 10.0);
+  }
+  // Captures `step` on rank `r` (as the capture thread would); false when no slot was free.
+  bool Capture(int r, int64_t step) {
+    HostTier& t = *tiers_[r];
+    auto slot = t.Reserve(step, FullPolicy::kSkip);
+    if (!slot.ok()) return false;
+    SlotHeader h;
+    h.step = step;
+    h.chunk_bytes = 4096;
+    h.data_bytes = 100;
+    h.shards.push_back({"w", DType::kU8, {100}, Box{{0}, {100}}, 0, 100, 0, 1});
+    h.chunk_checksums = {0};
+    auto base = t.Prepare(*slot, step, h.data_bytes, h);
+    EXPECT_TRUE(base.ok());
+    std::memset(*base, static_cast<int>(step), 100);
+    t.MarkCopied(*slot);
+    EXPECT_TRUE(t.Commit(*slot, h).ok());
+    return true;
+  }
+  // One training step: rank r captures `step` unless told to skip it, then both record the
+  // save; waits until the job agreed on it (as a round does within an iteration).
+  void Step(int64_t step, bool skip_on_rank1) {
+    for (int r = 0; r < 2; ++r) {
+      if (!(r == 1 && skip_on_rank1)) {
+        ASSERT_TRUE(Capture(r, step)) << "rank " << r;
+      }
+      seq_[r] += (r == 1 && skip_on_rank1) ? 0 : 1;
+      agree_[r]->OnSave(seq_[r], step);
+    }
+    ++saves_;
+    for (int r = 0; r < 2; ++r) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (agree_[r]->stats().agreed_saves < saves_ && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ASSERT_EQ(agree_[r]->stats().agreed_saves, saves_);
+    }
+  }
+  std::vector<int64_t> Steps(int r) {
+    std::vector<int64_t> s;
+    for (const auto& v : tiers_[r]->Versions()) s.push_back(v.step);
+    return s;
+  }
+
+  testing::TempDir root_;
+  Logger log_;
+  testing::InProcessJob job_;
+  std::unique_ptr<HostTier> tiers_[2];
+  std::unique_ptr<testing::ThreadGroup> groups_[2];
+  std::unique_ptr<StepAgreement> agree_[2];
+  uint64_t seq_[2] = {0, 0};
+  uint64_t saves_ = 0;
+};
+
+TEST_F(TwoRanks, AStepEveryRankHoldsSurvivesSkipsOnOneRank) {
+  Start();
+  Step(1, false);
+  EXPECT_EQ(agree_[0]->stats().agreed_step, 1);
+  // Rank 1 skips 2 and 3 (its slots busy, say). Rank 0 has 2 slots: on its own rule (keep
+  // the newest) it would now hold 2 and 3, and no step would be held by both ranks.
+  Step(2, true);
+  Step(3, true);
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(Steps(1), (std::vector<int64_t>{1}));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agree_[r]->stats().agreed_step, 1);
+    EXPECT_EQ(agree_[r]->stats().not_held_by_all, 2u);
+  }
+  // Both capture again: the agreed step moves on, and the old one may go.
+  Step(4, false);
+  Step(5, false);
+  EXPECT_EQ(agree_[0]->stats().agreed_step, 5);
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{5, 4}));
+  EXPECT_EQ(Steps(1), (std::vector<int64_t>{5, 4}));
+}
+
+TEST_F(TwoRanks, AStepTheJobDoesNotHoldIsReusedFirst) {
+  // Three slots on rank 0: after 1 and 2 (both ranks) and 3 (rank 1 skips), rank 0's next
+  // capture takes the slot of 3, which no job restores from memory, not that of the older
+  // 1, which every rank holds.
+  tiers_[0].reset();
+  HostTierConfig c;
+  c.dir = HostTier::RankDir(root_.path(), testing::UniqueJobId("agree3"), 0, 0);
+  c.slots = 3;
+  auto t = HostTier::Open(c, DefaultFileSystem(), &log_);
+  ASSERT_TRUE(t.ok());
+  tiers_[0] = std::move(*t);
+  Start();
+  Step(1, false);
+  Step(2, false);
+  Step(3, true);
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{3, 2, 1}));
+  Step(4, false);
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{4, 2, 1}));
+}
+
+// A group whose collectives fail, as with a dead rank.
+class DeadGroup final : public Group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status Barrier() override { return Status::Unavailable("rank 1 died"); }
+  Result<std::vector<std::string>> AllGather(std::string_view) override {
+    return Status::Unavailable("rank 1 died");
+  }
+  Result<std::string> Broadcast(int, std::string_view) override {
+    return Status::Unavailable("rank 1 died");
+  }
+};
+
+TEST_F(TwoRanks, AFailedRoundEndsTheAgreementAndTheTierKeepsItsNewestAgain) {
+  DeadGroup dead;
+  StepAgreement a(
+      &dead, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0);
+  ASSERT_TRUE(Capture(0, 1));
+  a.OnSave(1, 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!a.stats().ended && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(a.stats().ended);
+  EXPECT_NE(a.stats().error.find("rank 1 died"), std::string::npos);
+  // The newest-version rule again: with 2 slots, 1 stays while 2 is captured, then 2
+  // while 3 is.
+  ASSERT_TRUE(Capture(0, 2));
+  ASSERT_TRUE(Capture(0, 3));
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{3, 2}));
+}
+
+}  // namespace
+}  // namespace cairn
