@@ -199,7 +199,7 @@ Status Checkpointer::Impl::Open() {
     agreement_ = std::make_unique<StepAgreement>(
         agree_group_.get(), tier_.get(), &log_,
         [pipeline](uint64_t seq) { pipeline->WaitDone(seq); }, &agree_cancel_,
-        std::min(options_.op_timeout_s, 10.0));
+        std::min(options_.op_timeout_s, 10.0), options_.replicate_timeout_s);
   }
   return Status::OK();
 }

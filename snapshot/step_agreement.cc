@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/clock.h"
 #include "wire/codec.h"
 
 namespace cairn {
@@ -65,13 +66,14 @@ Result<RoundOutcome> Agree(const std::vector<AgreeOffer>& offers, uint64_t consu
 
 StepAgreement::StepAgreement(Group* group, HostTier* tier, const Logger* log,
                              std::function<void(uint64_t)> settle, std::atomic<bool>* cancel,
-                             double close_wait_s)
+                             double close_wait_s, double hold_s)
     : group_(group),
       tier_(tier),
       log_(log),
       settle_(std::move(settle)),
       cancel_(cancel),
-      close_wait_s_(close_wait_s) {
+      close_wait_s_(close_wait_s),
+      hold_s_(hold_s) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -94,6 +96,15 @@ void StepAgreement::OnSave(uint64_t seq, int64_t step) {
   MutexLock lk(mu_);
   saves_.emplace_back(seq, step);
   cv_.NotifyAll();
+  if (holding_since_ns_ != 0 &&
+      NowNanos() - holding_since_ns_ > static_cast<int64_t>(hold_s_ * 1e9)) {
+    // The round is stuck: keep only the agreed step, as between rounds.
+    holding_since_ns_ = 0;
+    ++stats_.released;
+    tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, {});
+    log_->Info("agreement: a round has waited " + std::to_string(hold_s_) +
+               " s for the other ranks; the steps it offered may be reused again");
+  }
 }
 
 AgreementStats StepAgreement::stats() const {
@@ -102,8 +113,9 @@ AgreementStats StepAgreement::stats() const {
 }
 
 void StepAgreement::End(const Status& why) {
-  tier_->Keep({}, {});
   MutexLock lk(mu_);
+  holding_since_ns_ = 0;
+  tier_->Keep({}, {});
   stats_.ended = true;
   stats_.error = why.ToString();
   // Closing gives the round in flight up here and on the other ranks: not news.
@@ -136,9 +148,14 @@ void StepAgreement::Loop() {
 bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   settle_(seq);
   // Kept from here on: a step offered as held cannot be reused while the ranks agree.
-  std::vector<int64_t> keep = window;
-  if (agreed_ >= 0) keep.push_back(agreed_);
-  const std::vector<int64_t> held = tier_->Keep(keep, {});
+  std::vector<int64_t> held;
+  {
+    MutexLock lk(mu_);
+    std::vector<int64_t> keep = window;
+    if (agreed_ >= 0) keep.push_back(agreed_);
+    held = tier_->Keep(keep, {});
+    holding_since_ns_ = NowNanos();
+  }
   AgreeOffer mine;
   mine.first = consumed_ + 1;
   mine.settled = consumed_ + window.size();

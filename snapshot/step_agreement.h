@@ -24,6 +24,11 @@
 // finishes it) keeps agreed(r-1) and every step it offered held in round r; agreed(r) is
 // either agreed(r-1) or one of those. So any two ranks keep a step both hold.
 //
+// A round that waits longer than `hold_s` for the other ranks (a link cut, a peer's
+// endpoint replaced while its message was in flight) stops keeping the steps it offered,
+// so a stuck round never holds more than `agreed`'s slot while training goes on (found by
+// the link-flap test: a round stuck through a cut kept 5 of 8 slots, and the versions left
+// no longer overlapped the partner's replicas).
 // A round that fails (a rank died, the ranks saved different steps) ends the agreement:
 // the tier goes back to keeping its newest version, and the log says why, once. Closing
 // lets the last rounds finish while every rank closes too, and gives them up otherwise.
@@ -51,6 +56,7 @@ struct AgreementStats {
   uint64_t agreed_saves = 0;     // saves consumed (the same on every rank)
   int64_t agreed_step = -1;      // newest step every rank holds (-1: none yet)
   uint64_t not_held_by_all = 0;  // consumed saves whose step some rank does not hold
+  uint64_t released = 0;         // rounds stuck so long that their offered steps were let go
   bool ended = false;            // a round failed: the tier keeps its newest version again
   std::string error;             // why it ended
 };
@@ -85,7 +91,7 @@ class StepAgreement {
   // `tier` and `log` must outlive the agreement.
   StepAgreement(Group* group, HostTier* tier, const Logger* log,
                 std::function<void(uint64_t)> settle, std::atomic<bool>* cancel,
-                double close_wait_s);
+                double close_wait_s, double hold_s);
   // Lets the rounds of the saves recorded finish for up to `close_wait_s`, then gives
   // the one in flight up (*cancel) and joins.
   ~StepAgreement();
@@ -93,7 +99,7 @@ class StepAgreement {
   StepAgreement& operator=(const StepAgreement&) = delete;
 
   // After every save() of `step` (queued or skipped); `seq` is the capture sequence
-  // queued so far.
+  // queued so far. Releases the steps a round stuck for more than `hold_s` keeps.
   void OnSave(uint64_t seq, int64_t step);
   AgreementStats stats() const;
 
@@ -110,10 +116,10 @@ class StepAgreement {
   std::function<void(uint64_t)> settle_;
   std::atomic<bool>* cancel_;
   const double close_wait_s_;
+  const double hold_s_;
 
   // Agreement thread only.
   uint64_t consumed_ = 0;
-  int64_t agreed_ = -1;
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -121,6 +127,10 @@ class StepAgreement {
   std::deque<std::pair<uint64_t, int64_t>> saves_ CAIRN_GUARDED_BY(mu_);
   bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   bool done_ CAIRN_GUARDED_BY(mu_) = false;  // the thread has returned
+  int64_t agreed_ CAIRN_GUARDED_BY(mu_) = -1;
+  // When the round in flight started keeping its offered steps (0: none kept by a round).
+  int64_t holding_since_ns_ CAIRN_GUARDED_BY(mu_) = 0;
+  uint64_t released_ CAIRN_GUARDED_BY(mu_) = 0;  // rounds whose steps a stuck round let go
   AgreementStats stats_ CAIRN_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "snapshot/step_agreement.h"
@@ -89,7 +91,7 @@ class TwoRanks : public ::testing::Test {
   void Start() {
     for (int r = 0; r < 2; ++r)
       agree_[r] = std::make_unique<StepAgreement>(
-          groups_[r].get(), tiers_[r].get(), &log_, [](uint64_t) {}, nullptr, 10.0);
+          groups_[r].get(), tiers_[r].get(), &log_, [](uint64_t) {}, nullptr, 10.0, 30.0);
   }
   // Captures `step` on rank `r` (as the capture thread would); false when no slot was free.
   bool Capture(int r, int64_t step) {
@@ -202,7 +204,7 @@ class DeadGroup final : public Group {
 TEST_F(TwoRanks, AFailedRoundEndsTheAgreementAndTheTierKeepsItsNewestAgain) {
   DeadGroup dead;
   StepAgreement a(
-      &dead, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0);
+      &dead, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 30.0);
   ASSERT_TRUE(Capture(0, 1));
   a.OnSave(1, 1);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -215,6 +217,56 @@ TEST_F(TwoRanks, AFailedRoundEndsTheAgreementAndTheTierKeepsItsNewestAgain) {
   ASSERT_TRUE(Capture(0, 2));
   ASSERT_TRUE(Capture(0, 3));
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{3, 2}));
+}
+
+// A group whose allgather waits until the test lets it fail, as a round whose message was
+// lost in a link cut waits for the operation timeout.
+class StuckGroup final : public Group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status Barrier() override { return Status::Unavailable("stuck"); }
+  Result<std::vector<std::string>> AllGather(std::string_view) override {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return released_; });
+    return Status::Unavailable("rank 1 never answered");
+  }
+  Result<std::string> Broadcast(int, std::string_view) override {
+    return Status::Unavailable("stuck");
+  }
+  void Release() {
+    std::lock_guard lk(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+
+TEST_F(TwoRanks, ARoundStuckLongerThanTheHoldTimeStopsKeepingWhatItOffered) {
+  StuckGroup stuck;
+  StepAgreement a(
+      &stuck, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 0.2);
+  struct ReleaseFirst {  // before `a` joins its thread, also when an assertion returns early
+    StuckGroup* g;
+    ~ReleaseFirst() { g->Release(); }
+  } release{&stuck};
+  ASSERT_TRUE(Capture(0, 1));
+  ASSERT_TRUE(Capture(0, 2));
+  a.OnSave(1, 1);
+  a.OnSave(2, 2);
+  // The round offers step 1 (and 2, when both saves were recorded before it started) and
+  // waits: what it offered is kept while it waits.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The next save finds the round stuck past 0.2 s and lets its steps go: captures go on.
+  a.OnSave(2, 3);
+  EXPECT_EQ(a.stats().released, 1u);
+  ASSERT_TRUE(Capture(0, 4));
+  ASSERT_TRUE(Capture(0, 5));
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{5, 4}));  // step 1 no longer kept
 }
 
 }  // namespace
