@@ -182,9 +182,10 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   }
   const uint64_t newly = out->consumed - consumed_;
   consumed_ = out->consumed;
-  agreed_ = std::max(agreed_, out->agreed);
-  tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, out->dropped);
   MutexLock lk(mu_);
+  agreed_ = std::max(agreed_, out->agreed);
+  holding_since_ns_ = 0;
+  tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, out->dropped);
   for (uint64_t i = 0; i < newly && !saves_.empty(); ++i) saves_.pop_front();
   ++stats_.rounds;
   stats_.agreed_saves = consumed_;

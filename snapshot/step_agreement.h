@@ -130,7 +130,6 @@ class StepAgreement {
   int64_t agreed_ CAIRN_GUARDED_BY(mu_) = -1;
   // When the round in flight started keeping its offered steps (0: none kept by a round).
   int64_t holding_since_ns_ CAIRN_GUARDED_BY(mu_) = 0;
-  uint64_t released_ CAIRN_GUARDED_BY(mu_) = 0;  // rounds whose steps a stuck round let go
   AgreementStats stats_ CAIRN_GUARDED_BY(mu_);
   std::thread thread_;
 };
