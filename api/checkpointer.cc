@@ -227,14 +227,14 @@ Checkpointer::Impl::~Impl() {
 Stats Checkpointer::Impl::GetStats() const {
   Stats s;
   s.save = pipeline_->save_stats();
+  s.capture = pipeline_->capture_stats();
   if (agreement_) {
     AgreementStats a = agreement_->stats();
     s.save.agreed_step = a.agreed_step;
     s.save.not_held_by_all = a.not_held_by_all;
   } else {
-    s.save.agreed_step = pipeline_->capture_stats().newest_captured_step;
+    s.save.agreed_step = s.capture.newest_captured_step;  // one rank: every version is the job's
   }
-  s.capture = pipeline_->capture_stats();
   s.capture.slots_pinned = slots_pinned_.load(std::memory_order_relaxed);
   s.capture.slots_not_pinned = slots_not_pinned_.load(std::memory_order_relaxed);
   if (replicator_) {

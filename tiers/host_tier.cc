@@ -252,10 +252,13 @@ std::string HostTier::StepsHeldLocked() const {
   return out;
 }
 
-bool HostTier::ProtectedLocked(const Slot& s, int newest, bool keeping) const {
-  if (!keeping) return s.index == newest;
+bool HostTier::KeptLocked(const Slot& s) const {
   return s.use == Use::kCaptured &&
          std::find(keep_.begin(), keep_.end(), s.header->step) != keep_.end();
+}
+
+bool HostTier::ProtectedLocked(const Slot& s, int newest, bool keeping) const {
+  return keeping ? KeptLocked(s) : s.index == newest;
 }
 
 std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
@@ -265,9 +268,8 @@ std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
   std::vector<int64_t> held;
   for (Slot& s : slots_) {
     if (s.use != Use::kCaptured) continue;
-    const int64_t step = s.header->step;
-    if (std::find(keep.begin(), keep.end(), step) != keep.end()) held.push_back(step);
-    if (std::find(drop.begin(), drop.end(), step) != drop.end()) s.dropped = true;
+    if (KeptLocked(s)) held.push_back(s.header->step);
+    if (std::find(drop.begin(), drop.end(), s.header->step) != drop.end()) s.dropped = true;
   }
   std::sort(held.begin(), held.end());
   held.erase(std::unique(held.begin(), held.end()), held.end());
@@ -280,9 +282,7 @@ Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
   for (;;) {
     const int newest = NewestLocked();
     bool keeping = false;  // a kept step is held: it, not the newest, is what survives
-    for (const Slot& s : slots_)
-      keeping = keeping || (s.use == Use::kCaptured &&
-                            std::find(keep_.begin(), keep_.end(), s.header->step) != keep_.end());
+    for (const Slot& s : slots_) keeping = keeping || KeptLocked(s);
     int pick = -1;
     // Empty slots first, then the versions the job does not hold, then the oldest.
     auto better = [&](const Slot& a, const Slot& b) CAIRN_REQUIRES(mu_) {
@@ -308,7 +308,7 @@ Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
     if (policy == FullPolicy::kSkip && !committing)
       return Status::Unavailable(
           "no host slot is free for step " + std::to_string(step) + " (all " +
-          std::to_string(slots_.size()) + " slots are capturing, " + "pinned or hold " +
+          std::to_string(slots_.size()) + " slots are capturing, pinned or hold " +
           (keeping ? "a version the job keeps" : "the newest version") + ")");
     cv_.Wait(lk);
   }

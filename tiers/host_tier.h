@@ -167,6 +167,8 @@ class HostTier {
   void RemoveForeign(Slot& s, const Status& why);
   // Index of the slot with the newest restorable version, -1 if none. Caller holds mu_.
   int NewestLocked() const CAIRN_REQUIRES(mu_);
+  // Whether slot `s` holds a restorable version of a step Keep keeps.
+  bool KeptLocked(const Slot& s) const CAIRN_REQUIRES(mu_);
   // Whether a capture may not take slot `s` for its version (the reuse rules above).
   bool ProtectedLocked(const Slot& s, int newest, bool keeping) const CAIRN_REQUIRES(mu_);
   std::string StepsHeldLocked() const CAIRN_REQUIRES(mu_);

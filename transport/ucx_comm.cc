@@ -462,12 +462,11 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       return Status::Unavailable("receive " +
                                  (peer >= 0 ? Who(peer) : std::string("from any rank")) +
                                  ": given up (closing)");
-    const bool gentle = wait.gentle;
-    if (gentle || idle) {
+    if (wait.gentle || idle) {
       lk.Unlock();
       // A service loop waits here most of the time: it polls gently, so that it never
       // competes with a transfer in flight for the worker's lock or for a core.
-      if (gentle)
+      if (wait.gentle)
         std::this_thread::sleep_for(std::chrono::microseconds(500));
       else
         Backoff(spins);
