@@ -6,7 +6,7 @@
 
 #include <array>
 
-#include "transport/replicator.h"
+#include "redundancy/replicator.h"
 #include "transport/ucx_comm.h"
 
 namespace cairn {

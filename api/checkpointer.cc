@@ -19,8 +19,8 @@
 #include "snapshot/copy_engine.h"
 #include "snapshot/step_agreement.h"
 #include "tiers/host_tier.h"
-#include "tiers/replica_store.h"
-#include "transport/replicator.h"
+#include "redundancy/replica_store.h"
+#include "redundancy/replicator.h"
 #include "transport/ucx_comm.h"
 #include "transport/ucx_group.h"
 

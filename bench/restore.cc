@@ -68,7 +68,7 @@
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
-#include "transport/placement.h"
+#include "redundancy/placement.h"
 #include "transport/ucx_comm.h"
 
 using namespace cairn;

@@ -35,7 +35,7 @@
 #include "core/filesystem.h"
 #include "persist/manifest.h"
 #include "tiers/host_tier.h"
-#include "tiers/replica_store.h"
+#include "redundancy/replica_store.h"
 #include "tiers/slot_header.h"
 
 namespace cairn::cli {

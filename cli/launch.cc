@@ -8,7 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/launcher.h"
-#include "transport/placement.h"
+#include "redundancy/placement.h"
 
 namespace cairn::cli {
 

@@ -10,7 +10,7 @@
 #include "core/log.h"
 #include "recovery/restore.h"
 #include "tiers/host_tier.h"
-#include "tiers/replica_store.h"
+#include "redundancy/replica_store.h"
 
 namespace cairn {
 

@@ -2,7 +2,7 @@
 # Prepares, on a Debian 12 (bookworm) machine with apt, the folder of cairn's Debian
 # dependencies that a GPU machine without a package registry builds cairn against
 # (scripts/gpu_test.sh there). It holds the .deb files of the libraries, headers and tools
-# cairn builds with (UCX, libpmem2, xxHash, protobuf with protoc, GoogleTest, pkgconf,
+# cairn builds with (UCX, libpmem2, ISA-L, xxHash, protobuf with protoc, GoogleTest, pkgconf,
 # pybind11 as a fallback) and, in DIR/fallback, of the libraries those load (numa, verbs,
 # ndctl, kmod, ssl, lzma, zstd, udev, uuid): gpu_test.sh uses a fallback library only for a
 # soname the GPU machine's loader cannot find, so the machine's own are never shadowed.
@@ -20,6 +20,8 @@ dir="${1:-deps/gpu}"
 PACKAGES=(
   # UCX and libpmem2
   libucx-dev libucx0 libpmem2-dev libpmem2
+  # Intel ISA-L: the erasure codes of redundancy/erasure.h
+  libisal-dev libisal2
   # xxHash, protobuf (MANIFEST) and protoc
   libxxhash-dev libxxhash0 libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32
   protobuf-compiler zlib1g-dev

@@ -14,7 +14,7 @@ if [ "${1:-}" = "--demo" ]; then demo=1; shift; fi
 if (($#)); then echo "setup.sh: unknown argument '$1' (use --demo or nothing)" >&2; exit 2; fi
 
 # What the library and the cairn command build against.
-PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev
+PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev libisal-dev
           libprotobuf-dev protobuf-compiler libucx-dev libcli11-dev nlohmann-json3-dev)
 if ((!demo)); then
   # The tests, benchmarks and Python module, and what the tests run (PMIx launchers, Open

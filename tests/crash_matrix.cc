@@ -54,7 +54,7 @@
 #include "core/kill_point.h"
 #include "tests/matrix_log.h"
 #include "tests/test_util.h"
-#include "transport/placement.h"
+#include "redundancy/placement.h"
 
 using namespace cairn;
 

@@ -22,7 +22,7 @@
 #include "persist/manifest.h"
 #include "tests/recovery_process_util.h"
 #include "tests/test_util.h"
-#include "transport/placement.h"
+#include "redundancy/placement.h"
 
 namespace cairn {
 namespace {

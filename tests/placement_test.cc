@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "transport/placement.h"
+#include "redundancy/placement.h"
 
 namespace cairn {
 namespace {

@@ -17,8 +17,8 @@
 #include "tests/crash_state.h"
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
-#include "tiers/replica_store.h"
-#include "transport/replicator.h"
+#include "redundancy/replica_store.h"
+#include "redundancy/replicator.h"
 
 namespace cairn {
 namespace {

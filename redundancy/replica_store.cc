@@ -1,4 +1,4 @@
-#include "tiers/replica_store.h"
+#include "redundancy/replica_store.h"
 
 #include "core/checksum.h"
 #include "core/mutex.h"

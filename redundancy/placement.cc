@@ -1,4 +1,4 @@
-#include "transport/placement.h"
+#include "redundancy/placement.h"
 
 #include <algorithm>
 

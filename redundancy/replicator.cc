@@ -1,4 +1,4 @@
-#include "transport/replicator.h"
+#include "redundancy/replicator.h"
 
 #include <algorithm>
 

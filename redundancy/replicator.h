@@ -35,8 +35,8 @@
 #include "core/mutex.h"
 #include "core/pool.h"
 #include "tiers/host_tier.h"
-#include "tiers/replica_store.h"
-#include "transport/placement.h"
+#include "redundancy/replica_store.h"
+#include "redundancy/placement.h"
 #include "transport/ucx_comm.h"
 
 namespace cairn {

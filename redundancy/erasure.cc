@@ -1,0 +1,176 @@
+#include "redundancy/erasure.h"
+
+#include <isa-l/erasure_code.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/arith.h"
+
+namespace cairn {
+namespace {
+
+// ISA-L takes lengths as int: longer pieces go in blocks of this many bytes.
+constexpr uint64_t kBlock = uint64_t{1} << 26;
+
+unsigned char* U(std::byte* p) {
+  return reinterpret_cast<unsigned char*>(p);
+}
+unsigned char* U(const std::byte* p) {
+  // ISA-L's sources are `unsigned char*` but only read.
+  return reinterpret_cast<unsigned char*>(const_cast<std::byte*>(p));
+}
+
+}  // namespace
+
+std::string ErasureScheme::Describe() const {
+  if (m == 1) return "xor k=" + std::to_string(k);
+  return "rs k=" + std::to_string(k) + " m=" + std::to_string(m);
+}
+
+Status ValidateErasureScheme(const ErasureScheme& s) {
+  if (s.m < 1 || s.k <= s.m || s.k > kMaxErasureMembers) {
+    return Status::InvalidArgument(
+        "an erasure-coded set needs 1 <= m < k <= " + std::to_string(kMaxErasureMembers) +
+        " (k members on k nodes, m of them parity per stripe); got k=" + std::to_string(s.k) +
+        " m=" + std::to_string(s.m));
+  }
+  return Status::OK();
+}
+
+int StripeDataMember(const ErasureScheme& s, int stripe, int j) {
+  return (stripe + j) % s.k;
+}
+
+int StripeParityMember(const ErasureScheme& s, int stripe, int p) {
+  return (stripe + s.data() + p) % s.k;
+}
+
+int StripeOfPiece(const ErasureScheme& s, int member, int j) {
+  return (member - j + s.k) % s.k;
+}
+
+int StripeIndexOf(const ErasureScheme& s, int stripe, int member) {
+  return (member - stripe + s.k) % s.k;
+}
+
+uint64_t PieceBytes(uint64_t bytes, int d) {
+  return CeilDiv(bytes, static_cast<uint64_t>(d));
+}
+
+PieceRange PieceOf(uint64_t bytes, int d, int j) {
+  uint64_t c = PieceBytes(bytes, d);
+  uint64_t off = std::min(bytes, c * static_cast<uint64_t>(j));
+  return {off, std::min(c, bytes - off)};
+}
+
+Result<ErasureCode> ErasureCode::Make(const ErasureScheme& s) {
+  CAIRN_RETURN_IF_ERROR(ValidateErasureScheme(s));
+  ErasureCode code;
+  code.scheme_ = s;
+  const int d = s.data(), rows = s.k;
+  code.matrix_.assign(static_cast<size_t>(rows * d), 0);
+  if (s.m == 1) {
+    for (int j = 0; j < d; ++j) code.matrix_[static_cast<size_t>(j * d + j)] = 1;
+    std::fill(code.matrix_.begin() + d * d, code.matrix_.end(), 1);  // XOR
+  } else {
+    gf_gen_cauchy1_matrix(code.matrix_.data(), rows, d);
+  }
+  unsigned char* parity_rows = code.matrix_.data() + d * d;
+  code.parity_tables_.resize(static_cast<size_t>(32 * d * s.m));
+  ec_init_tables(d, s.m, parity_rows, code.parity_tables_.data());
+  for (int p = 0; p < s.m; ++p) {
+    std::vector<unsigned char> t(static_cast<size_t>(32 * d));
+    ec_init_tables(d, 1, parity_rows + p * d, t.data());
+    code.row_tables_.push_back(std::move(t));
+  }
+  return code;
+}
+
+void ErasureCode::AddToParity(int j, int p, const std::byte* piece, uint64_t n,
+                              std::byte* parity) const {
+  auto* tables = const_cast<unsigned char*>(row_tables_[static_cast<size_t>(p)].data());
+  for (uint64_t off = 0; off < n; off += kBlock) {
+    int len = static_cast<int>(std::min(kBlock, n - off));
+    unsigned char* out = U(parity + off);
+    ec_encode_data_update(len, scheme_.data(), 1, j, tables, U(piece + off), &out);
+  }
+}
+
+void ErasureCode::Encode(std::span<const std::byte* const> data, uint64_t len,
+                         std::span<std::byte* const> parity) const {
+  const int d = scheme_.data(), m = scheme_.m;
+  std::vector<unsigned char*> src(static_cast<size_t>(d)), dst(static_cast<size_t>(m));
+  auto* tables = const_cast<unsigned char*>(parity_tables_.data());
+  for (uint64_t off = 0; off < len; off += kBlock) {
+    int n = static_cast<int>(std::min(kBlock, len - off));
+    for (int j = 0; j < d; ++j) src[static_cast<size_t>(j)] = U(data[static_cast<size_t>(j)] + off);
+    for (int p = 0; p < m; ++p)
+      dst[static_cast<size_t>(p)] = U(parity[static_cast<size_t>(p)] + off);
+    ec_encode_data(n, d, m, tables, src.data(), dst.data());
+  }
+}
+
+Status ErasureCode::Decode(std::span<const std::byte* const> pieces, uint64_t len,
+                           std::span<std::byte* const> out) const {
+  const int d = scheme_.data(), total = scheme_.k;
+  if (pieces.size() != static_cast<size_t>(total) || out.size() != static_cast<size_t>(d)) {
+    return Status::InvalidArgument("erasure decode: " + std::to_string(pieces.size()) +
+                                   " pieces and " + std::to_string(out.size()) + " outputs for " +
+                                   scheme_.Describe());
+  }
+  if (len == 0) return Status::OK();  // an empty stripe: nothing to rebuild
+  // The first d pieces present, and the lost data pieces wanted back.
+  std::vector<int> survivors, wanted;
+  for (int i = 0; i < total && static_cast<int>(survivors.size()) < d; ++i) {
+    if (pieces[static_cast<size_t>(i)] != nullptr) survivors.push_back(i);
+  }
+  if (static_cast<int>(survivors.size()) < d) {
+    auto lost = std::count(pieces.begin(), pieces.end(), nullptr);
+    return Status::InvalidArgument("erasure decode: " + std::to_string(lost) +
+                                   " pieces of a stripe lost, more than " + scheme_.Describe() +
+                                   " covers");
+  }
+  for (int j = 0; j < d; ++j) {
+    if (out[static_cast<size_t>(j)] == nullptr) continue;
+    if (pieces[static_cast<size_t>(j)] != nullptr) {
+      return Status::InvalidArgument("erasure decode: data piece " + std::to_string(j) +
+                                     " is present, not lost");
+    }
+    wanted.push_back(j);
+  }
+  if (wanted.empty()) return Status::OK();
+  // B: the survivors' rows of the encoding matrix; its inverse maps the survivors' pieces
+  // back to the data pieces, row j giving data piece j.
+  std::vector<unsigned char> b(static_cast<size_t>(d * d)), inv(static_cast<size_t>(d * d));
+  for (int r = 0; r < d; ++r) {
+    std::memcpy(&b[static_cast<size_t>(r * d)], &matrix_[static_cast<size_t>(survivors[r] * d)],
+                static_cast<size_t>(d));
+  }
+  if (gf_invert_matrix(b.data(), inv.data(), d) != 0) {
+    return Status::Internal("erasure decode: the survivors' matrix of " + scheme_.Describe() +
+                            " is singular");
+  }
+  const int rows = static_cast<int>(wanted.size());
+  std::vector<unsigned char> decode_rows(static_cast<size_t>(rows * d));
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(&decode_rows[static_cast<size_t>(r * d)], &inv[static_cast<size_t>(wanted[r] * d)],
+                static_cast<size_t>(d));
+  }
+  std::vector<unsigned char> tables(static_cast<size_t>(32 * d * rows));
+  ec_init_tables(d, rows, decode_rows.data(), tables.data());
+  std::vector<unsigned char*> src(static_cast<size_t>(d)), dst(static_cast<size_t>(rows));
+  for (uint64_t off = 0; off < len; off += kBlock) {
+    int n = static_cast<int>(std::min(kBlock, len - off));
+    for (int r = 0; r < d; ++r) {
+      src[static_cast<size_t>(r)] = U(pieces[static_cast<size_t>(survivors[r])] + off);
+    }
+    for (int r = 0; r < rows; ++r) {
+      dst[static_cast<size_t>(r)] = U(out[static_cast<size_t>(wanted[r])] + off);
+    }
+    ec_encode_data(n, d, rows, tables.data(), src.data(), dst.data());
+  }
+  return Status::OK();
+}
+
+}  // namespace cairn
