@@ -20,13 +20,14 @@ struct JobChannels {
   Channel restore_data{10};      // bytes of saved pieces, holder or PFS reader -> target rank
   Channel agree_collective{11};  // the step agreement's own Group (its thread)
   Channel agree_broadcast{12};
+  Channel rebuild_data{13};  // pieces and parity sent to the rank rebuilding a lost version
 };
 
 // Every channel above, for the check below.
-constexpr std::array<Channel, 11> AllChannels(const JobChannels& c) {
+constexpr std::array<Channel, 12> AllChannels(const JobChannels& c) {
   return {c.collective,       c.broadcast,        c.replication.offer,  c.replication.ready,
           c.replication.data, c.replication.ack,  c.persist_collective, c.persist_broadcast,
-          c.restore_data,     c.agree_collective, c.agree_broadcast};
+          c.restore_data,     c.agree_collective, c.agree_broadcast,    c.rebuild_data};
 }
 
 constexpr bool ChannelsAreDistinctAndFree(const JobChannels& c) {

@@ -12,15 +12,16 @@
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
+#include "recovery/rebuild.h"
 #include "recovery/restore.h"
 #include "recovery/tier_memory.h"
 #include "recovery/ucx_transport.h"
+#include "redundancy/replica_store.h"
+#include "redundancy/replicator.h"
 #include "snapshot/capture_pipeline.h"
 #include "snapshot/copy_engine.h"
 #include "snapshot/step_agreement.h"
 #include "tiers/host_tier.h"
-#include "redundancy/replica_store.h"
-#include "redundancy/replicator.h"
 #include "transport/ucx_comm.h"
 #include "transport/ucx_group.h"
 
@@ -39,6 +40,8 @@ class Checkpointer::Impl {
   Status Open();
   Status OpenTier(FileSystem* fs);
   Status OpenReplication(FileSystem* fs);
+  // CAIRN_REDUNDANCY=xor|rs: the set, the parity store and the replicator in erasure mode.
+  Status OpenErasure(FileSystem* fs, int nodes);
   void OpenPersister();
   std::string Who() const { return "rank " + std::to_string(options_.rank); }
   Result<RestoreReport> Restore(std::span<const ShardSpec> targets, const RestoreOptions& options);
@@ -60,6 +63,7 @@ class Checkpointer::Impl {
   std::unique_ptr<UcxComm> comm_;
   std::unique_ptr<UcxGroup> group_;
   std::unique_ptr<ReplicaStore> store_;
+  std::unique_ptr<ParityStore> parity_;  // CAIRN_REDUNDANCY=xor|rs
   std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<Group> persist_group_;  // the persister's own collectives
   std::unique_ptr<Persister> persister_;
@@ -111,6 +115,7 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
                                    " is not a multiple of the local world size " +
                                    std::to_string(o.local_world_size));
   const int nodes = o.world_size / o.local_world_size;
+  if (o.redundancy != RedundancyKind::kReplica && nodes > 1) return OpenErasure(fs, nodes);
   CAIRN_ASSIGN_OR_RETURN(
       Placement placement,
       Placement::Make(nodes, o.local_world_size, std::min(o.replicas, nodes - 1),
@@ -134,6 +139,36 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
     replicator_ =
         std::make_unique<Replicator>(comm_.get(), channels_.replication, std::move(placement),
                                      tier_.get(), store_.get(), &log_, o.replicate_timeout_s);
+  return Status::OK();
+}
+
+Status Checkpointer::Impl::OpenErasure(FileSystem* fs, int nodes) {
+  const Options& o = options_;
+  const ErasureScheme scheme{o.erasure_k, o.redundancy == RedundancyKind::kXor ? 1 : o.erasure_m};
+  CAIRN_RETURN_IF_ERROR(ValidateErasureScheme(scheme).WithContext(Who()));
+  if (nodes % scheme.k != 0)
+    return Status::InvalidArgument(Who() + ": CAIRN_REDUNDANCY=" + scheme.Describe() +
+                                   " cuts the nodes into sets of " + std::to_string(scheme.k) +
+                                   ", but the job has " + std::to_string(nodes) +
+                                   " nodes: set CAIRN_ERASURE_K to a divisor of the node count");
+  if (o.node != o.rank / o.local_world_size)
+    return Status::InvalidArgument(
+        Who() + ": node id " + std::to_string(o.node) +
+        " does not match RANK / LOCAL_WORLD_SIZE = " + std::to_string(o.rank / o.local_world_size) +
+        " (erasure-coded sets assume consecutive ranks per node)");
+  // The set of this rank: the ranks of the same local rank on k consecutive nodes, which is
+  // the group placement with k - 1 "replicas".
+  CAIRN_ASSIGN_OR_RETURN(
+      Placement placement,
+      Placement::Make(nodes, o.local_world_size, scheme.k - 1, PlacementStrategy::kGroup));
+  const std::string node_dir =
+      JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node));
+  parity_ = std::make_unique<ParityStore>(node_dir, o.rank, fs, &log_, o.host_root);
+  // Rebuilt versions of lost ranks land in the replica store (redundancy/rebuild.h).
+  store_ = std::make_unique<ReplicaStore>(node_dir, fs, &log_, o.slots, o.host_root);
+  replicator_ = std::make_unique<Replicator>(
+      comm_.get(), channels_.replication, std::move(placement), tier_.get(), nullptr, &log_,
+      o.replicate_timeout_s, ErasureRole{scheme, parity_.get()});
   return Status::OK();
 }
 
@@ -301,6 +336,35 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
     if (!seen.insert(ShardKey(t.meta.name, t.box)).second)
       return Status::InvalidArgument(Who() + ": restore target '" + t.meta.name + "' box " +
                                      t.box.ToString() + " given twice");
+  int64_t rebuilt_step = -1;
+  if (parity_ && group_ && comm_) {
+    // Versions of ranks whose node was lost, decoded from their sets' parity first
+    // (recovery/rebuild.h): the restore then finds them in memory like replicas.
+    auto transport = MakeUcxRestoreTransport(comm_.get(), channels_.rebuild_data);
+    RebuildEnv renv;
+    renv.rank = options_.rank;
+    renv.world_size = options_.world_size;
+    renv.group = group_.get();
+    renv.transport = transport.get();
+    renv.own = tier_.get();
+    renv.parity = parity_.get();
+    renv.store = store_.get();
+    renv.log = &log_;
+    renv.who = Who();
+    renv.timeout_s = options_.op_timeout_s;
+    auto rebuilt = RebuildLost(renv);
+    if (!rebuilt.ok()) {
+      log_.Warning(Who() +
+                   ": rebuilding lost versions from parity failed: " + rebuilt.status().message());
+    } else {
+      for (int r : rebuilt->rebuilt_here) {
+        if (r == options_.rank) rebuilt_step = rebuilt->step;
+        if (std::find(replica_sources_.begin(), replica_sources_.end(), r) ==
+            replica_sources_.end())
+          replica_sources_.push_back(r);
+      }
+    }
+  }
   TierMemory memory(tier_.get(), store_.get(), replica_sources_, &log_);
   SoloGroup solo;
   std::unique_ptr<RestoreTransport> transport;
@@ -318,7 +382,9 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
   env.timeout_s = options_.op_timeout_s;
   env.read_threads = options_.persist_threads;
   for (const ShardSpec& t : targets) env.host_targets &= t.memory == MemoryKind::kHost;
-  return cairn::Restore(env, targets, options);
+  auto report = cairn::Restore(env, targets, options);
+  if (report.ok() && report->step == rebuilt_step) report->rebuilt_step = rebuilt_step;
+  return report;
 }
 
 // --- the public surface: forwards to Impl ---

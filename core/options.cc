@@ -309,6 +309,21 @@ std::vector<Setting> MakeSettings() {
                    {{"ring", false}, {"group", true}},
                    "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold "
                    "each other)"),
+      Choice<RedundancyKind>(
+          "CAIRN_REDUNDANCY", CAIRN_FIELD(redundancy),
+          {{"replica", RedundancyKind::kReplica},
+           {"xor", RedundancyKind::kXor},
+           {"rs", RedundancyKind::kRs}},
+          "what protects a version against a lost node: replica (CAIRN_REPLICAS full copies, "
+          "placed by CAIRN_PLACEMENT), xor (parity over sets of CAIRN_ERASURE_K nodes, each "
+          "holding 1/(k-1) of its state per version; any one node of a set may be lost) or rs "
+          "(Reed-Solomon: m/(k-m) per node; any CAIRN_ERASURE_M nodes of a set)"),
+      Int("CAIRN_ERASURE_K", nullptr, CAIRN_FIELD(erasure_k), 2, 64,
+          "xor and rs: nodes per erasure-coded set, parity included (the job's node count must "
+          "be a multiple)"),
+      Int("CAIRN_ERASURE_M", nullptr, CAIRN_FIELD(erasure_m), 1, 63,
+          "rs: parity pieces per stripe, the nodes of a set that may be lost (less than "
+          "CAIRN_ERASURE_K; xor is m = 1)"),
       Int("CAIRN_PERSIST_EVERY", nullptr, CAIRN_FIELD(persist_every), 0, 1 << 30,
           "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush())"),
       Int("CAIRN_KEEP_ON_PFS", nullptr, CAIRN_FIELD(keep_on_pfs), 1, 1 << 20,
@@ -398,6 +413,11 @@ Status Options::Validate() const {
   if (persist_every < 0) return bad("persist_every must not be negative");
   if (keep_on_pfs < 1) return bad("keep_on_pfs must be at least 1");
   if (persist_threads < 1 || persist_threads > 64) return bad("persist threads must be 1..64");
+  if (redundancy == RedundancyKind::kRs && (erasure_m < 1 || erasure_m >= erasure_k))
+    return bad("CAIRN_REDUNDANCY=rs needs 1 <= CAIRN_ERASURE_M < CAIRN_ERASURE_K; got k=" +
+               std::to_string(erasure_k) + " m=" + std::to_string(erasure_m));
+  if (redundancy != RedundancyKind::kReplica && (erasure_k < 2 || erasure_k > 64))
+    return bad("CAIRN_ERASURE_K must be 2..64");
   return Status::OK();
 }
 

@@ -472,7 +472,8 @@ void BindReports(py::module_& m) {
       .def_readonly("pfs_bytes_read", &RestoreReport::pfs_bytes_read)
       .def_readonly("job_pfs_bytes_read", &RestoreReport::job_pfs_bytes_read)
       .def_readonly("job_unique_bytes_needed", &RestoreReport::job_unique_bytes_needed)
-      .def_readonly("plan", &RestoreReport::plan);
+      .def_readonly("plan", &RestoreReport::plan)
+      .def_readonly("rebuilt_step", &RestoreReport::rebuilt_step);
 
   py::class_<VersionInfo>(m, "VersionInfo")
       .def_readonly("step", &VersionInfo::step)

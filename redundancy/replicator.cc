@@ -7,6 +7,7 @@
 #include "core/kill_point.h"
 #include "core/mutex.h"
 #include "core/trace.h"
+#include "wire/codec.h"
 
 namespace cairn {
 namespace {
@@ -133,14 +134,21 @@ int64_t ChooseReplicationStep(int64_t attempted, int64_t pending,
 }
 
 Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement,
-                       HostTier* local, ReplicaStore* store, const Logger* log, double timeout_s)
+                       HostTier* local, ReplicaStore* store, const Logger* log, double timeout_s,
+                       std::optional<ErasureRole> erasure)
     : comm_(comm),
       ch_(channels),
       placement_(std::move(placement)),
       local_(local),
       store_(store),
+      erasure_(std::move(erasure)),
       log_(log),
       timeout_s_(timeout_s) {
+  if (erasure_) {
+    members_ = placement_.holders_of(comm_->rank());
+    members_.push_back(comm_->rank());
+    std::sort(members_.begin(), members_.end());
+  }
   next_offer_ = static_cast<uint32_t>(WallNanos() & 0xfff) + 1;
   {
     MutexLock lk(mu_);
@@ -351,18 +359,20 @@ void Replicator::ReapDraining() {
 }
 
 Status Replicator::SendChunks(int holder, uint32_t offer,
-                              const std::shared_ptr<const HostTier::View>& pinned, LinkWatch& watch,
-                              const Status& came_back, std::optional<std::string>* early_ack) {
+                              const std::shared_ptr<const HostTier::View>& pinned,
+                              const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                              LinkWatch& watch, const Status& came_back,
+                              std::optional<std::string>* early_ack) {
   const HostTier::View& view = *pinned;
   const int me = comm_->rank();
-  const SlotHeader& h = view.header();
-  const uint64_t n = h.data_bytes;
-  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
   std::vector<UcxComm::PendingSend> sends;
-  for (uint32_t c = 0; c < chunks; ++c) {
-    const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    sends.push_back(comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)),
-                                     view.data() + b, len, UcxComm::Auth::kContent));
+  uint32_t c = 0;
+  for (const auto& [offset, length] : ranges) {
+    for (uint64_t b = 0; b < length; b += kReplChunk, ++c) {
+      const uint64_t len = std::min(kReplChunk, length - b);
+      sends.push_back(comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)),
+                                       view.data() + offset + b, len, UcxComm::Auth::kContent));
+    }
   }
   Status first;
   const int64_t sending_since = NowNanos();
@@ -405,7 +415,14 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   const uint32_t offer = next_offer_.fetch_add(1) & 0xffff;
   const std::string who =
       "replicating step " + std::to_string(h.step) + " to rank " + std::to_string(holder);
-  const std::string header = EncodeSlotHeader(h);
+  std::string header;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  if (erasure_) {
+    std::tie(header, ranges) = ParityOfferFor(holder, h);
+  } else {
+    header = EncodeSlotHeader(h);
+    ranges.emplace_back(0, h.data_bytes);
+  }
   // Answers to offers this rank gave up (they arrive late after a link came back) are
   // waiting unmatched: drop them, so they do not pile up in UCX's unexpected queue.
   for (Channel c : {ch_.ready, ch_.ack})
@@ -434,7 +451,7 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
   std::optional<std::string> early_ack;
   CAIRN_RETURN_IF_ERROR(
-      SendChunks(holder, offer, pinned, watch, came_back, &early_ack).WithContext(who));
+      SendChunks(holder, offer, pinned, ranges, watch, came_back, &early_ack).WithContext(who));
   CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
   Result<std::string> ack =
@@ -446,9 +463,8 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   return Status::OK();
 }
 
-void Replicator::Sink(int src, uint32_t offer, uint32_t chunk, uint64_t n) {
+void Replicator::Sink(int src, uint32_t offer, uint32_t chunk, uint64_t len) {
   if (scratch_.empty()) scratch_.resize(kReplChunk);
-  const uint64_t b = chunk * kReplChunk, len = std::min(kReplChunk, n - b);
   sinks_.push_back({comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, chunk)),
                                      scratch_.data(), len, UcxComm::Auth::kContent),
                     NowNanos() + static_cast<int64_t>(2 * timeout_s_ * 1e9)});
@@ -580,12 +596,14 @@ Status Replicator::Receive(int src, uint32_t offer, const Admitted& a,
   // The sender may still send what it had started: take it into scratch memory, so its
   // sends end (it keeps the slot they read pinned until then).
   if (!st.ok())
-    for (uint32_t c = arrived; c < chunks; ++c) Sink(src, offer, c, n);
+    for (uint32_t c = arrived; c < chunks; ++c)
+      Sink(src, offer, c, std::min(kReplChunk, n - uint64_t{c} * kReplChunk));
   if (st.ok()) st = chunks > 0 ? verifier.status() : ReplicaStore::Verify(a.header, a.data);
   return st;
 }
 
 void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next) {
+  if (erasure_) return HandleParityOffer(in, next);
   const int src = in.source;
   const uint32_t offer = in.seq;
   // A sender that redialed this rank sent its redial hello before this offer: take it
@@ -618,6 +636,166 @@ void Replicator::HandleOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incom
   }
   count(&ReplicatorStats::received);
   CAIRN_KILL_POINT("replicate.published");
+  Reply(src, offer, ch_.ack, "ok");
+}
+
+int Replicator::MemberIndex(int rank) const {
+  auto it = std::lower_bound(members_.begin(), members_.end(), rank);
+  return it != members_.end() && *it == rank ? static_cast<int>(it - members_.begin()) : -1;
+}
+
+std::pair<std::string, std::vector<std::pair<uint64_t, uint64_t>>> Replicator::ParityOfferFor(
+    int holder, const SlotHeader& h) const {
+  const ErasureScheme& sc = erasure_->scheme;
+  const int d = sc.data(), me = MemberIndex(comm_->rank()), to = MemberIndex(holder);
+  wire::ParityOffer w;
+  w.set_k(static_cast<uint32_t>(sc.k));
+  w.set_m(static_cast<uint32_t>(sc.m));
+  w.set_world_size(static_cast<uint32_t>(placement_.world_size()));
+  w.set_data_bytes(h.data_bytes);
+  w.set_slot_header(EncodeSlotHeader(h));
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (int j = 0; j < d; ++j) {
+    const int stripe = StripeOfPiece(sc, me, j);
+    const int idx = StripeIndexOf(sc, stripe, to);
+    if (idx < d) continue;  // `holder` keeps no parity of this stripe
+    auto* p = w.add_pieces();
+    p->set_stripe(static_cast<uint32_t>(stripe));
+    p->set_j(static_cast<uint32_t>(j));
+    p->set_row(static_cast<uint32_t>(idx - d));
+    const PieceRange r = PieceOf(h.data_bytes, d, j);
+    ranges.emplace_back(r.offset, r.length);
+  }
+  return {wire::Encode(w), std::move(ranges)};
+}
+
+void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next) {
+  const int src = in.source;
+  const uint32_t offer = in.seq;
+  comm_->ServiceHellos();
+  const ErasureScheme& sc = erasure_->scheme;
+  ParityStore* store = erasure_->store;
+  const int d = sc.data();
+  auto count = [&](uint64_t ReplicatorStats::*field) {
+    MutexLock g(mu_);
+    ++(stats_.*field);
+  };
+  auto refuse = [&](const Status& why, Channel channel) {
+    count(&ReplicatorStats::refused);
+    if (log_)
+      log_->Info("refused parity pieces from rank " + std::to_string(src) + ": " + why.message());
+    Reply(src, offer, channel, (channel == ch_.ack ? "not kept: " : "") + why.message());
+  };
+  // Admission: a member of this rank's set, pieces of stripes whose parity this rank keeps.
+  struct Piece {
+    ParityKey key;
+    int j = 0;
+    PieceRange range;
+  };
+  std::vector<Piece> pieces;
+  wire::ParityOffer w;
+  SlotHeader header;
+  {
+    Status st = MemberIndex(src) < 0 || src == comm_->rank()
+                    ? Status::FailedPrecondition("rank " + std::to_string(src) +
+                                                 " is not in this rank's erasure-coded set")
+                    : wire::Decode(in.bytes, &w, "parity offer");
+    if (st.ok() && (w.k() != static_cast<uint32_t>(sc.k) || w.m() != static_cast<uint32_t>(sc.m) ||
+                    w.world_size() != static_cast<uint32_t>(placement_.world_size())))
+      st = Status::FailedPrecondition("the offer is for another scheme or job size");
+    if (st.ok()) {
+      auto h = DecodeSlotHeader(w.slot_header());
+      if (!h.ok())
+        st = h.status();
+      else if (h->data_bytes != w.data_bytes())
+        st = Status::Corruption("the offer's byte count differs from its header's");
+      else
+        header = std::move(*h);
+    }
+    const int me = MemberIndex(comm_->rank()), from = MemberIndex(src);
+    for (int i = 0; st.ok() && i < w.pieces_size(); ++i) {
+      const auto& p = w.pieces(i);
+      if (p.stripe() >= static_cast<uint32_t>(sc.k) || p.j() >= static_cast<uint32_t>(d) ||
+          p.row() >= static_cast<uint32_t>(sc.m) ||
+          StripeDataMember(sc, static_cast<int>(p.stripe()), static_cast<int>(p.j())) != from ||
+          StripeParityMember(sc, static_cast<int>(p.stripe()), static_cast<int>(p.row())) != me) {
+        st = Status::Corruption("the offer names a piece this rank keeps no parity of");
+        break;
+      }
+      pieces.push_back({{static_cast<int>(p.stripe()), static_cast<int>(p.row()), header.step},
+                        static_cast<int>(p.j()),
+                        PieceOf(w.data_bytes(), d, static_cast<int>(p.j()))});
+    }
+    if (st.ok() && pieces.empty()) st = Status::Corruption("the offer names no piece");
+    size_t begun = 0;
+    for (; st.ok() && begun < pieces.size(); ++begun) {
+      const Piece& p = pieces[begun];
+      st = store->Begin(sc, w.world_size(), p.key, p.j, {src, w.data_bytes(), w.slot_header()},
+                        PieceBytes(w.data_bytes(), d));
+      if (!st.ok()) break;
+    }
+    if (!st.ok()) {
+      for (size_t i = 0; i < begun; ++i) (void)store->End(pieces[i].key, pieces[i].j, false);
+      return refuse(st, ch_.ready);
+    }
+  }
+  // The pieces' bytes in chunks, through two scratch buffers: each chunk is added to the
+  // parity as it lands, then its buffer takes the chunk after next.
+  struct Chunk {
+    size_t piece;
+    uint64_t offset, len;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    for (uint64_t b = 0; b < pieces[i].range.length; b += kReplChunk)
+      chunks.push_back({i, b, std::min(kReplChunk, pieces[i].range.length - b)});
+  for (auto& b : window_)
+    if (b.size() < kReplChunk) b.resize(kReplChunk);
+  std::vector<UcxComm::PendingRecv> recvs(chunks.size());
+  auto post = [&](size_t c) {
+    recvs[c] =
+        comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, static_cast<uint32_t>(c))),
+                         window_[c % 2].data(), chunks[c].len, UcxComm::Auth::kContent);
+  };
+  for (size_t c = 0; c < std::min<size_t>(2, chunks.size()); ++c) post(c);
+  Reply(src, offer, ch_.ready, "ok");
+  Status st;
+  size_t arrived = 0;
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (!st.ok()) {
+      if (recvs[c].request) (void)comm_->FinishRecv(recvs[c], 0.001);
+      continue;
+    }
+    while (!comm_->Arrived(recvs[c], 0.05) && NowNanos() < deadline) {
+      comm_->AnswerProbes();
+      auto other = TakeOffer(src, offer);
+      if (other && OfferAfter(other->seq, offer)) {
+        *next = std::move(other);
+        st = Status::Unavailable("rank " + std::to_string(src) +
+                                 " sent a newer offer: it gave this one up");
+        break;
+      }
+    }
+    if (st.ok())
+      st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
+    else
+      (void)comm_->FinishRecv(recvs[c], 0.001);
+    if (!st.ok()) continue;
+    ++arrived;
+    const Piece& p = pieces[chunks[c].piece];
+    store->Add(p.key, p.j, chunks[c].offset, window_[c % 2].data(), chunks[c].len);
+    if (c + 2 < chunks.size()) post(c + 2);
+  }
+  if (!st.ok())
+    for (size_t c = arrived; c < chunks.size(); ++c)
+      Sink(src, offer, static_cast<uint32_t>(c), chunks[c].len);
+  for (const Piece& p : pieces) {
+    Status ended = store->End(p.key, p.j, st.ok());
+    if (st.ok() && !ended.ok()) st = ended;
+  }
+  if (!st.ok()) return refuse(st, ch_.ack);
+  count(&ReplicatorStats::received);
   Reply(src, offer, ch_.ack, "ok");
 }
 

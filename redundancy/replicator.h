@@ -34,14 +34,27 @@
 #include "core/log.h"
 #include "core/mutex.h"
 #include "core/pool.h"
-#include "tiers/host_tier.h"
-#include "redundancy/replica_store.h"
+#include "redundancy/erasure.h"
+#include "redundancy/parity_store.h"
 #include "redundancy/placement.h"
+#include "redundancy/replica_store.h"
+#include "tiers/host_tier.h"
 #include "transport/ucx_comm.h"
 
 namespace cairn {
 
 class LinkWatch;  // replicator.cc
+
+// Erasure-coded redundancy in place of replicas (redundancy/erasure.h): the set this rank
+// belongs to is its placement group (Placement with k - 1 "replicas", group strategy, a
+// whole number of sets), and each push sends a holder only the data pieces of the stripes
+// whose parity it keeps; the holder adds them into its ParityStore as they arrive (no
+// copy of the version is kept). A holder acknowledges once the pieces were added; the
+// parity of a stripe is complete when every data member's pieces were.
+struct ErasureRole {
+  ErasureScheme scheme;
+  ParityStore* store = nullptr;
+};
 
 // The step to push next, given the newest step whose pushes were tried (`attempted`, -1
 // before the first), the newest step captured (`pending` > attempted) and the steps this
@@ -78,8 +91,11 @@ struct ReplicatorChannels {
 
 class Replicator {
  public:
+  // With `erasure`, pushes go to the other members of this rank's set as parity pieces
+  // (`store` is then unused and may be null).
   Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement, HostTier* local,
-             ReplicaStore* store, const Logger* log, double timeout_s);
+             ReplicaStore* store, const Logger* log, double timeout_s,
+             std::optional<ErasureRole> erasure = std::nullopt);
   ~Replicator();  // stops both threads (a push in flight ends at its timeout at the latest)
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -108,14 +124,22 @@ class Replicator {
   // Push's data: every chunk sent, waiting until each is taken, the holder fails or gives
   // the transfer up (its answer, when it came first, in *early_ack), the link comes back
   // (`came_back`) or the timeout. Sends still in flight keep `pinned` (draining_).
+  // `ranges` are the (offset, length) byte ranges of the version's data to send, in order.
   Status SendChunks(int holder, uint32_t offer, const std::shared_ptr<const HostTier::View>& pinned,
-                    LinkWatch& watch, const Status& came_back,
-                    std::optional<std::string>* early_ack);
+                    const std::vector<std::pair<uint64_t, uint64_t>>& ranges, LinkWatch& watch,
+                    const Status& came_back, std::optional<std::string>* early_ack);
+  // What this rank offers `holder` (erasure): the encoded ParityOffer and its data ranges.
+  std::pair<std::string, std::vector<std::pair<uint64_t, uint64_t>>> ParityOfferFor(
+      int holder, const SlotHeader& h) const;
+  // Answers a parity offer (erasure): receives the pieces and adds them to the store.
+  void HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm::Incoming>* next);
+  // The set member index of `rank` (erasure).
+  int MemberIndex(int rank) const;
   // Drops the given-up sends that ended, and with the last of a version its pin.
   void ReapDraining();
   // Receives chunk `chunk` (of a version of `n` bytes) of a transfer this holder gave up
   // into scratch_, for 2 x the timeout at most (sinks_).
-  void Sink(int src, uint32_t offer, uint32_t chunk, uint64_t n);
+  void Sink(int src, uint32_t offer, uint32_t chunk, uint64_t len);
   void ReapSinks();
   // For a holder that is down and has not greeted this rank since: redials it once its host
   // answers (UcxComm::Redial), or fails at once. OK when it is not down.
@@ -148,6 +172,8 @@ class Replicator {
   Placement placement_;
   HostTier* local_;
   ReplicaStore* store_;
+  const std::optional<ErasureRole> erasure_;
+  std::vector<int> members_;  // erasure: this rank's set, by member index
   const Logger* log_;
   double timeout_s_;
 
@@ -184,6 +210,8 @@ class Replicator {
     int64_t until;
   };
   std::vector<SinkRecv> sinks_;
+  // Service thread only (erasure): the two buffers parity pieces land in.
+  std::vector<std::byte> window_[2];
   std::atomic<uint32_t> next_offer_{1};
   // Checks incoming replicas' checksums as their chunks land (HandleOffer's ArrivalVerifier).
   Pool verify_pool_{"cairn-verify", 1};

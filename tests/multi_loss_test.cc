@@ -12,6 +12,7 @@
 // training run (the host tiers are copied back before each pattern).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -20,9 +21,9 @@
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
+#include "redundancy/placement.h"
 #include "tests/recovery_process_util.h"
 #include "tests/test_util.h"
-#include "redundancy/placement.h"
 
 namespace cairn {
 namespace {
@@ -35,14 +36,31 @@ constexpr const char* kSmallRows = "512";  // about 1.2 MiB of state in all
 constexpr int kLast = 4;
 
 struct Config {
-  int replicas;
+  int replicas;  // replicas; for xor and rs: the set size k
   PlacementStrategy strategy;
   int memory_patterns;  // of kPatterns, how many leave a copy of every rank (by hand)
+  std::string redundancy = "replica";
+  int m = 1;  // rs: parity per stripe
 };
 
 std::string Name(const Config& c) {
+  if (c.redundancy == "xor") return "xor" + std::to_string(c.replicas);
+  if (c.redundancy == "rs") return "rs" + std::to_string(c.replicas) + std::to_string(c.m);
   return std::string(c.strategy == PlacementStrategy::kRing ? "ring" : "group") +
          std::to_string(c.replicas);
+}
+
+void PrintTo(const Config& c, std::ostream* os) {
+  *os << Name(c);
+}
+
+// Whether every rank's version survives losing the nodes `lost`: with replicas, when the
+// placement keeps a copy; with parity, when no set of k consecutive nodes lost more than m.
+bool Survives(const Config& c, const Placement& p, const std::set<int>& lost) {
+  if (c.redundancy == "replica") return p.KeepsEveryRank(lost);
+  std::vector<int> per_set(kNodes / c.replicas, 0);
+  for (int n : lost) ++per_set[static_cast<size_t>(n / c.replicas)];
+  return std::all_of(per_set.begin(), per_set.end(), [&](int x) { return x <= c.m; });
 }
 
 // The loss patterns: nodes wiped together. One node, two adjacent nodes (in one group of
@@ -62,19 +80,25 @@ class MultiNodeLoss : public ::testing::TestWithParam<Config> {};
 
 TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
   const Config cfg = GetParam();
-  auto pl = Placement::Make(kNodes, kPerNode, cfg.replicas, cfg.strategy);
+  auto pl = Placement::Make(kNodes, kPerNode, cfg.redundancy == "replica" ? cfg.replicas : 1,
+                            cfg.strategy);
   ASSERT_TRUE(pl.ok()) << pl.status().ToString();
   TempDir root("mloss");
   const std::string job = testing::UniqueJobId("mloss" + Name(cfg));
   const std::string train = root.path() + "/train";
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
-  const std::vector<std::pair<std::string, std::string>> env = {
+  std::vector<std::pair<std::string, std::string>> env = {
       {"CAIRN_REPLICAS", std::to_string(cfg.replicas)},
       {"CAIRN_PLACEMENT", cfg.strategy == PlacementStrategy::kRing ? "ring" : "group"},
       {"CAIRN_PERSIST_EVERY", "0"},
       {"CAIRN_SLOTS", "3"},
       // 16 ranks > 8: lazy connections, as a large job makes them (UcxComm)
-      {"CAIRN_CONNECT_ALL_MAX", "8"}};
+      {"CAIRN_CONNECT_ALL_MAX", "8"},
+      {"CAIRN_REDUNDANCY", cfg.redundancy}};
+  if (cfg.redundancy != "replica") {
+    env.emplace_back("CAIRN_ERASURE_K", std::to_string(cfg.replicas));
+    env.emplace_back("CAIRN_ERASURE_M", std::to_string(cfg.m));
+  }
   // Steps 1..kLast; the last is replicated, then flushed to the PFS.
   auto l = LocalLauncher::Start(Spec(root, job, kNodes, kPerNode,
                                      {"train", "flat", kSmallRows, "1", std::to_string(kLast)},
@@ -96,7 +120,7 @@ TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
     fs::remove_all(host);
     fs::copy(kept, host, fs::copy_options::recursive);
     for (int n : lost) fs::remove_all(host / job / ("node-" + std::to_string(n)));
-    const bool memory = pl->KeepsEveryRank(lost);
+    const bool memory = Survives(cfg, *pl, lost);
     (memory ? from_memory : from_pfs)++;
     std::string tag = Name(cfg) + "-lost";
     for (int n : lost) tag += std::to_string(n);
@@ -109,7 +133,12 @@ TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
       EXPECT_EQ(x.plan, "alone") << "rank " << r;
       if (memory) {
         EXPECT_EQ(x.pfs, 0u) << "rank " << r << " read the PFS; placement keeps a copy";
-        EXPECT_EQ(x.tier, lost.count(r / kPerNode) ? "peer" : "host") << "rank " << r;
+        if (cfg.redundancy == "replica") {
+          EXPECT_EQ(x.tier, lost.count(r / kPerNode) ? "peer" : "host") << "rank " << r;
+        } else {
+          // A lost rank's version was decoded from parity onto the rank itself.
+          EXPECT_EQ(x.rebuilt, lost.count(r / kPerNode) ? kLast : -1) << "rank " << r;
+        }
       } else {
         EXPECT_EQ(x.tier, "pfs") << "rank " << r << "; placement keeps no copy of some rank";
         EXPECT_GT(x.pfs, 0u) << "rank " << r;
@@ -128,7 +157,11 @@ INSTANTIATE_TEST_SUITE_P(Placements, MultiNodeLoss,
                          ::testing::Values(Config{1, PlacementStrategy::kRing, 7},
                                            Config{2, PlacementStrategy::kRing, 13},
                                            Config{1, PlacementStrategy::kGroup, 9},
-                                           Config{2, PlacementStrategy::kGroup, 15}),
+                                           Config{2, PlacementStrategy::kGroup, 15},
+                                           // sets {0..3} {4..7}: one node lost in each
+                                           Config{4, PlacementStrategy::kGroup, 7, "xor"},
+                                           // any two of each set
+                                           Config{4, PlacementStrategy::kGroup, 14, "rs", 2}),
                          [](const auto& info) { return Name(info.param); });
 
 }  // namespace

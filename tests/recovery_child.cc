@@ -220,12 +220,13 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "restored %lld tier %s received %llu pfs %llu needed %llu resharded %d skipped %zu plan "
-        "%s blobs %d\n",
+        "%s blobs %d rebuilt %lld\n",
         static_cast<long long>(r->step), r->tier.c_str(),
         static_cast<unsigned long long>(r->bytes_received),
         static_cast<unsigned long long>(r->job_pfs_bytes_read),
         static_cast<unsigned long long>(r->job_unique_bytes_needed), r->resharded ? 1 : 0,
-        r->skipped.size(), r->plan.starts_with("templated") ? "alone" : "job", r->blobs_rank);
+        r->skipped.size(), r->plan.starts_with("templated") ? "alone" : "job", r->blobs_rank,
+        static_cast<long long>(r->rebuilt_step));
     std::fflush(stdout);
     return r->step >= arg ? 0 : 1;
   }

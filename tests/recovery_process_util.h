@@ -47,7 +47,8 @@ inline std::string LastLine(const std::string& dir, int r, const std::string& pr
 }
 
 // "restored <step> tier <t> received <n> pfs <n> needed <n> resharded <0|1> skipped <n>
-// plan <alone|job>" (alone: every rank planned its own part from layout templates)
+// plan <alone|job> blobs <rank> rebuilt <step>" (alone: every rank planned its own part from
+// layout templates; rebuilt: the step decoded from parity for this rank, or -1)
 struct Restored {
   int64_t step = -1;
   std::string tier;
@@ -56,13 +57,14 @@ struct Restored {
   size_t skipped = 0;
   std::string plan;
   int blobs = -1;  // whose blobs the rank got
+  int64_t rebuilt = -1;  // the step rebuilt from parity for this rank before the restore
 };
 inline Restored ParseRestored(const std::string& line) {
   Restored r;
   std::istringstream in(line);
   std::string w;
   in >> w >> r.step >> w >> r.tier >> w >> r.received >> w >> r.pfs >> w >> r.needed >> w >>
-      r.resharded >> w >> r.skipped >> w >> r.plan >> w >> r.blobs;
+      r.resharded >> w >> r.skipped >> w >> r.plan >> w >> r.blobs >> w >> r.rebuilt;
   return r;
 }
 

@@ -41,6 +41,13 @@ enum class BootstrapKind {
   kFiles,  // address files in the rendezvous directory
 };
 
+// What protects a version against the loss of its node (docs/settings.md, "Redundancy").
+enum class RedundancyKind {
+  kReplica,  // CAIRN_REPLICAS full copies on other nodes (CAIRN_PLACEMENT ring or group)
+  kXor,      // XOR parity over sets of CAIRN_ERASURE_K nodes: any 1 of them may be lost
+  kRs,       // Reed-Solomon over sets of CAIRN_ERASURE_K nodes: any CAIRN_ERASURE_M
+};
+
 // The default host root: /dev/shm/cairn-<effective uid>, one per user, so two users of a
 // node never share one (and neither can create the other's first unnoticed: the host
 // tier refuses a root that is not its user's own).
@@ -71,6 +78,9 @@ struct Options {
   int replicas = 1;                                // copies of each version in other nodes' memory
   double replicate_timeout_s = 30;  // a replica holder silent this long counts as down
   bool group_placement = false;     // Gemini's group placement instead of the ring
+  RedundancyKind redundancy = RedundancyKind::kReplica;  // replicas, or parity (xor, rs)
+  int erasure_k = 4;  // xor/rs: nodes per set, parity included
+  int erasure_m = 2;  // rs: parity pieces per stripe (the nodes of a set that may be lost)
   int persist_every = 10;           // persist every k-th saved version (0: only flush())
   int keep_on_pfs = 3;              // committed steps kept on the PFS
   int persist_threads = 4;          // writer threads per rank

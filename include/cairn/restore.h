@@ -51,6 +51,10 @@ struct RestoreReport {
   // from layout templates, as in fully sharded jobs: nobody gathered the job's target
   // layouts or saved boxes) or "general: <why>" (gathered and planned job-wide).
   std::string plan;
+  // This rank's version was lost with its node and decoded, before this restore, from the
+  // parity its erasure-coded set holds (CAIRN_REDUNDANCY=xor|rs), and restored from there:
+  // the step, or -1.
+  int64_t rebuilt_step = -1;
 };
 
 }  // namespace cairn

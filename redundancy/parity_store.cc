@@ -1,0 +1,309 @@
+#include "redundancy/parity_store.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/arith.h"
+#include "core/bytes.h"
+#include "core/checksum.h"
+#include "core/clock.h"
+#include "core/trusted_path.h"
+#include "tiers/slot_header.h"
+
+namespace cairn {
+namespace {
+
+constexpr uint64_t kMagic = 0x5954495241504e43ull;  // "CNPARITY"
+constexpr uint32_t kFormat = 1;
+constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 32;
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string EncodeParityRecord(const ParityRecord& r) {
+  ByteWriter w;
+  w.Put(kMagic);
+  w.Put(kFormat);
+  w.Put(static_cast<uint32_t>(r.scheme.k));
+  w.Put(static_cast<uint32_t>(r.scheme.m));
+  w.Put(static_cast<uint32_t>(r.key.stripe));
+  w.Put(static_cast<uint32_t>(r.key.row));
+  w.Put(r.key.step);
+  w.Put(r.world_size);
+  w.Put(r.parity_bytes);
+  w.Put(r.parity_checksum);
+  w.Put(static_cast<uint32_t>(r.pieces.size()));
+  for (const ParityPiece& p : r.pieces) {
+    w.Put(static_cast<int32_t>(p.source));
+    w.Put(p.data_bytes);
+    w.PutString(p.header);
+  }
+  std::string& body = w.out();
+  const uint64_t sum = Checksum(body.data(), body.size());
+  w.Put(sum);
+  return std::move(w.out());
+}
+
+Result<ParityRecord> DecodeParityRecord(std::string_view bytes, const std::string& from) {
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption("parity record " + from + ": " + why);
+  };
+  if (bytes.size() < 8) return bad("too short");
+  const std::string_view body = bytes.substr(0, bytes.size() - 8);
+  uint64_t sum = 0;
+  std::memcpy(&sum, bytes.data() + body.size(), 8);
+  if (Checksum(body.data(), body.size()) != sum) return bad("checksum mismatch");
+  ByteReader rd(body);
+  uint64_t magic = 0;
+  uint32_t format = 0, k = 0, m = 0, stripe = 0, row = 0, n = 0;
+  ParityRecord r;
+  if (!rd.Get(&magic) || magic != kMagic) return bad("not a parity record");
+  if (!rd.Get(&format) || format != kFormat) return bad("format " + std::to_string(format));
+  if (!rd.Get(&k) || !rd.Get(&m) || !rd.Get(&stripe) || !rd.Get(&row) || !rd.Get(&r.key.step) ||
+      !rd.Get(&r.world_size) || !rd.Get(&r.parity_bytes) || !rd.Get(&r.parity_checksum) ||
+      !rd.Get(&n))
+    return bad("cut short");
+  r.scheme = {static_cast<int>(std::min<uint32_t>(k, 1u << 16)),
+              static_cast<int>(std::min<uint32_t>(m, 1u << 16))};
+  CAIRN_RETURN_IF_ERROR(ValidateErasureScheme(r.scheme).WithContext("parity record " + from));
+  if (stripe >= k || row >= m || n != k - m || r.key.step < 0 || r.world_size == 0 ||
+      r.parity_bytes > kMaxFileOffset)
+    return bad("fields out of range");
+  r.key.stripe = static_cast<int>(stripe);
+  r.key.row = static_cast<int>(row);
+  for (uint32_t j = 0; j < n; ++j) {
+    ParityPiece p;
+    int32_t source = 0;
+    if (!rd.Get(&source) || !rd.Get(&p.data_bytes) || !rd.GetString(&p.header, kMaxSlotHeaderBytes))
+      return bad("cut short in piece " + std::to_string(j));
+    if (source < 0 || static_cast<uint32_t>(source) >= r.world_size ||
+        p.data_bytes > kMaxFileOffset ||
+        PieceBytes(p.data_bytes, static_cast<int>(n)) > r.parity_bytes)
+      return bad("piece " + std::to_string(j) + " out of range");
+    p.source = source;
+    r.pieces.push_back(std::move(p));
+  }
+  if (rd.remaining() != 0) return bad("trailing bytes");
+  return r;
+}
+
+ParityStore::ParityStore(std::string node_dir, int holder_rank, FileSystem* fs, const Logger* log,
+                         std::string host_root, int keep)
+    : dir_(Dir(node_dir, holder_rank)),
+      host_root_(std::move(host_root)),
+      fs_(fs),
+      log_(log),
+      keep_(std::max(1, keep)) {}
+
+ParityStore::~ParityStore() = default;
+
+std::string ParityStore::Dir(const std::string& node_dir, int holder_rank) {
+  return JoinPath(JoinPath(node_dir, "parity"), "rank-" + std::to_string(holder_rank));
+}
+
+std::string ParityStore::Base(const ParityKey& k) const {
+  return JoinPath(dir_, "s" + std::to_string(k.stripe) + "-p" + std::to_string(k.row) + "-t" +
+                            std::to_string(k.step));
+}
+
+Result<const ErasureCode*> ParityStore::CodeFor(const ErasureScheme& s) {
+  auto& slot = codes_[{s.k, s.m}];
+  if (!slot) {
+    CAIRN_ASSIGN_OR_RETURN(ErasureCode code, ErasureCode::Make(s));
+    slot = std::make_unique<ErasureCode>(std::move(code));
+  }
+  return slot.get();
+}
+
+void ParityStore::RemoveRecord(const ParityKey& k) {
+  (void)fs_->Unlink(Base(k) + ".meta");  // first: the record is gone before its bytes
+  (void)fs_->Unlink(Base(k) + ".parity");
+}
+
+void ParityStore::Drop(const ParityKey& k, const std::string& why) {
+  auto it = accumulating_.find(k);
+  if (it == accumulating_.end()) return;
+  if (log_)
+    log_->Debug("parity of stripe " + std::to_string(k.stripe) + " step " + std::to_string(k.step) +
+                " dropped: " + why);
+  accumulating_.erase(it);
+  RemoveRecord(k);
+}
+
+Status ParityStore::Begin(const ErasureScheme& scheme, uint32_t world_size, const ParityKey& key,
+                          int j, const ParityPiece& piece, uint64_t piece_bytes) {
+  MutexLock lk(mu_);
+  if (!dir_ready_) {
+    CAIRN_RETURN_IF_ERROR(MakeTrustedDirs(fs_, host_root_.empty() ? dir_ : host_root_, dir_,
+                                          TreeKind::kPrivate,
+                                          "use a host directory only this user can write"));
+    // What a killed process left half made: parity files without a record.
+    auto names = fs_->ListDir(dir_);
+    if (names.ok()) {
+      for (const std::string& n : *names) {
+        const bool orphan = (EndsWith(n, ".parity") &&
+                             !fs_->Exists(JoinPath(dir_, n.substr(0, n.size() - 7) + ".meta"))) ||
+                            n.find(".tmp.") != std::string::npos;
+        if (orphan) (void)fs_->Unlink(JoinPath(dir_, n));
+      }
+    }
+    dir_ready_ = true;
+  }
+  CAIRN_ASSIGN_OR_RETURN(const ErasureCode* code, CodeFor(scheme));
+  const int d = scheme.data();
+  if (j < 0 || j >= d || key.row < 0 || key.row >= scheme.m || key.stripe < 0 ||
+      key.stripe >= scheme.k)
+    return Status::InvalidArgument("parity piece " + std::to_string(j) + " of stripe " +
+                                   std::to_string(key.stripe) + " row " + std::to_string(key.row) +
+                                   " is not in " + scheme.Describe());
+  auto it = accumulating_.find(key);
+  if (it == accumulating_.end()) {
+    // At most two records of one (stripe, row) accumulate at once: the oldest goes.
+    std::vector<ParityKey> same;
+    for (const auto& [k, a] : accumulating_)
+      if (k.stripe == key.stripe && k.row == key.row) same.push_back(k);
+    while (same.size() >= 2) {
+      Drop(same.front(), "a newer step's pieces arrived before it was complete");
+      same.erase(same.begin());
+    }
+    Accumulating a;
+    a.record.scheme = scheme;
+    a.record.key = key;
+    a.record.world_size = world_size;
+    a.record.pieces.resize(static_cast<size_t>(d));
+    a.added.assign(static_cast<size_t>(d), false);
+    a.code = code;
+    a.started_ns = NowNanos();
+    RemoveRecord(key);  // an older publication of the same step (a restarted sender)
+    CAIRN_ASSIGN_OR_RETURN(a.file, MappedFile::Open(fs_, Base(key) + ".parity"));
+    it = accumulating_.emplace(key, std::move(a)).first;
+  }
+  Accumulating& a = it->second;
+  if (a.record.scheme.k != scheme.k || a.record.scheme.m != scheme.m ||
+      a.record.world_size != world_size)
+    return Status::FailedPrecondition("parity of stripe " + std::to_string(key.stripe) + " step " +
+                                      std::to_string(key.step) +
+                                      " is being made for another scheme or job size");
+  if (a.added[static_cast<size_t>(j)] || a.open)
+    return Status::FailedPrecondition("piece " + std::to_string(j) + " of stripe " +
+                                      std::to_string(key.stripe) + " step " +
+                                      std::to_string(key.step) + " was already added");
+  if (piece_bytes > a.file->size()) {
+    // Growing keeps the bytes added so far; the new tail reads as zeros. Mappings come in
+    // whole pages.
+    CAIRN_RETURN_IF_ERROR(a.file->Resize(RoundUp(piece_bytes, uint64_t{4096})));
+  }
+  a.record.parity_bytes = std::max(a.record.parity_bytes, piece_bytes);
+  a.record.pieces[static_cast<size_t>(j)] = piece;
+  a.open = j;
+  return Status::OK();
+}
+
+void ParityStore::Add(const ParityKey& key, int j, uint64_t offset, const std::byte* bytes,
+                      uint64_t n) {
+  MutexLock lk(mu_);
+  auto it = accumulating_.find(key);
+  if (it == accumulating_.end() || it->second.open != j) return;
+  Accumulating& a = it->second;
+  if (offset > a.record.parity_bytes || n > a.record.parity_bytes - offset) return;
+  a.code->AddToParity(j, key.row, bytes, n, a.file->data() + offset);
+}
+
+Status ParityStore::End(const ParityKey& key, int j, bool ok) {
+  MutexLock lk(mu_);
+  auto it = accumulating_.find(key);
+  if (it == accumulating_.end() || it->second.open != j) return Status::OK();
+  Accumulating& a = it->second;
+  a.open.reset();
+  if (!ok) {
+    Drop(key, "piece " + std::to_string(j) + " did not arrive whole");
+    return Status::OK();
+  }
+  a.added[static_cast<size_t>(j)] = true;
+  if (std::find(a.added.begin(), a.added.end(), false) != a.added.end()) return Status::OK();
+  Status st = Publish(a);
+  if (!st.ok()) {
+    Drop(key, st.message());
+    return st;
+  }
+  accumulating_.erase(it);
+  return Status::OK();
+}
+
+Status ParityStore::Publish(Accumulating& a) {
+  ParityRecord& r = a.record;
+  r.parity_checksum = Checksum(a.file->data(), r.parity_bytes);
+  a.file->Persist(0, r.parity_bytes);
+  a.file.reset();
+  CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs_, Base(r.key) + ".meta", EncodeParityRecord(r)));
+  // Older records of the same (stripe, row) beyond `keep_`.
+  std::vector<int64_t> steps;
+  for (const ParityRecord& o : ListLocked())
+    if (o.key.stripe == r.key.stripe && o.key.row == r.key.row) steps.push_back(o.key.step);
+  std::sort(steps.rbegin(), steps.rend());
+  for (size_t i = static_cast<size_t>(keep_); i < steps.size(); ++i)
+    if (!accumulating_.contains({r.key.stripe, r.key.row, steps[i]}))
+      RemoveRecord({r.key.stripe, r.key.row, steps[i]});
+  return Status::OK();
+}
+
+std::vector<ParityRecord> ParityStore::List() {
+  MutexLock lk(mu_);
+  return ListLocked();
+}
+
+std::vector<ParityRecord> ParityStore::ListLocked() {
+  std::vector<ParityRecord> out;
+  auto names = fs_->ListDir(dir_);
+  if (!names.ok()) return out;
+  for (const std::string& n : *names) {
+    if (!EndsWith(n, ".meta")) continue;
+    const std::string path = JoinPath(dir_, n);
+    auto bytes = ReadOwnFile(fs_, path, kMaxMetaBytes);
+    Result<ParityRecord> r =
+        bytes.ok() ? DecodeParityRecord(*bytes, path) : Result<ParityRecord>(bytes.status());
+    if (!r.ok()) {
+      if (log_) log_->Warning("skipping parity record " + path + ": " + r.status().message());
+      continue;
+    }
+    if (Base(r->key) + ".meta" != path) {
+      if (log_) log_->Warning("skipping parity record " + path + ": it names another record");
+      continue;
+    }
+    out.push_back(std::move(*r));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ParityRecord& a, const ParityRecord& b) { return a.key < b.key; });
+  return out;
+}
+
+Result<std::vector<std::byte>> ParityStore::ReadParity(const ParityRecord& r) {
+  std::string path;
+  {
+    MutexLock lk(mu_);
+    path = Base(r.key) + ".parity";
+  }
+  CAIRN_ASSIGN_OR_RETURN(File f, OpenOwnFile(fs_, path, O_RDONLY, 0));
+  CAIRN_ASSIGN_OR_RETURN(uint64_t size, f.Size());
+  if (size < r.parity_bytes)
+    return Status::Corruption("parity " + path + " holds " + std::to_string(size) +
+                              " bytes, its record says " + std::to_string(r.parity_bytes));
+  std::vector<std::byte> out(r.parity_bytes);
+  CAIRN_RETURN_IF_ERROR(f.ReadAt(out.data(), out.size(), 0));
+  if (Checksum(out.data(), out.size()) != r.parity_checksum)
+    return Status::Corruption("parity " + path + " does not match its checksum");
+  return out;
+}
+
+size_t ParityStore::accumulating() const {
+  MutexLock lk(mu_);
+  return accumulating_.size();
+}
+
+}  // namespace cairn
