@@ -9,6 +9,7 @@
 
 #include "api/channels.h"
 #include "api/open_with.h"
+#include "core/clock.h"
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
@@ -227,14 +228,29 @@ Status Checkpointer::Impl::Open() {
   } else {
     persist_group_ = std::make_unique<SoloGroup>();
   }
-  if (options_.world_size > 1 && options_.replicas > 0) CAIRN_RETURN_IF_ERROR(OpenReplication(fs));
+  if (options_.world_size > 1 &&
+      (options_.replicas > 0 || options_.redundancy != RedundancyKind::kReplica))
+    CAIRN_RETURN_IF_ERROR(OpenReplication(fs));
   OpenPersister();
   if (agree_group_) {
     CapturePipeline* pipeline = pipeline_.get();
+    AgreementProtection protection;
+    if (replicator_) {
+      // The agreed step is one every rank's replicas or parity cover.
+      Replicator* replicator = replicator_.get();
+      std::atomic<bool>* cancel = &agree_cancel_;
+      const double wait_s = options_.replicate_timeout_s + 1;
+      protection.wait_tried = [replicator, cancel, wait_s](int64_t step) {
+        const int64_t until = NowNanos() + static_cast<int64_t>(wait_s * 1e9);
+        while (!replicator->WaitTried(step, 0.05) && !cancel->load() && NowNanos() < until) {
+        }
+      };
+      protection.agreed = [replicator](int64_t step) { replicator->SetKeepStep(step); };
+    }
     agreement_ = std::make_unique<StepAgreement>(
         agree_group_.get(), tier_.get(), &log_,
         [pipeline](uint64_t seq) { pipeline->WaitDone(seq); }, &agree_cancel_,
-        std::min(options_.op_timeout_s, 10.0), options_.replicate_timeout_s);
+        std::min(options_.op_timeout_s, 10.0), options_.replicate_timeout_s, std::move(protection));
   }
   return Status::OK();
 }

@@ -137,8 +137,11 @@ void ParityStore::Drop(const ParityKey& k, const std::string& why) {
 }
 
 Status ParityStore::Begin(const ErasureScheme& scheme, uint32_t world_size, const ParityKey& key,
-                          int j, const ParityPiece& piece, uint64_t piece_bytes) {
+                          int j, const ParityPiece& piece, uint64_t piece_bytes,
+                          int64_t keep_step) {
   MutexLock lk(mu_);
+  int64_t& keep = keep_step_[{key.stripe, key.row}];
+  keep = std::max(keep, keep_step);
   if (!dir_ready_) {
     CAIRN_RETURN_IF_ERROR(MakeTrustedDirs(fs_, host_root_.empty() ? dir_ : host_root_, dir_,
                                           TreeKind::kPrivate,
@@ -247,8 +250,10 @@ Status ParityStore::Publish(Accumulating& a) {
   for (const ParityRecord& o : ListLocked())
     if (o.key.stripe == r.key.stripe && o.key.row == r.key.row) steps.push_back(o.key.step);
   std::sort(steps.rbegin(), steps.rend());
+  const auto agreed = keep_step_.find({r.key.stripe, r.key.row});
   for (size_t i = static_cast<size_t>(keep_); i < steps.size(); ++i)
-    if (!accumulating_.contains({r.key.stripe, r.key.row, steps[i]}))
+    if (!accumulating_.contains({r.key.stripe, r.key.row, steps[i]}) &&
+        (agreed == keep_step_.end() || agreed->second != steps[i]))
       RemoveRecord({r.key.stripe, r.key.row, steps[i]});
   return Status::OK();
 }

@@ -12,8 +12,9 @@
 // A record without a meta file that decodes is not a record: List() skips it, and opening
 // the store removes what a killed process left half made. A damaged parity file is found by
 // its checksum when read (ReadParity). The newest `keep` records of each (stripe, row) are
-// kept; publishing a newer one removes the older ones, and at most two records per (stripe,
-// row) are accumulated at once (starting a third drops the oldest unfinished one).
+// kept, and the step the job agreed on (the newest a sender announced); publishing a newer one
+// removes the older ones, and at most two records per (stripe, row) are accumulated at once
+// (starting a third drops the oldest unfinished one).
 // A contribution that fails part way leaves bytes added to the parity that no one can take
 // out again: its record is dropped.
 // Thread-safety: every method takes the store's lock; Begin/Add/End for one record come from
@@ -81,8 +82,10 @@ class ParityStore {
   // `piece.data_bytes` bytes) to the record `key` of `scheme` in a job of `world_size`
   // ranks, creating the record (its parity zeroed) or growing it. FailedPrecondition when
   // that piece was already added or the record was made for another scheme or world.
+  // `keep_step` is the step the job agreed on as the sender knows it: the newest such step
+  // of a (stripe, row) is kept however many newer records are published.
   Status Begin(const ErasureScheme& scheme, uint32_t world_size, const ParityKey& key, int j,
-               const ParityPiece& piece, uint64_t piece_bytes);
+               const ParityPiece& piece, uint64_t piece_bytes, int64_t keep_step = -1);
   // Adds bytes [offset, offset + n) of the piece begun for (key, j).
   void Add(const ParityKey& key, int j, uint64_t offset, const std::byte* bytes, uint64_t n);
   // Ends the piece begun for (key, j): `ok` records it, publishing the record once all d
@@ -124,6 +127,8 @@ class ParityStore {
   bool dir_ready_ CAIRN_GUARDED_BY(mu_) = false;
   std::map<ParityKey, Accumulating> accumulating_ CAIRN_GUARDED_BY(mu_);
   std::map<std::pair<int, int>, std::unique_ptr<ErasureCode>> codes_ CAIRN_GUARDED_BY(mu_);
+  // The newest agreed step announced for each (stripe, row).
+  std::map<std::pair<int, int>, int64_t> keep_step_ CAIRN_GUARDED_BY(mu_);
 };
 
 }  // namespace cairn

@@ -189,6 +189,13 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
              : last_error_;
 }
 
+bool Replicator::WaitTried(int64_t step, double timeout_s) {
+  MutexLock lk(mu_);
+  return cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s), [&]() CAIRN_REQUIRES(mu_) {
+    return stats_.newest_replicated >= step || attempted_ >= step || stop_;
+  });
+}
+
 ReplicatorStats Replicator::stats() const {
   MutexLock lk(mu_);
   ReplicatorStats s = stats_;
@@ -654,6 +661,7 @@ std::pair<std::string, std::vector<std::pair<uint64_t, uint64_t>>> Replicator::P
   w.set_world_size(static_cast<uint32_t>(placement_.world_size()));
   w.set_data_bytes(h.data_bytes);
   w.set_slot_header(EncodeSlotHeader(h));
+  w.set_keep_step(keep_step_.load());
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (int j = 0; j < d; ++j) {
     const int stripe = StripeOfPiece(sc, me, j);
@@ -731,7 +739,7 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
     for (; st.ok() && begun < pieces.size(); ++begun) {
       const Piece& p = pieces[begun];
       st = store->Begin(sc, w.world_size(), p.key, p.j, {src, w.data_bytes(), w.slot_header()},
-                        PieceBytes(w.data_bytes(), d));
+                        PieceBytes(w.data_bytes(), d), w.keep_step());
       if (!st.ok()) break;
     }
     if (!st.ok()) {

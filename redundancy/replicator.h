@@ -105,6 +105,12 @@ class Replicator {
   // Waits until a version of `step` or newer is REPLICATED, or every push of it has been
   // tried; OK when replicated, Unavailable with the last failure otherwise.
   Status WaitReplicated(int64_t step, double timeout_s);
+  // Waits up to `timeout_s` until every push of `step` or of a newer step was tried
+  // (acknowledged or failed); whether they were.
+  bool WaitTried(int64_t step, double timeout_s);
+  // The step the job agreed on (StepAgreement): sent with every parity offer, so the
+  // holders keep that step's parity while newer ones come (erasure).
+  void SetKeepStep(int64_t step) { keep_step_.store(step); }
   ReplicatorStats stats() const;
 
  private:
@@ -213,6 +219,7 @@ class Replicator {
   // Service thread only (erasure): the two buffers parity pieces land in.
   std::vector<std::byte> window_[2];
   std::atomic<uint32_t> next_offer_{1};
+  std::atomic<int64_t> keep_step_{-1};
   // Checks incoming replicas' checksums as their chunks land (HandleOffer's ArrivalVerifier).
   Pool verify_pool_{"cairn-verify", 1};
   std::thread sender_;

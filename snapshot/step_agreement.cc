@@ -66,14 +66,15 @@ Result<RoundOutcome> Agree(const std::vector<AgreeOffer>& offers, uint64_t consu
 
 StepAgreement::StepAgreement(Group* group, HostTier* tier, const Logger* log,
                              std::function<void(uint64_t)> settle, std::atomic<bool>* cancel,
-                             double close_wait_s, double hold_s)
+                             double close_wait_s, double hold_s, AgreementProtection protection)
     : group_(group),
       tier_(tier),
       log_(log),
       settle_(std::move(settle)),
       cancel_(cancel),
       close_wait_s_(close_wait_s),
-      hold_s_(hold_s) {
+      hold_s_(hold_s),
+      protection_(std::move(protection)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -147,6 +148,8 @@ void StepAgreement::Loop() {
 
 bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   settle_(seq);
+  if (protection_.wait_tried)
+    protection_.wait_tried(*std::max_element(window.begin(), window.end()));
   // Kept from here on: a step offered as held cannot be reused while the ranks agree.
   std::vector<int64_t> held;
   {
@@ -155,6 +158,16 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     if (agreed_ >= 0) keep.push_back(agreed_);
     held = tier_->Keep(keep, {});
     holding_since_ns_ = NowNanos();
+  }
+  if (protection_.wait_tried) {
+    // Held means covered by this rank's redundancy too: REPLICATED.
+    std::vector<int64_t> replicated;
+    for (const VersionInfo& v : tier_->Versions())
+      if (v.state == VersionState::kReplicated) replicated.push_back(v.step);
+    std::sort(replicated.begin(), replicated.end());
+    std::erase_if(held, [&](int64_t s) {
+      return !std::binary_search(replicated.begin(), replicated.end(), s);
+    });
   }
   AgreeOffer mine;
   mine.first = consumed_ + 1;
@@ -183,6 +196,8 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   const uint64_t newly = out->consumed - consumed_;
   consumed_ = out->consumed;
   MutexLock lk(mu_);
+  // (A plain store on the other side: no lock of its own under ours.)
+  if (protection_.agreed && out->agreed > agreed_) protection_.agreed(out->agreed);
   agreed_ = std::max(agreed_, out->agreed);
   holding_since_ns_ = 0;
   tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, out->dropped);

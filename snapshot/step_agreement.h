@@ -83,6 +83,17 @@ struct RoundOutcome {
 };
 Result<RoundOutcome> Agree(const std::vector<AgreeOffer>& offers, uint64_t consumed);
 
+// With redundancy (replicas or parity on other nodes), a step counts as held only once its
+// pushes were acknowledged (REPLICATED), so the agreed step is one every rank's redundancy
+// covers: a lost node's ranks can then be restored at the step the survivors keep.
+struct AgreementProtection {
+  // Waits, bounded and watching the agreement's cancel flag, until this rank's pushes of
+  // `step` or of a newer step were tried (Replicator::WaitTried).
+  std::function<void(int64_t)> wait_tried;
+  // Told every newer agreed step (the holders of parity keep it: ParityStore).
+  std::function<void(int64_t)> agreed;
+};
+
 class StepAgreement {
  public:
   // `settle(seq)` blocks until the captures queued up to sequence `seq` are settled.
@@ -91,7 +102,7 @@ class StepAgreement {
   // `tier` and `log` must outlive the agreement.
   StepAgreement(Group* group, HostTier* tier, const Logger* log,
                 std::function<void(uint64_t)> settle, std::atomic<bool>* cancel,
-                double close_wait_s, double hold_s);
+                double close_wait_s, double hold_s, AgreementProtection protection = {});
   // Lets the rounds of the saves recorded finish for up to `close_wait_s`, then gives
   // the one in flight up (*cancel) and joins.
   ~StepAgreement();
@@ -117,6 +128,7 @@ class StepAgreement {
   std::atomic<bool>* cancel_;
   const double close_wait_s_;
   const double hold_s_;
+  const AgreementProtection protection_;
 
   // Agreement thread only.
   uint64_t consumed_ = 0;
