@@ -18,6 +18,8 @@ namespace {
 constexpr uint64_t kMagic = 0x5954495241504e43ull;  // "CNPARITY"
 constexpr uint32_t kFormat = 1;
 constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 32;
+// Unfinished records of one (stripe, row) at most (ParityStore::Begin).
+constexpr size_t kMaxAccumulating = 6;
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -167,12 +169,23 @@ Status ParityStore::Begin(const ErasureScheme& scheme, uint32_t world_size, cons
                                    " is not in " + scheme.Describe());
   auto it = accumulating_.find(key);
   if (it == accumulating_.end()) {
-    // At most two records of one (stripe, row) accumulate at once: the oldest goes.
+    // An unfinished record holds pieces whose senders were told they were kept: it goes only
+    // once the job agreed on a newer step (the members keep that one, so no restore needs
+    // this one), or, as a bound on memory, when kMaxAccumulating newer ones started.
     std::vector<ParityKey> same;
     for (const auto& [k, a] : accumulating_)
       if (k.stripe == key.stripe && k.row == key.row) same.push_back(k);
-    while (same.size() >= 2) {
-      Drop(same.front(), "a newer step's pieces arrived before it was complete");
+    for (const ParityKey& k : same)
+      if (k.step < keep) Drop(k, "the job agreed on a newer step");
+    std::erase_if(same, [&](const ParityKey& k) { return k.step < keep; });
+    while (same.size() >= kMaxAccumulating) {
+      if (log_)
+        log_->Warning("parity of stripe " + std::to_string(same.front().stripe) + " step " +
+                      std::to_string(same.front().step) +
+                      " dropped unfinished: " + std::to_string(kMaxAccumulating) +
+                      " newer steps of its stripe started first (a member of the set fell "
+                      "behind?)");
+      Drop(same.front(), "too many newer steps started");
       same.erase(same.begin());
     }
     Accumulating a;
@@ -245,16 +258,23 @@ Status ParityStore::Publish(Accumulating& a) {
   a.file->Persist(0, r.parity_bytes);
   a.file.reset();
   CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs_, Base(r.key) + ".meta", EncodeParityRecord(r)));
-  // Older records of the same (stripe, row) beyond `keep_`.
+  // What may still be needed of this (stripe, row): the agreed step, and the newest `keep_`
+  // newer ones (the agreement lags behind the pushes, and another set may not have the
+  // newest step complete: a job restores the newest step complete in every set, which may be
+  // any between the agreed one and the newest). Older ones go: the members keep the agreed
+  // step, not older ones.
   std::vector<int64_t> steps;
   for (const ParityRecord& o : ListLocked())
     if (o.key.stripe == r.key.stripe && o.key.row == r.key.row) steps.push_back(o.key.step);
   std::sort(steps.rbegin(), steps.rend());
-  const auto agreed = keep_step_.find({r.key.stripe, r.key.row});
-  for (size_t i = static_cast<size_t>(keep_); i < steps.size(); ++i)
-    if (!accumulating_.contains({r.key.stripe, r.key.row, steps[i]}) &&
-        (agreed == keep_step_.end() || agreed->second != steps[i]))
-      RemoveRecord({r.key.stripe, r.key.row, steps[i]});
+  const auto found = keep_step_.find({r.key.stripe, r.key.row});
+  const int64_t agreed = found == keep_step_.end() ? -1 : found->second;
+  int newer = 0;
+  for (int64_t s : steps) {
+    const bool keep = s == agreed || (s > agreed && newer++ < keep_);
+    if (!keep && !accumulating_.contains({r.key.stripe, r.key.row, s}))
+      RemoveRecord({r.key.stripe, r.key.row, s});
+  }
   return Status::OK();
 }
 

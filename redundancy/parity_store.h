@@ -12,9 +12,10 @@
 // A record without a meta file that decodes is not a record: List() skips it, and opening
 // the store removes what a killed process left half made. A damaged parity file is found by
 // its checksum when read (ReadParity). The newest `keep` records of each (stripe, row) are
-// kept, and the step the job agreed on (the newest a sender announced); publishing a newer one
-// removes the older ones, and at most two records per (stripe, row) are accumulated at once
-// (starting a third drops the oldest unfinished one).
+// newer than the step the job agreed on (the newest a sender announced) are kept, and that
+// step itself; publishing a record removes the others. An unfinished record holds pieces
+// whose senders were told they are kept, so it is dropped only once the job agreed on a newer
+// step, or (a bound on memory, with a warning) when six newer ones of its stripe started.
 // A contribution that fails part way leaves bytes added to the parity that no one can take
 // out again: its record is dropped.
 // Thread-safety: every method takes the store's lock; Begin/Add/End for one record come from
@@ -71,7 +72,7 @@ class ParityStore {
  public:
   // `node_dir` is <host_root>/<job>/node-<n>; `host_root` the top of its private tree.
   ParityStore(std::string node_dir, int holder_rank, FileSystem* fs, const Logger* log,
-              std::string host_root, int keep = 2);
+              std::string host_root, int keep = 4);
   ~ParityStore();
   ParityStore(const ParityStore&) = delete;
   ParityStore& operator=(const ParityStore&) = delete;

@@ -766,6 +766,7 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
                          window_[c % 2].data(), chunks[c].len, UcxComm::Auth::kContent);
   };
   for (size_t c = 0; c < std::min<size_t>(2, chunks.size()); ++c) post(c);
+  CAIRN_KILL_POINT("replicate.ready");
   Reply(src, offer, ch_.ready, "ok");
   Status st;
   size_t arrived = 0;
@@ -798,12 +799,15 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   if (!st.ok())
     for (size_t c = arrived; c < chunks.size(); ++c)
       Sink(src, offer, static_cast<uint32_t>(c), chunks[c].len);
+  if (st.ok()) CAIRN_KILL_POINT("replicate.received");
+  if (st.ok()) CAIRN_KILL_POINT("replicate.verified");  // (parity is checked when read)
   for (const Piece& p : pieces) {
     Status ended = store->End(p.key, p.j, st.ok());
     if (st.ok() && !ended.ok()) st = ended;
   }
   if (!st.ok()) return refuse(st, ch_.ack);
   count(&ReplicatorStats::received);
+  CAIRN_KILL_POINT("replicate.published");
   Reply(src, offer, ch_.ack, "ok");
 }
 

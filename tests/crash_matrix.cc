@@ -5,7 +5,7 @@
 //
 //   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128]
 //                [--nodes 2] [--replicas 1] [--placement ring|group] [--layout tp2|flat]
-//                [--keep]
+//                [--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] [--keep]
 //
 // The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel
 // NODES (or, --layout flat, fully sharded: every rank a flat range of every tensor, so the
@@ -52,9 +52,9 @@
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "core/kill_point.h"
+#include "redundancy/placement.h"
 #include "tests/matrix_log.h"
 #include "tests/test_util.h"
-#include "redundancy/placement.h"
 
 using namespace cairn;
 
@@ -69,6 +69,9 @@ struct Config {
   int nodes = 2;
   int replicas = 1;
   bool group = false;
+  std::string redundancy = "replica";  // or xor, rs (over sets of erasure_k nodes)
+  int erasure_k = 2;
+  int erasure_m = 1;
   bool keep = false;
   std::string layout = "tp2";
 };
@@ -120,6 +123,9 @@ class Matrix {
              {"CAIRN_PFS_ROOT", root_.path() + "/pfs"},
              {"CAIRN_REPLICAS", std::to_string(cfg_.replicas)},
              {"CAIRN_PLACEMENT", cfg_.group ? "group" : "ring"},
+             {"CAIRN_REDUNDANCY", cfg_.redundancy},
+             {"CAIRN_ERASURE_K", std::to_string(cfg_.erasure_k)},
+             {"CAIRN_ERASURE_M", std::to_string(cfg_.erasure_m)},
              {"CAIRN_SLOTS", "4"},
              {"CAIRN_PERSIST_EVERY", "4"},
              {"CAIRN_KEEP_ON_PFS", "2"},
@@ -316,7 +322,15 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
   if (static_cast<int>(wiped.size()) == cfg_.nodes) wipe_name = "all";
   // Whether a copy of every rank is left in the memory of a node not wiped (a "complete"
   // step is in every holder's memory).
-  const bool survives = placement_.KeepsEveryRank(wiped);
+  bool survives = placement_.KeepsEveryRank(wiped);
+  if (cfg_.redundancy != "replica") {
+    // Parity: no set of erasure_k consecutive nodes lost more than it covers.
+    const int m = cfg_.redundancy == "xor" ? 1 : cfg_.erasure_m;
+    std::map<int, int> per_set;
+    for (int n : wiped) ++per_set[n / cfg_.erasure_k];
+    survives =
+        std::all_of(per_set.begin(), per_set.end(), [&](const auto& kv) { return kv.second <= m; });
+  }
 
   // The newest step reported complete that survives it.
   int64_t persisted = -1;
@@ -410,11 +424,17 @@ int Matrix::Run() {
     tiers += std::string(tiers.empty() ? "" : ",") + "\"" + t + "\":" + std::to_string(n);
   std::printf(
       "{\"bench\":\"crash_matrix\",\"nodes\":%d,\"replicas\":%d,\"placement\":\"%s\","
+      "\"redundancy\":\"%s\","
       "\"layout\":\"%s\",\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
       "\"points\":%zu,\"census_ok\":%s,\"nothing_restorable\":%d,\"restored_from\":{%s},"
       "\"seed\":%llu,\"seconds\":%.0f}\n",
-      cfg_.nodes, cfg_.replicas, cfg_.group ? "group" : "ring", cfg_.layout.c_str(), cfg_.trials,
-      fired_, failures_, points.size(), census_ok ? "true" : "false", tiers_["none"], tiers.c_str(),
+      cfg_.nodes, cfg_.replicas, cfg_.group ? "group" : "ring",
+      (cfg_.redundancy == "replica" ? cfg_.redundancy
+                                    : cfg_.redundancy + " k=" + std::to_string(cfg_.erasure_k) +
+                                          " m=" + std::to_string(cfg_.erasure_m))
+          .c_str(),
+      cfg_.layout.c_str(), cfg_.trials, fired_, failures_, points.size(),
+      census_ok ? "true" : "false", tiers_["none"], tiers.c_str(),
       static_cast<unsigned long long>(cfg_.seed), secs);
   if (cfg_.keep && failures_ > 0) root_.Keep();
   return failures_ == 0 && census_ok ? 0 : 1;
@@ -455,6 +475,17 @@ int main(int argc, char** argv) {
         return 2;
       }
       c.group = v == "group";
+    } else if (a == "--redundancy") {
+      c.redundancy = next();
+      if (c.redundancy != "replica" && c.redundancy != "xor" && c.redundancy != "rs") {
+        std::fprintf(stderr, "crash_matrix: --redundancy is replica, xor or rs, not %s\n",
+                     c.redundancy.c_str());
+        return 2;
+      }
+    } else if (a == "--erasure-k") {
+      c.erasure_k = std::atoi(next());
+    } else if (a == "--erasure-m") {
+      c.erasure_m = std::atoi(next());
     } else if (a == "--layout") {
       c.layout = next();
       if (c.layout != "tp2" && c.layout != "flat") {
@@ -467,6 +498,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
                    "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
+                   "[--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] "
                    "[--layout tp2|flat] [--keep]\n(see the comment at the top of "
                    "tests/crash_matrix.cc)\n");
       return a == "--help" ? 0 : 2;
@@ -481,6 +513,10 @@ int main(int argc, char** argv) {
   if (!placement.ok() || c.nodes > 64) {
     std::fprintf(stderr, "crash_matrix: --nodes 2..64 and --replicas 0..nodes-1: %s\n",
                  placement.status().ToString().c_str());
+    return 2;
+  }
+  if (c.redundancy != "replica" && (c.erasure_k < 2 || c.nodes % c.erasure_k != 0)) {
+    std::fprintf(stderr, "crash_matrix: --erasure-k must be 2 or more and divide --nodes\n");
     return 2;
   }
   Matrix m(c, std::move(*placement));

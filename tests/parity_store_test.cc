@@ -1,0 +1,206 @@
+// ParityStore (redundancy/parity_store.h): the parity a holder accumulates piece by piece is
+// the parity of the stripe; a record is listed only once every piece is in; a piece that
+// fails part way drops its record; a record's meta and parity files are checked (a damaged
+// parity is a Corruption naming the file, a damaged meta file is skipped); the newest
+// records and the agreed step are kept; and what a killed process left half made is removed
+// when the store opens again. Also the plan of a rebuild (recovery/rebuild.h) from the
+// holdings of an xor set.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/filesystem.h"
+#include "core/log.h"
+#include "recovery/rebuild.h"
+#include "redundancy/parity_store.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+std::vector<std::byte> Bytes(uint64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+class ParityStoreTest : public ::testing::Test {
+ protected:
+  testing::TempDir dir_{"parity"};
+  Logger log_{"parity test", LogLevel::kError};
+  const ErasureScheme xor3_{3, 1};
+
+  // Adds piece j (bytes `piece`) of the record `key`, in two halves.
+  Status AddPiece(ParityStore& s, const ParityKey& key, int j, int source,
+                  const std::vector<std::byte>& piece, uint64_t stripe_len, int64_t keep = -1) {
+    CAIRN_RETURN_IF_ERROR(s.Begin(xor3_, 3, key, j,
+                                  {source, piece.size() * 2, "header " + std::to_string(source)},
+                                  stripe_len, keep));
+    const uint64_t half = piece.size() / 2;
+    s.Add(key, j, 0, piece.data(), half);
+    s.Add(key, j, half, piece.data() + half, piece.size() - half);
+    return s.End(key, j, true);
+  }
+};
+
+TEST_F(ParityStoreTest, AccumulatedParityIsTheStripesParityAndIsListedOnlyWhenComplete) {
+  ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path());
+  const ParityKey key{1, 0, 7};
+  auto a = Bytes(10000, 1), b = Bytes(7000, 2);  // the second piece is shorter: zeros after
+  ASSERT_TRUE(AddPiece(store, key, 0, 1, a, 10000).ok());
+  EXPECT_TRUE(store.List().empty()) << "listed before every piece was in";
+  EXPECT_EQ(store.accumulating(), 1u);
+  ASSERT_TRUE(AddPiece(store, key, 1, 2, b, 10000).ok());
+  EXPECT_EQ(store.accumulating(), 0u);
+  auto list = store.List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].key, key);
+  EXPECT_EQ(list[0].parity_bytes, 10000u);
+  ASSERT_EQ(list[0].pieces.size(), 2u);
+  EXPECT_EQ(list[0].pieces[1].source, 2);
+  EXPECT_EQ(list[0].pieces[1].header, "header 2");
+  auto parity = store.ReadParity(list[0]);
+  ASSERT_TRUE(parity.ok()) << parity.status().ToString();
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ((*parity)[i], a[i] ^ (i < b.size() ? b[i] : std::byte{0})) << "byte " << i;
+  // The same piece twice is refused (it would cancel itself out of an XOR).
+  EXPECT_FALSE(store.Begin(xor3_, 3, {1, 0, 8}, 0, {1, 1, "h"}, 100).ok() &&
+               store.Begin(xor3_, 3, {1, 0, 8}, 0, {1, 1, "h"}, 100).ok());
+}
+
+TEST_F(ParityStoreTest, APieceThatFailsPartWayDropsItsRecord) {
+  ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path());
+  const ParityKey key{0, 0, 3};
+  auto a = Bytes(5000, 3);
+  ASSERT_TRUE(AddPiece(store, key, 0, 1, a, 5000).ok());
+  ASSERT_TRUE(store.Begin(xor3_, 3, key, 1, {2, 10000, "h"}, 5000).ok());
+  store.Add(key, 1, 0, a.data(), 100);
+  ASSERT_TRUE(store.End(key, 1, false).ok());
+  EXPECT_EQ(store.accumulating(), 0u);
+  EXPECT_TRUE(store.List().empty());
+}
+
+TEST_F(ParityStoreTest, DamagedFilesAreFoundAndNamed) {
+  const std::string node = dir_.path() + "/node-0";
+  ParityStore store(node, 0, DefaultFileSystem(), &log_, dir_.path());
+  const ParityKey key{2, 0, 9};
+  ASSERT_TRUE(AddPiece(store, key, 0, 0, Bytes(4096, 4), 4096).ok());
+  ASSERT_TRUE(AddPiece(store, key, 1, 1, Bytes(4096, 5), 4096).ok());
+  auto list = store.List();
+  ASSERT_EQ(list.size(), 1u);
+  const std::string base = ParityStore::Dir(node, 0) + "/s2-p0-t9";
+  {
+    auto f = DefaultFileSystem()->OpenFile(base + ".parity", O_RDWR, 0);
+    ASSERT_TRUE(f.ok());
+    const char x = 0x5a;
+    ASSERT_TRUE(f->WriteAt(&x, 1, 100).ok());
+  }
+  auto read = store.ReadParity(list[0]);
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(read.status().message().find(base + ".parity"), std::string::npos)
+      << read.status().ToString();
+  // A damaged record is not a record.
+  auto meta = ReadWholeFile(DefaultFileSystem(), base + ".meta", 1 << 20);
+  ASSERT_TRUE(meta.ok());
+  std::string bad = *meta;
+  bad[bad.size() / 2] ^= 1;
+  EXPECT_FALSE(DecodeParityRecord(bad, "x").ok());
+  ASSERT_TRUE(WriteFileAtomic(DefaultFileSystem(), base + ".meta", bad).ok());
+  EXPECT_TRUE(store.List().empty());
+}
+
+TEST_F(ParityStoreTest, KeepsTheNewestRecordsAndTheAgreedStep) {
+  const std::string node = dir_.path() + "/node-0";
+  ParityStore store(node, 0, DefaultFileSystem(), &log_, dir_.path(), /*keep=*/2);
+  for (int64_t step = 1; step <= 6; ++step) {
+    const ParityKey key{0, 0, step};
+    // Every sender says step 2 is the one the job agreed on.
+    ASSERT_TRUE(AddPiece(store, key, 0, 1, Bytes(100, static_cast<uint64_t>(step)), 100, 2).ok());
+    ASSERT_TRUE(AddPiece(store, key, 1, 2, Bytes(100, 9), 100, 2).ok());
+  }
+  std::vector<int64_t> steps;
+  for (const ParityRecord& r : store.List()) steps.push_back(r.key.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 5, 6}));
+  // A killed process's half-made record goes when the store opens again.
+  ASSERT_TRUE(store.Begin(xor3_, 3, {0, 0, 7}, 0, {1, 200, "h"}, 100).ok());
+  const std::string half = ParityStore::Dir(node, 0) + "/s0-p0-t7.parity";
+  EXPECT_TRUE(DefaultFileSystem()->Exists(half));
+  ParityStore again(node, 0, DefaultFileSystem(), &log_, dir_.path(), 2);
+  ASSERT_TRUE(AddPiece(again, {1, 0, 1}, 0, 1, Bytes(10, 1), 10).ok());
+  EXPECT_FALSE(DefaultFileSystem()->Exists(half));
+  EXPECT_EQ(again.List().size(), 3u);
+}
+
+TEST(ParityRecord, RoundTripsAndRefusesWhatCannotBe) {
+  ParityRecord r;
+  r.scheme = {4, 2};
+  r.key = {3, 1, 42};
+  r.world_size = 8;
+  r.parity_bytes = 1000;
+  r.parity_checksum = 77;
+  r.pieces = {{3, 1999, "a"}, {4, 2000, "bb"}};
+  auto back = DecodeParityRecord(EncodeParityRecord(r), "x");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->key, r.key);
+  EXPECT_EQ(back->pieces[1].header, "bb");
+  r.pieces[0].data_bytes = 5000;  // a piece longer than the parity
+  EXPECT_FALSE(DecodeParityRecord(EncodeParityRecord(r), "x").ok());
+  r.pieces[0].data_bytes = 1;
+  r.pieces[0].source = 8;  // outside the job
+  EXPECT_FALSE(DecodeParityRecord(EncodeParityRecord(r), "x").ok());
+}
+
+// An xor set of 3 one-rank nodes: rank 2 lost everything; steps 5 and 6 have parity, but
+// only step 5's parity is complete on both survivors.
+TEST(RebuildPlan, DecodesALostRankFromTheSurvivorsPiecesAndParity) {
+  const ErasureScheme s{3, 1};
+  auto record = [&](int stripe, int64_t step) {
+    RebuildHoldings::Record r;
+    r.scheme = s;
+    r.key = {stripe, 0, step};
+    r.world_size = 3;
+    r.parity_bytes = 50;
+    for (int j = 0; j < 2; ++j) {
+      r.sources.push_back(StripeDataMember(s, stripe, j));
+      r.data_bytes.push_back(100);
+      r.header_bytes.push_back(10);
+    }
+    return r;
+  };
+  std::vector<RebuildHoldings> all(3);
+  all[0].own_steps = {6, 5};
+  all[1].own_steps = {6, 5};
+  // Parity of stripe s lives on member (s + 2) % 3: stripe 1 on rank 0, stripe 2 on rank 1.
+  all[0].records = {record(1, 5)};
+  all[1].records = {record(2, 5), record(2, 6)};
+  RebuildPlan plan = PlanRebuild(all);
+  ASSERT_EQ(plan.step, 5) << "step 6 lacks stripe 1's parity";
+  ASSERT_EQ(plan.targets.size(), 1u);
+  const RebuildTarget& t = plan.targets[0];
+  EXPECT_EQ(t.source, 2);
+  ASSERT_EQ(t.stripes.size(), 2u);  // rank 2's pieces 0 and 1
+  for (const auto& stripe : t.stripes) EXPECT_EQ(stripe.index.size(), 2u);
+  for (const RebuildTransfer& x : plan.transfers) {
+    EXPECT_EQ(x.rebuilder, 2);
+    EXPECT_NE(x.sender, 2);
+  }
+  // Every rank holding step 6 itself: nothing to rebuild.
+  all[2].own_steps = {6};
+  EXPECT_EQ(PlanRebuild(all).step, -1);
+  // Two members lost: xor cannot decode, nothing planned, both named.
+  all[2].own_steps.clear();
+  all[1].own_steps.clear();
+  plan = PlanRebuild(all);
+  EXPECT_EQ(plan.step, -1);
+  EXPECT_EQ(plan.not_rebuildable.size(), 2u);
+}
+
+}  // namespace
+}  // namespace cairn
