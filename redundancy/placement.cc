@@ -102,6 +102,25 @@ Result<Placement> Placement::Make(int nodes, int ranks_per_node, int replicas,
   return p;
 }
 
+LossOdds ErasureMemoryOdds(int nodes, const ErasureScheme& scheme, int lost) {
+  LossOdds o;
+  o.lost = lost;
+  o.patterns = Choose(nodes, lost);
+  if (lost < 0 || lost > nodes || scheme.k <= 0 || nodes % scheme.k != 0) return o;
+  // The coefficient of x^lost in (sum over j <= m of C(k, j) x^j) ^ (nodes / k).
+  std::vector<long double> c(static_cast<size_t>(lost) + 1, 0);
+  c[0] = 1;
+  for (int set = 0; set < nodes / scheme.k; ++set) {
+    std::vector<long double> next(c.size(), 0);
+    for (int have = 0; have <= lost; ++have)
+      for (int j = 0; j <= scheme.m && have + j <= lost; ++j)
+        next[static_cast<size_t>(have + j)] += c[static_cast<size_t>(have)] * Choose(scheme.k, j);
+    c.swap(next);
+  }
+  o.from_memory = c[static_cast<size_t>(lost)];
+  return o;
+}
+
 LossOdds Placement::MemoryOdds(int lost) const {
   const int n = nodes();
   LossOdds o;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cairn/status.h"
+#include "redundancy/erasure.h"
 
 namespace cairn {
 
@@ -34,6 +35,11 @@ struct LossOdds {
     return patterns > 0 ? static_cast<double>(from_memory / patterns) : 0;
   }
 };
+
+// The same odds for erasure-coded sets (CAIRN_REDUNDANCY=xor|rs): `nodes` cut into sets of
+// scheme.k consecutive nodes (nodes a multiple of k), a set coming back from memory when it
+// lost at most scheme.m nodes. Exact, like MemoryOdds.
+LossOdds ErasureMemoryOdds(int nodes, const ErasureScheme& scheme, int lost);
 
 class Placement {
  public:

@@ -120,6 +120,32 @@ TEST(Placement, MemoryOddsAtTenThousandNodes) {
   }
 }
 
+// Erasure-coded sets: the odds equal the loss patterns counted one by one (a pattern comes
+// back from memory when no set of k consecutive nodes lost more than m).
+TEST(Placement, ErasureOddsEqualEveryLossPatternCounted) {
+  for (ErasureScheme s : {ErasureScheme{2, 1}, ErasureScheme{4, 1}, ErasureScheme{4, 2},
+                          ErasureScheme{6, 2}, ErasureScheme{3, 1}}) {
+    for (int nodes = s.k; nodes <= 12; nodes += s.k) {
+      for (int lost = 0; lost <= nodes; ++lost) {
+        long double patterns = 0, survived = 0;
+        for (uint32_t mask = 0; mask < (1u << nodes); ++mask) {
+          if (std::popcount(mask) != lost) continue;
+          ++patterns;
+          bool ok = true;
+          for (int set = 0; set < nodes / s.k; ++set)
+            ok = ok && std::popcount((mask >> (set * s.k)) & ((1u << s.k) - 1)) <= s.m;
+          survived += ok ? 1 : 0;
+        }
+        const LossOdds o = ErasureMemoryOdds(nodes, s, lost);
+        EXPECT_EQ(o.patterns, patterns) << s.Describe() << " " << nodes << " lost " << lost;
+        EXPECT_EQ(o.from_memory, survived) << s.Describe() << " " << nodes << " lost " << lost;
+      }
+    }
+  }
+  // Nodes that are not a whole number of sets: nothing counted as surviving.
+  EXPECT_EQ(ErasureMemoryOdds(6, {4, 1}, 1).from_memory, 0);
+}
+
 TEST(Placement, ImpossibleLayoutsAreRefused) {
   EXPECT_FALSE(Placement::Make(2, 1, 2, PlacementStrategy::kRing).ok());
   EXPECT_FALSE(Placement::Make(0, 1, 0, PlacementStrategy::kRing).ok());
