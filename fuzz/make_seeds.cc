@@ -15,7 +15,9 @@
 #include "persist/commit.h"
 #include "persist/manifest.h"
 #include "persist/step_index.h"
+#include "recovery/rebuild.h"
 #include "recovery/restore_wire.h"
+#include "redundancy/parity_store.h"
 #include "snapshot/step_agreement.h"
 #include "tiers/slot_header.h"
 #include "wire/codec.h"
@@ -228,6 +230,20 @@ int main(int argc, char** argv) {
   agree.steps = {40, 50, 60};
   agree.held = {true, false, true};
   Put(out, "fuzz_restore", 8, std::string("\7\0", 2) + EncodeAgreeOffer(agree));
+  // A parity record of stripe 1, row 0 of xor over 3 members (pieces of ranks 1 and 2), and
+  // a rebuild inventory holding it.
+  ParityRecord parity;
+  parity.scheme = {3, 1};
+  parity.key = {1, 0, 7};
+  parity.world_size = 3;
+  parity.parity_bytes = 4096;
+  parity.parity_checksum = 0x1234;
+  parity.pieces = {{1, 8000, "header of rank 1"}, {2, 7000, "header of rank 2"}};
+  Put(out, "fuzz_restore", 9, std::string("\10\0", 2) + EncodeParityRecord(parity));
+  RebuildHoldings holdings;
+  holdings.own_steps = {7, 6};
+  holdings.records.push_back({parity.scheme, parity.key, 3, 4096, {1, 2}, {8000, 7000}, {16, 16}});
+  Put(out, "fuzz_restore", 10, std::string("\11\0", 2) + EncodeRebuildHoldings(holdings));
   // A memory restore's layout references (target template 3 of a rank, the saved layouts of
   // ranks 3 and 7 it first holds) and a list of one template.
   LayoutRefs refs;
