@@ -1,0 +1,444 @@
+// bench/memory: what each redundancy scheme costs in host memory and gives back after a
+// failure, in one run (issue 34's measure).
+//
+// For each scheme a job of one-rank nodes (processes, UCX between them) trains --steps steps
+// of --iteration-ms each, with --bytes of state per rank (a tenth of it changed every step),
+// saving every step (CAIRN_SLOTS=--slots) and draining every --persist-every-th version to the
+// PFS (--dir). Meanwhile the parent samples, every 5 ms, the bytes allocated to every file
+// under the job's host directory on all nodes (slots, replicas, parity): the peak over the
+// sum of the ranks' state bytes is `host_bytes_per_state_byte`. At a random step in the last
+// fifth of the run every rank is SIGKILLed (a job failure at a random moment), node 0's host
+// memory is wiped (its node lost), and a new job restores: `steps_lost` is the newest step
+// every rank reported saved minus the step restored, `lost_node_restore_s` rank 0's restore
+// call (for xor and rs: the rebuild from parity included), `from_memory` whether no rank
+// read the PFS.
+//   replica  4 nodes, CAIRN_REPLICAS=1 (ring)
+//   xor      4 nodes, CAIRN_REDUNDANCY=xor, k=4 (any 1 lost)
+//   rs       6 nodes, CAIRN_REDUNDANCY=rs, k=6, m=2 (any 2 lost)
+// The encoding computation alone is measured in this process on the same bytes: cairn's
+// parity path (each holder adding the d data pieces into its parity row as they arrive,
+// ErasureCode::AddToParity) against ISA-L's ec_encode_data computing the same parity row
+// from the d pieces at once (each of the m rows, as each holder computes one), alternated,
+// --rounds times; `encode_vs_isal` is cairn's rate over ISA-L's (1.0: as fast).
+//
+//   memory [--schemes replica,xor,rs] [--bytes 16M] [--steps 200] [--iteration-ms 25]
+//          [--slots 4] [--persist-every 10] [--dir /var/tmp] [--rounds 5] [--seed S]
+//
+// Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
+// (and at that peak, per byte of state: own_slots, replicas, parity), skipped, steps_lost,
+// lost_node_restore_s, from_memory, rebuilt (xor, rs), encode_gbps, isal_gbps and encode_vs_isal
+// (xor, rs); and lost_node_restore_xor_over_replica.
+#include <fcntl.h>
+#include <ftw.h>
+#include <isa-l/erasure_code.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "cairn/checkpointer.h"
+#include "cli/args.h"
+#include "cli/launcher.h"
+#include "core/clock.h"
+#include "core/filesystem.h"
+#include "redundancy/erasure.h"
+
+using namespace cairn;
+using cairn::bench::Buffer;
+using cairn::bench::Median;
+using cairn::bench::Round;
+
+namespace {
+
+constexpr int kTensors = 4;
+
+struct Args {
+  std::string schemes = "replica,xor,rs";
+  uint64_t bytes = 16ull << 20;
+  int steps = 200;
+  int iteration_ms = 25;
+  int slots = 4;
+  int persist_every = 10;
+  std::string dir = "/var/tmp";
+  int rounds = 5;
+  uint64_t seed = 0;
+  std::string mode;  // child: train or restore
+};
+
+void Die(const char* what, const Status& st) {
+  std::fprintf(stderr, "memory: %s: %s\n", what, st.ToString().c_str());
+  std::exit(1);
+}
+
+// A rank's state: kTensors fp32 tensors, rows split by rank; element values depend on the
+// step, so a restore is checked against the step it reports.
+struct State {
+  State(uint64_t bytes, int rank, int world) {
+    const int64_t per = static_cast<int64_t>(bytes / kTensors / 4);
+    for (int t = 0; t < kTensors; ++t) {
+      ShardSpec s;
+      s.meta = {"t" + std::to_string(t), DType::kF32, {world * per}};
+      s.box = Box{{rank * per}, {per}};
+      bufs.push_back(std::make_unique<Buffer>(s.nbytes()));
+      s.data = bufs.back()->p;
+      shards.push_back(s);
+    }
+  }
+  static uint32_t Value(int64_t step, int t, int64_t i) {
+    // A tenth of the elements change every step: element i last changed at the newest step
+    // s <= step with s = i (mod 10), or at 0.
+    const int64_t epoch = std::max<int64_t>(0, step - (step % 10 - i % 10 + 10) % 10);
+    uint64_t x = (static_cast<uint64_t>(t) << 56) ^ (static_cast<uint64_t>(i) << 8) ^
+                 static_cast<uint64_t>(epoch);
+    x = (x ^ (x >> 31)) * 0x7fb5d329728ea185ull;
+    return static_cast<uint32_t>(x ^ (x >> 27));
+  }
+  void Fill(int64_t step, bool all) {
+    for (size_t t = 0; t < shards.size(); ++t) {
+      auto* p = static_cast<uint32_t*>(shards[t].data);
+      const int64_t lo = shards[t].box.offsets[0], n = shards[t].box.lengths[0];
+      for (int64_t i = all ? 0 : (step % 10 - lo % 10 + 10) % 10; i < n; i += all ? 1 : 10)
+        p[i] = Value(step, static_cast<int>(t), lo + i);
+    }
+  }
+  bool Check(int64_t step) const {
+    for (size_t t = 0; t < shards.size(); ++t) {
+      const auto* p = static_cast<const uint32_t*>(shards[t].data);
+      const int64_t lo = shards[t].box.offsets[0], n = shards[t].box.lengths[0];
+      for (int64_t i = 0; i < n; ++i)
+        if (p[i] != Value(step, static_cast<int>(t), lo + i)) return false;
+    }
+    return true;
+  }
+  std::vector<std::unique_ptr<Buffer>> bufs;
+  std::vector<ShardSpec> shards;
+};
+
+int Child(const Args& a) {
+  auto o = Options::FromEnvironment();
+  if (!o.ok()) Die("options", o.status());
+  o->copy_engine = CopyEngineKind::kHost;
+  auto ck = Checkpointer::Open(*o);
+  if (!ck.ok()) Die("open", ck.status());
+  Checkpointer& c = **ck;
+  State s(a.bytes, o->rank, o->world_size);
+  if (a.mode == "restore") {
+    const int64_t t0 = NowNanos();
+    auto r = c.restore(s.shards);
+    const double secs = NanosToSeconds(NowNanos() - t0);
+    if (!r.ok()) Die("restore", r.status());
+    if (!s.Check(r->step)) Die("restore", Status::Corruption("restored bytes differ"));
+    std::printf("RESTORED %lld %s %.6f %llu %lld\n", static_cast<long long>(r->step),
+                r->tier.c_str(), secs, static_cast<unsigned long long>(r->job_pfs_bytes_read),
+                static_cast<long long>(r->rebuilt_step));
+    std::fflush(stdout);
+    return 0;
+  }
+  s.Fill(0, true);
+  for (int64_t step = 1; step <= a.steps; ++step) {
+    const int64_t t0 = NowNanos();
+    s.Fill(step, false);
+    auto st = c.save(step, s.shards);
+    if (!st.ok()) Die("save", st.status());
+    const Stats stats = c.stats();
+    std::printf("SAVED %lld skipped %llu\n", static_cast<long long>(step),
+                static_cast<unsigned long long>(stats.save.skipped));
+    std::fflush(stdout);
+    const int64_t left = a.iteration_ms * 1'000'000ll - (NowNanos() - t0);
+    if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
+  }
+  // The parent kills the job before it gets here.
+  std::this_thread::sleep_for(std::chrono::seconds(600));
+  return 0;
+}
+
+// Bytes allocated to the files under a job's host directory (on tmpfs: the memory they
+// hold): the ranks' own slots, the replicas held for others, parity.
+struct Held {
+  uint64_t own = 0, replica = 0, parity = 0;
+  uint64_t total() const { return own + replica + parity; }
+};
+Held g_walk;
+int AddFile(const char* path, const struct stat* st, int type, struct FTW*) {
+  if (type != FTW_F) return 0;
+  const uint64_t n = static_cast<uint64_t>(st->st_blocks) * 512;
+  if (std::strstr(path, "/parity/"))
+    g_walk.parity += n;
+  else if (std::strstr(path, "/replica/"))
+    g_walk.replica += n;
+  else
+    g_walk.own += n;
+  return 0;
+}
+Held AllocatedBytes(const std::string& dir) {
+  g_walk = {};
+  ::nftw(dir.c_str(), AddFile, 32, FTW_PHYS);
+  return g_walk;
+}
+
+std::vector<std::string> Lines(const std::string& root, int rank, const std::string& prefix) {
+  std::ifstream f(root + "/rank-" + std::to_string(rank) + ".log");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(line.substr(prefix.size()));
+  return out;
+}
+
+struct Scheme {
+  std::string name;
+  int nodes;
+  std::vector<std::pair<std::string, std::string>> env;
+  ErasureScheme code{0, 0};
+};
+
+// The encoding of one stripe of `bytes` per member's version: cairn's per-holder path and
+// ISA-L's ec_encode_data of all rows at once, alternated; medians of GB/s of data encoded.
+std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, int rounds) {
+  auto code = ErasureCode::Make(sc);
+  if (!code.ok()) Die("erasure code", code.status());
+  const int d = sc.data(), m = sc.m;
+  const uint64_t len = PieceBytes(bytes, d);
+  std::vector<std::unique_ptr<Buffer>> data, parity_a, parity_b;
+  for (int j = 0; j < d; ++j) data.push_back(std::make_unique<Buffer>(len));
+  for (int p = 0; p < m; ++p) {
+    parity_a.push_back(std::make_unique<Buffer>(len));
+    parity_b.push_back(std::make_unique<Buffer>(len));
+  }
+  std::vector<unsigned char> matrix(static_cast<size_t>((d + m) * d));
+  if (m == 1) {
+    std::fill(matrix.begin() + d * d, matrix.end(), 1);
+  } else {
+    gf_gen_cauchy1_matrix(matrix.data(), d + m, d);
+  }
+  // One parity row per holder, as cairn computes them (each on its own node).
+  std::vector<std::vector<unsigned char>> tables(static_cast<size_t>(m));
+  for (int p = 0; p < m; ++p) {
+    tables[static_cast<size_t>(p)].resize(static_cast<size_t>(32 * d));
+    ec_init_tables(d, 1, matrix.data() + (d + p) * d, tables[static_cast<size_t>(p)].data());
+  }
+  std::vector<unsigned char*> src, dst;
+  for (auto& b : data) src.push_back(reinterpret_cast<unsigned char*>(b->p));
+  for (auto& b : parity_b) dst.push_back(reinterpret_cast<unsigned char*>(b->p));
+  std::vector<double> ours, theirs;
+  for (int r = 0; r < rounds; ++r) {
+    int64_t t0 = NowNanos();
+    for (int p = 0; p < m; ++p) {
+      std::memset(parity_a[static_cast<size_t>(p)]->p, 0, len);
+      for (int j = 0; j < d; ++j)
+        code->AddToParity(j, p, data[static_cast<size_t>(j)]->p, len,
+                          parity_a[static_cast<size_t>(p)]->p);
+    }
+    ours.push_back(static_cast<double>(len * d) / NanosToSeconds(NowNanos() - t0) / 1e9);
+    t0 = NowNanos();
+    for (int p = 0; p < m; ++p)
+      for (uint64_t off = 0; off < len; off += uint64_t{1} << 26) {
+        const int n = static_cast<int>(std::min<uint64_t>(uint64_t{1} << 26, len - off));
+        std::vector<unsigned char*> s2;
+        for (auto* x : src) s2.push_back(x + off);
+        unsigned char* d2 = dst[static_cast<size_t>(p)] + off;
+        ec_encode_data(n, d, 1, tables[static_cast<size_t>(p)].data(), s2.data(), &d2);
+      }
+    theirs.push_back(static_cast<double>(len * d) / NanosToSeconds(NowNanos() - t0) / 1e9);
+  }
+  for (int p = 0; p < m; ++p)
+    if (std::memcmp(parity_a[static_cast<size_t>(p)]->p, parity_b[static_cast<size_t>(p)]->p,
+                    len) != 0)
+      Die("encode", Status::Internal("cairn's parity differs from ISA-L's"));
+  return {Median(ours), Median(theirs)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app(
+      "Host memory each redundancy scheme (replica, xor, rs) holds per byte of state while a "
+      "job saves every step and drains every tenth, the saves it skipped, the steps lost and "
+      "the lost node's restore time after a kill with one node's memory wiped, and the "
+      "encoding rate against ISA-L's. Prints one JSON line last.",
+      "bench_memory");
+  app.add_option("--schemes", a.schemes, "replica,xor,rs (any of them)")->capture_default_str();
+  cairn::cli::AddByteCount(app, "--bytes", &a.bytes, "state per rank (default 16M)");
+  app.add_option("--steps", a.steps, "steps per run")->check(CLI::Range(20, 100000));
+  app.add_option("--iteration-ms", a.iteration_ms, "one training iteration")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--slots", a.slots, "CAIRN_SLOTS")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app.add_option("--persist-every", a.persist_every, "CAIRN_PERSIST_EVERY")->capture_default_str();
+  app.add_option("--dir", a.dir, "the PFS directory")->capture_default_str();
+  app.add_option("--rounds", a.rounds, "encoding rounds")->check(CLI::Range(1, 1000));
+  app.add_option("--seed", a.seed, "the kill steps' random seed (default: the time)");
+  app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
+  if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
+  a.bytes = std::max<uint64_t>(a.bytes / (kTensors * 4 * 64) * (kTensors * 4 * 64), 1 << 16);
+  if (!a.mode.empty()) return Child(a);
+  if (a.seed == 0) a.seed = static_cast<uint64_t>(WallNanos());
+  std::mt19937_64 rng(a.seed);
+
+  std::vector<Scheme> all = {
+      {"replica", 4, {{"CAIRN_REDUNDANCY", "replica"}, {"CAIRN_REPLICAS", "1"}}},
+      {"xor", 4, {{"CAIRN_REDUNDANCY", "xor"}, {"CAIRN_ERASURE_K", "4"}}, {4, 1}},
+      {"rs",
+       6,
+       {{"CAIRN_REDUNDANCY", "rs"}, {"CAIRN_ERASURE_K", "6"}, {"CAIRN_ERASURE_M", "2"}},
+       {6, 2}}};
+  const std::vector<std::string> wanted = cairn::bench::SplitList(a.schemes);
+  nlohmann::ordered_json out = {{"bench", "memory"}, {"bytes_per_rank", a.bytes},
+                                {"steps", a.steps},  {"iteration_ms", a.iteration_ms},
+                                {"slots", a.slots},  {"persist_every", a.persist_every},
+                                {"seed", a.seed}};
+  std::map<std::string, double> restore_s;
+  for (const Scheme& sc : all) {
+    if (std::find(wanted.begin(), wanted.end(), sc.name) == wanted.end()) continue;
+    char host_t[] = "/dev/shm/cairn-bench-memory-XXXXXX";
+    std::string pfs_t = a.dir + "/cairn-bench-memory-XXXXXX";
+    if (!::mkdtemp(host_t) || !::mkdtemp(pfs_t.data())) {
+      std::perror("mkdtemp");
+      return 1;
+    }
+    const std::string root = host_t, pfs = pfs_t;
+    const std::string job = "bench-memory-" + sc.name + "-" + std::to_string(::getpid());
+    auto cleanup = [&] {
+      (void)DefaultFileSystem()->RemoveAll(root);
+      (void)DefaultFileSystem()->RemoveAll(pfs);
+    };
+    auto spec = [&](const std::string& mode, const std::string& out_dir) {
+      LaunchSpec s;
+      s.nodes = sc.nodes;
+      s.argv = {"/proc/self/exe",
+                "--child",
+                mode,
+                "--bytes",
+                std::to_string(a.bytes),
+                "--steps",
+                std::to_string(a.steps),
+                "--iteration-ms",
+                std::to_string(a.iteration_ms)};
+      s.output_dir = out_dir;
+      s.env = {{"CAIRN_JOB_ID", job},
+               {"CAIRN_HOST_ROOT", root + "/host"},
+               {"CAIRN_PFS_ROOT", pfs},
+               {"CAIRN_SLOTS", std::to_string(a.slots)},
+               {"CAIRN_PERSIST_EVERY", std::to_string(a.persist_every)},
+               {"CAIRN_CHUNK_BYTES", "1M"}};
+      s.env.insert(s.env.end(), sc.env.begin(), sc.env.end());
+      return s;
+    };
+    const std::string train_dir = root + "/train", restore_dir = root + "/restore";
+    (void)DefaultFileSystem()->MakeDirs(train_dir, 0700);
+    (void)DefaultFileSystem()->MakeDirs(restore_dir, 0700);
+    // Train, sampling the host directory, until the kill step.
+    const int kill_at =
+        a.steps - a.steps / 5 + static_cast<int>(rng() % static_cast<uint64_t>(a.steps / 5));
+    auto l = LocalLauncher::Start(spec("train", train_dir));
+    if (!l.ok()) Die("launch", l.status());
+    const std::string host_job = root + "/host/" + job;
+    Held peak;
+    const int64_t deadline = NowNanos() + 600'000'000'000ll;
+    for (;;) {
+      const Held now = AllocatedBytes(host_job);
+      if (now.total() > peak.total()) peak = now;
+      auto saved = Lines(train_dir, 0, "SAVED ");
+      if (static_cast<int>(saved.size()) >= kill_at) break;
+      if (NowNanos() > deadline) Die("train", Status::Unavailable("rank 0 did not reach its step"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (int r = 0; r < sc.nodes; ++r) (void)(*l)->Signal(r, SIGKILL);
+    (void)(*l)->WaitAll(60);
+    l->reset();
+    // The newest step every rank reported saved, and the skips.
+    int64_t newest = -1;
+    uint64_t skipped = 0;
+    for (int r = 0; r < sc.nodes; ++r) {
+      auto saved = Lines(train_dir, r, "SAVED ");
+      long long step = 0;
+      unsigned long long sk = 0;
+      if (!saved.empty()) std::sscanf(saved.back().c_str(), "%lld skipped %llu", &step, &sk);
+      newest = newest < 0 ? step : std::min<int64_t>(newest, step);
+      skipped += sk;
+    }
+    // Node 0 lost; a new job restores.
+    (void)DefaultFileSystem()->RemoveAll(host_job + "/node-0");
+    auto rl = LocalLauncher::Start(spec("restore", restore_dir));
+    if (!rl.ok() || !(*rl)->WaitAll(600)) {
+      for (int r = 0; r < sc.nodes; ++r) {
+        std::ifstream f(restore_dir + "/rank-" + std::to_string(r) + ".log");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        std::fprintf(stderr, "memory: %s restore failed; rank %d:\n%s\n", sc.name.c_str(), r,
+                     ss.str().c_str());
+      }
+      cleanup();
+      return 1;
+    }
+    long long restored = -1, rebuilt = -1;
+    double secs = 0;
+    bool from_memory = true;
+    for (int r = 0; r < sc.nodes; ++r) {
+      auto lines = Lines(restore_dir, r, "RESTORED ");
+      if (lines.empty()) Die("restore", Status::Internal("no RESTORED line"));
+      char tier[32] = {0};
+      unsigned long long pfs_read = 0;
+      long long step = 0, rb = -1;
+      double s = 0;
+      std::sscanf(lines.back().c_str(), "%lld %31s %lf %llu %lld", &step, tier, &s, &pfs_read, &rb);
+      if (pfs_read > 0) from_memory = false;
+      if (r == 0) {
+        restored = step;
+        secs = s;
+        rebuilt = rb;
+      }
+    }
+    if (!from_memory) {
+      // Why the lost node did not come back from memory: the restore's own words.
+      std::ifstream f(restore_dir + "/rank-0.log");
+      for (std::string line; std::getline(f, line);)
+        if (line.find("warning") != std::string::npos)
+          std::fprintf(stderr, "memory: %s restore, rank 0: %s\n", sc.name.c_str(), line.c_str());
+    }
+    const double state = static_cast<double>(a.bytes) * sc.nodes;
+    nlohmann::ordered_json j = {{"nodes", sc.nodes},
+                                {"host_bytes_per_state_byte", Round(peak.total() / state, 3)},
+                                {"peak_host_bytes", peak.total()},
+                                // at the peak, per byte of state
+                                {"own_slots", Round(peak.own / state, 3)},
+                                {"replicas", Round(peak.replica / state, 3)},
+                                {"parity", Round(peak.parity / state, 3)},
+                                {"skipped", skipped},
+                                {"killed_after_step", newest},
+                                {"restored_step", restored},
+                                {"steps_lost", newest - restored},
+                                {"from_memory", from_memory},
+                                {"lost_node_restore_s", Round(secs, 4)}};
+    if (sc.code.k > 0) {
+      j["rebuilt_step"] = rebuilt;
+      auto [ours, theirs] = EncodeRates(sc.code, a.bytes, a.rounds);
+      j["encode_gbps"] = Round(ours, 3);
+      j["isal_gbps"] = Round(theirs, 3);
+      j["encode_vs_isal"] = Round(ours / theirs, 3);
+    }
+    restore_s[sc.name] = secs;
+    std::printf("%s: %s\n", sc.name.c_str(), j.dump().c_str());
+    std::fflush(stdout);
+    out[sc.name] = j;
+    cleanup();
+  }
+  if (restore_s.count("replica") && restore_s.count("xor") && restore_s["replica"] > 0)
+    out["lost_node_restore_xor_over_replica"] = Round(restore_s["xor"] / restore_s["replica"], 3);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
