@@ -9,7 +9,10 @@
 // rank survives on a live node (no byte read from the PFS), from the PFS otherwise. The
 // ranks connect lazily (CAIRN_CONNECT_ALL_MAX below 16), as the ranks of a large job do.
 // The four placements are separate tests; each runs every pattern of kPatterns from one
-// training run (the host tiers are copied back before each pattern).
+// training run (the host tiers are copied back before each pattern). Two more run parity
+// instead of replicas (CAIRN_REDUNDANCY=xor over sets of 4 nodes, rs 4 with 2 parity) over
+// every pattern of one and two lost nodes: from memory (the lost ranks rebuilt from their
+// sets' parity first) exactly when no set lost more nodes than its parity covers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -70,6 +73,19 @@ const std::vector<std::set<int>> kPatterns = {
     {0},    {1},    {7},    {0, 1}, {2, 3}, {3, 4},    {4, 5},    {6, 7},
     {0, 7}, {1, 5}, {0, 2}, {2, 6}, {5, 7}, {0, 1, 2}, {2, 3, 4}, {5, 6, 7}};
 
+// Parity schemes run every pattern of one and of two lost nodes (36), and the three-node
+// patterns above.
+std::vector<std::set<int>> PatternsFor(const Config& c) {
+  if (c.redundancy == "replica") return kPatterns;
+  std::vector<std::set<int>> out;
+  for (int a = 0; a < kNodes; ++a) out.push_back({a});
+  for (int a = 0; a < kNodes; ++a)
+    for (int b = a + 1; b < kNodes; ++b) out.push_back({a, b});
+  for (const std::set<int>& p : kPatterns)
+    if (p.size() == 3) out.push_back(p);
+  return out;
+}
+
 std::string Describe(const std::set<int>& lost) {
   std::string s;
   for (int n : lost) s += (s.empty() ? "" : "+") + std::to_string(n);
@@ -115,7 +131,7 @@ TEST_P(MultiNodeLoss, RestoresFromMemoryExactlyWhenThePlacementKeepsACopy) {
   const fs::path host = root.path() + "/host", kept = root.path() + "/host-after-training";
   fs::copy(host, kept, fs::copy_options::recursive);
   int from_memory = 0, from_pfs = 0;
-  for (const std::set<int>& lost : kPatterns) {
+  for (const std::set<int>& lost : PatternsFor(cfg)) {
     SCOPED_TRACE(Name(cfg) + ", " + Describe(lost));
     fs::remove_all(host);
     fs::copy(kept, host, fs::copy_options::recursive);
@@ -159,9 +175,11 @@ INSTANTIATE_TEST_SUITE_P(Placements, MultiNodeLoss,
                                            Config{1, PlacementStrategy::kGroup, 9},
                                            Config{2, PlacementStrategy::kGroup, 15},
                                            // sets {0..3} {4..7}: one node lost in each
-                                           Config{4, PlacementStrategy::kGroup, 7, "xor"},
+                                           // (39 patterns: all 8 + 28 of one and two lost
+                                           // nodes, and 3 of three)
+                                           Config{4, PlacementStrategy::kGroup, 24, "xor"},
                                            // any two of each set
-                                           Config{4, PlacementStrategy::kGroup, 14, "rs", 2}),
+                                           Config{4, PlacementStrategy::kGroup, 37, "rs", 2}),
                          [](const auto& info) { return Name(info.param); });
 
 }  // namespace
