@@ -148,27 +148,34 @@ void StepAgreement::Loop() {
 
 bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   settle_(seq);
-  if (protection_.wait_tried)
+  // What this round offers as held: every step of the window this rank holds; with
+  // redundancy, only the newest step of the window its pushes covered (REPLICATED), so a
+  // round keeps at most two slots (that step and the agreed one) however far the
+  // acknowledgements lag the saves (keeping the whole window made the fourth of four quick
+  // saves find no slot with 2 replicas and 3 slots). The ranks replicate the same steps
+  // when they lag (ChooseReplicationStep), so their newest covered steps meet.
+  std::vector<int64_t> offer = window;
+  if (protection_.wait_tried) {
     protection_.wait_tried(*std::max_element(window.begin(), window.end()));
+    int64_t newest = -1;
+    for (const VersionInfo& v : tier_->Versions())
+      if (v.state == VersionState::kReplicated &&
+          std::find(window.begin(), window.end(), v.step) != window.end())
+        newest = std::max(newest, v.step);
+    offer = newest >= 0 ? std::vector<int64_t>{newest} : std::vector<int64_t>{};
+  }
   // Kept from here on: a step offered as held cannot be reused while the ranks agree.
   std::vector<int64_t> held;
   {
     MutexLock lk(mu_);
-    std::vector<int64_t> keep = window;
+    std::vector<int64_t> keep = offer;
     if (agreed_ >= 0) keep.push_back(agreed_);
     held = tier_->Keep(keep, {});
     holding_since_ns_ = NowNanos();
   }
-  if (protection_.wait_tried) {
-    // Held means covered by this rank's redundancy too: REPLICATED.
-    std::vector<int64_t> replicated;
-    for (const VersionInfo& v : tier_->Versions())
-      if (v.state == VersionState::kReplicated) replicated.push_back(v.step);
-    std::sort(replicated.begin(), replicated.end());
-    std::erase_if(held, [&](int64_t s) {
-      return !std::binary_search(replicated.begin(), replicated.end(), s);
-    });
-  }
+  std::sort(offer.begin(), offer.end());
+  std::erase_if(held,
+                [&](int64_t s) { return !std::binary_search(offer.begin(), offer.end(), s); });
   AgreeOffer mine;
   mine.first = consumed_ + 1;
   mine.settled = consumed_ + window.size();
