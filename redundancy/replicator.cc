@@ -1,6 +1,7 @@
 #include "redundancy/replicator.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/arith.h"
 #include "core/clock.h"
@@ -13,6 +14,10 @@ namespace cairn {
 namespace {
 
 constexpr uint64_t kReplChunk = 8ull << 20;
+// At most kWindow chunks of 8 MiB are posted at a time: the transports interleave every posted
+// transfer, so posting them all would make every chunk land at the very end and leave
+// nothing to verify (or add into parity) while the rest arrives.
+constexpr uint32_t kWindow = 2;
 // Between tries of a holder that failed: short, since a try costs a connection attempt and
 // the sender thread's time, and every try after a link came back is one the data waits for;
 // doubling to at most 1 s while the holder stays down.
@@ -550,27 +555,16 @@ Result<Replicator::Admitted> Replicator::Admit(int src, const std::string& heade
   return a;
 }
 
-Status Replicator::Receive(int src, uint32_t offer, const Admitted& a,
-                           std::optional<UcxComm::Incoming>* next) {
-  const uint64_t n = a.header.data_bytes;
-  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
-  // At most kWindow chunks of 8 MiB are posted at a time: the transports interleave every posted
-  // transfer, so posting them all would make every chunk land at the very end and leave
-  // nothing to verify while the rest arrives.
-  constexpr uint32_t kWindow = 2;
+Status Replicator::ReceiveChunks(int src, uint32_t offer, uint32_t chunks,
+                                 const std::function<UcxComm::PendingRecv(uint32_t)>& post,
+                                 const std::function<void(uint32_t, bool)>& landed,
+                                 std::optional<UcxComm::Incoming>* next, uint32_t* arrived) {
   std::vector<UcxComm::PendingRecv> recvs(chunks);
-  auto post = [&](uint32_t c) {
-    const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
-    // Without the token in front (zero copy): every chunk is checked against the offer's
-    // header, which came with the token, before the replica is kept.
-    recvs[c] = comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), a.data + b, len,
-                                UcxComm::Auth::kContent);
-  };
-  for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) post(c);
+  for (uint32_t c = 0; c < std::min(kWindow, chunks); ++c) recvs[c] = post(c);
   CAIRN_KILL_POINT("replicate.ready");
   Reply(src, offer, ch_.ready, "ok");
-  ArrivalVerifier verifier(&verify_pool_, a.header, a.data);
   Status st;
+  *arrived = 0;
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
   for (uint32_t c = 0; c < chunks; ++c) {
     if (!st.ok()) {
@@ -595,11 +589,31 @@ Status Replicator::Receive(int src, uint32_t offer, const Admitted& a,
       st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
     else
       (void)comm_->FinishRecv(recvs[c], 0.001);  // cancels it
-    if (st.ok() && c + kWindow < chunks) post(c + kWindow);
-    verifier.Arrived(st.ok());
+    if (st.ok()) ++*arrived;
+    landed(c, st.ok());
+    if (st.ok() && c + kWindow < chunks) recvs[c + kWindow] = post(c + kWindow);
   }
+  return st;
+}
+
+Status Replicator::Receive(int src, uint32_t offer, const Admitted& a,
+                           std::optional<UcxComm::Incoming>* next) {
+  const uint64_t n = a.header.data_bytes;
+  const uint32_t chunks = static_cast<uint32_t>(CeilDiv(n, kReplChunk));
+  ArrivalVerifier verifier(&verify_pool_, a.header, a.data);
+  uint32_t arrived = 0;
+  Status st = ReceiveChunks(
+      src, offer, chunks,
+      [&](uint32_t c) {
+        const uint64_t b = c * kReplChunk, len = std::min(kReplChunk, n - b);
+        // Without the token in front (zero copy): every chunk is checked against the offer's
+        // header, which came with the token, before the replica is kept.
+        return comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)), a.data + b, len,
+                                UcxComm::Auth::kContent);
+      },
+      [&](uint32_t, bool ok) { verifier.Arrived(ok); }, next, &arrived);
   if (st.ok()) CAIRN_KILL_POINT("replicate.received");
-  const uint32_t arrived = verifier.Finish();
+  verifier.Finish();
   // The sender may still send what it had started: take it into scratch memory, so its
   // sends end (it keeps the slot they read pinned until then).
   if (!st.ok())
@@ -759,43 +773,21 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
       chunks.push_back({i, b, std::min(kReplChunk, pieces[i].range.length - b)});
   for (auto& b : window_)
     if (b.size() < kReplChunk) b.resize(kReplChunk);
-  std::vector<UcxComm::PendingRecv> recvs(chunks.size());
-  auto post = [&](size_t c) {
-    recvs[c] =
-        comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, static_cast<uint32_t>(c))),
-                         window_[c % 2].data(), chunks[c].len, UcxComm::Auth::kContent);
-  };
-  for (size_t c = 0; c < std::min<size_t>(2, chunks.size()); ++c) post(c);
-  CAIRN_KILL_POINT("replicate.ready");
-  Reply(src, offer, ch_.ready, "ok");
-  Status st;
-  size_t arrived = 0;
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s_ * 1e9);
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    if (!st.ok()) {
-      if (recvs[c].request) (void)comm_->FinishRecv(recvs[c], 0.001);
-      continue;
-    }
-    while (!comm_->Arrived(recvs[c], 0.05) && NowNanos() < deadline) {
-      comm_->AnswerProbes();
-      auto other = TakeOffer(src, offer);
-      if (other && OfferAfter(other->seq, offer)) {
-        *next = std::move(other);
-        st = Status::Unavailable("rank " + std::to_string(src) +
-                                 " sent a newer offer: it gave this one up");
-        break;
-      }
-    }
-    if (st.ok())
-      st = comm_->FinishRecv(recvs[c], std::max(0.01, NanosToSeconds(deadline - NowNanos())));
-    else
-      (void)comm_->FinishRecv(recvs[c], 0.001);
-    if (!st.ok()) continue;
-    ++arrived;
-    const Piece& p = pieces[chunks[c].piece];
-    store->Add(p.key, p.j, chunks[c].offset, window_[c % 2].data(), chunks[c].len);
-    if (c + 2 < chunks.size()) post(c + 2);
-  }
+  uint32_t arrived = 0;
+  Status st = ReceiveChunks(
+      src, offer, static_cast<uint32_t>(chunks.size()),
+      [&](uint32_t c) {
+        return comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)),
+                                window_[c % kWindow].data(), chunks[c].len,
+                                UcxComm::Auth::kContent);
+      },
+      [&](uint32_t c, bool ok) {
+        // Added before the buffer takes chunk c + kWindow.
+        const Piece& p = pieces[chunks[c].piece];
+        if (ok)
+          store->Add(p.key, p.j, chunks[c].offset, window_[c % kWindow].data(), chunks[c].len);
+      },
+      next, &arrived);
   if (!st.ok())
     for (size_t c = arrived; c < chunks.size(); ++c)
       Sink(src, offer, static_cast<uint32_t>(c), chunks[c].len);

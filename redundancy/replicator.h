@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -167,6 +168,15 @@ class Replicator {
   // first) and verifies them as they arrive; bytes a give-up leaves in flight are sunk.
   Status Receive(int src, uint32_t offer, const Admitted& a,
                  std::optional<UcxComm::Incoming>* next);
+  // The windowed receive replicas and parity pieces share: posts the first chunks
+  // (post(c) starts chunk c's receive), answers "ready", then waits for each chunk in turn,
+  // calls landed(c, arrived) and posts chunk c + the window. A newer offer from `src` ends
+  // it (left in *next); after an error the chunks still posted are cancelled. The first
+  // error, or OK; *arrived counts the chunks that arrived.
+  Status ReceiveChunks(int src, uint32_t offer, uint32_t chunks,
+                       const std::function<UcxComm::PendingRecv(uint32_t)>& post,
+                       const std::function<void(uint32_t, bool)>& landed,
+                       std::optional<UcxComm::Incoming>* next, uint32_t* arrived);
   // Sends `text` to `src` for offer `offer` on `channel`, waiting at most the timeout.
   void Reply(int src, uint32_t offer, Channel channel, const std::string& text);
   // Takes a waiting offer of rank `src`, if any, logging whether it supersedes offer
@@ -217,7 +227,7 @@ class Replicator {
   };
   std::vector<SinkRecv> sinks_;
   // Service thread only (erasure): the two buffers parity pieces land in.
-  std::vector<std::byte> window_[2];
+  std::vector<std::byte> window_[2];  // (as many as the receive window)
   std::atomic<uint32_t> next_offer_{1};
   std::atomic<int64_t> keep_step_{-1};
   // Checks incoming replicas' checksums as their chunks land (HandleOffer's ArrivalVerifier).
