@@ -21,6 +21,11 @@ constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 32;
 // Unfinished records of one (stripe, row) at most (ParityStore::Begin).
 constexpr size_t kMaxAccumulating = 6;
 
+// "s<stripe>-p<row>-t": the start of the names of a (stripe, row)'s records.
+std::string Stem(int stripe, int row) {
+  return "s" + std::to_string(stripe) + "-p" + std::to_string(row) + "-t";
+}
+
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -110,8 +115,7 @@ std::string ParityStore::Dir(const std::string& node_dir, int holder_rank) {
 }
 
 std::string ParityStore::Base(const ParityKey& k) const {
-  return JoinPath(dir_, "s" + std::to_string(k.stripe) + "-p" + std::to_string(k.row) + "-t" +
-                            std::to_string(k.step));
+  return JoinPath(dir_, Stem(k.stripe, k.row) + std::to_string(k.step));
 }
 
 Result<const ErasureCode*> ParityStore::CodeFor(const ErasureScheme& s) {
@@ -263,9 +267,19 @@ Status ParityStore::Publish(Accumulating& a) {
   // newest step complete: a job restores the newest step complete in every set, which may be
   // any between the agreed one and the newest). Older ones go: the members keep the agreed
   // step, not older ones.
+  // (From the records' names: decoding every record, headers and all, on each publish
+  // would read the whole store per version.)
   std::vector<int64_t> steps;
-  for (const ParityRecord& o : ListLocked())
-    if (o.key.stripe == r.key.stripe && o.key.row == r.key.row) steps.push_back(o.key.step);
+  auto names = fs_->ListDir(dir_);
+  const std::string stem = Stem(r.key.stripe, r.key.row);
+  for (const std::string& n : names.ok() ? *names : std::vector<std::string>{}) {
+    if (n.rfind(stem, 0) != 0 || !EndsWith(n, ".meta")) continue;
+    const std::string digits = n.substr(stem.size(), n.size() - stem.size() - 5);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+        digits.size() > 18)
+      continue;
+    steps.push_back(std::stoll(digits));
+  }
   std::sort(steps.rbegin(), steps.rend());
   const auto found = keep_step_.find({r.key.stripe, r.key.row});
   const int64_t agreed = found == keep_step_.end() ? -1 : found->second;
