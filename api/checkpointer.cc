@@ -116,6 +116,11 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
                                    " is not a multiple of the local world size " +
                                    std::to_string(o.local_world_size));
   const int nodes = o.world_size / o.local_world_size;
+  if (o.node != o.rank / o.local_world_size)
+    return Status::InvalidArgument(
+        Who() + ": node id " + std::to_string(o.node) +
+        " does not match RANK / LOCAL_WORLD_SIZE = " + std::to_string(o.rank / o.local_world_size) +
+        " (replica placement and parity sets assume consecutive ranks per node)");
   if (o.redundancy != RedundancyKind::kReplica && nodes > 1) return OpenErasure(fs, nodes);
   CAIRN_ASSIGN_OR_RETURN(
       Placement placement,
@@ -124,11 +129,6 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
   if (o.replicas > nodes - 1)
     log_.Warning("CAIRN_REPLICAS=" + std::to_string(o.replicas) + " but the job has only " +
                  std::to_string(nodes) + " nodes: keeping " + std::to_string(nodes - 1));
-  if (o.node != o.rank / o.local_world_size)
-    return Status::InvalidArgument(
-        Who() + ": node id " + std::to_string(o.node) +
-        " does not match RANK / LOCAL_WORLD_SIZE = " + std::to_string(o.rank / o.local_world_size) +
-        " (replica placement assumes consecutive ranks per node)");
   replica_sources_ = placement.held_by(o.rank);
   // As many versions of each source as it keeps itself: a node that lost its partner
   // then still finds, among every source's replicas, the steps the partner's ranks had
@@ -152,11 +152,6 @@ Status Checkpointer::Impl::OpenErasure(FileSystem* fs, int nodes) {
                                    " cuts the nodes into sets of " + std::to_string(scheme.k) +
                                    ", but the job has " + std::to_string(nodes) +
                                    " nodes: set CAIRN_ERASURE_K to a divisor of the node count");
-  if (o.node != o.rank / o.local_world_size)
-    return Status::InvalidArgument(
-        Who() + ": node id " + std::to_string(o.node) +
-        " does not match RANK / LOCAL_WORLD_SIZE = " + std::to_string(o.rank / o.local_world_size) +
-        " (erasure-coded sets assume consecutive ranks per node)");
   // The set of this rank: the ranks of the same local rank on k consecutive nodes, which is
   // the group placement with k - 1 "replicas".
   CAIRN_ASSIGN_OR_RETURN(

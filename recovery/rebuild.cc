@@ -302,10 +302,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
           why = bytes.status();
         }
       } else {
-        const std::string& h = rec->pieces[static_cast<size_t>(x.piece)].header;
-        keep.emplace_back(reinterpret_cast<const std::byte*>(h.data()),
-                          reinterpret_cast<const std::byte*>(h.data()) + h.size());
-        buf = keep.back().data();
+        buf = rec->pieces[static_cast<size_t>(x.piece)].header.data();  // `records` outlives Finish
       }
     }
     if (!buf) {
