@@ -63,14 +63,34 @@ std::vector<CopyGroup> GroupCopies(std::span<const CopyChunk> chunks, std::span<
 }
 
 Status ChecksumAsTheyLand(Pool& pool, std::span<const uint32_t> group_of,
-                          const std::function<Status(size_t group)>& wait_group,
-                          const std::function<void(size_t chunk)>& checksum) {
-  TaskGroup sums(&pool);
+                          std::span<const size_t> group_bytes, size_t window_bytes,
+                          const LandingSteps& steps) {
+  const size_t groups = group_bytes.size();
+  size_t queued = 0;     // groups queued
+  size_t in_flight = 0;  // bytes queued and not yet landed
+  // Queues groups while the window has room (at least one group).
+  auto fill = [&]() -> Status {
+    while (queued < groups && (in_flight == 0 || window_bytes == 0 ||
+                               in_flight + group_bytes[queued] <= window_bytes)) {
+      CAIRN_RETURN_IF_ERROR(steps.enqueue(queued));
+      in_flight += group_bytes[queued];
+      if (++queued == groups) CAIRN_RETURN_IF_ERROR(steps.all_queued());
+    }
+    return Status::OK();
+  };
+  if (groups == 0) return steps.all_queued();
+  TaskGroup sums(&pool);  // its destructor waits for the checksums queued
+  CAIRN_RETURN_IF_ERROR(fill());
   size_t k = 0;
-  for (size_t g = 0; k < group_of.size(); ++g) {
-    Status st = wait_group(g);
-    if (!st.ok()) return st;  // sums waits for the checksums already queued
-    for (; k < group_of.size() && group_of[k] == g; ++k) sums.Run([&checksum, k] { checksum(k); });
+  for (size_t g = 0; g < groups; ++g) {
+    CAIRN_RETURN_IF_ERROR(steps.wait(g));
+    in_flight -= group_bytes[g];
+    // The next window only once the last one has landed whole: the device's copy queue
+    // runs empty between windows, and only then does a transfer the training queued get
+    // its turn.
+    if (in_flight == 0) CAIRN_RETURN_IF_ERROR(fill());
+    for (; k < group_of.size() && group_of[k] == g; ++k)
+      sums.Run([&steps, k] { steps.checksum(k); });
   }
   return Status::OK();
 }

@@ -151,16 +151,34 @@ struct CopyGroup {
 std::vector<CopyGroup> GroupCopies(std::span<const CopyChunk> chunks, std::span<const size_t> order,
                                    size_t max_bytes, std::vector<uint32_t>* group_of);
 
-// Checksums chunks as their copies land: the calling thread waits for groups 0, 1, ... in
-// order (`wait_group`, e.g. a CUDA event) and, as each is in, queues `checksum(k)` on
-// `pool` for every chunk k of it (group_of[k], non-decreasing), so the pool's threads are
-// busy while later bytes arrive. Only the calling thread waits on the copies. On the first
-// failed wait, no further chunk is checksummed and that error is returned once every
-// checksum queued has ended.
+// Lands a capture's copies a window at a time, checksumming chunks as they land. The
+// calling thread queues groups 0, 1, ... (`steps.enqueue`, e.g. a cudaMemcpyAsync and an
+// event) up to `window_bytes` (always at least one group; 0: every group at once), waits
+// for them in order (`steps.wait`) and queues the next window only when every group of the
+// last one has landed. As each group is in, it queues `steps.checksum(k)` on `pool` for
+// every chunk k of it (group_of[k], non-decreasing; group_bytes[g] its size), so the pool's
+// threads are busy while later bytes arrive. `steps.all_queued` runs once, right after the
+// last group was queued (with no group: at once). Only the calling thread queues and waits.
+//
+// Why windows that drain: a device's copy engine serves the copies queued in one
+// direction in order, and a transfer the training queues on its own stream (loss.item(),
+// a metric) got its turn only when cairn's queue ran empty. On an H200 such a 4-byte copy
+// waited 155 ms (the whole 8 GiB version) behind a version queued at once, and also
+// behind a window of 64 MiB kept full; when the window drained before the next was queued
+// it waited at most 1.2 ms (bench/gpu_parts, d2h_max_ms_*, docs/gpu.md).
+// On the first failed enqueue or wait, nothing more is queued or checksummed (chunks of
+// groups landed before may be) and that error is returned once every checksum queued has
+// ended; the caller must still wait for the copies queued so far.
+struct LandingSteps {
+  std::function<Status(size_t group)> enqueue;
+  std::function<Status()> all_queued;
+  std::function<Status(size_t group)> wait;
+  std::function<void(size_t chunk)> checksum;
+};
 class Pool;
 Status ChecksumAsTheyLand(Pool& pool, std::span<const uint32_t> group_of,
-                          const std::function<Status(size_t group)>& wait_group,
-                          const std::function<void(size_t chunk)>& checksum);
+                          std::span<const size_t> group_bytes, size_t window_bytes,
+                          const LandingSteps& steps);
 
 // Copies `n` bytes with non-temporal stores (the destination is not pulled into cache);
 // falls back to memcpy for small or unaligned tails. Safe for any alignment.
@@ -173,8 +191,12 @@ std::unique_ptr<CopyEngine> MakeHostCopyEngine(int threads);
 // True when the CUDA engine is compiled in and a CUDA device is usable.
 bool CudaDeviceAvailable();
 // The CUDA engine (copy stream, events, pinned slots). Unavailable when built without CUDA
-// or when no device is usable (the message says which).
-Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads);
+// or when no device is usable (the message says which). A capture queues its copies
+// `window_bytes` at a time, each window once the previous one has landed (0: the whole
+// version at once; see ChecksumAsTheyLand for why).
+inline constexpr size_t kCudaCopyWindowBytes = size_t{64} << 20;
+Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads,
+                                                       size_t window_bytes = kCudaCopyWindowBytes);
 
 // Picks the engine for `kind`: kAuto gives CUDA when a device is usable, else host.
 Result<std::unique_ptr<CopyEngine>> MakeCopyEngine(CopyEngineKind kind, int threads);

@@ -2,17 +2,20 @@
 // ordered after the stream that produced the tensors (see copy_engine.h).
 //
 // A capture: the copy stream waits for the producer's mark (recorded by save()), then one
-// cudaMemcpyAsync per group of chunks of one tensor, each followed by an event, then the
-// version's end mark. The capture thread waits for the group events in order, and the
-// chunks are checksummed on host threads while later ones are in flight, in one of two
-// ways (CAIRN_CUDA_LANDING, until a GPU run settles it: docs/gpu.md):
-//   batch (default)  one chunk per group; after each wait, every chunk landed by then is
-//                    checksummed, and only then does the next wait begin. On an H200 this
-//                    reached half the link (26.8 of 53.8 GB/s, 8 threads that checksum
-//                    58-75 GB/s alone; bench/gpu_parts).
-//   stream           groups up to kGroupBytes; each group's chunks are queued on the
-//                    checksum pool as soon as it has landed, its threads busy while later
-//                    bytes arrive.
+// cudaMemcpyAsync per group of chunks of one tensor (up to kGroupBytes), each followed by
+// an event, then the version's end mark. The capture thread queues the groups a window at
+// a time (ChecksumAsTheyLand: window_bytes, the next window once the last has landed),
+// waits for their events in order and, as each group lands, queues its chunks' checksums
+// on the checksum pool, whose threads are busy while later bytes arrive. Only the capture
+// thread calls CUDA.
+//
+// Windows, not the whole version at once: the device's copy engine serves queued copies
+// in order, and a version queued whole made every device-to-host transfer of the training
+// behind it wait for all of it (loss.item() waited 155 ms per 8 GiB iteration on an H200,
+// and each iteration grew by the copy's time although the copy overlapped the forward and
+// backward; docs/gpu.md). The cost: the end mark is recorded only when the last group is
+// queued, so fence() waits on the host until then (the GPU meanwhile runs the forward and
+// backward queued before it).
 // Slots are registered (pinned) once, when the host tier maps or grows them, never per save.
 //
 // Compiled only when CMake finds the CUDA toolkit; without a usable device every entry
@@ -20,9 +23,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/checksum.h"
@@ -124,13 +129,10 @@ struct DeviceState {
 
 class CudaCopyEngine final : public CopyEngine {
  public:
-  CudaCopyEngine(int device, int checksum_threads, bool stream_landing)
+  CudaCopyEngine(int device, int checksum_threads, size_t window_bytes)
       : copy_device_(device),
-        stream_landing_(stream_landing),
-        batch_max_(static_cast<size_t>(checksum_threads) * 4),
-        pool_(stream_landing ? std::make_unique<Pool>("cairn-checksum", checksum_threads,
-                                                      ThreadPriority::kBatch)
-                             : nullptr),
+        window_bytes_(window_bytes),
+        pool_(std::make_unique<Pool>("cairn-checksum", checksum_threads, ThreadPriority::kBatch)),
         host_(MakeHostCopyEngine(checksum_threads)) {}
 
   ~CudaCopyEngine() override {
@@ -185,34 +187,40 @@ class CudaCopyEngine final : public CopyEngine {
                  uint64_t* checksums,
                  const std::function<void(std::shared_ptr<StreamMark>)>& queued) override {
     const ByMemory m = SplitByMemory(chunks);
-    const std::vector<size_t>& dev = m.device_index;
-    DeviceGuard guard;
-    DeviceState* d = nullptr;
-    std::shared_ptr<StreamMark> done;
-    std::vector<uint32_t> group_of;  // dev[k]'s copy group
-    if (!dev.empty()) {
-      CAIRN_ASSIGN_OR_RETURN(d, State(device));
-      Status st = Enqueue(d, device, after, chunks, dev, &group_of, &done);
-      if (!st.ok()) {
-        cudaStreamSynchronize(d->stream);
-        return st;
-      }
-    }
-    // Host shards are copied while the device copies run (the host engine checksums them
-    // as it copies).
-    if (!m.host.empty()) {
+    if (m.device_index.empty()) {
       std::vector<uint64_t> sums(m.host.size());
-      Status st = host_->Copy(m.host, sums.data());
-      if (!st.ok()) {
-        if (d) cudaStreamSynchronize(d->stream);
-        return st;
-      }
+      CAIRN_RETURN_IF_ERROR(host_->Copy(m.host, sums.data()));
       for (size_t k = 0; k < m.host.size(); ++k) checksums[m.host_index[k]] = sums[k];
+      queued(nullptr);
+      return Status::OK();
     }
-    queued(done);
-    if (!d) return Status::OK();
-    return stream_landing_ ? LandStreaming(d, chunks, dev, group_of, checksums)
-                           : LandInBatches(d, chunks, dev, group_of, checksums);
+    DeviceGuard guard;
+    CAIRN_ASSIGN_OR_RETURN(DeviceState * d, State(device));
+    // Host shards are copied (and checksummed) by host threads while the device copies run,
+    // and before the end mark is handed to fence(), which covers them too.
+    std::vector<uint64_t> host_sums(m.host.size());
+    Status host_st;
+    std::thread host_copy;
+    if (!m.host.empty())
+      host_copy = std::thread([&] { host_st = host_->Copy(m.host, host_sums.data()); });
+    auto join_host = [&]() -> Status {
+      if (host_copy.joinable()) host_copy.join();
+      return host_st;
+    };
+    Status st = Land(
+        d, device, after, chunks, m.device_index, checksums,
+        [&]() -> Status {
+          CAIRN_RETURN_IF_ERROR(join_host());
+          for (size_t k = 0; k < m.host.size(); ++k) checksums[m.host_index[k]] = host_sums[k];
+          return Status::OK();
+        },
+        queued);
+    const Status hs = join_host();
+    if (!st.ok()) {
+      cudaStreamSynchronize(d->stream);  // the copies queued so far, before the slot is reused
+      return st;
+    }
+    return hs;
   }
 
   void ChecksumHost(std::span<const HostRange> ranges, uint64_t* out) override {
@@ -301,19 +309,20 @@ class CudaCopyEngine final : public CopyEngine {
     return out;
   }
 
-  // Queues the device chunks `dev` of `chunks` on d's stream after `after`: runs of
-  // contiguous chunks (source and destination) up to kGroupBytes as one copy with an
-  // event after it (group_of[k]: the group of dev[k]), and the end mark after the last.
-  Status Enqueue(DeviceState* d, int device, const StreamMark* after,
-                 std::span<const CopyChunk> chunks, const std::vector<size_t>& dev,
-                 std::vector<uint32_t>* group_of, std::shared_ptr<StreamMark>* done) {
+  // Copies the device chunks `dev` of `chunks` on d's stream after `after` and checksums
+  // them as they land: runs of contiguous chunks of one tensor up to kGroupBytes as one copy
+  // with an event after it, at most window_bytes_ in flight (ChecksumAsTheyLand). After the
+  // last group is queued: `host_done()` (the host shards copied), the end mark, queued(mark).
+  Status Land(DeviceState* d, int device, const StreamMark* after,
+              std::span<const CopyChunk> chunks, const std::vector<size_t>& dev,
+              uint64_t* checksums, const std::function<Status()>& host_done,
+              const std::function<void(std::shared_ptr<StreamMark>)>& queued) {
     CAIRN_CUDA_CHECK(cudaSetDevice(device));
     if (after)
       CAIRN_CUDA_CHECK(
           cudaStreamWaitEvent(d->stream, static_cast<const CudaMark*>(after)->event(), 0));
-    // The batch landing copies chunk by chunk, as measured; the streaming one in groups.
-    const std::vector<CopyGroup> groups =
-        GroupCopies(chunks, dev, stream_landing_ ? kGroupBytes : 0, group_of);
+    std::vector<uint32_t> group_of;
+    const std::vector<CopyGroup> groups = GroupCopies(chunks, dev, kGroupBytes, &group_of);
     while (d->group_events.size() < groups.size()) {
       cudaEvent_t e = nullptr;
       // Blocking sync: the capture thread sleeps while a group is in flight instead of
@@ -322,83 +331,38 @@ class CudaCopyEngine final : public CopyEngine {
           cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
       d->group_events.push_back(e);
     }
-    for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<size_t> group_bytes(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) group_bytes[g] = groups[g].bytes;
+    LandingSteps steps;
+    steps.enqueue = [&](size_t g) -> Status {
       CAIRN_CUDA_CHECK(cudaMemcpyAsync(groups[g].dst, groups[g].src, groups[g].bytes,
                                        cudaMemcpyDefault, d->stream));
       CAIRN_CUDA_CHECK(cudaEventRecord(d->group_events[g], d->stream));
-    }
-    CAIRN_ASSIGN_OR_RETURN(auto mark, NewMark(device));
-    CAIRN_CUDA_CHECK(cudaEventRecord(mark->event(), d->stream));
-    *done = std::move(mark);
-    return Status::OK();
-  }
-
-  // Streaming landing (CAIRN_CUDA_LANDING=stream): checksums every device chunk as it
-  // lands. This thread waits for the group events in order and, as each group is in, queues
-  // its chunks' checksums on the pool, so the checksum threads are busy while later bytes
-  // arrive. Only this thread calls CUDA: checksum threads waiting in the driver too would
-  // contend with the training thread's kernel launches for the driver's locks.
-  Status LandStreaming(DeviceState* d, std::span<const CopyChunk> chunks,
-                       const std::vector<size_t>& dev, const std::vector<uint32_t>& group_of,
-                       uint64_t* checksums) {
-    Status st = ChecksumAsTheyLand(
-        *pool_, group_of,
-        [&](size_t g) -> Status {
-          const cudaError_t e = cudaEventSynchronize(d->group_events[g]);
-          if (e != cudaSuccess) return CudaFailure("cudaEventSynchronize (capture chunk)", e);
-          return Status::OK();
-        },
-        [&](size_t k) {
-          const CopyChunk& c = chunks[dev[k]];
-          checksums[dev[k]] = Checksum(c.dst, c.bytes);
-          CAIRN_KILL_POINT("capture.copy_chunk");
-        });
-    if (!st.ok()) cudaStreamSynchronize(d->stream);
-    return st;
-  }
-
-  // Batch landing (the default): waits for the groups in order; checksums every chunk
-  // landed by then on the host threads, and only then waits for the next.
-  Status LandInBatches(DeviceState* d, std::span<const CopyChunk> chunks,
-                       const std::vector<size_t>& dev, const std::vector<uint32_t>& group_of,
-                       uint64_t* checksums) {
-    std::vector<HostRange> ranges;
-    std::vector<uint64_t> sums;
-    size_t k = 0;
-    while (k < dev.size()) {
-      cudaError_t e = cudaEventSynchronize(d->group_events[group_of[k]]);
-      if (e != cudaSuccess) {
-        cudaStreamSynchronize(d->stream);
-        return CudaFailure("cudaEventSynchronize (capture chunk)", e);
-      }
-      size_t end = k + 1;
-      while (end < dev.size() && end - k < batch_max_) {
-        if (group_of[end] != group_of[end - 1]) {
-          const cudaError_t q = cudaEventQuery(d->group_events[group_of[end]]);
-          if (q != cudaSuccess) {
-            (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the last error
-            break;
-          }
-        }
-        ++end;
-      }
-      ranges.clear();
-      for (size_t j = k; j < end; ++j) ranges.push_back({chunks[dev[j]].dst, chunks[dev[j]].bytes});
-      sums.resize(ranges.size());
-      host_->ChecksumHost(ranges, sums.data());
-      for (size_t j = k; j < end; ++j) checksums[dev[j]] = sums[j - k];
+      return Status::OK();
+    };
+    steps.all_queued = [&]() -> Status {
+      CAIRN_RETURN_IF_ERROR(host_done());
+      CAIRN_ASSIGN_OR_RETURN(auto mark, NewMark(device));
+      CAIRN_CUDA_CHECK(cudaEventRecord(mark->event(), d->stream));
+      queued(std::move(mark));
+      return Status::OK();
+    };
+    steps.wait = [&](size_t g) -> Status {
+      const cudaError_t e = cudaEventSynchronize(d->group_events[g]);
+      if (e != cudaSuccess) return CudaFailure("cudaEventSynchronize (capture chunk)", e);
+      return Status::OK();
+    };
+    steps.checksum = [&](size_t k) {
+      const CopyChunk& c = chunks[dev[k]];
+      checksums[dev[k]] = Checksum(c.dst, c.bytes);
       CAIRN_KILL_POINT("capture.copy_chunk");
-      k = end;
-    }
-    return Status::OK();
+    };
+    return ChecksumAsTheyLand(*pool_, group_of, group_bytes, window_bytes_, steps);
   }
 
-  int copy_device_;  // Copy()'s device: the engine's, or the last OrderAfter's
-  const bool stream_landing_;
-  const size_t batch_max_;  // chunks checksummed at once by the batch landing
-  // The device chunks' checksums of the streaming landing (the batch landing checksums on
-  // host_'s threads).
-  const std::unique_ptr<Pool> pool_;
+  int copy_device_;                   // Copy()'s device: the engine's, or the last OrderAfter's
+  const size_t window_bytes_;         // capture bytes in flight at most (0: no limit)
+  const std::unique_ptr<Pool> pool_;  // the device chunks' checksums
   std::unique_ptr<CopyEngine> host_;  // host chunks, their checksums
   Mutex mu_;                          // guards states_ (MarkStream runs on another thread)
   std::map<int, std::unique_ptr<DeviceState>> states_ CAIRN_GUARDED_BY(mu_);
@@ -419,7 +383,7 @@ bool CudaDeviceAvailable() {
   return OpenDevice(&device).ok();
 }
 
-Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads) {
+Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads, size_t window_bytes) {
   int device = 0;
   Status st = OpenDevice(&device);
   if (!st.ok())
@@ -427,14 +391,13 @@ Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads) {
   // One core checksums bytes that just came from the link at about 7 GB/s (an H200's host,
   // bench/gpu_parts), a PCIe 5 link delivers 54: at least 8 threads keep CAPTURED close
   // behind the last byte.
-  // The landing is a diagnostic choice until a GPU run settles it (docs/gpu.md).
-  const char* landing = std::getenv("CAIRN_CUDA_LANDING");
-  const std::string_view l = landing ? landing : "batch";
-  if (l != "batch" && l != "stream")
-    return Status::InvalidArgument("CAIRN_CUDA_LANDING must be batch or stream, not '" +
-                                   std::string(l) + "'");
+  // A diagnostic override of the window, for A/B runs on a GPU (docs/settings.md).
+  if (const char* w = std::getenv("CAIRN_CUDA_COPY_WINDOW")) {
+    CAIRN_ASSIGN_OR_RETURN(const uint64_t v, ParseByteCount(w, "CAIRN_CUDA_COPY_WINDOW"));
+    window_bytes = v;
+  }
   return std::unique_ptr<CopyEngine>(
-      new CudaCopyEngine(device, std::max(threads, kMinChecksumThreads), l == "stream"));
+      new CudaCopyEngine(device, std::max(threads, kMinChecksumThreads), window_bytes));
 }
 
 }  // namespace cairn

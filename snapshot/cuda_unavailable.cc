@@ -7,8 +7,8 @@ bool CudaDeviceAvailable() {
   return false;
 }
 
-Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads) {
-  (void)threads;
+Result<std::unique_ptr<CopyEngine>> MakeCudaCopyEngine(int threads, size_t window_bytes) {
+  (void)threads, (void)window_bytes;
   return Status::Unavailable(
       "this build of cairn has no CUDA copy engine (CUDA toolkit not found at configure time)");
 }

@@ -147,7 +147,7 @@ TEST(GroupCopies, OnlyChunksThatContinueATensorJoinAndEveryChunkLandsOnce) {
   EXPECT_EQ(group_of, (std::vector<uint32_t>{0, 0, 1, 1, 2, 3, 4, 5}));
 }
 
-// The streaming landing's core, with sleeps for copies: every chunk is checksummed exactly
+// The CUDA engine's landing, with sleeps for copies: every chunk is checksummed exactly
 // once and never before its group has landed, checksums run while later groups are still
 // in flight (the last group lands only once some chunk was checksummed: a landing that
 // checksummed only after every copy would time out here), and after a failed wait no
@@ -156,30 +156,33 @@ TEST(ChecksumAsTheyLand, EachChunkOnceAfterItsGroupLandsWhileLaterGroupsAreInFli
   Pool pool("test", 4);
   const std::vector<uint32_t> group_of = {0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 4, 5, 5, 6, 7, 7};
   const size_t groups = 8;
+  const std::vector<size_t> group_bytes(groups, 10);
   for (const size_t fail_at : {groups, size_t{3}}) {
     std::vector<std::atomic<bool>> landed(groups);
     std::vector<std::atomic<int>> done(group_of.size());
     std::atomic<int> checksummed{0};
     bool overlapped = false;
-    Status st = ChecksumAsTheyLand(
-        pool, group_of,
-        [&](size_t g) -> Status {
-          std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          if (g == fail_at) return Status::IOError("group " + std::to_string(g) + " failed");
-          if (g == groups - 1) {
-            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-            while (checksummed.load() == 0 && std::chrono::steady_clock::now() < deadline)
-              std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            overlapped = checksummed.load() > 0;
-          }
-          landed[g] = true;
-          return Status::OK();
-        },
-        [&](size_t k) {
-          EXPECT_TRUE(landed[group_of[k]].load()) << "chunk " << k << " before its group";
-          ++done[k];
-          ++checksummed;
-        });
+    LandingSteps steps;
+    steps.enqueue = [](size_t) { return Status::OK(); };
+    steps.all_queued = [] { return Status::OK(); };
+    steps.wait = [&](size_t g) -> Status {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (g == fail_at) return Status::IOError("group " + std::to_string(g) + " failed");
+      if (g == groups - 1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (checksummed.load() == 0 && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        overlapped = checksummed.load() > 0;
+      }
+      landed[g] = true;
+      return Status::OK();
+    };
+    steps.checksum = [&](size_t k) {
+      EXPECT_TRUE(landed[group_of[k]].load()) << "chunk " << k << " before its group";
+      ++done[k];
+      ++checksummed;
+    };
+    Status st = ChecksumAsTheyLand(pool, group_of, group_bytes, 0, steps);
     for (size_t k = 0; k < group_of.size(); ++k) {
       if (fail_at == groups || group_of[k] >= fail_at)
         EXPECT_EQ(done[k].load(), fail_at == groups ? 1 : 0) << "chunk " << k;
@@ -194,10 +197,103 @@ TEST(ChecksumAsTheyLand, EachChunkOnceAfterItsGroupLandsWhileLaterGroupsAreInFli
       EXPECT_NE(st.message().find("group 3"), std::string::npos) << st.ToString();
     }
   }
+}
+
+// The windows: groups are queued in order, each once, never more than window_bytes queued
+// and not landed (a group larger than the window goes alone), and a window is queued only
+// once every group of the last one has landed (the device's copy queue must run empty for a
+// transfer of the training to get its turn); every group is queued before it is waited
+// for; all_queued runs once, right after the last group is queued, while groups are
+// still in flight (the fence gets the end mark before the last bytes land); with window 0
+// everything is queued before the first wait. A failed enqueue stops the landing with its
+// error: nothing after it is queued and all_queued never runs. Without groups all_queued
+// runs at once.
+TEST(ChecksumAsTheyLand, QueuesAWindowOnlyWhenTheLastHasLandedAndSaysWhenAllAreQueued) {
+  Pool pool("test", 2);
+  const std::vector<size_t> group_bytes = {16, 16, 16, 40, 16, 8, 8, 16, 16, 16};
+  std::vector<uint32_t> group_of;
+  for (uint32_t g = 0; g < group_bytes.size(); ++g) group_of.insert(group_of.end(), 2, g);
+  for (const size_t window : {size_t{0}, size_t{16}, size_t{32}, size_t{48}, size_t{1000}}) {
+    for (const size_t fail_enqueue : {group_bytes.size(), size_t{6}}) {
+      SCOPED_TRACE("window " + std::to_string(window) + ", failing enqueue " +
+                   std::to_string(fail_enqueue));
+      std::vector<size_t> order;  // groups in the order queued
+      bool waited_since_enqueue = false;
+      size_t in_flight = 0, max_in_flight = 0, waited = 0, all_queued = 0;
+      size_t queued_before_first_wait = 0, landed_at_all_queued = 0;
+      std::atomic<int> checksums{0};
+      LandingSteps steps;
+      steps.enqueue = [&](size_t g) -> Status {
+        if (g == fail_enqueue) return Status::IOError("enqueue " + std::to_string(g));
+        EXPECT_EQ(g, order.size());
+        // A window starts only on an empty queue; within one, groups follow each other.
+        if (waited_since_enqueue) {
+          EXPECT_EQ(in_flight, 0u) << "group " << g << " queued while others were in flight";
+        }
+        waited_since_enqueue = false;
+        order.push_back(g);
+        in_flight += group_bytes[g];
+        // More than the window only when this group is the only one in flight.
+        if (window != 0 && in_flight > window) {
+          EXPECT_EQ(in_flight, group_bytes[g]) << g;
+        }
+        max_in_flight = std::max(max_in_flight, in_flight);
+        return Status::OK();
+      };
+      steps.all_queued = [&] {
+        ++all_queued;
+        EXPECT_EQ(order.size(), group_bytes.size());
+        landed_at_all_queued = waited;
+        return Status::OK();
+      };
+      steps.wait = [&](size_t g) -> Status {
+        if (waited == 0) queued_before_first_wait = order.size();
+        EXPECT_EQ(g, waited);
+        EXPECT_LT(g, order.size()) << "waited for a group never queued";
+        in_flight -= group_bytes[g];
+        waited_since_enqueue = true;
+        ++waited;
+        return Status::OK();
+      };
+      steps.checksum = [&](size_t) { ++checksums; };
+      const Status st = ChecksumAsTheyLand(pool, group_of, group_bytes, window, steps);
+      if (fail_enqueue < group_bytes.size()) {
+        EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
+        EXPECT_NE(st.message().find("enqueue 6"), std::string::npos) << st.ToString();
+        EXPECT_EQ(order.size(), fail_enqueue);
+        EXPECT_EQ(all_queued, 0u);
+        EXPECT_LE(waited, fail_enqueue);
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(order.size(), group_bytes.size());
+      EXPECT_EQ(waited, group_bytes.size());
+      EXPECT_EQ(checksums.load(), static_cast<int>(group_of.size()));
+      EXPECT_EQ(all_queued, 1u);
+      if (window == 0 || window >= 1000) {
+        EXPECT_EQ(queued_before_first_wait, group_bytes.size());
+        EXPECT_EQ(landed_at_all_queued, 0u);
+      } else {
+        EXPECT_LE(max_in_flight, std::max<size_t>(window, 40));
+        EXPECT_LT(queued_before_first_wait, group_bytes.size());
+        EXPECT_GT(landed_at_all_queued, 0u);
+        // The last group is queued as soon as the window has room for it, not at the end.
+        EXPECT_LT(landed_at_all_queued, group_bytes.size());
+      }
+    }
+  }
   // Nothing to land.
-  EXPECT_TRUE(ChecksumAsTheyLand(
-                  pool, {}, [](size_t) { return Status::OK(); }, [](size_t) { FAIL(); })
-                  .ok());
+  size_t all_queued = 0;
+  LandingSteps none;
+  none.enqueue = [](size_t) -> Status { return Status::Internal("nothing to queue"); };
+  none.all_queued = [&] {
+    ++all_queued;
+    return Status::OK();
+  };
+  none.wait = [](size_t) -> Status { return Status::Internal("nothing to wait for"); };
+  none.checksum = [](size_t) { FAIL(); };
+  EXPECT_TRUE(ChecksumAsTheyLand(pool, {}, {}, 16, none).ok());
+  EXPECT_EQ(all_queued, 1u);
 }
 
 // Records the chunks of every capture, copying with the host engine.
