@@ -10,20 +10,24 @@
 //   raw_anon       the same into anonymous memory (MADV_HUGEPAGE), pinned likewise
 //   raw_huge_slot  the same into a slot file of --huge-root (a tmpfs with huge=always)
 //   events_slot    raw_slot with an event after each chunk, waited for in order
-//   batch_slot_T   cairn's CUDA engine capturing into the slot with T checksum threads
-//                  (the engine uses at least 8), landing in batches (CAIRN_CUDA_LANDING=
-//                  batch: wait for a chunk, checksum every chunk landed by then, repeat)
-//   stream_slot_T  the same landing as a stream (CAIRN_CUDA_LANDING=stream: each chunk is
-//                  checksummed as soon as its group lands, on every thread at once)
-//   batch_big_T, stream_big_T  the same with --big-chunk chunks
+//   stream_slot_T  cairn's CUDA engine capturing into the slot with T checksum threads
+//                  (the engine uses at least 8): groups of up to 16 MiB queued a window
+//                  (64 MiB) at a time, the next once the last has landed, each group's
+//                  chunks checksummed as it lands
+//   all_slot_T     the same with the whole version queued at once (window 0)
+//   stream_big_T   stream_slot_T with --big-chunk chunks
 //   raw_slot_under_checksum_T  raw_slot while T threads checksum other memory: whether
-//                  host memory traffic alone slows the link's writes
+//                  host memory traffic alone slows the link's writes; and how fast those
+//                  threads checksum while the link writes (checksum_under_copy_T)
 //   checksum_T     the engine's checksums alone of the slot's bytes, T threads (host only)
 //   persist        MappedFile::Persist of the slot (the commit's msync)
 // While each arm runs, another thread queues tiny cudaMemsetAsync calls on a stream of its
 // own, as a training thread queues kernels, and the mean host time of one such call is
 // reported per arm (launch_us_<arm>; idle: launch_us_idle): what a capture costs the
-// training thread's launches (the driver's locks it may contend for).
+// training thread's launches (the driver's locks it may contend for). Every 16th call it
+// also copies 4 bytes from the device to the host and waits for them: the mean and the
+// longest such wait (d2h_ms_<arm>, d2h_max_ms_<arm>) are what a loss.item() of the training
+// waits behind the arm's copies.
 //
 //   gpu_parts [--bytes 4G] [--chunk 4M] [--big-chunk 64M] [--threads 8,16] [--rounds 3]
 //             [--host-root /dev/shm] [--huge-root DIR]
@@ -151,14 +155,13 @@ int main(int argc, char** argv) {
     }
     Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   };
-  // The engine with each landing (CAIRN_CUDA_LANDING, read when an engine is made).
+  // The engine with its window, and with the whole version queued at once.
   std::map<std::pair<std::string, int>, std::unique_ptr<CopyEngine>> engines;
-  for (const char* landing : {"batch", "stream"}) {
-    ::setenv("CAIRN_CUDA_LANDING", landing, 1);
+  for (const char* kind : {"stream", "all"}) {
     for (int t : threads) {
-      auto e = MakeCudaCopyEngine(t);
+      auto e = MakeCudaCopyEngine(t, kind == std::string("all") ? 0 : kCudaCopyWindowBytes);
       Check(e.status(), "the CUDA engine");
-      engines[{landing, t}] = std::move(*e);
+      engines[{kind, t}] = std::move(*e);
     }
   }
 
@@ -172,6 +175,7 @@ int main(int argc, char** argv) {
           "Capture");
   };
 
+  std::map<std::string, std::vector<double>> hashed;  // GB/s checksummed during a copy
   std::vector<std::pair<std::string, std::function<void()>>> arms = {
       {"idle", [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }},
       {"raw_alloc", [&] { raw(alloc, chunk, false); }},
@@ -182,30 +186,37 @@ int main(int argc, char** argv) {
   };
   if (huge) arms.push_back({"raw_huge_slot", [&] { raw(huge->data(), chunk, false); }});
   for (int t : threads) {
-    CopyEngine* b = engines[{"batch", t}].get();
+    CopyEngine* all = engines[{"all", t}].get();
     CopyEngine* e = engines[{"stream", t}].get();
-    arms.push_back({"batch_slot_" + std::to_string(t), [=, &capture] { capture(b, chunk); }});
-    arms.push_back({"batch_big_" + std::to_string(t), [=, &capture] { capture(b, big); }});
+    arms.push_back({"all_slot_" + std::to_string(t), [=, &capture] { capture(all, chunk); }});
     arms.push_back({"stream_slot_" + std::to_string(t), [=, &capture] { capture(e, chunk); }});
     arms.push_back({"stream_big_" + std::to_string(t), [=, &capture] { capture(e, big); }});
     // The raw copy while T threads checksum other memory at full speed: whether host
     // memory traffic alone slows the link's writes into the slot.
     arms.push_back(
-        {"raw_slot_under_checksum_" + std::to_string(t), [=, &raw, &slot] {
+        {"raw_slot_under_checksum_" + std::to_string(t), [=, &raw, &slot, &hashed] {
            std::atomic<bool> stop{false};
+           uint64_t bytes = 0;
+           const int64_t t0 = NowNanos();
            std::thread hog([&] {
              std::vector<HostRange> ranges;
              for (uint64_t off = 0; off < n; off += chunk)
                ranges.push_back({static_cast<std::byte*>(anon) + off, std::min(chunk, n - off)});
              std::vector<uint64_t> sums(ranges.size());
-             for (size_t i = 0; !stop.load(); i = (i + 4 * t) % ranges.size())
-               e->ChecksumHost(
-                   std::span(ranges).subspan(i, std::min<size_t>(4 * t, ranges.size() - i)),
-                   sums.data());
+             for (size_t i = 0; !stop.load(); i = (i + 4 * t) % ranges.size()) {
+               const auto batch =
+                   std::span(ranges).subspan(i, std::min<size_t>(4 * t, ranges.size() - i));
+               e->ChecksumHost(batch, sums.data());
+               if (!stop.load())
+                 for (const HostRange& r : batch) bytes += r.bytes;
+             }
            });
            raw(slot->data(), chunk, false);
+           const double copy_s = NanosToSeconds(NowNanos() - t0);
            stop = true;
            hog.join();
+           hashed["checksum_under_copy_" + std::to_string(t)].push_back(static_cast<double>(bytes) /
+                                                                        copy_s / 1e9);
          }});
     arms.push_back({"checksum_" + std::to_string(t), [=, &slot] {
                       std::vector<HostRange> ranges;
@@ -222,15 +233,29 @@ int main(int argc, char** argv) {
   Check(cudaMalloc(&probe_buf, 256), "cudaMalloc (probe)");
   cudaStream_t probe_stream = nullptr;
   Check(cudaStreamCreateWithFlags(&probe_stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  auto probed = [&](const std::function<void()>& fn, double* launch_us) {
+  void* probe_host = nullptr;
+  Check(cudaHostAlloc(&probe_host, 256, cudaHostAllocPortable), "cudaHostAlloc (probe)");
+  struct Probe {
+    double launch_us = 0, d2h_ms = 0, d2h_max_ms = 0;
+  };
+  auto probed = [&](const std::function<void()>& fn, Probe* out) {
     std::atomic<bool> stop{false};
-    int64_t calls = 0, call_ns = 0;
+    int64_t calls = 0, call_ns = 0, d2h = 0, d2h_ns = 0, d2h_max_ns = 0;
     std::thread probe([&] {
       while (!stop.load(std::memory_order_relaxed)) {
         const int64_t t0 = NowNanos();
         Check(cudaMemsetAsync(probe_buf, calls & 0xff, 256, probe_stream), "cudaMemsetAsync");
         call_ns += NowNanos() - t0;
-        if (++calls % 64 == 0) Check(cudaStreamSynchronize(probe_stream), "probe sync");
+        if (++calls % 16 == 0) {  // what a loss.item() waits for
+          const int64_t t1 = NowNanos();
+          Check(cudaMemcpyAsync(probe_host, probe_buf, 4, cudaMemcpyDeviceToHost, probe_stream),
+                "cudaMemcpyAsync (probe)");
+          Check(cudaStreamSynchronize(probe_stream), "probe sync");
+          const int64_t dt = NowNanos() - t1;
+          ++d2h;
+          d2h_ns += dt;
+          d2h_max_ns = std::max(d2h_max_ns, dt);
+        }
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     });
@@ -238,21 +263,27 @@ int main(int argc, char** argv) {
     stop = true;
     probe.join();
     Check(cudaStreamSynchronize(probe_stream), "probe sync");
-    *launch_us = calls ? static_cast<double>(call_ns) / static_cast<double>(calls) / 1e3 : 0;
+    out->launch_us = calls ? static_cast<double>(call_ns) / static_cast<double>(calls) / 1e3 : 0;
+    out->d2h_ms = d2h ? static_cast<double>(d2h_ns) / static_cast<double>(d2h) / 1e6 : 0;
+    out->d2h_max_ms = static_cast<double>(d2h_max_ns) / 1e6;
   };
 
   for (auto& [name, fn] : arms) fn();  // warm up: every path once
-  std::map<std::string, std::vector<double>> seconds, launch;
+  hashed.clear();
+  std::map<std::string, std::vector<double>> seconds, launch, d2h, d2h_max;
   for (int r = 0; r < rounds; ++r) {
     for (auto& [name, fn] : arms) {
       const int64_t t0 = NowNanos();
-      double us = 0;
-      probed(fn, &us);
+      Probe p;
+      probed(fn, &p);
       const double s = NanosToSeconds(NowNanos() - t0);
       seconds[name].push_back(s);
-      launch[name].push_back(us);
-      std::printf("round %d %-16s %8.2f ms %7.2f GB/s  launch %6.2f us\n", r, name.c_str(), s * 1e3,
-                  static_cast<double>(n) / s / 1e9, us);
+      launch[name].push_back(p.launch_us);
+      d2h[name].push_back(p.d2h_ms);
+      d2h_max[name].push_back(p.d2h_max_ms);
+      std::printf("round %d %-28s %8.2f ms %7.2f GB/s  launch %6.2f us  d2h %7.3f ms (max %7.3f)\n",
+                  r, name.c_str(), s * 1e3, static_cast<double>(n) / s / 1e9, p.launch_us, p.d2h_ms,
+                  p.d2h_max_ms);
       std::fflush(stdout);
     }
   }
@@ -268,8 +299,13 @@ int main(int argc, char** argv) {
     if (name != "idle")
       j[name + "_gbps"] =
           std::round(static_cast<double>(n) / bench::Median(seconds[name]) / 1e7) / 100.0;
+  for (auto& [name, v] : hashed) j[name + "_gbps"] = std::round(bench::Median(v) * 100) / 100.0;
   for (auto& [name, fn] : arms)
     j["launch_us_" + name] = std::round(bench::Median(launch[name]) * 100) / 100.0;
+  for (auto& [name, fn] : arms)
+    j["d2h_ms_" + name] = std::round(bench::Median(d2h[name]) * 1000) / 1000.0;
+  for (auto& [name, fn] : arms)
+    j["d2h_max_ms_" + name] = std::round(bench::Median(d2h_max[name]) * 1000) / 1000.0;
   std::printf("%s\n", j.dump().c_str());
 
   cudaHostUnregister(slot->data());
@@ -279,6 +315,7 @@ int main(int argc, char** argv) {
   cudaFreeHost(alloc);
   cudaFree(src);
   cudaFree(probe_buf);
+  cudaFreeHost(probe_host);
   cudaStreamDestroy(stream);
   cudaStreamDestroy(probe_stream);
   return 0;

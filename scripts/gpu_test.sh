@@ -356,7 +356,7 @@ do_bench() {
   fi
   local left=$((call_s - $(elapsed) - 60))
   ((left > 120)) || fail "only $left s left in this call: run the bench step in a call of its own"
-  say "bench/gpu_capture.py --bytes $bytes --max-seconds $left ${CAIRN_BENCH_ARGS:-}${CAIRN_CUDA_LANDING:+ (CAIRN_CUDA_LANDING=$CAIRN_CUDA_LANDING)}"
+  say "bench/gpu_capture.py --bytes $bytes --max-seconds $left ${CAIRN_BENCH_ARGS:-}${CAIRN_CUDA_COPY_WINDOW:+ (CAIRN_CUDA_COPY_WINDOW=$CAIRN_CUDA_COPY_WINDOW)}"
   set +e
   # shellcheck disable=SC2086
   PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 "$py" "$root/bench/gpu_capture.py" \
