@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "core/clock.h"
@@ -216,7 +217,9 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   TraceSpan span("rebuild", "restore");
   const int64_t t0 = NowNanos();
   RebuildReport report;
+  std::optional<TraceSpan> phase;  // the phases, in the trace under "rebuild"
   // 1. inventory
+  phase.emplace("rebuild inventory", "restore");
   RebuildHoldings mine;
   for (const VersionInfo& v : env.own->Versions()) mine.own_steps.push_back(v.step);
   std::vector<ParityRecord> records = env.parity ? env.parity->List() : std::vector<ParityRecord>{};
@@ -242,6 +245,8 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     all.push_back(std::move(h));
   }
   // 2. plan
+  phase.reset();
+  phase.emplace("rebuild plan", "restore");
   const RebuildPlan plan = PlanRebuild(all);
   if (plan.step < 0) {
     if (!plan.not_rebuildable.empty() && env.log && env.rank == 0) {
@@ -257,6 +262,8 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   report.step = plan.step;
   report.lost = plan.lost;
   // 3. transfer: this rank's sends, then its receives
+  phase.reset();
+  phase.emplace("rebuild transfers", "restore");
   std::unique_ptr<HostTier::View> pinned;
   Status pin_error;
   bool pinned_tried = false;
@@ -320,7 +327,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   // (a data piece shorter than its stripe ends in zeros).
   struct Incoming {
     const RebuildTarget* target;
-    std::vector<std::vector<std::vector<std::byte>>> pieces;  // [stripe][received]
+    std::vector<std::vector<std::unique_ptr<std::byte[]>>> pieces;  // [stripe][received]
     std::string header;
   };
   std::vector<Incoming> incoming;
@@ -332,7 +339,8 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     for (const auto& stripe : t.stripes) {
       in.pieces.emplace_back();
       for (size_t i = 0; i < stripe.index.size(); ++i)
-        in.pieces.back().emplace_back(stripe.len, std::byte{0});
+        // Not zeroed: the transfer fills it, up to its length (the tail is zeroed below).
+        in.pieces.back().emplace_back(new std::byte[stripe.len]);
     }
     incoming.push_back(std::move(in));
   }
@@ -345,7 +353,9 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
       const auto& stripe = t.stripes[s];
       for (size_t i = 0; i < stripe.index.size(); ++i) {
         const RebuildTransfer& x = *by_seq.at(stripe.seq[i]);
-        Status st = env.transport->PostRecv(x.sender, x.seq, in.pieces[s][i].data(), x.bytes);
+        std::byte* buf = in.pieces[s][i].get();
+        if (x.bytes < stripe.len) std::memset(buf + x.bytes, 0, stripe.len - x.bytes);
+        Status st = env.transport->PostRecv(x.sender, x.seq, buf, std::min(x.bytes, stripe.len));
         if (!st.ok() && recv_error.ok()) recv_error = st;
       }
     }
@@ -363,6 +373,8 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     return report;
   }
   // 4. decode, verify, publish
+  phase.reset();
+  phase.emplace("rebuild decode verify publish", "restore");
   for (Incoming& in : incoming) {
     const RebuildTarget& t = *in.target;
     auto fail = [&](const Status& why) {
@@ -375,22 +387,8 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
       fail(code.status());
       continue;
     }
-    const int d = t.scheme.data();
-    std::vector<std::byte> data(t.data_bytes);
-    Status st;
-    for (size_t s = 0; s < t.stripes.size() && st.ok(); ++s) {
-      const auto& stripe = t.stripes[s];
-      std::vector<const std::byte*> pieces(static_cast<size_t>(t.scheme.k), nullptr);
-      for (size_t i = 0; i < stripe.index.size(); ++i)
-        pieces[static_cast<size_t>(stripe.index[i])] = in.pieces[s][i].data();
-      std::vector<std::byte> piece(stripe.len);
-      std::vector<std::byte*> out(static_cast<size_t>(d), nullptr);
-      out[static_cast<size_t>(stripe.j)] = piece.data();
-      st = code->Decode(pieces, stripe.len, out);
-      const PieceRange r = PieceOf(t.data_bytes, d, stripe.j);
-      if (st.ok() && r.length > 0) std::memcpy(data.data() + r.offset, piece.data(), r.length);
-    }
-    auto header = st.ok() ? DecodeSlotHeader(in.header) : Result<SlotHeader>(st);
+    // The header first: the version is decoded straight into the slot it is published in.
+    auto header = DecodeSlotHeader(in.header);
     if (!header.ok()) {
       fail(header.status());
       continue;
@@ -398,11 +396,6 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     if (header->step != plan.step || header->data_bytes != t.data_bytes) {
       fail(Status::Corruption("the slot header names step " + std::to_string(header->step) +
                               " of " + std::to_string(header->data_bytes) + " bytes"));
-      continue;
-    }
-    st = ReplicaStore::Verify(*header, data.data());
-    if (!st.ok()) {
-      fail(st);
       continue;
     }
     // Published like a replica: the restore that follows finds it in this rank's memory.
@@ -419,12 +412,32 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     }
     SlotHeader base = *header;
     auto mem = ht->Prepare(*slot, plan.step, t.data_bytes, base);
-    if (mem.ok()) {
-      if (t.data_bytes > 0) std::memcpy(*mem, data.data(), t.data_bytes);
+    Status st = mem.status();
+    const int d = t.scheme.data();
+    std::vector<std::byte> tail;  // a stripe's piece longer than what is left of the version
+    for (size_t s = 0; s < t.stripes.size() && st.ok(); ++s) {
+      const auto& stripe = t.stripes[s];
+      std::vector<const std::byte*> pieces(static_cast<size_t>(t.scheme.k), nullptr);
+      for (size_t i = 0; i < stripe.index.size(); ++i)
+        pieces[static_cast<size_t>(stripe.index[i])] = in.pieces[s][i].get();
+      const PieceRange r = PieceOf(t.data_bytes, d, stripe.j);
+      std::byte* dst = nullptr;
+      if (r.length == stripe.len) {
+        dst = *mem + r.offset;
+      } else {
+        tail.resize(stripe.len);
+        dst = tail.data();
+      }
+      std::vector<std::byte*> out(static_cast<size_t>(d), nullptr);
+      out[static_cast<size_t>(stripe.j)] = dst;
+      st = code->Decode(pieces, stripe.len, out);
+      if (st.ok() && dst == tail.data() && r.length > 0)
+        std::memcpy(*mem + r.offset, tail.data(), r.length);
+    }
+    if (st.ok()) st = ReplicaStore::Verify(*header, *mem);
+    if (st.ok()) {
       ht->MarkCopied(*slot);
       st = ht->Commit(*slot, *header);
-    } else {
-      st = mem.status();
     }
     if (!st.ok()) {
       ht->Abort(*slot);
