@@ -68,9 +68,11 @@ class Checkpointer {
   Result<SaveOutcome> save(int64_t step, std::span<const ShardSpec> shards, const Blobs& blobs = {},
                            CudaStream stream = nullptr);
   // Orders every writer of the saved shards after their copy. Host shards: waits until
-  // they are copied. Device shards: waits on the host only until their copies are queued
-  // (microseconds), then makes the stream given to each save() wait on the GPU for the end
-  // of its copy, and returns. Returns the error of a capture that failed since the last
+  // they are copied. Device shards: waits on the host only until their copies are all
+  // queued (they are queued a window at a time, so this lasts until the last window of the
+  // version is in flight: most of the copy's time, while the GPU runs the work queued
+  // before the fence), then makes the stream given to each save() wait on the GPU for the
+  // end of its copy, and returns. Returns the error of a capture that failed since the last
   // fence (the version is then not restorable; older versions are untouched); a device
   // copy that fails after this fence returned is reported by the next one.
   Status fence();
