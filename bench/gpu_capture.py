@@ -33,7 +33,9 @@ stall: host time the loop spends in checkpoint calls and waits. next_iter_slowdo
 much longer the training's own kernels (forward, backward, optimizer: GPU time between
 events on the training stream) take in the arm than without checkpoints, from the previous
 save's background copies, staging and writes (every iteration follows a save; DCP users
-measure 8% there).
+measure 8% there). item_wait_ms: how long the iteration's loss.item() waits once the
+training stream is done, with and without cairn (its 4-byte copy waits behind whatever is
+queued on the device's copy engine in that direction: 155 ms behind 8 GiB queued at once).
 
 The run fails (exit 1, the JSON line still printed, "ok": false with the reasons) if
 cairn skipped any version (a low stall bought by skipped saves does not count) or if the
@@ -327,6 +329,7 @@ def main():
         # GPU time of the training's own kernels (forward, backward, optimizer) on its stream:
         # what the previous save's background copies, staging and writes cost them.
         work_ms = {arm: [] for arm in arms}
+        item_ms = {arm: [] for arm in arms}  # loss.item()'s copy, the stream already done
         pending = {"dcp_async": None, "dcp_async_pinned": None}  # the last save's response
         skipped_in_loop = [0]
         failed = {}  # a DCP arm -> the error that stopped it
@@ -371,8 +374,15 @@ def main():
                     named, checkpoint_id=os.path.join(work, arm),
                     **({"async_stager": stager} if arm == "dcp_async_pinned" else {}))
             stall += time.perf_counter() - s
-            loss[0, 0].item()  # waits for the training stream, as loss.item() does
-            return (time.perf_counter() - t0) * 1e3, stall * 1e3, work_ms_of()
+            # loss.item(), as a training loop ends an iteration: it waits for the training
+            # stream, then copies 4 bytes to the host. Split in two to see the copy's own
+            # wait: a device-to-host copy queued behind a checkpoint's copies on the
+            # device's copy engine waits for them (docs/gpu.md, the third GPU session).
+            gpu.current().synchronize()
+            s = time.perf_counter()
+            loss[0, 0].item()
+            item = time.perf_counter() - s
+            return (time.perf_counter() - t0) * 1e3, stall * 1e3, work_ms_of(), item * 1e3
 
         def drain(arm):
             if arm in pending and pending[arm] is not None:
@@ -396,10 +406,11 @@ def main():
                 try:
                     iteration(arm)  # warm-up of this arm in this round
                     for _ in range(a.iters):
-                        it, st, wk = iteration(arm)
+                        it, st, wk, item = iteration(arm)
                         iter_ms[arm].append(it)
                         stall_ms[arm].append(st)
                         work_ms[arm].append(wk)
+                        item_ms[arm].append(item)
                     drain(arm)
                 except Exception as e:  # noqa: BLE001 - a DCP arm's failure is a finding
                     if arm not in pending:
@@ -435,6 +446,7 @@ def main():
     # against the arm without checkpoints.
     work = {arm: statistics.median(v) for arm, v in work_ms.items() if v}
     slow = {arm: w / work["none"] - 1 for arm, w in work.items()}
+    item = {arm: statistics.median(v) for arm, v in item_ms.items() if v}
     out = {
         "bench": "gpu_capture",
         "device": gpu.name(),
@@ -455,6 +467,8 @@ def main():
         "stall_ms_cairn": round(stall["cairn"], 4),
         "stall_ms_blocking": round(stall["blocking"], 3),
         "next_iter_slowdown_cairn": round(slow["cairn"], 4),
+        "item_wait_ms_no_ckpt": round(item["none"], 3),
+        "item_wait_ms_cairn": round(item["cairn"], 3),
         "cairn_captured": stats.captured,
         "cairn_skipped": stats.skipped,
         "slots_pinned": stats.slots_pinned,
