@@ -27,7 +27,6 @@
 #include <cstdlib>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/checksum.h"
@@ -198,13 +197,13 @@ class CudaCopyEngine final : public CopyEngine {
     CAIRN_ASSIGN_OR_RETURN(DeviceState * d, State(device));
     // Host shards are copied (and checksummed) by host threads while the device copies run,
     // and before the end mark is handed to fence(), which covers them too.
+    // (A task of the checksum pool: no thread is started per save.)
     std::vector<uint64_t> host_sums(m.host.size());
     Status host_st;
-    std::thread host_copy;
-    if (!m.host.empty())
-      host_copy = std::thread([&] { host_st = host_->Copy(m.host, host_sums.data()); });
+    TaskGroup host_copy(pool_.get());
+    if (!m.host.empty()) host_copy.Run([&] { host_st = host_->Copy(m.host, host_sums.data()); });
     auto join_host = [&]() -> Status {
-      if (host_copy.joinable()) host_copy.join();
+      host_copy.Wait();
       return host_st;
     };
     Status st = Land(
