@@ -17,6 +17,7 @@
 #include "recovery/restore.h"
 #include "recovery/tier_memory.h"
 #include "recovery/ucx_transport.h"
+#include "redundancy/host_memory.h"
 #include "redundancy/replica_store.h"
 #include "redundancy/replicator.h"
 #include "snapshot/capture_pipeline.h"
@@ -192,6 +193,18 @@ void Checkpointer::Impl::OpenPersister() {
 
 Status Checkpointer::Impl::Open() {
   FileSystem* fs = fs_;
+  if (options_.host_memory > 0) {
+    // Before anything is sized: the slots (and with them the replica rings) the budget allows.
+    auto plan = PlanHostMemory(options_);
+    if (!plan.ok()) return plan.status().WithContext(Who());
+    if (options_.local_rank == 0) {
+      if (plan->slots < options_.slots)
+        log_.Warning(plan->summary);
+      else
+        log_.Info(plan->summary);
+    }
+    options_.slots = plan->slots;
+  }
   CAIRN_RETURN_IF_ERROR(OpenTier(fs));
   CaptureConfig cc;
   cc.rank = options_.rank;

@@ -23,6 +23,11 @@
 //
 //   memory [--schemes replica,xor,rs] [--bytes 16M] [--steps 200] [--iteration-ms 25]
 //          [--slots 4] [--persist-every 10] [--dir /var/tmp] [--rounds 5] [--seed S]
+//          [--host-memory-x X]
+// With --host-memory-x, every node gets CAIRN_HOST_MEMORY = X times its state (and
+// CAIRN_SLOT_BYTES = --bytes): a scheme reports the slots cairn derived and whether its
+// fullest node stayed within the budget (peak_node_bytes, within_host_memory), or that
+// cairn refused the budget.
 //
 // Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
 // (and at that peak, per byte of state: own_slots, replicas, parity), skipped, steps_lost,
@@ -54,6 +59,7 @@
 #include "core/clock.h"
 #include "core/filesystem.h"
 #include "redundancy/erasure.h"
+#include "redundancy/host_memory.h"
 
 using namespace cairn;
 using cairn::bench::Buffer;
@@ -74,7 +80,8 @@ struct Args {
   std::string dir = "/var/tmp";
   int rounds = 5;
   uint64_t seed = 0;
-  std::string mode;  // child: train or restore
+  double host_memory_x = 0;  // CAIRN_HOST_MEMORY as a multiple of a node's state (0: unset)
+  std::string mode;          // child: train or restore
 };
 
 void Die(const char* what, const Status& st) {
@@ -282,6 +289,10 @@ int main(int argc, char** argv) {
   app.add_option("--dir", a.dir, "the PFS directory")->capture_default_str();
   app.add_option("--rounds", a.rounds, "encoding rounds")->check(CLI::Range(1, 1000));
   app.add_option("--seed", a.seed, "the kill steps' random seed (default: the time)");
+  app.add_option("--host-memory-x", a.host_memory_x,
+                 "CAIRN_HOST_MEMORY per node as a multiple of its state (CAIRN_SLOT_BYTES = "
+                 "--bytes; --slots is then the most slots): the budget each scheme must keep to")
+      ->check(CLI::Range(1.0, 64.0));
   app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   a.bytes = std::max<uint64_t>(a.bytes / (kTensors * 4 * 64) * (kTensors * 4 * 64), 1 << 16);
@@ -312,6 +323,33 @@ int main(int argc, char** argv) {
     }
     const std::string root = host_t, pfs = pfs_t;
     const std::string job = "bench-memory-" + sc.name + "-" + std::to_string(::getpid());
+    // With --host-memory-x: the budget per node (one rank each), and the slots cairn will
+    // derive from it, as its ranks do at open.
+    const uint64_t budget = static_cast<uint64_t>(a.host_memory_x * static_cast<double>(a.bytes));
+    int budget_slots = a.slots;
+    if (a.host_memory_x > 0) {
+      auto o = Options::FromEnvironment([&](const char* v) -> const char* {
+        for (const auto& [k, val] : sc.env)
+          if (k == v) return val.c_str();
+        return nullptr;
+      });
+      if (!o.ok()) Die("options", o.status());
+      o->world_size = o->local_world_size * sc.nodes;
+      o->slots = a.slots;
+      o->slot_bytes = a.bytes;
+      o->host_memory = budget;
+      auto plan = cairn::PlanHostMemory(*o);
+      if (!plan.ok()) {
+        std::printf("%s: %s\n", sc.name.c_str(),
+                    nlohmann::ordered_json({{"refused", plan.status().message()}}).dump().c_str());
+        out[sc.name] = {{"refused", plan.status().message()}};
+        (void)DefaultFileSystem()->RemoveAll(root);
+        (void)DefaultFileSystem()->RemoveAll(pfs);
+        continue;
+      }
+      budget_slots = plan->slots;
+      std::fprintf(stderr, "memory: %s: %s\n", sc.name.c_str(), plan->summary.c_str());
+    }
     auto cleanup = [&] {
       (void)DefaultFileSystem()->RemoveAll(root);
       (void)DefaultFileSystem()->RemoveAll(pfs);
@@ -335,6 +373,10 @@ int main(int argc, char** argv) {
                {"CAIRN_SLOTS", std::to_string(a.slots)},
                {"CAIRN_PERSIST_EVERY", std::to_string(a.persist_every)},
                {"CAIRN_CHUNK_BYTES", "1M"}};
+      if (a.host_memory_x > 0) {
+        s.env.push_back({"CAIRN_SLOT_BYTES", std::to_string(a.bytes)});
+        s.env.push_back({"CAIRN_HOST_MEMORY", std::to_string(budget)});
+      }
       s.env.insert(s.env.end(), sc.env.begin(), sc.env.end());
       return s;
     };
@@ -348,10 +390,15 @@ int main(int argc, char** argv) {
     if (!l.ok()) Die("launch", l.status());
     const std::string host_job = root + "/host/" + job;
     Held peak;
+    uint64_t peak_node = 0;  // the fullest node's
     const int64_t deadline = NowNanos() + 600'000'000'000ll;
     for (;;) {
       const Held now = AllocatedBytes(host_job);
       if (now.total() > peak.total()) peak = now;
+      if (a.host_memory_x > 0)
+        for (int n = 0; n < sc.nodes; ++n)
+          peak_node =
+              std::max(peak_node, AllocatedBytes(host_job + "/node-" + std::to_string(n)).total());
       auto saved = Lines(train_dir, 0, "SAVED ");
       if (static_cast<int>(saved.size()) >= kill_at) break;
       if (NowNanos() > deadline) Die("train", Status::Unavailable("rank 0 did not reach its step"));
@@ -424,6 +471,13 @@ int main(int argc, char** argv) {
                                 {"steps_lost", newest - restored},
                                 {"from_memory", from_memory},
                                 {"lost_node_restore_s", Round(secs, 4)}};
+    if (a.host_memory_x > 0) {
+      j["host_memory_per_state_byte"] = a.host_memory_x;
+      j["slots"] = budget_slots;
+      // The budget is per node: the fullest node's peak against it.
+      j["peak_node_bytes"] = peak_node;
+      j["within_host_memory"] = peak_node <= budget;
+    }
     if (sc.code.k > 0) {
       j["rebuilt_step"] = rebuilt;
       auto [ours, theirs] = EncodeRates(sc.code, a.bytes, a.rounds);

@@ -250,6 +250,12 @@ std::vector<Setting> MakeSettings() {
       Bytes("CAIRN_SLOT_BYTES", CAIRN_FIELD(slot_bytes),
             "pre-size and pre-fault every slot at open (K/M/G suffix); 0 sizes a slot at its "
             "first save, in the background"),
+      Bytes("CAIRN_HOST_MEMORY", CAIRN_FIELD(host_memory),
+            "host memory cairn may use per node, all its ranks' slots, replicas and parity "
+            "together (K/M/G suffix; needs CAIRN_SLOT_BYTES): at open each rank takes the "
+            "most slots, up to CAIRN_SLOTS, that fit, says in one line what that keeps and "
+            "covers, or refuses naming what the fewest slots need (2, 3 with parity); 0 leaves "
+            "CAIRN_SLOTS as set"),
       Bytes("CAIRN_CHUNK_BYTES", CAIRN_FIELD(chunk_bytes),
             "capture and checksum chunk size (64K..1G)"),
       Int("CAIRN_COPY_THREADS", nullptr, CAIRN_FIELD(copy_threads), 1, 256,

@@ -405,6 +405,42 @@ TEST_F(CheckpointerTest, SlotBytesPresizesAndSmallChunksWork) {
   EXPECT_TRUE(r.Holds(15));
 }
 
+// CAIRN_HOST_MEMORY: the ring is as long as the budget allows, and a budget too small for
+// 2 slots, or one given without the version size, is refused at open, naming the setting.
+TEST_F(CheckpointerTest, HostMemoryDecidesTheSlotsOrIsRefusedNamingWhatItNeeds) {
+  opts_.slot_bytes = 16 << 20;
+  opts_.slots = 4;
+  opts_.host_memory = 40 << 20;  // 2 slots of 16 MiB fit, 3 do not
+  {
+    auto c = Open();
+    ASSERT_NE(c, nullptr);
+    State s;
+    for (int64_t step = 1; step <= 5; ++step) {
+      ASSERT_TRUE(c->fence().ok());
+      s.Fill(step);
+      ASSERT_TRUE(c->save(step, s.Shards()).ok());
+    }
+    ASSERT_TRUE(c->wait_captured().ok());
+    EXPECT_EQ(c->versions().size(), 2u);  // not CAIRN_SLOTS' 4
+    State r;
+    ASSERT_TRUE(c->restore(r.Shards()).ok());
+    EXPECT_TRUE(r.Holds(5));
+  }
+  opts_.host_memory = 20 << 20;
+  auto small = OpenCheckpointer(opts_, fs_);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("CAIRN_HOST_MEMORY"), std::string::npos)
+      << small.status().ToString();
+  EXPECT_NE(small.status().message().find("32.04 MiB that 2 slots need"), std::string::npos)
+      << small.status().ToString();
+  opts_.slot_bytes = 0;
+  opts_.host_memory = 1ull << 30;
+  auto unsized = OpenCheckpointer(opts_, fs_);
+  ASSERT_FALSE(unsized.ok());
+  EXPECT_NE(unsized.status().message().find("CAIRN_SLOT_BYTES"), std::string::npos)
+      << unsized.status().ToString();
+}
+
 }  // namespace
 }  // namespace cairn
 

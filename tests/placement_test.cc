@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "redundancy/host_memory.h"
 #include "redundancy/placement.h"
 
 namespace cairn {
@@ -144,6 +145,67 @@ TEST(Placement, ErasureOddsEqualEveryLossPatternCounted) {
   }
   // Nodes that are not a whole number of sets: nothing counted as surviving.
   EXPECT_EQ(ErasureMemoryOdds(6, {4, 1}, 1).from_memory, 0);
+}
+
+// What each scheme costs per node, and the slots a budget buys (docs/settings.md's
+// host-memory table): replicas cost a ring per holder, parity m / (k - m) per record kept.
+TEST(HostMemory, EachSchemeCostsWhatItHoldsAndTheBudgetPicksTheSlots) {
+  Options o;
+  o.world_size = 8;
+  o.local_world_size = 2;  // 4 nodes
+  o.slot_bytes = 1ull << 30;
+  o.slots = 4;
+  const uint64_t gib = VersionFootprint(1ull << 30);  // a version and its header
+  // 1 replica: 2 ranks x 3 slots x (own + replica).
+  EXPECT_EQ(HostBytesPerNode(o, 4, 3), 12 * gib);
+  o.replicas = 2;
+  EXPECT_EQ(HostBytesPerNode(o, 4, 3), 18 * gib);
+  o.replicas = 5;  // no more holders than other nodes
+  EXPECT_EQ(HostBytesPerNode(o, 4, 2), 16 * gib);
+  EXPECT_EQ(HostBytesPerNode(o, 1, 2), 4 * gib);  // one node: no redundancy
+  o.replicas = 1;
+  o.redundancy = RedundancyKind::kXor;  // k = 4: 5 records of 1/3 each
+  EXPECT_EQ(HostBytesPerNode(o, 4, 2), static_cast<uint64_t>((2 + 5.0 / 3) * gib * 2));
+  o.redundancy = RedundancyKind::kRs;  // 4 + 2 over 6: 5 records of 2/4
+  o.erasure_k = 6;
+  EXPECT_EQ(HostBytesPerNode(o, 6, 3), 11 * gib);
+
+  o.redundancy = RedundancyKind::kReplica;
+  o.erasure_k = 4;
+  o.host_memory = 13ull << 30;  // 3 slots (12 GiB and headers) fit, 4 (16) do not
+  auto p = PlanHostMemory(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->slots, 3);
+  EXPECT_EQ(p->node_losses, 1);
+  EXPECT_EQ(p->bytes_per_node, 12 * gib);
+  EXPECT_NE(p->summary.find("allows 3 slots per rank"), std::string::npos) << p->summary;
+  EXPECT_NE(p->summary.find("fewer slots than CAIRN_SLOTS=4"), std::string::npos) << p->summary;
+  o.host_memory = 100ull << 30;  // never more than CAIRN_SLOTS
+  EXPECT_EQ(PlanHostMemory(o)->slots, 4);
+  o.host_memory = 7ull << 30;  // 2 slots need 8 GiB; xor (3 slots) more: no advice
+  auto no = PlanHostMemory(o);
+  ASSERT_FALSE(no.ok());
+  EXPECT_NE(no.status().message().find("8.01 GiB that 2 slots need"), std::string::npos)
+      << no.status().ToString();
+  EXPECT_EQ(no.status().message().find("CAIRN_REDUNDANCY=xor"), std::string::npos)
+      << no.status().ToString();
+  o.replicas = 2;  // 2 slots need 12 GiB; xor 2 x (3 + 5/3) = 9.34 GiB
+  no = PlanHostMemory(o);
+  ASSERT_FALSE(no.ok());
+  EXPECT_NE(no.status().message().find("12.01 GiB that 2 slots need"), std::string::npos)
+      << no.status().ToString();
+  EXPECT_NE(no.status().message().find("CAIRN_REDUNDANCY=xor CAIRN_ERASURE_K=4 needs 9.34 GiB"),
+            std::string::npos)
+      << no.status().ToString();
+  // Parity takes 3 slots at least: the agreement keeps 2 while a round runs.
+  o.redundancy = RedundancyKind::kXor;
+  o.host_memory = 9ull << 30;  // 2 slots would fit (7.34 GiB), 3 do not
+  no = PlanHostMemory(o);
+  ASSERT_FALSE(no.ok());
+  EXPECT_NE(no.status().message().find("9.34 GiB that 3 slots need"), std::string::npos)
+      << no.status().ToString();
+  o.host_memory = 10ull << 30;
+  EXPECT_EQ(PlanHostMemory(o)->slots, 3);
 }
 
 TEST(Placement, ImpossibleLayoutsAreRefused) {

@@ -65,6 +65,7 @@ struct Options {
   int copy_threads = 1;               // host copy engine threads
   uint64_t chunk_bytes = 4ull << 20;  // capture / checksum granularity
   uint64_t slot_bytes = 0;            // pre-size slots at open (0: on first save)
+  uint64_t host_memory = 0;  // host bytes cairn may map per node; slots follow (0: CAIRN_SLOTS)
   FullPolicy full_policy = FullPolicy::kSkip;
   CopyEngineKind copy_engine = CopyEngineKind::kAuto;
   LogLevel log_level = LogLevel::kWarning;  // CAIRN_LOG_LEVEL (error/warning/info/debug or 0..3)
@@ -79,13 +80,13 @@ struct Options {
   double replicate_timeout_s = 30;  // a replica holder silent this long counts as down
   bool group_placement = false;     // Gemini's group placement instead of the ring
   RedundancyKind redundancy = RedundancyKind::kReplica;  // replicas, or parity (xor, rs)
-  int erasure_k = 4;  // xor/rs: nodes per set, parity included
-  int erasure_m = 2;  // rs: parity pieces per stripe (the nodes of a set that may be lost)
-  int persist_every = 10;           // persist every k-th saved version (0: only flush())
-  int keep_on_pfs = 3;              // committed steps kept on the PFS
-  int persist_threads = 4;          // writer threads per rank
-  bool persist_direct = false;      // O_DIRECT writes
-  uint64_t persist_rate = 0;        // bytes/s cap per rank (0: unlimited)
+  int erasure_k = 4;                                     // xor/rs: nodes per set, parity included
+  int erasure_m = 2;        // rs: parity pieces per stripe (the nodes of a set that may be lost)
+  int persist_every = 10;   // persist every k-th saved version (0: only flush())
+  int keep_on_pfs = 3;      // committed steps kept on the PFS
+  int persist_threads = 4;  // writer threads per rank
+  bool persist_direct = false;                               // O_DIRECT writes
+  uint64_t persist_rate = 0;                                 // bytes/s cap per rank (0: unlimited)
   PersistPriority persist_priority = PersistPriority::kLow;  // of the drain threads
 
   // Reads the settings from `getenv` (the process environment by default). Unset

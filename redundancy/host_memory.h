@@ -1,0 +1,53 @@
+// What a node's host memory holds for cairn, and how many slots a budget allows
+// (CAIRN_HOST_MEMORY; issue 34, "Slots the memory allows").
+//
+// Per rank, in versions of CAIRN_SLOT_BYTES each (and their headers, VersionFootprint): its own
+// ring of `slots`; with replicas, each of its `replicas` holders keeps as many of its versions
+// (ReplicaStore: one ring of `slots` per source, on another node); with xor or rs parity, each node
+// holds parity worth m / (k - m) of a version per parity record, and a holder keeps at most
+// kParityRecordsKept records of a stripe (the agreed step and the newest ParityStore keep
+// newer ones; records still being added to, one per step in flight while the job keeps
+// agreeing, come on top). Summed over a node's ranks, that is an upper bound of what cairn maps in
+// that node's host memory while no node is lost; a rebuild after a loss lands in the
+// replica store (one ring per lost rank, on top).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cairn/options.h"
+#include "cairn/status.h"
+
+namespace cairn {
+
+// The parity records of a stripe a holder keeps at most: the agreed step and the newest
+// ParityStore keep (4) newer ones.
+inline constexpr int kParityRecordsKept = 5;
+
+struct HostMemoryPlan {
+  int slots = 0;                // own slots per rank
+  int nodes = 1;                // the job's nodes
+  int node_losses = 0;          // node losses every version survives in memory
+  double versions_held = 0;     // host bytes per node over one version of each of its ranks
+  uint64_t bytes_per_node = 0;  // the upper bound at `slots`
+  std::string summary;          // one line: what is kept, what is covered, what it costs
+};
+
+// What one version of `slot_bytes` maps: its data and its header file (checksums and
+// tensor table), counted as a page and 1/1024 of the data.
+constexpr uint64_t VersionFootprint(uint64_t slot_bytes) {
+  return slot_bytes + 4096 + slot_bytes / 1024;
+}
+
+// Host bytes per node at `slots` own slots, for the redundancy `o` names in a job of
+// `nodes` nodes of o.local_world_size ranks, each version o.slot_bytes.
+uint64_t HostBytesPerNode(const Options& o, int nodes, int slots);
+
+// With o.host_memory set: the most own slots, from 2 (3 with parity: the step agreement
+// keeps 2 while a round runs) up to o.slots, whose host bytes per
+// node fit in it, and the one-line summary. InvalidArgument naming CAIRN_HOST_MEMORY and
+// what the fewest slots would need when even they do not fit, or naming CAIRN_SLOT_BYTES when the
+// version size is not set.
+Result<HostMemoryPlan> PlanHostMemory(const Options& o);
+
+}  // namespace cairn
