@@ -13,6 +13,7 @@
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
+#include "persist/slot_layout.h"
 #include "recovery/rebuild.h"
 #include "recovery/restore.h"
 #include "recovery/tier_memory.h"
@@ -258,6 +259,17 @@ Status Checkpointer::Impl::Open() {
         }
       };
       protection.agreed = [replicator](int64_t step) { replicator->SetKeepStep(step); };
+    } else if (replicator_) {
+      // Replicas of a rank whose every box a rank on another node holds carry only its
+      // blobs (data parallel): the rounds tell the replicator which layouts are covered.
+      Replicator* replicator = replicator_.get();
+      auto hash = [](const SlotHeader& h) { return LayoutHash(EncodeRankLayout(SlotLayout(h))); };
+      replicator->ExpectCoverage(hash);
+      for (int r = 0; r < options_.world_size; ++r)
+        protection.node_of.push_back(r / options_.local_world_size);
+      protection.layout_hash = hash;
+      protection.covered = [replicator](uint64_t h, bool yes) { replicator->SetCovered(h, yes); };
+      protection.ended = [replicator] { replicator->EndCoverage(); };
     }
     agreement_ = std::make_unique<StepAgreement>(
         agree_group_.get(), tier_.get(), &log_,
@@ -303,6 +315,7 @@ Stats Checkpointer::Impl::GetStats() const {
   if (replicator_) {
     ReplicatorStats r = replicator_->stats();
     s.replication.replicated = r.replicated;
+    s.replication.blobs_only = r.blobs_only;
     s.replication.failed = r.failed;
     s.replication.bytes = r.bytes;
     s.replication.gbps = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0;

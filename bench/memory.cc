@@ -15,6 +15,9 @@
 //   replica  4 nodes, CAIRN_REPLICAS=1 (ring)
 //   xor      4 nodes, CAIRN_REDUNDANCY=xor, k=4 (any 1 lost)
 //   rs       6 nodes, CAIRN_REDUNDANCY=rs, k=6, m=2 (any 2 lost)
+//   data_parallel  4 nodes, the default redundancy (no CAIRN_ setting), every rank holding
+//            the whole state (the same boxes and bytes: data-parallel replicas) and a blob of
+//            its own (its rank and step, checked at the restore)
 // The encoding computation alone is measured in this process on the same bytes: cairn's
 // parity path (each holder adding the d data pieces into its parity row as they arrive,
 // ErasureCode::AddToParity) against ISA-L's ec_encode_data computing the same parity row
@@ -71,7 +74,7 @@ namespace {
 constexpr int kTensors = 4;
 
 struct Args {
-  std::string schemes = "replica,xor,rs";
+  std::string schemes = "replica,xor,rs,data_parallel";
   uint64_t bytes = 16ull << 20;
   int steps = 200;
   int iteration_ms = 25;
@@ -80,8 +83,9 @@ struct Args {
   std::string dir = "/var/tmp";
   int rounds = 5;
   uint64_t seed = 0;
-  double host_memory_x = 0;  // CAIRN_HOST_MEMORY as a multiple of a node's state (0: unset)
-  std::string mode;          // child: train or restore
+  double host_memory_x = 0;    // CAIRN_HOST_MEMORY as a multiple of a node's state (0: unset)
+  std::string mode;            // child: train or restore
+  bool data_parallel = false;  // child: every rank holds the whole state
 };
 
 void Die(const char* what, const Status& st) {
@@ -92,12 +96,13 @@ void Die(const char* what, const Status& st) {
 // A rank's state: kTensors fp32 tensors, rows split by rank; element values depend on the
 // step, so a restore is checked against the step it reports.
 struct State {
-  State(uint64_t bytes, int rank, int world) {
+  // data_parallel: every rank holds the whole of each tensor.
+  State(uint64_t bytes, int rank, int world, bool data_parallel) {
     const int64_t per = static_cast<int64_t>(bytes / kTensors / 4);
     for (int t = 0; t < kTensors; ++t) {
       ShardSpec s;
-      s.meta = {"t" + std::to_string(t), DType::kF32, {world * per}};
-      s.box = Box{{rank * per}, {per}};
+      s.meta = {"t" + std::to_string(t), DType::kF32, {data_parallel ? per : world * per}};
+      s.box = data_parallel ? Box{{0}, {per}} : Box{{rank * per}, {per}};
       bufs.push_back(std::make_unique<Buffer>(s.nbytes()));
       s.data = bufs.back()->p;
       shards.push_back(s);
@@ -140,13 +145,20 @@ int Child(const Args& a) {
   auto ck = Checkpointer::Open(*o);
   if (!ck.ok()) Die("open", ck.status());
   Checkpointer& c = **ck;
-  State s(a.bytes, o->rank, o->world_size);
+  State s(a.bytes, o->rank, o->world_size, a.data_parallel);
+  // A blob of this rank's own (as an RNG state would be): data-parallel replicas hold the
+  // same tensors but not each other's blobs.
+  auto blob = [&](int64_t step) {
+    return Blobs{{"rank", std::to_string(o->rank) + "@" + std::to_string(step)}};
+  };
   if (a.mode == "restore") {
     const int64_t t0 = NowNanos();
     auto r = c.restore(s.shards);
     const double secs = NanosToSeconds(NowNanos() - t0);
     if (!r.ok()) Die("restore", r.status());
     if (!s.Check(r->step)) Die("restore", Status::Corruption("restored bytes differ"));
+    if (r->blobs != blob(r->step))
+      Die("restore", Status::Corruption("restored blobs differ from this rank's of the step"));
     std::printf("RESTORED %lld %s %.6f %llu %lld\n", static_cast<long long>(r->step),
                 r->tier.c_str(), secs, static_cast<unsigned long long>(r->job_pfs_bytes_read),
                 static_cast<long long>(r->rebuilt_step));
@@ -157,7 +169,7 @@ int Child(const Args& a) {
   for (int64_t step = 1; step <= a.steps; ++step) {
     const int64_t t0 = NowNanos();
     s.Fill(step, false);
-    auto st = c.save(step, s.shards);
+    auto st = c.save(step, s.shards, blob(step));
     if (!st.ok()) Die("save", st.status());
     const Stats stats = c.stats();
     std::printf("SAVED %lld skipped %llu\n", static_cast<long long>(step),
@@ -208,6 +220,7 @@ struct Scheme {
   int nodes;
   std::vector<std::pair<std::string, std::string>> env;
   ErasureScheme code{0, 0};
+  bool data_parallel = false;
 };
 
 // The encoding of one stripe of `bytes` per member's version: cairn's per-holder path and
@@ -276,7 +289,8 @@ int main(int argc, char** argv) {
       "the lost node's restore time after a kill with one node's memory wiped, and the "
       "encoding rate against ISA-L's. Prints one JSON line last.",
       "bench_memory");
-  app.add_option("--schemes", a.schemes, "replica,xor,rs (any of them)")->capture_default_str();
+  app.add_option("--schemes", a.schemes, "replica,xor,rs,data_parallel (any of them)")
+      ->capture_default_str();
   cairn::cli::AddByteCount(app, "--bytes", &a.bytes, "state per rank (default 16M)");
   app.add_option("--steps", a.steps, "steps per run")->check(CLI::Range(20, 100000));
   app.add_option("--iteration-ms", a.iteration_ms, "one training iteration")
@@ -294,6 +308,7 @@ int main(int argc, char** argv) {
                  "--bytes; --slots is then the most slots): the budget each scheme must keep to")
       ->check(CLI::Range(1.0, 64.0));
   app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
+  app.add_flag("--data-parallel", a.data_parallel, "internal: the child's state")->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   a.bytes = std::max<uint64_t>(a.bytes / (kTensors * 4 * 64) * (kTensors * 4 * 64), 1 << 16);
   if (!a.mode.empty()) return Child(a);
@@ -306,7 +321,8 @@ int main(int argc, char** argv) {
       {"rs",
        6,
        {{"CAIRN_REDUNDANCY", "rs"}, {"CAIRN_ERASURE_K", "6"}, {"CAIRN_ERASURE_M", "2"}},
-       {6, 2}}};
+       {6, 2}},
+      {"data_parallel", 4, {}, {0, 0}, true}};
   const std::vector<std::string> wanted = cairn::bench::SplitList(a.schemes);
   nlohmann::ordered_json out = {{"bench", "memory"}, {"bytes_per_rank", a.bytes},
                                 {"steps", a.steps},  {"iteration_ms", a.iteration_ms},
@@ -366,6 +382,7 @@ int main(int argc, char** argv) {
                 std::to_string(a.steps),
                 "--iteration-ms",
                 std::to_string(a.iteration_ms)};
+      if (sc.data_parallel) s.argv.push_back("--data-parallel");
       s.output_dir = out_dir;
       s.env = {{"CAIRN_JOB_ID", job},
                {"CAIRN_HOST_ROOT", root + "/host"},

@@ -20,6 +20,10 @@ RestorePlanChoice ChooseRestorePlan(const RestoreFacts& f) {
     return {RestoreRoute::kJobWide, "the step was saved with the general plan"};
   }
   if (!f.templates_on) return {RestoreRoute::kJobWide, "layout templates are off"};
+  if (f.source_without_tensors)
+    return {RestoreRoute::kJobWide,
+            "a saving rank's version is held only as a blobs-only replica (its boxes are its "
+            "data-parallel peers')"};
   if (f.every_layout_templated.value_or(true))
     return {RestoreRoute::kMemoryTemplates, "every target and saved layout is a layout template"};
   return {RestoreRoute::kJobWide, "some target or saved layout is no layout template"};

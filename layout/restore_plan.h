@@ -41,6 +41,10 @@ struct RestoreFacts {
   // A memory step after its template-reference gather: false when some target or saved
   // layout is no template or the templates disagree. nullopt: not gathered yet.
   std::optional<bool> every_layout_templated;
+  // A memory step where some source rank's version is held only as blobs-only replicas
+  // (data parallel: its boxes come from other sources' versions), so its layout is in no
+  // template the holders can report.
+  bool source_without_tensors = false;
 };
 
 struct RestorePlanChoice {

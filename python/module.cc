@@ -441,6 +441,8 @@ void BindReports(py::module_& m) {
       .def_property_readonly("slots_not_pinned",
                              [](const Stats& s) { return s.capture.slots_not_pinned; })
       .def_property_readonly("replicated", [](const Stats& s) { return s.replication.replicated; })
+      .def_property_readonly("replicated_blobs_only",
+                             [](const Stats& s) { return s.replication.blobs_only; })
       .def_property_readonly("replicate_failed",
                              [](const Stats& s) { return s.replication.failed; })
       .def_property_readonly("bytes_replicated", [](const Stats& s) { return s.replication.bytes; })

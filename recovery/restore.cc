@@ -374,6 +374,17 @@ Status Restorer::Plan(ChosenStep& p) {
 
 namespace {
 
+// Whether some source rank's version of `step` is held only as blobs-only replicas.
+bool SourceWithoutTensors(const std::vector<Inventory>& inv, int64_t step) {
+  std::map<int, bool> whole;  // source -> some holder has its tensors
+  for (const Inventory& i : inv)
+    for (const HeldVersion& v : i.held)
+      if (v.step == step) whole[v.source] = whole[v.source] || !v.blobs_only;
+  for (const auto& [source, yes] : whole)
+    if (!yes) return true;
+  return false;
+}
+
 // Per source rank of `step` (the saved job's world: Choose made it one), the ranks holding
 // its version, lowest first.
 std::vector<std::vector<int>> FindHolders(const std::vector<Inventory>& inv, int64_t step) {
@@ -384,7 +395,8 @@ std::vector<std::vector<int>> FindHolders(const std::vector<Inventory>& inv, int
   std::vector<std::vector<int>> holders(saved_world);
   for (size_t r = 0; r < inv.size(); ++r)
     for (const HeldVersion& v : inv[r].held)
-      if (v.step == step && v.source >= 0 && static_cast<uint32_t>(v.source) < saved_world &&
+      if (v.step == step && !v.blobs_only && v.source >= 0 &&
+          static_cast<uint32_t>(v.source) < saved_world &&
           (holders[v.source].empty() || holders[v.source].back() != static_cast<int>(r)))
         holders[v.source].push_back(static_cast<int>(r));
   return holders;
@@ -685,6 +697,13 @@ Result<RestoreReport> Restorer::Run() {
       if (!usable) continue;
     } else {
       const Status pin_st = p.choice.from_pfs ? Status::OK() : Pin(p);
+      // A source held only as blobs-only replicas (data parallel) has no holder to report
+      // its layout: the job-wide catalog takes its boxes from the other sources' versions.
+      const bool blobs_only = !p.choice.from_pfs && SourceWithoutTensors(inv, p.choice.step);
+      if (blobs_only) {
+        facts.source_without_tensors = true;
+        how = ChooseRestorePlan(facts);
+      }
       if (how.route == RestoreRoute::kMemoryTemplates) {
         CAIRN_ASSIGN_OR_RETURN(bool alone, PlanMemoryFromTemplates(inv, p, pin_st));
         facts.every_layout_templated = alone;
@@ -693,7 +712,18 @@ Result<RestoreReport> Restorer::Run() {
       if (how.route == RestoreRoute::kJobWide) {
         CAIRN_ASSIGN_OR_RETURN(bool usable, Catalog(inv, p, pin_st));
         if (!usable) continue;
-        CAIRN_RETURN_IF_ERROR(Plan(p));
+        Status planned = Plan(p);
+        if (!planned.ok() && blobs_only && planned.code() == StatusCode::kInvalidArgument) {
+          // The ranks whose boxes a blobs-only replica left to others no longer hold them
+          // (a layout that changed while the replicas were pushed): an older step, or the
+          // PFS. Every rank planned the same catalog, so every rank skips it alike.
+          env_.log->Warning("skipping step " + std::to_string(p.choice.step) +
+                            " in host memory: " + planned.ToString());
+          skipped_.push_back(planned.message());
+          excluded_.insert({p.choice.step, false});
+          continue;
+        }
+        CAIRN_RETURN_IF_ERROR(planned);
       }
     }
     p.plan_path = how.Path();

@@ -55,6 +55,9 @@ struct HeldVersion {
   int source = -1;  // the rank that saved it
   int64_t step = -1;
   uint32_t world_size = 1;  // of the job that saved it
+  // No tensor bytes, only blobs: a replica of a rank whose boxes ranks on other nodes hold
+  // (data parallel; Replicator::SetCovered). Its boxes come from those ranks' versions.
+  bool blobs_only = false;
 };
 
 // What one rank holds in memory: its own versions and the replicas it keeps.

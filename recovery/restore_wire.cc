@@ -13,6 +13,10 @@ std::string EncodeInventory(const Inventory& inv) {
     w.add_held_step(v.step);
     w.add_held_world(v.world_size);
   }
+  bool any_blobs_only = false;
+  for (const HeldVersion& v : inv.held) any_blobs_only = any_blobs_only || v.blobs_only;
+  if (any_blobs_only)
+    for (const HeldVersion& v : inv.held) w.add_held_blobs_only(v.blobs_only);
   w.mutable_pfs_steps()->Add(inv.pfs_steps.begin(), inv.pfs_steps.end());
   return wire::Encode(w);
 }
@@ -21,14 +25,16 @@ Result<Inventory> DecodeInventory(std::string_view b) {
   wire::Inventory w;
   CAIRN_RETURN_IF_ERROR(wire::Decode(b, &w, "inventory"));
   const int n = w.held_source_size();
-  if (w.held_step_size() != n || w.held_world_size() != n)
+  if (w.held_step_size() != n || w.held_world_size() != n ||
+      (w.held_blobs_only_size() != 0 && w.held_blobs_only_size() != n))
     return Status::Corruption("bad inventory: " + std::to_string(n) + " sources for " +
                               std::to_string(w.held_step_size()) + " steps");
   Inventory inv;
   inv.layout_hash = w.layout_hash();
   inv.held.resize(static_cast<size_t>(n));
   for (int k = 0; k < n; ++k)
-    inv.held[static_cast<size_t>(k)] = {w.held_source(k), w.held_step(k), w.held_world(k)};
+    inv.held[static_cast<size_t>(k)] = {w.held_source(k), w.held_step(k), w.held_world(k),
+                                        w.held_blobs_only_size() != 0 && w.held_blobs_only(k)};
   inv.pfs_steps.assign(w.pfs_steps().begin(), w.pfs_steps().end());
   return inv;
 }

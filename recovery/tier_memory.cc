@@ -30,7 +30,8 @@ std::vector<HeldVersion> TierMemory::List() {
       continue;
     }
     for (const VersionInfo& v : (*t)->Versions())
-      if (static_cast<int>(v.rank) == s) out.push_back({s, v.step, v.world_size});
+      if (static_cast<int>(v.rank) == s)
+        out.push_back({s, v.step, v.world_size, /*blobs_only=*/v.shards == 0});
   }
   return out;
 }

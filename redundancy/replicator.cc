@@ -288,7 +288,69 @@ void Replicator::RecordPush(int h, int64_t step, const Status& st, uint64_t epoc
   cur.retry_at = NowNanos() + cur.backoff_ns;
 }
 
+SlotHeader BlobsOnlyHeader(const SlotHeader& h, uint64_t* from) {
+  SlotHeader b = h;
+  b.shards.clear();
+  b.chunk_checksums.clear();
+  *from = h.blobs.empty() ? h.data_bytes : h.blobs.front().offset;
+  for (const SlotBlob& x : h.blobs) *from = std::min(*from, x.offset);
+  for (SlotBlob& x : b.blobs) x.offset -= *from;
+  b.data_bytes = h.data_bytes - *from;
+  return b;
+}
+
+void Replicator::ExpectCoverage(std::function<uint64_t(const SlotHeader&)> layout_hash) {
+  layout_hash_ = std::move(layout_hash);
+}
+
+void Replicator::SetCovered(uint64_t hash, bool covered) {
+  MutexLock g(mu_);
+  covered_.clear();  // a layout no rank offers any more is not covered
+  covered_[hash] = covered;
+  coverage_told_ = true;
+  cv_.NotifyAll();
+}
+
+void Replicator::EndCoverage() {
+  MutexLock g(mu_);
+  covered_.clear();
+  coverage_told_ = true;
+  cv_.NotifyAll();
+}
+
+void Replicator::AwaitCoverage() {
+  if (!layout_hash_ || erasure_) return;
+  MutexLock lk(mu_);
+  cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s_),
+              [&]() CAIRN_REQUIRES(mu_) { return stop_ || coverage_told_; });
+}
+
+bool Replicator::BlobsOnly(const SlotHeader& h) {
+  if (!layout_hash_ || erasure_) return false;
+  const uint64_t hash = layout_hash_(h);
+  bool covered = false;
+  {
+    MutexLock g(mu_);
+    auto it = covered_.find(hash);
+    covered = it != covered_.end() && it->second;
+  }
+  if (covered && !said_blobs_only_ && log_) {
+    said_blobs_only_ = true;
+    uint64_t blob_bytes = 0;
+    for (const SlotBlob& b : h.blobs) blob_bytes += b.nbytes;
+    log_->Info(
+        "every box of this rank's state is also held by a rank on another node (data "
+        "parallel): its replicas carry only its blobs (" +
+        std::to_string(blob_bytes) + " bytes of step " + std::to_string(h.step) + ", not its " +
+        std::to_string(h.data_bytes) +
+        " bytes), and a lost node's boxes "
+        "come back from those ranks' own slots");
+  }
+  return covered;
+}
+
 Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
+  AwaitCoverage();  // before pinning: a pin held while waiting could make a save skip
   {
     MutexLock g(mu_);
     push_started_ns_ = NowNanos();
@@ -297,6 +359,12 @@ Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
   ReapDraining();
   if (!pinned.ok()) return pinned.status();
   std::shared_ptr<const HostTier::View> view = std::move(*pinned);
+  const bool blobs_only = BlobsOnly(view->header());
+  uint64_t bytes = view->header().data_bytes;  // what each holder gets
+  if (blobs_only) {
+    uint64_t from = 0;
+    bytes = BlobsOnlyHeader(view->header(), &from).data_bytes;
+  }
   Status last = holders.empty() ? Status::FailedPrecondition("no replica holders") : Status::OK();
   for (int h : holders) {
     // A holder that timed out or failed, and has not greeted this rank since: its
@@ -304,12 +372,16 @@ Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
     Status st = Reconnect(h);
     const uint64_t epoch = comm_->peer_epoch(h);
     const int64_t t0 = NowNanos();
-    if (st.ok()) st = Push(h, view);
-    RecordPush(h, step, st, epoch, t0, view->header().data_bytes);
+    if (st.ok()) st = Push(h, view, blobs_only);
+    RecordPush(h, step, st, epoch, t0, bytes);
     if (!st.ok()) last = st;
   }
   if (last.ok()) {
     CAIRN_KILL_POINT("replicate.acked");
+    if (blobs_only) {
+      MutexLock g(mu_);
+      ++stats_.blobs_only;
+    }
     Status st = local_->SetState(step, VersionState::kReplicated);
     if (!st.ok() && log_)
       log_->Warning("recording step " + std::to_string(step) + " as REPLICATED: " + st.message());
@@ -419,7 +491,8 @@ Status Replicator::SendChunks(int holder, uint32_t offer,
   return first;
 }
 
-Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>& pinned) {
+Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>& pinned,
+                        bool blobs_only) {
   TraceSpan span("replicate push", "replicate");
   const HostTier::View& view = *pinned;
   const int me = comm_->rank();
@@ -431,6 +504,11 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   if (erasure_) {
     std::tie(header, ranges) = ParityOfferFor(holder, h);
+  } else if (blobs_only) {
+    uint64_t from = 0;
+    const SlotHeader b = BlobsOnlyHeader(h, &from);
+    header = EncodeSlotHeader(b);
+    if (b.data_bytes > 0) ranges.emplace_back(from, b.data_bytes);
   } else {
     header = EncodeSlotHeader(h);
     ranges.emplace_back(0, h.data_bytes);

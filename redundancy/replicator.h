@@ -65,6 +65,10 @@ struct ErasureRole {
 // multiples of 2), or `pending` when none is held.
 int64_t ChooseReplicationStep(int64_t attempted, int64_t pending, const std::vector<int64_t>& held);
 
+// The header of a blobs-only replica of `h`: no shards or chunk checksums, its blobs moved
+// to start at 0 (their bytes are h's from *from on, h.data_bytes - *from of them).
+SlotHeader BlobsOnlyHeader(const SlotHeader& h, uint64_t* from);
+
 struct ReplicatorStats {
   uint64_t replicated = 0;  // versions acknowledged by every holder
   uint64_t failed = 0;      // pushes that failed (holder dead, slow, refused)
@@ -73,8 +77,9 @@ struct ReplicatorStats {
   double last_push_ms = 0;  // offer to acknowledgement of the last acknowledged push
   double last_ack_ms = 0;   // last DATA sent to its acknowledgement
   int64_t newest_replicated = -1;
-  uint64_t received = 0;  // replicas this rank accepted and published for others
-  uint64_t refused = 0;   // offers or transfers this rank turned down
+  uint64_t blobs_only = 0;  // of `replicated`: versions whose replicas carried only the blobs
+  uint64_t received = 0;    // replicas this rank accepted and published for others
+  uint64_t refused = 0;     // offers or transfers this rank turned down
   // While pushes fail: seconds since the first failure after the last success, steps
   // captured after newest_replicated, and the last failure (see cairn::ReplicationStats).
   double unreplicated_s = 0;
@@ -112,6 +117,17 @@ class Replicator {
   // The step the job agreed on (StepAgreement): sent with every parity offer, so the
   // holders keep that step's parity while newer ones come (erasure).
   void SetKeepStep(int64_t step) { keep_step_.store(step); }
+  // Data-parallel coverage (replicas, not parity): a version whose layout (`layout_hash` of
+  // its header) some rank on another node also holds needs no copy of its tensors for a
+  // one-node loss: the memory restore takes each box from any holder. Its replicas then
+  // carry only its blobs (BlobsOnlyHeader). Until the first SetCovered or EndCoverage, a
+  // push waits for the answer (at most the timeout); after it, a layout not told is pushed
+  // whole.
+  void ExpectCoverage(std::function<uint64_t(const SlotHeader&)> layout_hash);
+  // Whether the versions of layout `hash` are held whole on another node (StepAgreement).
+  void SetCovered(uint64_t hash, bool covered);
+  // No answer will come any more (the agreement ended): versions are pushed whole.
+  void EndCoverage();
   ReplicatorStats stats() const;
 
  private:
@@ -127,7 +143,11 @@ class Replicator {
   void ServiceLoop();
   // Pushes the pinned version to `holder`; sends still in flight when it gives up keep the
   // pin (draining_).
-  Status Push(int holder, const std::shared_ptr<const HostTier::View>& pinned);
+  Status Push(int holder, const std::shared_ptr<const HostTier::View>& pinned, bool blobs_only);
+  // Waits (at most the timeout) until coverage was told once, when it is expected.
+  void AwaitCoverage();
+  // Whether `h`'s replicas may carry only its blobs (logged the first time).
+  bool BlobsOnly(const SlotHeader& h);
   // Push's data: every chunk sent, waiting until each is taken, the holder fails or gives
   // the transfer up (its answer, when it came first, in *early_ack), the link comes back
   // (`came_back`) or the timeout. Sends still in flight keep `pinned` (draining_).
@@ -230,6 +250,11 @@ class Replicator {
   std::vector<std::byte> window_[2];  // (as many as the receive window)
   std::atomic<uint32_t> next_offer_{1};
   std::atomic<int64_t> keep_step_{-1};
+  // Data-parallel coverage (ExpectCoverage).
+  std::function<uint64_t(const SlotHeader&)> layout_hash_;  // set before the first Notify
+  bool coverage_told_ CAIRN_GUARDED_BY(mu_) = false;
+  std::map<uint64_t, bool> covered_ CAIRN_GUARDED_BY(mu_);  // the last round's answers
+  bool said_blobs_only_ = false;                            // sender thread only
   // Checks incoming replicas' checksums as their chunks land (HandleOffer's ArrivalVerifier).
   Pool verify_pool_{"cairn-verify", 1};
   std::thread sender_;

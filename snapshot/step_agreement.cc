@@ -14,6 +14,7 @@ std::string EncodeAgreeOffer(const AgreeOffer& o) {
   w.set_first(o.first);
   for (int64_t s : o.steps) w.add_steps(s);
   for (bool h : o.held) w.add_held(h);
+  w.set_layout_hash(o.layout_hash);
   return wire::Encode(w);
 }
 
@@ -30,7 +31,17 @@ Result<AgreeOffer> DecodeAgreeOffer(std::string_view bytes, const std::string& f
                               std::to_string(o.first) + ".." + std::to_string(o.settled));
   o.steps.assign(w.steps().begin(), w.steps().end());
   o.held.assign(w.held().begin(), w.held().end());
+  o.layout_hash = w.layout_hash();
   return o;
+}
+
+bool CoveredElsewhere(const std::vector<AgreeOffer>& offers, const std::vector<int>& node_of,
+                      int me, uint64_t hash) {
+  if (hash == 0 || me < 0 || static_cast<size_t>(me) >= node_of.size()) return false;
+  for (size_t r = 0; r < offers.size() && r < node_of.size(); ++r)
+    if (offers[r].layout_hash == hash && node_of[r] != node_of[static_cast<size_t>(me)])
+      return true;
+  return false;
 }
 
 Result<RoundOutcome> Agree(const std::vector<AgreeOffer>& offers, uint64_t consumed) {
@@ -113,10 +124,21 @@ AgreementStats StepAgreement::stats() const {
   return stats_;
 }
 
+uint64_t StepAgreement::NewestLayoutHash() {
+  std::optional<SlotHeader> h = tier_->NewestHeader();
+  if (!h) return 0;
+  if (h->created_wall_ns != hashed_created_ns_) {
+    hashed_created_ns_ = h->created_wall_ns;
+    hashed_ = protection_.layout_hash(*h);
+  }
+  return hashed_;
+}
+
 void StepAgreement::End(const Status& why) {
   MutexLock lk(mu_);
   holding_since_ns_ = 0;
   tier_->Keep({}, {});
+  if (protection_.ended) protection_.ended();
   stats_.ended = true;
   stats_.error = why.ToString();
   // Closing gives the round in flight up here and on the other ranks: not news.
@@ -181,6 +203,9 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   mine.settled = consumed_ + window.size();
   mine.steps = window;
   for (int64_t s : window) mine.held.push_back(std::binary_search(held.begin(), held.end(), s));
+  const bool coverage =
+      protection_.covered && protection_.layout_hash && !protection_.node_of.empty();
+  if (coverage) mine.layout_hash = NewestLayoutHash();
   auto all = group_->AllGather(EncodeAgreeOffer(mine));
   if (!all.ok()) {
     End(all.status());
@@ -200,6 +225,9 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     End(out.status());
     return false;
   }
+  if (coverage && mine.layout_hash != 0)
+    protection_.covered(mine.layout_hash, CoveredElsewhere(offers, protection_.node_of,
+                                                           group_->rank(), mine.layout_hash));
   const uint64_t newly = out->consumed - consumed_;
   consumed_ = out->consumed;
   MutexLock lk(mu_);

@@ -67,7 +67,12 @@ struct AgreeOffer {
   uint64_t first = 0;
   std::vector<int64_t> steps;
   std::vector<bool> held;
+  uint64_t layout_hash = 0;  // of this rank's newest version (0: none, or not asked)
 };
+
+// Whether some rank on another node than `me` offered `hash` (data-parallel coverage).
+bool CoveredElsewhere(const std::vector<AgreeOffer>& offers, const std::vector<int>& node_of,
+                      int me, uint64_t hash);
 std::string EncodeAgreeOffer(const AgreeOffer& o);
 // Corruption naming `from` unless the bytes are an offer whose steps and flags agree.
 Result<AgreeOffer> DecodeAgreeOffer(std::string_view bytes, const std::string& from);
@@ -92,6 +97,16 @@ struct AgreementProtection {
   std::function<void(int64_t)> wait_tried;
   // Told every newer agreed step (the holders of parity keep it: ParityStore).
   std::function<void(int64_t)> agreed;
+  // Data-parallel coverage (replicas): with `node_of` (the node of every rank), each offer
+  // carries the layout hash (`layout_hash`: persist/slot_layout.h's) of this rank's newest
+  // version, and after every round
+  // `covered(hash, yes)` says whether some rank on another node offered the same layout
+  // (so it holds every box of this rank's versions of that layout: Replicator::SetCovered).
+  // `ended()` when no more rounds will tell.
+  std::vector<int> node_of;
+  std::function<uint64_t(const SlotHeader&)> layout_hash;  // of a version (not 0)
+  std::function<void(uint64_t, bool)> covered;
+  std::function<void()> ended;
 };
 
 class StepAgreement {
@@ -130,8 +145,13 @@ class StepAgreement {
   const double hold_s_;
   const AgreementProtection protection_;
 
+  // The layout hash of this rank's newest version (coverage), cached per version.
+  uint64_t NewestLayoutHash();
+
   // Agreement thread only.
   uint64_t consumed_ = 0;
+  int64_t hashed_created_ns_ = -1;  // the version whose layout hash is cached
+  uint64_t hashed_ = 0;
 
   mutable Mutex mu_;
   CondVar cv_;

@@ -3,6 +3,7 @@
 // the PFS on another world size and layout; a job that changes layout reshards from memory.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <map>
@@ -24,6 +25,21 @@ namespace {
 
 using testing::TempDir;
 using namespace testing::recovery;
+
+// Bytes of the replica data files node `node` holds for rank `src` (their size on disk).
+uint64_t ReplicaDataBytes(const std::string& host_job, int node, int src) {
+  const std::string dir =
+      host_job + "/node-" + std::to_string(node) + "/replica/rank-" + std::to_string(src);
+  uint64_t n = 0;
+  auto names = DefaultFileSystem()->ListDir(dir);
+  if (!names.ok()) return 0;
+  for (const std::string& name : *names) {
+    struct stat st {};
+    if (name.ends_with(".hdr") || ::stat((dir + "/" + name).c_str(), &st) != 0) continue;
+    n += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return n;
+}
 
 TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
   TempDir root("rnode");
@@ -54,12 +70,19 @@ TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
   for (int r : {0, 1}) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
   for (int r : {0, 1}) (*l)->WaitRank(r);
   l->reset();
-  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
+  // Every box of a rank is also held by the rank of the other node with the same tensor-
+  // parallel index (its data-parallel peer): the replicas carry only the ranks' blobs (a
+  // few pages), not their 7 MiB of tensors.
+  const std::string host_job = root.path() + "/host/" + job;
+  for (int src : {0, 1}) EXPECT_LT(ReplicaDataBytes(host_job, 1, src), 64u << 10) << src;
+  for (int src : {2, 3}) EXPECT_LT(ReplicaDataBytes(host_job, 0, src), 64u << 10) << src;
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(host_job + "/node-1").ok());
   auto latest = ReadLatest(DefaultFileSystem(), PfsJobDir(root.path() + "/pfs", job));
   ASSERT_TRUE(latest.ok()) << latest.status().ToString();
   // The newest step reported complete before the kill must come back.
   const int64_t complete = NewestCompleteOnEveryRankOf(train, 4);
 
+  // Each rank checks every byte and that its blob is its own (recovery_child).
   auto got = RunRestore(root, job, 2, 2, "tp2", complete, "restart");
   ASSERT_EQ(got.size(), 4u);
   for (int r = 0; r < 4; ++r) {
@@ -69,7 +92,10 @@ TEST(RecoveryProcesses, LostNodeRestoresFromPartnerReplicasWithoutThePfs) {
     EXPECT_EQ(x.pfs, 0u) << "rank " << r << " job read the PFS";
     EXPECT_EQ(x.tier, r >= 2 ? "peer" : "host") << "rank " << r;
     EXPECT_EQ(x.resharded, 0);
-    EXPECT_EQ(x.plan, "alone") << "rank " << r;  // tp2 x dp2 layouts are templates
+    // Ranks 2 and 3 are held as blobs only: their layouts come from no holder, and the job
+    // plans together (layout/restore_plan.h).
+    EXPECT_EQ(x.plan, "job") << "rank " << r;
+    EXPECT_EQ(x.blobs, r) << "rank " << r;
     if (r >= 2) {
       EXPECT_GT(x.received, 0u);
     }

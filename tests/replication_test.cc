@@ -269,6 +269,41 @@ INSTANTIATE_TEST_SUITE_P(Transports, ReplicationTest, ::testing::Values("tcp", "
 
 // Ranks that fall behind pick the same steps: by step number, not by when their own push
 // happened to finish.
+TEST(BlobsOnlyHeader, KeepsTheBlobsAtTheirNewOffsetsAndNoTensor) {
+  SlotHeader h;
+  h.state = VersionState::kCaptured;
+  h.step = 12;
+  h.rank = 3;
+  h.world_size = 4;
+  h.chunk_bytes = 4096;
+  h.shards.push_back({"w", DType::kF32, {1024}, Box{{0}, {1024}}, 0, 4096, 0, 1});
+  h.chunk_checksums = {77};
+  h.blobs = {{"rng", 4096, 16, 5}, {"who", 4160, 3, 6}};
+  h.data_bytes = 4163;
+  uint64_t from = 0;
+  SlotHeader b = BlobsOnlyHeader(h, &from);
+  EXPECT_EQ(from, 4096u);
+  EXPECT_EQ(b.data_bytes, 67u);
+  EXPECT_TRUE(b.shards.empty());
+  EXPECT_TRUE(b.chunk_checksums.empty());
+  ASSERT_EQ(b.blobs.size(), 2u);
+  EXPECT_EQ(b.blobs[0].offset, 0u);
+  EXPECT_EQ(b.blobs[1].offset, 64u);
+  EXPECT_EQ(b.blobs[1].checksum, 6u);
+  EXPECT_EQ(b.step, 12);
+  EXPECT_EQ(b.rank, 3u);
+  // A header a holder accepts.
+  auto back = DecodeSlotHeader(EncodeSlotHeader(b));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, b);
+  // No blobs: nothing to send.
+  h.blobs.clear();
+  h.data_bytes = 4096;
+  b = BlobsOnlyHeader(h, &from);
+  EXPECT_EQ(b.data_bytes, 0u);
+  EXPECT_TRUE(DecodeSlotHeader(EncodeSlotHeader(b)).ok());
+}
+
 TEST(ChooseReplicationStep, KeepsUpWithEveryVersionAndAlignsStepsWhenBehind) {
   const std::vector<int64_t> held = {9, 10, 11, 12, 13, 14, 15, 16, 17};
   EXPECT_EQ(ChooseReplicationStep(-1, 5, held), 5);    // first push: the newest

@@ -72,6 +72,30 @@ TEST(AgreeTest, OffersRoundTripAndDamagedOnesAreErrorsNamingTheSender) {
   EXPECT_NE(refused.status().message().find("rank 3"), std::string::npos);
 }
 
+TEST(AgreeTest, ALayoutIsCoveredOnlyWhenARankOnAnotherNodeOfferedTheSameOne) {
+  // 4 ranks on 2 nodes (0, 0, 1, 1): ranks 0 and 2, 1 and 3 are data-parallel peers; rank 1
+  // changed its layout, so rank 3's is not covered and neither is rank 1's new one.
+  std::vector<AgreeOffer> offers(4);
+  const std::vector<uint64_t> hashes = {11, 99, 11, 22};
+  for (size_t r = 0; r < 4; ++r) offers[r].layout_hash = hashes[r];
+  const std::vector<int> node_of = {0, 0, 1, 1};
+  EXPECT_TRUE(CoveredElsewhere(offers, node_of, 0, 11));
+  EXPECT_TRUE(CoveredElsewhere(offers, node_of, 2, 11));
+  EXPECT_FALSE(CoveredElsewhere(offers, node_of, 1, 99));
+  EXPECT_FALSE(CoveredElsewhere(offers, node_of, 3, 22));
+  // A peer on the same node does not count: the node's loss takes both.
+  EXPECT_FALSE(CoveredElsewhere(offers, {0, 0, 0, 0}, 0, 11));
+  // No version yet (hash 0) is never covered, even when others have none either.
+  for (auto& o : offers) o.layout_hash = 0;
+  EXPECT_FALSE(CoveredElsewhere(offers, node_of, 0, 0));
+  // The hash travels in the offer.
+  AgreeOffer o = Offer(1, {5}, {true});
+  o.layout_hash = 0x1234567890abcdefull;
+  auto back = DecodeAgreeOffer(EncodeAgreeOffer(o), "rank 1");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->layout_hash, o.layout_hash);
+}
+
 // Two ranks as threads, each with a host tier of its own, agreeing over an in-process
 // group; captures are made by hand so that the test decides which rank skips what.
 class TwoRanks : public ::testing::Test {

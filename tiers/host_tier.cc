@@ -15,12 +15,18 @@
 namespace cairn {
 namespace {
 
-constexpr uint64_t kSlotGranule = 2ull << 20;  // slots grow in 2 MiB steps
+constexpr uint64_t kSlotGranule = 2ull << 20;  // large slots grow in 2 MiB steps
+constexpr uint64_t kPageBytes = 4096;
 
-// The size of a slot that holds `bytes`: whole granules, at least one. EnsureRoom checks
-// the room for this size, and EnsureMapped grows a slot to it: the two must agree.
+// The size of a slot that holds `bytes`: whole granules of the power of two nearest above
+// bytes / 64, between a page and 2 MiB (so a slot wastes at most 1/64 of its version, 2 MiB
+// pages fit the large ones, and a blobs-only replica takes a page, not 2 MiB: with 2 MiB
+// granules a 4 MiB state and its blob took 6 MiB). EnsureRoom checks the room for this
+// size, and EnsureMapped grows a slot to it: the two must agree.
 uint64_t SlotSizeFor(uint64_t bytes) {
-  return std::max<uint64_t>(RoundUp(bytes, kSlotGranule), kSlotGranule);
+  uint64_t granule = kPageBytes;
+  while (granule < kSlotGranule && granule < bytes / 64) granule *= 2;
+  return std::max<uint64_t>(RoundUp(bytes, granule), kPageBytes);
 }
 
 std::string SlotName(int k) {
@@ -453,6 +459,19 @@ Result<std::unique_ptr<HostTier::View>> HostTier::Pin(int64_t step) {
   ++best->pins;
   return std::unique_ptr<View>(
       new View(this, best->index, *best->header, best->file->data(), best->data_path));
+}
+
+std::optional<SlotHeader> HostTier::NewestHeader() const {
+  MutexLock lk(mu_);
+  const Slot* best = nullptr;
+  for (const Slot& s : slots_)
+    if (s.use == Use::kCaptured && s.header &&
+        (!best || s.header->step > best->header->step ||
+         (s.header->step == best->header->step &&
+          s.header->created_wall_ns > best->header->created_wall_ns)))
+      best = &s;
+  if (!best) return std::nullopt;
+  return *best->header;
 }
 
 HostTier::View::~View() {

@@ -138,6 +138,9 @@ class HostTier {
   };
   // Pins the restorable version of `step`; NotFound listing the steps held otherwise.
   Result<std::unique_ptr<View>> Pin(int64_t step);
+  // A copy of the header of the newest restorable version (none: nullopt), without pinning
+  // it (a pin would hold its slot against a save).
+  std::optional<SlotHeader> NewestHeader() const;
 
   const std::string& dir() const { return config_.dir; }
   int num_slots() const { return static_cast<int>(slots_.size()); }

@@ -45,7 +45,10 @@ struct CaptureStats {
 // CAIRN_REPLICAS=0.
 struct ReplicationStats {
   uint64_t replicated = 0;  // versions acknowledged by every replica holder
-  uint64_t failed = 0;      // pushes that failed (holder dead, slow or refusing)
+  // Of `replicated`: versions whose replicas carried only the blobs, every box of this rank
+  // being held by a rank on another node (data parallel: docs/settings.md).
+  uint64_t blobs_only = 0;
+  uint64_t failed = 0;  // pushes that failed (holder dead, slow or refusing)
   uint64_t bytes = 0;
   double gbps = 0;     // bytes / time in acknowledged pushes
   double ack_ms = 0;   // last data sent -> its acknowledgement, last push
