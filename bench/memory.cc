@@ -2,9 +2,9 @@
 // failure, in one run (issue 34's measure).
 //
 // For each scheme a job of one-rank nodes (processes, UCX between them) trains --steps steps
-// of --iteration-ms each, with --bytes of state per rank (a tenth of it changed every step),
-// saving every step (CAIRN_SLOTS=--slots) and draining every --persist-every-th version to the
-// PFS (--dir). Meanwhile the parent samples, every 5 ms, the bytes allocated to every file
+// of --iteration-ms each, with --bytes of state per rank (tensors, a tenth changed every step, and
+// a blob), saving every step (CAIRN_SLOTS=--slots) and draining every --persist-every-th version to
+// the PFS (--dir). Meanwhile the parent samples, every 5 ms, the bytes allocated to every file
 // under the job's host directory on all nodes (slots, replicas, parity): the peak over the
 // sum of the ranks' state bytes is `host_bytes_per_state_byte`. At a random step in the last
 // fifth of the run every rank is SIGKILLed (a job failure at a random moment), node 0's host
@@ -32,6 +32,7 @@
 // fullest node stayed within the budget (peak_node_bytes, within_host_memory), or that
 // cairn refused the budget.
 //
+// Every rank also saves a blob of its own (its rank and the step), checked at the restore.
 // Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
 // (and at that peak, per byte of state: own_slots, replicas, parity), skipped, steps_lost,
 // lost_node_restore_s, from_memory, rebuilt (xor, rs), encode_gbps, isal_gbps and encode_vs_isal
@@ -72,6 +73,14 @@ using cairn::bench::Round;
 namespace {
 
 constexpr int kTensors = 4;
+// Room left in --bytes for the blob: a rank's version (tensors 4 KiB-aligned, then the blob)
+// fills its slot of --bytes exactly.
+constexpr uint64_t kBlobRoom = 16 << 10;
+
+// fp32 elements per tensor of a rank with --bytes of state.
+int64_t PerTensor(uint64_t bytes) {
+  return static_cast<int64_t>((bytes - kBlobRoom) / kTensors / 4);
+}
 
 struct Args {
   std::string schemes = "replica,xor,rs,data_parallel";
@@ -98,7 +107,7 @@ void Die(const char* what, const Status& st) {
 struct State {
   // data_parallel: every rank holds the whole of each tensor.
   State(uint64_t bytes, int rank, int world, bool data_parallel) {
-    const int64_t per = static_cast<int64_t>(bytes / kTensors / 4);
+    const int64_t per = PerTensor(bytes);
     for (int t = 0; t < kTensors; ++t) {
       ShardSpec s;
       s.meta = {"t" + std::to_string(t), DType::kF32, {data_parallel ? per : world * per}};
@@ -284,7 +293,8 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
 int main(int argc, char** argv) {
   Args a;
   CLI::App app(
-      "Host memory each redundancy scheme (replica, xor, rs) holds per byte of state while a "
+      "Host memory each redundancy scheme (replica, xor, rs; data_parallel: a job whose ranks "
+      "all hold the same state, with the default replica) holds per byte of state while a "
       "job saves every step and drains every tenth, the saves it skipped, the steps lost and "
       "the lost node's restore time after a kill with one node's memory wiped, and the "
       "encoding rate against ISA-L's. Prints one JSON line last.",
@@ -310,7 +320,7 @@ int main(int argc, char** argv) {
   app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
   app.add_flag("--data-parallel", a.data_parallel, "internal: the child's state")->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
-  a.bytes = std::max<uint64_t>(a.bytes / (kTensors * 4 * 64) * (kTensors * 4 * 64), 1 << 16);
+  a.bytes = std::max<uint64_t>(a.bytes / (kTensors * 4096) * (kTensors * 4096), 1 << 16);
   if (!a.mode.empty()) return Child(a);
   if (a.seed == 0) a.seed = static_cast<uint64_t>(WallNanos());
   std::mt19937_64 rng(a.seed);
@@ -474,7 +484,8 @@ int main(int argc, char** argv) {
         if (line.find("warning") != std::string::npos)
           std::fprintf(stderr, "memory: %s restore, rank 0: %s\n", sc.name.c_str(), line.c_str());
     }
-    const double state = static_cast<double>(a.bytes) * sc.nodes;
+    // A rank's state: its tensors and its blob ("<rank>@<step>", at most 16 bytes).
+    const double state = static_cast<double>(PerTensor(a.bytes) * kTensors * 4 + 16) * sc.nodes;
     nlohmann::ordered_json j = {{"nodes", sc.nodes},
                                 {"host_bytes_per_state_byte", Round(peak.total() / state, 3)},
                                 {"peak_host_bytes", peak.total()},
