@@ -8,10 +8,12 @@
 // under the job's host directory on all nodes (slots, replicas, parity): the peak over the
 // sum of the ranks' state bytes is `host_bytes_per_state_byte`. At a random step in the last
 // fifth of the run every rank is SIGKILLed (a job failure at a random moment), node 0's host
-// memory is wiped (its node lost), and a new job restores: `steps_lost` is the newest step
-// every rank reported saved minus the step restored, `lost_node_restore_s` rank 0's restore
-// call (for xor and rs: the rebuild from parity included), `from_memory` whether no rank
-// read the PFS.
+// memory is wiped (its node lost), and a new job restores; --kills such runs per scheme.
+// `steps_lost` (one per run; `steps_lost_max`) is the newest step every rank reported saved
+// minus the step restored, `iteration_overhead` the training thread's mean time in save()
+// over --iteration-ms, `lost_node_restore_s` rank 0's restore call (the median over the
+// runs; for xor and rs the rebuild from parity included), `from_memory` whether no rank read
+// the PFS in any run.
 //   replica  4 nodes, CAIRN_REPLICAS=1 (ring)
 //   xor      4 nodes, CAIRN_REDUNDANCY=xor, k=4 (any 1 lost)
 //   rs       6 nodes, CAIRN_REDUNDANCY=rs, k=6, m=2 (any 2 lost)
@@ -34,9 +36,11 @@
 //
 // Every rank also saves a blob of its own (its rank and the step), checked at the restore.
 // Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
-// (and at that peak, per byte of state: own_slots, replicas, parity), skipped, steps_lost,
-// lost_node_restore_s, from_memory, rebuilt (xor, rs), encode_gbps, isal_gbps and encode_vs_isal
-// (xor, rs); and lost_node_restore_xor_over_replica.
+// (the peak over the runs, and at that peak, per byte of state: own_slots, replicas,
+// parity), skipped (over the runs), kills, steps_lost, steps_lost_max, lost_node_restore_s,
+// from_memory, save_ms_mean, iteration_overhead, rebuilt_step (xor, rs: the last run's),
+// encode_gbps, isal_gbps and encode_vs_isal (xor, rs); and
+// lost_node_restore_xor_over_replica.
 #include <fcntl.h>
 #include <ftw.h>
 #include <isa-l/erasure_code.h>
@@ -67,6 +71,7 @@
 
 using namespace cairn;
 using cairn::bench::Buffer;
+using cairn::bench::Mean;
 using cairn::bench::Median;
 using cairn::bench::Round;
 
@@ -93,6 +98,7 @@ struct Args {
   int rounds = 5;
   uint64_t seed = 0;
   double host_memory_x = 0;    // CAIRN_HOST_MEMORY as a multiple of a node's state (0: unset)
+  int kills = 3;               // runs per scheme, each killed at a random step
   std::string mode;            // child: train or restore
   bool data_parallel = false;  // child: every rank holds the whole state
 };
@@ -178,11 +184,14 @@ int Child(const Args& a) {
   for (int64_t step = 1; step <= a.steps; ++step) {
     const int64_t t0 = NowNanos();
     s.Fill(step, false);
+    const int64_t s0 = NowNanos();
     auto st = c.save(step, s.shards, blob(step));
+    const int64_t save_ns = NowNanos() - s0;  // what the training thread spent in cairn
     if (!st.ok()) Die("save", st.status());
     const Stats stats = c.stats();
-    std::printf("SAVED %lld skipped %llu\n", static_cast<long long>(step),
-                static_cast<unsigned long long>(stats.save.skipped));
+    std::printf("SAVED %lld skipped %llu save_us %lld\n", static_cast<long long>(step),
+                static_cast<unsigned long long>(stats.save.skipped),
+                static_cast<long long>(save_ns / 1000));
     std::fflush(stdout);
     const int64_t left = a.iteration_ms * 1'000'000ll - (NowNanos() - t0);
     if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
@@ -312,6 +321,11 @@ int main(int argc, char** argv) {
   app.add_option("--persist-every", a.persist_every, "CAIRN_PERSIST_EVERY")->capture_default_str();
   app.add_option("--dir", a.dir, "the PFS directory")->capture_default_str();
   app.add_option("--rounds", a.rounds, "encoding rounds")->check(CLI::Range(1, 1000));
+  app.add_option("--kills", a.kills,
+                 "runs per scheme, each killed at a random step of its last fifth (steps_lost_max "
+                 "is over them)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "the kill steps' random seed (default: the time)");
   app.add_option("--host-memory-x", a.host_memory_x,
                  "CAIRN_HOST_MEMORY per node as a multiple of its state (CAIRN_SLOT_BYTES = "
@@ -341,164 +355,186 @@ int main(int argc, char** argv) {
   std::map<std::string, double> restore_s;
   for (const Scheme& sc : all) {
     if (std::find(wanted.begin(), wanted.end(), sc.name) == wanted.end()) continue;
-    char host_t[] = "/dev/shm/cairn-bench-memory-XXXXXX";
-    std::string pfs_t = a.dir + "/cairn-bench-memory-XXXXXX";
-    if (!::mkdtemp(host_t) || !::mkdtemp(pfs_t.data())) {
-      std::perror("mkdtemp");
-      return 1;
-    }
-    const std::string root = host_t, pfs = pfs_t;
-    const std::string job = "bench-memory-" + sc.name + "-" + std::to_string(::getpid());
-    // With --host-memory-x: the budget per node (one rank each), and the slots cairn will
-    // derive from it, as its ranks do at open.
-    const uint64_t budget = static_cast<uint64_t>(a.host_memory_x * static_cast<double>(a.bytes));
-    int budget_slots = a.slots;
-    if (a.host_memory_x > 0) {
-      auto o = Options::FromEnvironment([&](const char* v) -> const char* {
-        for (const auto& [k, val] : sc.env)
-          if (k == v) return val.c_str();
-        return nullptr;
-      });
-      if (!o.ok()) Die("options", o.status());
-      o->world_size = o->local_world_size * sc.nodes;
-      o->slots = a.slots;
-      o->slot_bytes = a.bytes;
-      o->host_memory = budget;
-      auto plan = cairn::PlanHostMemory(*o);
-      if (!plan.ok()) {
-        std::printf("%s: %s\n", sc.name.c_str(),
-                    nlohmann::ordered_json({{"refused", plan.status().message()}}).dump().c_str());
-        out[sc.name] = {{"refused", plan.status().message()}};
-        (void)DefaultFileSystem()->RemoveAll(root);
-        (void)DefaultFileSystem()->RemoveAll(pfs);
-        continue;
-      }
-      budget_slots = plan->slots;
-      std::fprintf(stderr, "memory: %s: %s\n", sc.name.c_str(), plan->summary.c_str());
-    }
-    auto cleanup = [&] {
-      (void)DefaultFileSystem()->RemoveAll(root);
-      (void)DefaultFileSystem()->RemoveAll(pfs);
-    };
-    auto spec = [&](const std::string& mode, const std::string& out_dir) {
-      LaunchSpec s;
-      s.nodes = sc.nodes;
-      s.argv = {"/proc/self/exe",
-                "--child",
-                mode,
-                "--bytes",
-                std::to_string(a.bytes),
-                "--steps",
-                std::to_string(a.steps),
-                "--iteration-ms",
-                std::to_string(a.iteration_ms)};
-      if (sc.data_parallel) s.argv.push_back("--data-parallel");
-      s.output_dir = out_dir;
-      s.env = {{"CAIRN_JOB_ID", job},
-               {"CAIRN_HOST_ROOT", root + "/host"},
-               {"CAIRN_PFS_ROOT", pfs},
-               {"CAIRN_SLOTS", std::to_string(a.slots)},
-               {"CAIRN_PERSIST_EVERY", std::to_string(a.persist_every)},
-               {"CAIRN_CHUNK_BYTES", "1M"}};
-      if (a.host_memory_x > 0) {
-        s.env.push_back({"CAIRN_SLOT_BYTES", std::to_string(a.bytes)});
-        s.env.push_back({"CAIRN_HOST_MEMORY", std::to_string(budget)});
-      }
-      s.env.insert(s.env.end(), sc.env.begin(), sc.env.end());
-      return s;
-    };
-    const std::string train_dir = root + "/train", restore_dir = root + "/restore";
-    (void)DefaultFileSystem()->MakeDirs(train_dir, 0700);
-    (void)DefaultFileSystem()->MakeDirs(restore_dir, 0700);
-    // Train, sampling the host directory, until the kill step.
-    const int kill_at =
-        a.steps - a.steps / 5 + static_cast<int>(rng() % static_cast<uint64_t>(a.steps / 5));
-    auto l = LocalLauncher::Start(spec("train", train_dir));
-    if (!l.ok()) Die("launch", l.status());
-    const std::string host_job = root + "/host/" + job;
+    // Over the kills: the peaks, the skips, the steps lost, the restore times.
     Held peak;
     uint64_t peak_node = 0;  // the fullest node's
-    const int64_t deadline = NowNanos() + 600'000'000'000ll;
-    for (;;) {
-      const Held now = AllocatedBytes(host_job);
-      if (now.total() > peak.total()) peak = now;
-      if (a.host_memory_x > 0)
-        for (int n = 0; n < sc.nodes; ++n)
-          peak_node =
-              std::max(peak_node, AllocatedBytes(host_job + "/node-" + std::to_string(n)).total());
-      auto saved = Lines(train_dir, 0, "SAVED ");
-      if (static_cast<int>(saved.size()) >= kill_at) break;
-      if (NowNanos() > deadline) Die("train", Status::Unavailable("rank 0 did not reach its step"));
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    for (int r = 0; r < sc.nodes; ++r) (void)(*l)->Signal(r, SIGKILL);
-    (void)(*l)->WaitAll(60);
-    l->reset();
-    // The newest step every rank reported saved, and the skips.
-    int64_t newest = -1;
     uint64_t skipped = 0;
-    for (int r = 0; r < sc.nodes; ++r) {
-      auto saved = Lines(train_dir, r, "SAVED ");
-      long long step = 0;
-      unsigned long long sk = 0;
-      if (!saved.empty()) std::sscanf(saved.back().c_str(), "%lld skipped %llu", &step, &sk);
-      newest = newest < 0 ? step : std::min<int64_t>(newest, step);
-      skipped += sk;
-    }
-    // Node 0 lost; a new job restores.
-    (void)DefaultFileSystem()->RemoveAll(host_job + "/node-0");
-    auto rl = LocalLauncher::Start(spec("restore", restore_dir));
-    if (!rl.ok() || !(*rl)->WaitAll(600)) {
+    std::vector<int64_t> lost;
+    std::vector<double> restore_secs, save_us;
+    bool from_memory = true, refused = false;
+    int64_t last_rebuilt = -1;
+    int budget_slots = a.slots;
+    const uint64_t budget = static_cast<uint64_t>(a.host_memory_x * static_cast<double>(a.bytes));
+    for (int kill = 0; kill < a.kills && !refused; ++kill) {
+      char host_t[] = "/dev/shm/cairn-bench-memory-XXXXXX";
+      std::string pfs_t = a.dir + "/cairn-bench-memory-XXXXXX";
+      if (!::mkdtemp(host_t) || !::mkdtemp(pfs_t.data())) {
+        std::perror("mkdtemp");
+        return 1;
+      }
+      const std::string root = host_t, pfs = pfs_t;
+      const std::string job =
+          "bench-memory-" + sc.name + "-" + std::to_string(::getpid()) + "-" + std::to_string(kill);
+      // With --host-memory-x: the budget per node (one rank each), and the slots cairn will
+      // derive from it, as its ranks do at open.
+      if (a.host_memory_x > 0) {
+        auto o = Options::FromEnvironment([&](const char* v) -> const char* {
+          for (const auto& [k, val] : sc.env)
+            if (k == v) return val.c_str();
+          return nullptr;
+        });
+        if (!o.ok()) Die("options", o.status());
+        o->world_size = o->local_world_size * sc.nodes;
+        o->slots = a.slots;
+        o->slot_bytes = a.bytes;
+        o->host_memory = budget;
+        auto plan = cairn::PlanHostMemory(*o);
+        if (!plan.ok()) {
+          std::printf(
+              "%s: %s\n", sc.name.c_str(),
+              nlohmann::ordered_json({{"refused", plan.status().message()}}).dump().c_str());
+          out[sc.name] = {{"refused", plan.status().message()}};
+          (void)DefaultFileSystem()->RemoveAll(root);
+          (void)DefaultFileSystem()->RemoveAll(pfs);
+          refused = true;
+          continue;
+        }
+        budget_slots = plan->slots;
+        std::fprintf(stderr, "memory: %s: %s\n", sc.name.c_str(), plan->summary.c_str());
+      }
+      auto cleanup = [&] {
+        (void)DefaultFileSystem()->RemoveAll(root);
+        (void)DefaultFileSystem()->RemoveAll(pfs);
+      };
+      auto spec = [&](const std::string& mode, const std::string& out_dir) {
+        LaunchSpec s;
+        s.nodes = sc.nodes;
+        s.argv = {"/proc/self/exe",
+                  "--child",
+                  mode,
+                  "--bytes",
+                  std::to_string(a.bytes),
+                  "--steps",
+                  std::to_string(a.steps),
+                  "--iteration-ms",
+                  std::to_string(a.iteration_ms)};
+        if (sc.data_parallel) s.argv.push_back("--data-parallel");
+        s.output_dir = out_dir;
+        s.env = {{"CAIRN_JOB_ID", job},
+                 {"CAIRN_HOST_ROOT", root + "/host"},
+                 {"CAIRN_PFS_ROOT", pfs},
+                 {"CAIRN_SLOTS", std::to_string(a.slots)},
+                 {"CAIRN_PERSIST_EVERY", std::to_string(a.persist_every)},
+                 {"CAIRN_CHUNK_BYTES", "1M"}};
+        if (a.host_memory_x > 0) {
+          s.env.push_back({"CAIRN_SLOT_BYTES", std::to_string(a.bytes)});
+          s.env.push_back({"CAIRN_HOST_MEMORY", std::to_string(budget)});
+        }
+        s.env.insert(s.env.end(), sc.env.begin(), sc.env.end());
+        return s;
+      };
+      const std::string train_dir = root + "/train", restore_dir = root + "/restore";
+      (void)DefaultFileSystem()->MakeDirs(train_dir, 0700);
+      (void)DefaultFileSystem()->MakeDirs(restore_dir, 0700);
+      // Train, sampling the host directory, until the kill step.
+      const int kill_at =
+          a.steps - a.steps / 5 + static_cast<int>(rng() % static_cast<uint64_t>(a.steps / 5));
+      auto l = LocalLauncher::Start(spec("train", train_dir));
+      if (!l.ok()) Die("launch", l.status());
+      const std::string host_job = root + "/host/" + job;
+      const int64_t deadline = NowNanos() + 600'000'000'000ll;
+      for (;;) {
+        const Held now = AllocatedBytes(host_job);
+        if (now.total() > peak.total()) peak = now;
+        if (a.host_memory_x > 0)
+          for (int n = 0; n < sc.nodes; ++n)
+            peak_node = std::max(peak_node,
+                                 AllocatedBytes(host_job + "/node-" + std::to_string(n)).total());
+        auto saved = Lines(train_dir, 0, "SAVED ");
+        if (static_cast<int>(saved.size()) >= kill_at) break;
+        if (NowNanos() > deadline)
+          Die("train", Status::Unavailable("rank 0 did not reach its step"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      for (int r = 0; r < sc.nodes; ++r) (void)(*l)->Signal(r, SIGKILL);
+      (void)(*l)->WaitAll(60);
+      l->reset();
+      // The newest step every rank reported saved, and the skips.
+      int64_t newest = -1;
       for (int r = 0; r < sc.nodes; ++r) {
-        std::ifstream f(restore_dir + "/rank-" + std::to_string(r) + ".log");
-        std::stringstream ss;
-        ss << f.rdbuf();
-        std::fprintf(stderr, "memory: %s restore failed; rank %d:\n%s\n", sc.name.c_str(), r,
-                     ss.str().c_str());
+        auto saved = Lines(train_dir, r, "SAVED ");
+        long long step = 0, us = 0;
+        unsigned long long sk = 0;
+        for (const std::string& line : saved)
+          if (std::sscanf(line.c_str(), "%lld skipped %llu save_us %lld", &step, &sk, &us) == 3)
+            save_us.push_back(static_cast<double>(us));
+        newest = newest < 0 ? step : std::min<int64_t>(newest, step);
+        skipped += sk;
       }
+      // Node 0 lost; a new job restores.
+      (void)DefaultFileSystem()->RemoveAll(host_job + "/node-0");
+      auto rl = LocalLauncher::Start(spec("restore", restore_dir));
+      if (!rl.ok() || !(*rl)->WaitAll(600)) {
+        for (int r = 0; r < sc.nodes; ++r) {
+          std::ifstream f(restore_dir + "/rank-" + std::to_string(r) + ".log");
+          std::stringstream ss;
+          ss << f.rdbuf();
+          std::fprintf(stderr, "memory: %s restore failed; rank %d:\n%s\n", sc.name.c_str(), r,
+                       ss.str().c_str());
+        }
+        cleanup();
+        return 1;
+      }
+      long long restored = -1, rebuilt = -1;
+      double secs = 0;
+      for (int r = 0; r < sc.nodes; ++r) {
+        auto lines = Lines(restore_dir, r, "RESTORED ");
+        if (lines.empty()) Die("restore", Status::Internal("no RESTORED line"));
+        char tier[32] = {0};
+        unsigned long long pfs_read = 0;
+        long long step = 0, rb = -1;
+        double s = 0;
+        std::sscanf(lines.back().c_str(), "%lld %31s %lf %llu %lld", &step, tier, &s, &pfs_read,
+                    &rb);
+        if (pfs_read > 0) from_memory = false;
+        if (r == 0) {
+          restored = step;
+          secs = s;
+          rebuilt = rb;
+        }
+      }
+      if (!from_memory) {
+        // Why the lost node did not come back from memory: the restore's own words.
+        std::ifstream f(restore_dir + "/rank-0.log");
+        for (std::string line; std::getline(f, line);)
+          if (line.find("warning") != std::string::npos)
+            std::fprintf(stderr, "memory: %s restore, rank 0: %s\n", sc.name.c_str(), line.c_str());
+      }
+      lost.push_back(newest - restored);
+      restore_secs.push_back(secs);
+      last_rebuilt = rebuilt;
       cleanup();
-      return 1;
     }
-    long long restored = -1, rebuilt = -1;
-    double secs = 0;
-    bool from_memory = true;
-    for (int r = 0; r < sc.nodes; ++r) {
-      auto lines = Lines(restore_dir, r, "RESTORED ");
-      if (lines.empty()) Die("restore", Status::Internal("no RESTORED line"));
-      char tier[32] = {0};
-      unsigned long long pfs_read = 0;
-      long long step = 0, rb = -1;
-      double s = 0;
-      std::sscanf(lines.back().c_str(), "%lld %31s %lf %llu %lld", &step, tier, &s, &pfs_read, &rb);
-      if (pfs_read > 0) from_memory = false;
-      if (r == 0) {
-        restored = step;
-        secs = s;
-        rebuilt = rb;
-      }
-    }
-    if (!from_memory) {
-      // Why the lost node did not come back from memory: the restore's own words.
-      std::ifstream f(restore_dir + "/rank-0.log");
-      for (std::string line; std::getline(f, line);)
-        if (line.find("warning") != std::string::npos)
-          std::fprintf(stderr, "memory: %s restore, rank 0: %s\n", sc.name.c_str(), line.c_str());
-    }
+    if (refused) continue;
     // A rank's state: its tensors and its blob ("<rank>@<step>", at most 16 bytes).
     const double state = static_cast<double>(PerTensor(a.bytes) * kTensors * 4 + 16) * sc.nodes;
-    nlohmann::ordered_json j = {{"nodes", sc.nodes},
-                                {"host_bytes_per_state_byte", Round(peak.total() / state, 3)},
-                                {"peak_host_bytes", peak.total()},
-                                // at the peak, per byte of state
-                                {"own_slots", Round(peak.own / state, 3)},
-                                {"replicas", Round(peak.replica / state, 3)},
-                                {"parity", Round(peak.parity / state, 3)},
-                                {"skipped", skipped},
-                                {"killed_after_step", newest},
-                                {"restored_step", restored},
-                                {"steps_lost", newest - restored},
-                                {"from_memory", from_memory},
-                                {"lost_node_restore_s", Round(secs, 4)}};
+    nlohmann::ordered_json j = {
+        {"nodes", sc.nodes},
+        {"host_bytes_per_state_byte", Round(peak.total() / state, 3)},
+        {"peak_host_bytes", peak.total()},
+        // at the peak, per byte of state
+        {"own_slots", Round(peak.own / state, 3)},
+        {"replicas", Round(peak.replica / state, 3)},
+        {"parity", Round(peak.parity / state, 3)},
+        {"skipped", skipped},
+        {"kills", lost.size()},
+        {"steps_lost", lost},
+        {"steps_lost_max", *std::max_element(lost.begin(), lost.end())},
+        {"from_memory", from_memory},
+        {"lost_node_restore_s", Round(Median(restore_secs), 4)},
+        // the training thread's time in save() over the iteration
+        {"save_ms_mean", Round(Mean(save_us) / 1e3, 3)},
+        {"iteration_overhead", Round(Mean(save_us) / 1e3 / a.iteration_ms, 4)}};
     if (a.host_memory_x > 0) {
       j["host_memory_per_state_byte"] = a.host_memory_x;
       j["slots"] = budget_slots;
@@ -507,17 +543,16 @@ int main(int argc, char** argv) {
       j["within_host_memory"] = peak_node <= budget;
     }
     if (sc.code.k > 0) {
-      j["rebuilt_step"] = rebuilt;
+      j["rebuilt_step"] = last_rebuilt;
       auto [ours, theirs] = EncodeRates(sc.code, a.bytes, a.rounds);
       j["encode_gbps"] = Round(ours, 3);
       j["isal_gbps"] = Round(theirs, 3);
       j["encode_vs_isal"] = Round(ours / theirs, 3);
     }
-    restore_s[sc.name] = secs;
+    restore_s[sc.name] = Median(restore_secs);
     std::printf("%s: %s\n", sc.name.c_str(), j.dump().c_str());
     std::fflush(stdout);
     out[sc.name] = j;
-    cleanup();
   }
   if (restore_s.count("replica") && restore_s.count("xor") && restore_s["replica"] > 0)
     out["lost_node_restore_xor_over_replica"] = Round(restore_s["xor"] / restore_s["replica"], 3);
