@@ -259,6 +259,11 @@ Status Checkpointer::Impl::Open() {
         }
       };
       protection.agreed = [replicator](int64_t step) { replicator->SetKeepStep(step); };
+      // The members of a set push the steps the rounds name (snapshot/step_agreement.h),
+      // so their parity records complete however far the pushes lag the saves.
+      replicator->ExpectTargets();
+      protection.target = [replicator](int64_t step) { replicator->SetTarget(step); };
+      protection.ended = [replicator] { replicator->EndTargets(); };
     } else if (replicator_) {
       // Replicas of a rank whose every box a rank on another node holds carry only its
       // blobs (data parallel): the rounds tell the replicator which layouts are covered.

@@ -299,6 +299,32 @@ SlotHeader BlobsOnlyHeader(const SlotHeader& h, uint64_t* from) {
   return b;
 }
 
+void Replicator::ExpectTargets() {
+  MutexLock g(mu_);
+  named_ = true;
+}
+
+void Replicator::SetTarget(int64_t step) {
+  MutexLock g(mu_);
+  target_ = std::max(target_, step);
+  cv_.NotifyAll();
+}
+
+void Replicator::EndTargets() {
+  MutexLock g(mu_);
+  named_ = false;
+  cv_.NotifyAll();
+}
+
+std::optional<int64_t> Replicator::NextStep() {
+  if (named_) {
+    if (target_ > attempted_) return target_;
+    return std::nullopt;
+  }
+  if (pending_ > attempted_) return pending_;
+  return std::nullopt;
+}
+
 void Replicator::ExpectCoverage(std::function<uint64_t(const SlotHeader&)> layout_hash) {
   layout_hash_ = std::move(layout_hash);
 }
@@ -394,17 +420,23 @@ void Replicator::SenderLoop() {
   const std::vector<int>& holders = placement_.holders_of(me);
   MutexLock lk(mu_);
   for (;;) {
-    cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stop_ || pending_ > attempted_; });
+    cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return stop_ || NextStep().has_value(); });
     if (stop_) return;
     lk.Unlock();
     if (!WaitForHolders(holders)) return;
     lk.Lock();
+    const std::optional<int64_t> next = NextStep();
+    if (!next) continue;  // EndTargets, or a target tried meanwhile
+    const bool named = named_;
     const int64_t pending = pending_, attempted = attempted_;
     lk.Unlock();
-    std::vector<int64_t> held;
-    if (pending - attempted > 1)
-      for (const VersionInfo& v : local_->Versions()) held.push_back(v.step);
-    const int64_t step = ChooseReplicationStep(attempted, pending, held);
+    int64_t step = *next;
+    if (!named) {
+      std::vector<int64_t> held;
+      if (pending - attempted > 1)
+        for (const VersionInfo& v : local_->Versions()) held.push_back(v.step);
+      step = ChooseReplicationStep(attempted, pending, held);
+    }
     const Status st = PushToAll(step, holders);
     lk.Lock();
     attempted_ = std::max(attempted_, step);

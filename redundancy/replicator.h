@@ -117,6 +117,13 @@ class Replicator {
   // The step the job agreed on (StepAgreement): sent with every parity offer, so the
   // holders keep that step's parity while newer ones come (erasure).
   void SetKeepStep(int64_t step) { keep_step_.store(step); }
+  // Named pushes (StepAgreement's `target`, parity): from ExpectTargets on, this rank pushes
+  // only the steps the agreement names (SetTarget), the same on every member of its set,
+  // instead of choosing its own (ChooseReplicationStep); EndTargets (the agreement ended)
+  // goes back to choosing.
+  void ExpectTargets();
+  void SetTarget(int64_t step);
+  void EndTargets();
   // Data-parallel coverage (replicas, not parity): a version whose layout (`layout_hash` of
   // its header) some rank on another node also holds needs no copy of its tensors for a
   // one-node loss: the memory restore takes each box from any holder. Its replicas then
@@ -250,6 +257,11 @@ class Replicator {
   std::vector<std::byte> window_[2];  // (as many as the receive window)
   std::atomic<uint32_t> next_offer_{1};
   std::atomic<int64_t> keep_step_{-1};
+  // Named pushes (ExpectTargets).
+  bool named_ CAIRN_GUARDED_BY(mu_) = false;
+  int64_t target_ CAIRN_GUARDED_BY(mu_) = -1;
+  // The step the sender pushes next, and whether there is one (sender thread, under mu_).
+  std::optional<int64_t> NextStep() CAIRN_REQUIRES(mu_);
   // Data-parallel coverage (ExpectCoverage).
   std::function<uint64_t(const SlotHeader&)> layout_hash_;  // set before the first Notify
   bool coverage_told_ CAIRN_GUARDED_BY(mu_) = false;

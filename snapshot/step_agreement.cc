@@ -170,39 +170,60 @@ void StepAgreement::Loop() {
 
 bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   settle_(seq);
-  // What this round offers as held: every step of the window this rank holds; with
-  // redundancy, only the newest step of the window its pushes covered (REPLICATED), so a
-  // round keeps at most two slots (that step and the agreed one) however far the
-  // acknowledgements lag the saves (keeping the whole window made the fourth of four quick
-  // saves find no slot with 2 replicas and 3 slots). The ranks replicate the same steps
-  // when they lag (ChooseReplicationStep), so their newest covered steps meet.
-  std::vector<int64_t> offer = window;
-  if (protection_.wait_tried) {
-    protection_.wait_tried(*std::max_element(window.begin(), window.end()));
+  const bool named = static_cast<bool>(protection_.target);
+  AgreeOffer mine;
+  if (named) {
+    // Named pushes: offer the newest step of the window this rank holds, kept while the
+    // ranks agree (with the agreed step: two slots, as below).
+    MutexLock lk(mu_);
     int64_t newest = -1;
     for (const VersionInfo& v : tier_->Versions())
-      if (v.state == VersionState::kReplicated &&
-          std::find(window.begin(), window.end(), v.step) != window.end())
+      if (std::find(window.begin(), window.end(), v.step) != window.end())
         newest = std::max(newest, v.step);
-    offer = newest >= 0 ? std::vector<int64_t>{newest} : std::vector<int64_t>{};
-  }
-  // Kept from here on: a step offered as held cannot be reused while the ranks agree.
-  std::vector<int64_t> held;
-  {
-    MutexLock lk(mu_);
-    std::vector<int64_t> keep = offer;
+    std::vector<int64_t> keep;
     if (agreed_ >= 0) keep.push_back(agreed_);
-    held = tier_->Keep(keep, {});
+    if (newest >= 0) keep.push_back(newest);
+    const std::vector<int64_t> held = tier_->Keep(keep, {});
+    if (std::find(held.begin(), held.end(), newest) == held.end()) newest = -1;
     holding_since_ns_ = NowNanos();
+    mine.first = consumed_ + 1;
+    mine.settled = consumed_ + window.size();
+    mine.steps = window;
+    for (int64_t st : window) mine.held.push_back(st == newest);
+  } else {
+    // What this round offers as held: every step of the window this rank holds; with
+    // redundancy, only the newest step of the window its pushes covered (REPLICATED), so a
+    // round keeps at most two slots (that step and the agreed one) however far the
+    // acknowledgements lag the saves (keeping the whole window made the fourth of four quick
+    // saves find no slot with 2 replicas and 3 slots). The ranks replicate the same steps
+    // when they lag (ChooseReplicationStep), so their newest covered steps meet.
+    std::vector<int64_t> offer = window;
+    if (protection_.wait_tried) {
+      protection_.wait_tried(*std::max_element(window.begin(), window.end()));
+      int64_t newest = -1;
+      for (const VersionInfo& v : tier_->Versions())
+        if (v.state == VersionState::kReplicated &&
+            std::find(window.begin(), window.end(), v.step) != window.end())
+          newest = std::max(newest, v.step);
+      offer = newest >= 0 ? std::vector<int64_t>{newest} : std::vector<int64_t>{};
+    }
+    // Kept from here on: a step offered as held cannot be reused while the ranks agree.
+    std::vector<int64_t> held;
+    {
+      MutexLock lk(mu_);
+      std::vector<int64_t> keep = offer;
+      if (agreed_ >= 0) keep.push_back(agreed_);
+      held = tier_->Keep(keep, {});
+      holding_since_ns_ = NowNanos();
+    }
+    std::sort(offer.begin(), offer.end());
+    std::erase_if(held,
+                  [&](int64_t st) { return !std::binary_search(offer.begin(), offer.end(), st); });
+    mine.first = consumed_ + 1;
+    mine.settled = consumed_ + window.size();
+    mine.steps = window;
+    for (int64_t st : window) mine.held.push_back(std::binary_search(held.begin(), held.end(), st));
   }
-  std::sort(offer.begin(), offer.end());
-  std::erase_if(held,
-                [&](int64_t s) { return !std::binary_search(offer.begin(), offer.end(), s); });
-  AgreeOffer mine;
-  mine.first = consumed_ + 1;
-  mine.settled = consumed_ + window.size();
-  mine.steps = window;
-  for (int64_t s : window) mine.held.push_back(std::binary_search(held.begin(), held.end(), s));
   const bool coverage =
       protection_.covered && protection_.layout_hash && !protection_.node_of.empty();
   if (coverage) mine.layout_hash = NewestLayoutHash();
@@ -228,19 +249,39 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   if (coverage && mine.layout_hash != 0)
     protection_.covered(mine.layout_hash, CoveredElsewhere(offers, protection_.node_of,
                                                            group_->rank(), mine.layout_hash));
+  // Named pushes: the newest step of the window every rank holds is pushed by every rank
+  // now, and agreed once every rank's pushes of it were acknowledged (a second gather).
+  int64_t agreed_now = out->agreed;
+  if (named && out->agreed >= 0) {
+    const int64_t target = out->agreed;
+    protection_.target(target);
+    protection_.wait_tried(target);
+    bool pushed = false;
+    for (const VersionInfo& v : tier_->Versions())
+      pushed = pushed || (v.step == target && (v.state == VersionState::kReplicated ||
+                                               v.state == VersionState::kReplicatedPersisted));
+    auto flags = group_->AllGather(pushed ? "1" : "0");
+    if (!flags.ok()) {
+      End(flags.status());
+      return false;
+    }
+    for (const std::string& f : *flags) pushed = pushed && f == "1";
+    agreed_now = pushed ? target : -1;
+  }
   const uint64_t newly = out->consumed - consumed_;
   consumed_ = out->consumed;
   MutexLock lk(mu_);
   // (A plain store on the other side: no lock of its own under ours.)
-  if (protection_.agreed && out->agreed > agreed_) protection_.agreed(out->agreed);
-  agreed_ = std::max(agreed_, out->agreed);
+  if (protection_.agreed && agreed_now > agreed_) protection_.agreed(agreed_now);
+  agreed_ = std::max(agreed_, agreed_now);
   holding_since_ns_ = 0;
   tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, out->dropped);
   for (uint64_t i = 0; i < newly && !saves_.empty(); ++i) saves_.pop_front();
   ++stats_.rounds;
   stats_.agreed_saves = consumed_;
   stats_.agreed_step = agreed_;
-  stats_.not_held_by_all += out->dropped.size();
+  // (Named pushes offer only the newest step held: the others are not "not held".)
+  if (!named) stats_.not_held_by_all += out->dropped.size();
   return true;
 }
 

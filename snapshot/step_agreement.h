@@ -97,6 +97,15 @@ struct AgreementProtection {
   std::function<void(int64_t)> wait_tried;
   // Told every newer agreed step (the holders of parity keep it: ParityStore).
   std::function<void(int64_t)> agreed;
+  // Named pushes (parity): with `target`, the rounds name the step every rank pushes, so
+  // the members of a parity set push the same steps however far they lag (each rank
+  // choosing its own left parity records that never completed, and no step the job could
+  // rebuild). Each rank offers the newest step of the round's saves it holds (kept while
+  // the ranks agree); the newest every rank offered is the target: every rank calls
+  // target(step), waits until its pushes of it were tried (wait_tried), and a second gather
+  // agrees on it when every rank's were acknowledged. `ended()` (below) when no more
+  // targets will come.
+  std::function<void(int64_t)> target;
   // Data-parallel coverage (replicas): with `node_of` (the node of every rank), each offer
   // carries the layout hash (`layout_hash`: persist/slot_layout.h's) of this rank's newest
   // version, and after every round
@@ -150,6 +159,7 @@ class StepAgreement {
 
   // Agreement thread only.
   uint64_t consumed_ = 0;
+  int64_t target_ = -1;             // named pushes: the step the last round named
   int64_t hashed_created_ns_ = -1;  // the version whose layout hash is cached
   uint64_t hashed_ = 0;
 

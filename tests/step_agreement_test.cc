@@ -7,8 +7,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <thread>
 
+#include "core/mutex.h"
 #include "snapshot/step_agreement.h"
 #include "testing/in_process_job.h"
 #include "tests/test_util.h"
@@ -189,6 +191,43 @@ TEST_F(TwoRanks, AStepEveryRankHoldsSurvivesSkipsOnOneRank) {
   EXPECT_EQ(agree_[0]->stats().agreed_step, 5);
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{5, 4}));
   EXPECT_EQ(Steps(1), (std::vector<int64_t>{5, 4}));
+}
+
+TEST_F(TwoRanks, NamedPushesTheRoundsNameTheSameStepsAndAgreeOnceEveryRankPushedIt) {
+  // Parity's named pushes: each round names the newest step every rank holds, every rank
+  // pushes it (here: marks it REPLICATED at once, unless rank 1 is told to fail), and the
+  // job agrees on it once every rank's push was acknowledged.
+  Mutex mu;
+  std::vector<int64_t> named[2];
+  std::set<int64_t> fail_on_rank1;
+  for (int r = 0; r < 2; ++r) {
+    AgreementProtection p;
+    p.wait_tried = [](int64_t) {};
+    p.target = [this, r, &mu, &named, &fail_on_rank1](int64_t step) {
+      MutexLock lk(mu);
+      named[r].push_back(step);
+      if (!(r == 1 && fail_on_rank1.count(step))) {
+        EXPECT_TRUE(tiers_[r]->SetState(step, VersionState::kReplicated).ok());
+      }
+    };
+    agree_[r] = std::make_unique<StepAgreement>(
+        groups_[r].get(), tiers_[r].get(), &log_, [](uint64_t) {}, nullptr, 10.0, 30.0, p);
+  }
+  Step(1, false);
+  EXPECT_EQ(agree_[0]->stats().agreed_step, 1);
+  {
+    MutexLock lk(mu);
+    fail_on_rank1.insert(2);
+  }
+  Step(2, false);  // named, but rank 1's push fails: not agreed
+  Step(3, true);   // rank 1 lacks 3: nothing named
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(agree_[r]->stats().agreed_step, 1) << r;
+  Step(4, false);
+  Step(5, false);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(agree_[r]->stats().agreed_step, 5) << r;
+  MutexLock lk(mu);
+  EXPECT_EQ(named[0], (std::vector<int64_t>{1, 2, 4, 5}));
+  EXPECT_EQ(named[1], named[0]);
 }
 
 TEST_F(TwoRanks, AStepTheJobDoesNotHoldIsReusedFirst) {
