@@ -83,6 +83,11 @@ Result<ErasureCode> ErasureCode::Make(const ErasureScheme& s) {
     std::vector<unsigned char> t(static_cast<size_t>(32 * d));
     ec_init_tables(d, 1, parity_rows + p * d, t.data());
     code.row_tables_.push_back(std::move(t));
+    for (int j = 0; j < d; ++j) {
+      std::vector<unsigned char> c(32);
+      ec_init_tables(1, 1, parity_rows + p * d + j, c.data());
+      code.cell_tables_.push_back(std::move(c));
+    }
   }
   return code;
 }
@@ -94,6 +99,22 @@ void ErasureCode::AddToParity(int j, int p, const std::byte* piece, uint64_t n,
     int len = static_cast<int>(std::min(kBlock, n - off));
     unsigned char* out = U(parity + off);
     ec_encode_data_update(len, scheme_.data(), 1, j, tables, U(piece + off), &out);
+  }
+}
+
+void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
+                            std::byte* parity) const {
+  const int d = scheme_.data();
+  if (scheme_.m == 1) {  // XOR: every coefficient is 1
+    std::memcpy(parity, piece, n);
+    return;
+  }
+  auto* tables = const_cast<unsigned char*>(cell_tables_[static_cast<size_t>(p * d + j)].data());
+  for (uint64_t off = 0; off < n; off += kBlock) {
+    int len = static_cast<int>(std::min(kBlock, n - off));
+    unsigned char* src = U(piece + off);
+    unsigned char* out = U(parity + off);
+    ec_encode_data(len, 1, 1, tables, &src, &out);
   }
 }
 

@@ -73,6 +73,10 @@ class ErasureCode {
   // of at least n bytes that started zeroed: after every data piece of a stripe was added
   // once, it holds the stripe's parity p. What a parity holder runs as pieces arrive.
   void AddToParity(int j, int p, const std::byte* piece, uint64_t n, std::byte* parity) const;
+  // As AddToParity for the first piece of a stripe: sets bytes [0, n) of parity row p to
+  // piece j's share (their previous content, zeros, is not read), so a holder reads and
+  // writes the row once less per stripe.
+  void SetParity(int j, int p, const std::byte* piece, uint64_t n, std::byte* parity) const;
 
   // Every parity row of one stripe at once from its d data pieces of `len` bytes each:
   // what ISA-L's ec_encode_data computes (the reference the benchmark compares against).
@@ -95,6 +99,7 @@ class ErasureCode {
   // ec_init_tables of all parity rows, and of each parity row alone (32 * d bytes each).
   std::vector<unsigned char> parity_tables_;
   std::vector<std::vector<unsigned char>> row_tables_;
+  std::vector<std::vector<unsigned char>> cell_tables_;  // per (p, j): one coefficient
 };
 
 }  // namespace cairn

@@ -232,7 +232,12 @@ void ParityStore::Add(const ParityKey& key, int j, uint64_t offset, const std::b
   if (it == accumulating_.end() || it->second.open != j) return;
   Accumulating& a = it->second;
   if (offset > a.record.parity_bytes || n > a.record.parity_bytes - offset) return;
-  a.code->AddToParity(j, key.row, bytes, n, a.file->data() + offset);
+  // The first piece of a record sets the parity (its bytes are zeros until then); the
+  // others add into it.
+  if (std::find(a.added.begin(), a.added.end(), true) == a.added.end())
+    a.code->SetParity(j, key.row, bytes, n, a.file->data() + offset);
+  else
+    a.code->AddToParity(j, key.row, bytes, n, a.file->data() + offset);
 }
 
 Status ParityStore::End(const ParityKey& key, int j, bool ok) {

@@ -115,10 +115,16 @@ TEST(ErasureCode, EveryLossPatternTheSchemeCoversComesBackByteForByte) {
             std::max(len[static_cast<size_t>(st)], piece(StripeDataMember(s, st, j), j).second);
       }
       for (int p = 0; p < s.m; ++p) {
+        // As a holder: pieces in any order (here starting at j = stripe), the first one
+        // setting the row (SetParity), the others adding into it.
         std::vector<std::byte> par(len[static_cast<size_t>(st)]);
-        for (int j = 0; j < d; ++j) {
+        for (int i = 0; i < d; ++i) {
+          const int j = (st + i) % d;
           auto [ptr, n] = piece(StripeDataMember(s, st, j), j);
-          code.AddToParity(j, p, ptr, n, par.data());
+          if (i == 0)
+            code.SetParity(j, p, ptr, n, par.data());
+          else
+            code.AddToParity(j, p, ptr, n, par.data());
         }
         parity[static_cast<size_t>(st)].push_back(std::move(par));
       }
