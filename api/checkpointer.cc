@@ -161,7 +161,10 @@ Status Checkpointer::Impl::OpenErasure(FileSystem* fs, int nodes) {
       Placement::Make(nodes, o.local_world_size, scheme.k - 1, PlacementStrategy::kGroup));
   const std::string node_dir =
       JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node));
-  parity_ = std::make_unique<ParityStore>(node_dir, o.rank, fs, &log_, o.host_root);
+  // Holders keep the agreed step's record and the newest one after it (keep 1): the
+  // agreement names the one step every member pushes per round, so the next agreed step is
+  // the newest record (redundancy/host_memory.h counts those, and the one being made).
+  parity_ = std::make_unique<ParityStore>(node_dir, o.rank, fs, &log_, o.host_root, /*keep=*/1);
   // Rebuilt versions of lost ranks land in the replica store (redundancy/rebuild.h).
   store_ = std::make_unique<ReplicaStore>(node_dir, fs, &log_, o.slots, o.host_root);
   replicator_ = std::make_unique<Replicator>(

@@ -5,9 +5,8 @@
 // ring of `slots`; with replicas, each of its `replicas` holders keeps as many of its versions
 // (ReplicaStore: one ring of `slots` per source, on another node); with xor or rs parity, each node
 // holds parity worth m / (k - m) of a version per parity record, and a holder keeps at most
-// kParityRecordsKept records of a stripe (the agreed step and the newest ParityStore keep
-// newer ones; records still being added to, one per step in flight while the job keeps
-// agreeing, come on top). Summed over a node's ranks, that is an upper bound of what cairn maps in
+// kParityRecordsKept records of a stripe (the agreed step's, the newest, the one being
+// made). Summed over a node's ranks, that is an upper bound of what cairn maps in
 // that node's host memory while no node is lost; a rebuild after a loss lands in the
 // replica store (one ring per lost rank, on top).
 #pragma once
@@ -20,9 +19,11 @@
 
 namespace cairn {
 
-// The parity records of a stripe a holder keeps at most: the agreed step and the newest
-// ParityStore keep (4) newer ones.
-inline constexpr int kParityRecordsKept = 5;
+// The parity records of a stripe a holder keeps at most: the agreed step's, the newest one
+// published after it (ParityStore's keep of 1), and the one being made. The agreement names
+// one step per round for every member to push (snapshot/step_agreement.h), so no other
+// record is made while the job keeps agreeing.
+inline constexpr int kParityRecordsKept = 3;
 
 struct HostMemoryPlan {
   int slots = 0;                // own slots per rank

@@ -164,11 +164,11 @@ TEST(HostMemory, EachSchemeCostsWhatItHoldsAndTheBudgetPicksTheSlots) {
   EXPECT_EQ(HostBytesPerNode(o, 4, 2), 16 * gib);
   EXPECT_EQ(HostBytesPerNode(o, 1, 2), 4 * gib);  // one node: no redundancy
   o.replicas = 1;
-  o.redundancy = RedundancyKind::kXor;  // k = 4: 5 records of 1/3 each
-  EXPECT_EQ(HostBytesPerNode(o, 4, 2), static_cast<uint64_t>((2 + 5.0 / 3) * gib * 2));
-  o.redundancy = RedundancyKind::kRs;  // 4 + 2 over 6: 5 records of 2/4
+  o.redundancy = RedundancyKind::kXor;  // k = 4: 3 records of 1/3 each
+  EXPECT_EQ(HostBytesPerNode(o, 4, 2), 6 * gib);
+  o.redundancy = RedundancyKind::kRs;  // 4 + 2 over 6: 3 records of 2/4
   o.erasure_k = 6;
-  EXPECT_EQ(HostBytesPerNode(o, 6, 3), 11 * gib);
+  EXPECT_EQ(HostBytesPerNode(o, 6, 3), 9 * gib);
 
   o.redundancy = RedundancyKind::kReplica;
   o.erasure_k = 4;
@@ -189,22 +189,22 @@ TEST(HostMemory, EachSchemeCostsWhatItHoldsAndTheBudgetPicksTheSlots) {
       << no.status().ToString();
   EXPECT_EQ(no.status().message().find("CAIRN_REDUNDANCY=xor"), std::string::npos)
       << no.status().ToString();
-  o.replicas = 2;  // 2 slots need 12 GiB; xor 2 x (3 + 5/3) = 9.34 GiB
+  o.replicas = 2;  // 2 slots need 12 GiB; xor 2 x (3 + 3/3) = 8 GiB
   no = PlanHostMemory(o);
   ASSERT_FALSE(no.ok());
   EXPECT_NE(no.status().message().find("12.01 GiB that 2 slots need"), std::string::npos)
       << no.status().ToString();
-  EXPECT_NE(no.status().message().find("CAIRN_REDUNDANCY=xor CAIRN_ERASURE_K=4 needs 9.34 GiB"),
+  EXPECT_NE(no.status().message().find("CAIRN_REDUNDANCY=xor CAIRN_ERASURE_K=4 needs 8.01 GiB"),
             std::string::npos)
       << no.status().ToString();
   // Parity takes 3 slots at least: the agreement keeps 2 while a round runs.
   o.redundancy = RedundancyKind::kXor;
-  o.host_memory = 9ull << 30;  // 2 slots would fit (7.34 GiB), 3 do not
+  o.host_memory = 7ull << 30;  // 2 slots would fit (6 GiB), 3 do not
   no = PlanHostMemory(o);
   ASSERT_FALSE(no.ok());
-  EXPECT_NE(no.status().message().find("9.34 GiB that 3 slots need"), std::string::npos)
+  EXPECT_NE(no.status().message().find("8.01 GiB that 3 slots need"), std::string::npos)
       << no.status().ToString();
-  o.host_memory = 10ull << 30;
+  o.host_memory = 9ull << 30;
   EXPECT_EQ(PlanHostMemory(o)->slots, 3);
 }
 
