@@ -191,8 +191,9 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     mine.steps = window;
     for (int64_t st : window) mine.held.push_back(st == newest);
   } else {
-    // What this round offers as held: every step of the window this rank holds; with
-    // redundancy, only the newest step of the window its pushes covered (REPLICATED), so a
+    // What this round offers as held: the newest steps of the window this rank holds, as
+    // many as leave a slot free; with redundancy, only the newest step of the window its
+    // pushes covered (REPLICATED), so a
     // round keeps at most two slots (that step and the agreed one) however far the
     // acknowledgements lag the saves (keeping the whole window made the fourth of four quick
     // saves find no slot with 2 replicas and 3 slots). The ranks replicate the same steps
@@ -206,6 +207,22 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
             std::find(window.begin(), window.end(), v.step) != window.end())
           newest = std::max(newest, v.step);
       offer = newest >= 0 ? std::vector<int64_t>{newest} : std::vector<int64_t>{};
+    } else {
+      // At most slots - 2 (at least 1) of the window's newest steps this rank holds: with
+      // the agreed step kept too, one slot stays free to capture into while the round runs.
+      // (A round stuck on a dead rank with 2 saves in its window kept all 3 slots: every
+      // save was skipped until the hold ended, and nothing new was captured to push: the
+      // killed-partner test's CI failures, twice.)
+      const size_t most = static_cast<size_t>(std::max(1, tier_->num_slots() - 2));
+      if (offer.size() > most) {
+        std::vector<int64_t> held_now;
+        for (const VersionInfo& v : tier_->Versions())
+          if (std::find(window.begin(), window.end(), v.step) != window.end())
+            held_now.push_back(v.step);
+        std::sort(held_now.rbegin(), held_now.rend());
+        if (held_now.size() > most) held_now.resize(most);
+        offer = std::move(held_now);
+      }
     }
     // Kept from here on: a step offered as held cannot be reused while the ranks agree.
     std::vector<int64_t> held;

@@ -332,5 +332,79 @@ TEST_F(TwoRanks, ARoundStuckLongerThanTheHoldTimeStopsKeepingWhatItOffered) {
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{5, 4}));  // step 1 no longer kept
 }
 
+// A two-rank group whose other rank answers the first round with this rank's own offer (it
+// holds the same steps), and then never answers again until the test lets the round fail.
+class AnswersOnceGroup final : public Group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status Barrier() override { return Status::Unavailable("stuck"); }
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return go_ || released_; });
+    if (!answered_ && !released_) {
+      answered_ = true;
+      return std::vector<std::string>{std::string(mine), std::string(mine)};
+    }
+    cv_.wait(lk, [&] { return released_; });
+    return Status::Unavailable("rank 1 never answered");
+  }
+  Result<std::string> Broadcast(int, std::string_view) override {
+    return Status::Unavailable("stuck");
+  }
+  void Go() {
+    std::lock_guard lk(mu_);
+    go_ = true;
+    cv_.notify_all();
+  }
+  void Release() {
+    std::lock_guard lk(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool go_ = false, answered_ = false, released_ = false;
+};
+
+// A round that waits (a dead rank, a lost message) with several saves in its window keeps
+// only as many of them as leave a slot to capture into: 3 slots, the agreed step 1 and a
+// window of 2 and 3 offer 3 alone, so step 4 is captured into the slot of 2. Keeping the
+// whole window held all 3 slots, and every save was skipped until the hold ended.
+TEST_F(TwoRanks, ARoundThatWaitsWithSeveralSavesKeepsASlotFreeToCaptureInto) {
+  tiers_[0].reset();
+  HostTierConfig c;
+  c.dir = HostTier::RankDir(root_.path(), testing::UniqueJobId("agree3"), 0, 0);
+  c.slots = 3;
+  auto t = HostTier::Open(c, DefaultFileSystem(), &log_);
+  ASSERT_TRUE(t.ok());
+  tiers_[0] = std::move(*t);
+  AnswersOnceGroup group;
+  StepAgreement a(
+      &group, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 30.0);
+  struct ReleaseFirst {  // before `a` joins its thread, also when an assertion returns early
+    AnswersOnceGroup* g;
+    ~ReleaseFirst() { g->Release(); }
+  } release{&group};
+  ASSERT_TRUE(Capture(0, 1));
+  a.OnSave(1, 1);
+  // Round 1 (step 1) waits for the other rank while steps 2 and 3 are saved.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(Capture(0, 2));
+  ASSERT_TRUE(Capture(0, 3));
+  a.OnSave(2, 2);
+  a.OnSave(3, 3);
+  group.Go();  // round 1 agrees on step 1; round 2 (steps 2 and 3) waits from now on
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (a.stats().agreed_step < 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(a.stats().agreed_step, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // round 2 has begun
+  EXPECT_TRUE(Capture(0, 4)) << "every slot is kept by the waiting round";
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{4, 3, 1}));
+}
+
 }  // namespace
 }  // namespace cairn
