@@ -159,7 +159,6 @@ class StepAgreement {
 
   // Agreement thread only.
   uint64_t consumed_ = 0;
-  int64_t target_ = -1;             // named pushes: the step the last round named
   int64_t hashed_created_ns_ = -1;  // the version whose layout hash is cached
   uint64_t hashed_ = 0;
 
