@@ -158,6 +158,10 @@ int main(int argc, char** argv) {
               {"CAIRN_HOST_ROOT", host},
               {"CAIRN_PFS_ROOT", root + "/pfs"},
               {"CAIRN_SLOTS", "4"},
+              // The final flush must commit the last version, so no save may be skipped: a
+              // quick last save could still find every slot kept by an agreement round,
+              // pinned by a drain or a push (CI: both ranks flushed step 981 of 1,000).
+              {"CAIRN_FULL_POLICY", "block"},
               {"CAIRN_REPLICAS", "1"},
               {"CAIRN_CHUNK_BYTES", "64K"},
               {"CAIRN_PERSIST_EVERY", std::to_string(persist_every)},
