@@ -1,6 +1,6 @@
 // soak: many per-iteration versions of a small state on 2 nodes x 1 rank with replication and
-// persistence; resident memory, open file descriptors, mapped regions and UCX requests in
-// flight must stay bounded.
+// persistence (CAIRN_FULL_POLICY=block: every version is saved); resident memory, open file
+// descriptors, mapped regions and UCX requests in flight must stay bounded.
 //
 //   soak [--versions 10000] [--bytes 1M] [--persist-every 100] [--dir /var/tmp]
 //
@@ -67,9 +67,9 @@ int Child(int64_t versions, uint64_t bytes) {
     a[static_cast<size_t>(v) % a.size()] += 1.0f;
     b[static_cast<size_t>(v * 7) % b.size()] -= 1.0f;
     // The last version is the one the final flush must commit: its save waits until the
-    // pushes of the ones before were tried, so that no push still pins the slot it needs
-    // (a 2 x 1 job under load skips about one save in seven, and once skipped the last one;
-    // the flush then committed the version before it, as it should, but not this one).
+    // pushes of the ones before were tried (with the skip policy a 2 x 1 job under load
+    // skipped about one save in seven, and now and then the last one; the flush then
+    // committed an older version, as it should, but not this one: hence the block policy).
     if (v == versions) (void)ck->wait_replicated(60);
     auto q = ck->save(v, shards, {{"v", std::to_string(v)}});
     if (!q.ok()) {
