@@ -104,6 +104,7 @@ void ErasureCode::AddToParity(int j, int p, const std::byte* piece, uint64_t n,
 
 void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
                             std::byte* parity) const {
+  if (n == 0) return;  // (an empty version's piece may have no bytes at all: no pointer)
   const int d = scheme_.data();
   if (scheme_.m == 1) {  // XOR: every coefficient is 1
     std::memcpy(parity, piece, n);
