@@ -266,6 +266,7 @@ Status Checkpointer::Impl::Open() {
       // so their parity records complete however far the pushes lag the saves.
       replicator->ExpectTargets();
       protection.target = [replicator](int64_t step) { replicator->SetTarget(step); };
+      protection.passed = [replicator](int64_t step) { replicator->SetPassed(step); };
       protection.ended = [replicator] { replicator->EndTargets(); };
     } else if (replicator_) {
       // Replicas of a rank whose every box a rank on another node holds carry only its

@@ -183,7 +183,8 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
   MutexLock lk(mu_);
   const bool done =
       cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s), [&]() CAIRN_REQUIRES(mu_) {
-        return stats_.newest_replicated >= step || attempted_ >= step || stop_;
+        return stats_.newest_replicated >= step || attempted_ >= step ||
+               (named_ && passed_ >= step) || stop_;
       });
   if (stats_.newest_replicated >= step) return Status::OK();
   if (!done)
@@ -197,7 +198,8 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
 bool Replicator::WaitTried(int64_t step, double timeout_s) {
   MutexLock lk(mu_);
   return cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s), [&]() CAIRN_REQUIRES(mu_) {
-    return stats_.newest_replicated >= step || attempted_ >= step || stop_;
+    return stats_.newest_replicated >= step || attempted_ >= step || (named_ && passed_ >= step) ||
+           stop_;
   });
 }
 
@@ -307,6 +309,12 @@ void Replicator::ExpectTargets() {
 void Replicator::SetTarget(int64_t step) {
   MutexLock g(mu_);
   target_ = std::max(target_, step);
+  cv_.NotifyAll();
+}
+
+void Replicator::SetPassed(int64_t step) {
+  MutexLock g(mu_);
+  passed_ = std::max(passed_, step);
   cv_.NotifyAll();
 }
 

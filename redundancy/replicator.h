@@ -123,6 +123,9 @@ class Replicator {
   // goes back to choosing.
   void ExpectTargets();
   void SetTarget(int64_t step);
+  // The agreement consumed the saves up to `step` (named pushes): a step up to it that was
+  // not named will never be pushed, so WaitReplicated and WaitTried stop waiting for it.
+  void SetPassed(int64_t step);
   void EndTargets();
   // Data-parallel coverage (replicas, not parity): a version whose layout (`layout_hash` of
   // its header) some rank on another node also holds needs no copy of its tensors for a
@@ -260,6 +263,7 @@ class Replicator {
   // Named pushes (ExpectTargets).
   bool named_ CAIRN_GUARDED_BY(mu_) = false;
   int64_t target_ CAIRN_GUARDED_BY(mu_) = -1;
+  int64_t passed_ CAIRN_GUARDED_BY(mu_) = -1;  // SetPassed
   // The step the sender pushes next, and whether there is one (sender thread, under mu_).
   std::optional<int64_t> NextStep() CAIRN_REQUIRES(mu_);
   // Data-parallel coverage (ExpectCoverage).

@@ -286,6 +286,11 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     agreed_now = pushed ? target : -1;
   }
   const uint64_t newly = out->consumed - consumed_;
+  if (named && protection_.passed && newly > 0) {
+    int64_t newest = -1;
+    for (uint64_t i = 0; i < newly && i < window.size(); ++i) newest = std::max(newest, window[i]);
+    if (newest >= 0) protection_.passed(newest);
+  }
   consumed_ = out->consumed;
   MutexLock lk(mu_);
   // (A plain store on the other side: no lock of its own under ours.)

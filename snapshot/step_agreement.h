@@ -106,6 +106,9 @@ struct AgreementProtection {
   // agrees on it when every rank's were acknowledged. `ended()` (below) when no more
   // targets will come.
   std::function<void(int64_t)> target;
+  // Named pushes: told, after each round, the newest step of the saves it consumed (a step
+  // up to it that was not the target is never pushed: Replicator::SetPassed).
+  std::function<void(int64_t)> passed;
   // Data-parallel coverage (replicas): with `node_of` (the node of every rank), each offer
   // carries the layout hash (`layout_hash`: persist/slot_layout.h's) of this rank's newest
   // version, and after every round
