@@ -394,11 +394,9 @@ Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
   if (!pinned.ok()) return pinned.status();
   std::shared_ptr<const HostTier::View> view = std::move(*pinned);
   const bool blobs_only = BlobsOnly(view->header());
-  uint64_t bytes = view->header().data_bytes;  // what each holder gets
-  if (blobs_only) {
-    uint64_t from = 0;
-    bytes = BlobsOnlyHeader(view->header(), &from).data_bytes;
-  }
+  std::optional<ReplicaOffer> replica;
+  if (!erasure_) replica = MakeReplicaOffer(view->header(), blobs_only);
+  const uint64_t bytes = replica ? replica->bytes : view->header().data_bytes;  // per holder
   Status last = holders.empty() ? Status::FailedPrecondition("no replica holders") : Status::OK();
   for (int h : holders) {
     // A holder that timed out or failed, and has not greeted this rank since: its
@@ -406,7 +404,7 @@ Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
     Status st = Reconnect(h);
     const uint64_t epoch = comm_->peer_epoch(h);
     const int64_t t0 = NowNanos();
-    if (st.ok()) st = Push(h, view, blobs_only);
+    if (st.ok()) st = Push(h, view, replica ? &*replica : nullptr);
     RecordPush(h, step, st, epoch, t0, bytes);
     if (!st.ok()) last = st;
   }
@@ -531,8 +529,24 @@ Status Replicator::SendChunks(int holder, uint32_t offer,
   return first;
 }
 
+Replicator::ReplicaOffer Replicator::MakeReplicaOffer(const SlotHeader& h, bool blobs_only) {
+  ReplicaOffer o;
+  if (blobs_only) {
+    uint64_t from = 0;
+    const SlotHeader b = BlobsOnlyHeader(h, &from);
+    o.header = EncodeSlotHeader(b);
+    if (b.data_bytes > 0) o.ranges.emplace_back(from, b.data_bytes);
+    o.bytes = b.data_bytes;
+  } else {
+    o.header = EncodeSlotHeader(h);
+    o.ranges.emplace_back(0, h.data_bytes);
+    o.bytes = h.data_bytes;
+  }
+  return o;
+}
+
 Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>& pinned,
-                        bool blobs_only) {
+                        const ReplicaOffer* replica) {
   TraceSpan span("replicate push", "replicate");
   const HostTier::View& view = *pinned;
   const int me = comm_->rank();
@@ -540,19 +554,12 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   const uint32_t offer = next_offer_.fetch_add(1) & 0xffff;
   const std::string who =
       "replicating step " + std::to_string(h.step) + " to rank " + std::to_string(holder);
-  std::string header;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  if (erasure_) {
-    std::tie(header, ranges) = ParityOfferFor(holder, h);
-  } else if (blobs_only) {
-    uint64_t from = 0;
-    const SlotHeader b = BlobsOnlyHeader(h, &from);
-    header = EncodeSlotHeader(b);
-    if (b.data_bytes > 0) ranges.emplace_back(from, b.data_bytes);
-  } else {
-    header = EncodeSlotHeader(h);
-    ranges.emplace_back(0, h.data_bytes);
-  }
+  std::string parity_header;
+  std::vector<std::pair<uint64_t, uint64_t>> parity_ranges;
+  if (!replica) std::tie(parity_header, parity_ranges) = ParityOfferFor(holder, h);
+  const std::string& header = replica ? replica->header : parity_header;
+  const std::vector<std::pair<uint64_t, uint64_t>>& ranges =
+      replica ? replica->ranges : parity_ranges;
   // Answers to offers this rank gave up (they arrive late after a link came back) are
   // waiting unmatched: drop them, so they do not pile up in UCX's unexpected queue.
   for (Channel c : {ch_.ready, ch_.ack})

@@ -151,9 +151,19 @@ class Replicator {
   void RecordPush(int h, int64_t step, const Status& st, uint64_t epoch, int64_t t0,
                   uint64_t bytes);
   void ServiceLoop();
-  // Pushes the pinned version to `holder`; sends still in flight when it gives up keep the
-  // pin (draining_).
-  Status Push(int holder, const std::shared_ptr<const HostTier::View>& pinned, bool blobs_only);
+  // What a replica push sends each of its holders alike: the offer's encoded header and the
+  // (offset, length) ranges of the version's data (all of it, or its blobs only).
+  struct ReplicaOffer {
+    std::string header;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    uint64_t bytes = 0;  // their sum
+  };
+  static ReplicaOffer MakeReplicaOffer(const SlotHeader& h, bool blobs_only);
+  // Pushes the pinned version to `holder`: `replica` (built once for every holder), or,
+  // when null, the parity pieces this holder keeps. Sends still in flight when it gives up
+  // keep the pin (draining_).
+  Status Push(int holder, const std::shared_ptr<const HostTier::View>& pinned,
+              const ReplicaOffer* replica);
   // Waits (at most the timeout) until coverage was told once, when it is expected.
   void AwaitCoverage();
   // Whether `h`'s replicas may carry only its blobs (logged the first time).
