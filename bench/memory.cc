@@ -22,7 +22,8 @@
 //            its own (its rank and step, checked at the restore)
 // The encoding computation alone is measured in this process on the same bytes: cairn's
 // parity path (each holder adding the d data pieces into its parity row as they arrive,
-// ErasureCode::SetParity for the first, AddToParity for the others) against ISA-L's ec_encode_data
+// ErasureCode::SetParity for the first, or under XOR the first received into the parity
+// itself, AddToParity for the others) against ISA-L's ec_encode_data
 // computing the same parity row from the d pieces at once (each of the m rows, as each holder
 // computes one), alternated,
 // --rounds times; `encode_vs_isal` is cairn's rate over ISA-L's (1.0: as fast).
@@ -283,10 +284,14 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
   for (auto& b : parity_b) dst.push_back(reinterpret_cast<unsigned char*>(b->p));
   std::vector<double> ours, theirs;
   for (int r = 0; r < rounds; ++r) {
+    // XOR: a record's first piece is received into the parity itself (ParityStore::InPlace),
+    // as ISA-L's sources are received somewhere: no computation, not timed.
+    if (m == 1) std::memcpy(parity_a[0]->p, data[0]->p, len);
     int64_t t0 = NowNanos();
     for (int p = 0; p < m; ++p) {
-      // As a holder does (ParityStore::Add): the first piece sets the row, the others add.
-      code->SetParity(0, p, data[0]->p, len, parity_a[static_cast<size_t>(p)]->p);
+      // As a holder does (ParityStore::Add): the first piece sets the row (under XOR it
+      // landed there), the others add.
+      if (m > 1) code->SetParity(0, p, data[0]->p, len, parity_a[static_cast<size_t>(p)]->p);
       for (int j = 1; j < d; ++j)
         code->AddToParity(j, p, data[static_cast<size_t>(j)]->p, len,
                           parity_a[static_cast<size_t>(p)]->p);
@@ -500,6 +505,7 @@ int main(int argc, char** argv) {
       }
       long long restored = -1, rebuilt = -1;
       double secs = 0;
+      bool this_from_memory = true;
       for (int r = 0; r < sc.nodes; ++r) {
         auto lines = Lines(restore_dir, r, "RESTORED ");
         if (lines.empty()) Die("restore", Status::Internal("no RESTORED line"));
@@ -509,19 +515,24 @@ int main(int argc, char** argv) {
         double s = 0;
         std::sscanf(lines.back().c_str(), "%lld %31s %lf %llu %lld", &step, tier, &s, &pfs_read,
                     &rb);
-        if (pfs_read > 0) from_memory = false;
+        if (pfs_read > 0) this_from_memory = false;
         if (r == 0) {
           restored = step;
           secs = s;
           rebuilt = rb;
         }
       }
-      if (!from_memory) {
-        // Why the lost node did not come back from memory: the restore's own words.
-        std::ifstream f(restore_dir + "/rank-0.log");
-        for (std::string line; std::getline(f, line);)
-          if (line.find("warning") != std::string::npos)
-            std::fprintf(stderr, "memory: %s restore, rank 0: %s\n", sc.name.c_str(), line.c_str());
+      if (!this_from_memory) {
+        // Why the lost node did not come back from memory: every rank's warnings.
+        from_memory = false;
+        for (int r = 0; r < sc.nodes; ++r) {
+          std::ifstream f(restore_dir + "/rank-" + std::to_string(r) + ".log");
+          for (std::string line; std::getline(f, line);)
+            if (line.find("warning") != std::string::npos ||
+                line.find("error") != std::string::npos)
+              std::fprintf(stderr, "memory: %s restore (kill %zu), rank %d: %s\n", sc.name.c_str(),
+                           lost.size() + 1, r, line.c_str());
+        }
       }
       lost.push_back(newest - restored);
       restore_secs.push_back(secs);

@@ -231,7 +231,7 @@ void ParityStore::Add(const ParityKey& key, int j, uint64_t offset, const std::b
   auto it = accumulating_.find(key);
   if (it == accumulating_.end() || it->second.open != j) return;
   Accumulating& a = it->second;
-  if (offset > a.record.parity_bytes || n > a.record.parity_bytes - offset) return;
+  if (a.in_place || offset > a.record.parity_bytes || n > a.record.parity_bytes - offset) return;
   // The first piece of a record sets the parity (its bytes are zeros until then); the
   // others add into it.
   if (std::find(a.added.begin(), a.added.end(), true) == a.added.end())
@@ -240,12 +240,24 @@ void ParityStore::Add(const ParityKey& key, int j, uint64_t offset, const std::b
     a.code->AddToParity(j, key.row, bytes, n, a.file->data() + offset);
 }
 
+std::byte* ParityStore::InPlace(const ParityKey& key, int j) {
+  MutexLock lk(mu_);
+  auto it = accumulating_.find(key);
+  if (it == accumulating_.end() || it->second.open != j) return nullptr;
+  Accumulating& a = it->second;
+  if (a.record.scheme.m != 1 || std::find(a.added.begin(), a.added.end(), true) != a.added.end())
+    return nullptr;
+  a.in_place = true;
+  return a.file->data();
+}
+
 Status ParityStore::End(const ParityKey& key, int j, bool ok) {
   MutexLock lk(mu_);
   auto it = accumulating_.find(key);
   if (it == accumulating_.end() || it->second.open != j) return Status::OK();
   Accumulating& a = it->second;
   a.open.reset();
+  a.in_place = false;
   if (!ok) {
     Drop(key, "piece " + std::to_string(j) + " did not arrive whole");
     return Status::OK();

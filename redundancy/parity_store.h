@@ -89,6 +89,12 @@ class ParityStore {
                const ParityPiece& piece, uint64_t piece_bytes, int64_t keep_step = -1);
   // Adds bytes [offset, offset + n) of the piece begun for (key, j).
   void Add(const ParityKey& key, int j, uint64_t offset, const std::byte* bytes, uint64_t n);
+  // Where the piece begun for (key, j) may be received in place: the record's parity bytes
+  // (the piece's byte i at [i]), when it is the record's first piece and the parity is XOR
+  // (the first piece is then the parity so far: nothing to compute, one copy less); null
+  // otherwise. Its bytes are then not Add()ed. Valid until End(key, j), which must come
+  // only once nothing can land there any more (a receive given up is cancelled first).
+  std::byte* InPlace(const ParityKey& key, int j);
   // Ends the piece begun for (key, j): `ok` records it, publishing the record once all d
   // pieces are in; not ok drops the record. The publish error, or OK.
   Status End(const ParityKey& key, int j, bool ok);
@@ -109,6 +115,7 @@ class ParityStore {
     std::unique_ptr<MappedFile> file;
     std::vector<bool> added;  // by j
     std::optional<int> open;  // the piece being added
+    bool in_place = false;    // the open piece lands in the parity itself (InPlace)
     const ErasureCode* code = nullptr;
     int64_t started_ns = 0;
   };

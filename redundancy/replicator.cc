@@ -887,7 +887,10 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
     }
   }
   // The pieces' bytes in chunks, through two scratch buffers: each chunk is added to the
-  // parity as it lands, then its buffer takes the chunk after next.
+  // parity as it lands, then its buffer takes the chunk after next. A record's first piece
+  // under XOR lands in the parity itself (ParityStore::InPlace).
+  std::vector<std::byte*> in_place;
+  for (const Piece& p : pieces) in_place.push_back(store->InPlace(p.key, p.j));
   struct Chunk {
     size_t piece;
     uint64_t offset, len;
@@ -902,14 +905,15 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   Status st = ReceiveChunks(
       src, offer, static_cast<uint32_t>(chunks.size()),
       [&](uint32_t c) {
+        std::byte* to = in_place[chunks[c].piece];
         return comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)),
-                                window_[c % kWindow].data(), chunks[c].len,
-                                UcxComm::Auth::kContent);
+                                to ? to + chunks[c].offset : window_[c % kWindow].data(),
+                                chunks[c].len, UcxComm::Auth::kContent);
       },
       [&](uint32_t c, bool ok) {
         // Added before the buffer takes chunk c + kWindow.
         const Piece& p = pieces[chunks[c].piece];
-        if (ok)
+        if (ok && !in_place[chunks[c].piece])
           store->Add(p.key, p.j, chunks[c].offset, window_[c % kWindow].data(), chunks[c].len);
       },
       next, &arrived);

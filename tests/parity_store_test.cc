@@ -74,6 +74,39 @@ TEST_F(ParityStoreTest, AccumulatedParityIsTheStripesParityAndIsListedOnlyWhenCo
                store.Begin(xor3_, 3, {1, 0, 8}, 0, {1, 1, "h"}, 100).ok());
 }
 
+TEST_F(ParityStoreTest, AnXorRecordsFirstPieceLandsInTheParityItselfAndTheOthersAddToIt) {
+  ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path());
+  const ParityKey key{2, 0, 9};
+  auto a = Bytes(9000, 3), b = Bytes(10000, 4);  // the first piece shorter: zeros after
+  ASSERT_TRUE(store.Begin(xor3_, 3, key, 1, {2, 18000, "h2"}, 10000).ok());
+  std::byte* at = store.InPlace(key, 1);
+  ASSERT_NE(at, nullptr) << "an XOR record's first piece is received in place";
+  std::memcpy(at, a.data(), a.size());       // as the receives write it
+  store.Add(key, 1, 0, b.data(), a.size());  // ignored: the bytes are already there
+  ASSERT_TRUE(store.End(key, 1, true).ok());
+  ASSERT_TRUE(store.Begin(xor3_, 3, key, 0, {1, 20000, "h1"}, 10000).ok());
+  EXPECT_EQ(store.InPlace(key, 0), nullptr) << "only the first piece is the parity so far";
+  store.Add(key, 0, 0, b.data(), b.size());
+  ASSERT_TRUE(store.End(key, 0, true).ok());
+  auto list = store.List();
+  ASSERT_EQ(list.size(), 1u);
+  auto parity = store.ReadParity(list[0]);
+  ASSERT_TRUE(parity.ok()) << parity.status().ToString();
+  ASSERT_EQ(parity->size(), 10000u);
+  for (size_t i = 0; i < parity->size(); ++i) {
+    const std::byte want = (i < a.size() ? a[i] : std::byte{0}) ^ b[i];
+    ASSERT_EQ((*parity)[i], want) << "byte " << i;
+  }
+  // Reed-Solomon multiplies even the first piece: never in place.
+  ASSERT_TRUE(store.Begin({4, 2}, 4, {0, 1, 9}, 0, {1, 100, "h"}, 50).ok());
+  EXPECT_EQ(store.InPlace({0, 1, 9}, 0), nullptr);
+  // A first piece received in place that fails drops its record, as any piece does.
+  ASSERT_TRUE(store.Begin(xor3_, 3, {0, 0, 11}, 0, {1, 100, "h"}, 50).ok());
+  ASSERT_NE(store.InPlace({0, 0, 11}, 0), nullptr);
+  ASSERT_TRUE(store.End({0, 0, 11}, 0, false).ok());
+  EXPECT_EQ(store.InPlace({0, 0, 11}, 0), nullptr);
+}
+
 TEST_F(ParityStoreTest, APieceThatFailsPartWayDropsItsRecord) {
   ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path());
   const ParityKey key{0, 0, 3};
