@@ -22,11 +22,12 @@ unsigned char* U(const std::byte* p) {
 }
 
 // parity ^= piece, 128 bytes a step through four 32-byte vectors (unaligned loads and
-// stores; AVX2 where the CPU has it, two SSE2 halves each elsewhere): XOR parity needs no
-// Galois-field tables, where ISA-L's ec_encode_data_update multiplies every byte by 1
-// through its lookup tables.
-__attribute__((target_clones("avx2", "default"))) void XorInto(std::byte* parity,
-                                                               const std::byte* piece, uint64_t n) {
+// stores): XOR parity needs no Galois-field tables, where ISA-L's ec_encode_data_update
+// multiplies every byte by 1 through its lookup tables. Inlined into an AVX2 function and a
+// baseline one (two SSE2 halves a vector), chosen at run time: no ifunc (target_clones),
+// whose resolver runs before a sanitizer's runtime is up (TSan crashed at start).
+[[gnu::always_inline]] inline void XorIntoBody(std::byte* parity, const std::byte* piece,
+                                               uint64_t n) {
   using V = unsigned char __attribute__((vector_size(32)));
   constexpr uint64_t kV = sizeof(V), kStep = 4 * kV;
   uint64_t i = 0;
@@ -50,6 +51,23 @@ __attribute__((target_clones("avx2", "default"))) void XorInto(std::byte* parity
     std::memcpy(parity + i + 3 * kV, &a3, kV);
   }
   for (; i < n; ++i) parity[i] ^= piece[i];
+}
+
+__attribute__((target("avx2"))) void XorIntoAvx2(std::byte* parity, const std::byte* piece,
+                                                 uint64_t n) {
+  XorIntoBody(parity, piece, n);
+}
+
+void XorIntoBaseline(std::byte* parity, const std::byte* piece, uint64_t n) {
+  XorIntoBody(parity, piece, n);
+}
+
+void XorInto(std::byte* parity, const std::byte* piece, uint64_t n) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2)
+    XorIntoAvx2(parity, piece, n);
+  else
+    XorIntoBaseline(parity, piece, n);
 }
 
 }  // namespace
