@@ -16,8 +16,20 @@
 #   netns_cluster.sh heal NAME NODE         bring it back up
 #   netns_cluster.sh rate NAME NODE [RATE]  set (or, without RATE, remove) node NODE's
 #                                           link's rate limit, both ways
+#   netns_cluster.sh pfs NAME SERVERS DIR   add SERVERS storage servers (namespaces of their
+#                                           own on the switch, 10.77.0.(101+s)) serving a
+#                                           GlusterFS distributed volume "pfs", one brick
+#                                           each; DIR holds their state, bricks and logs and
+#                                           is removed by `down`
+#   netns_cluster.sh mount NAME NODE MNT    mount the volume on MNT (in this machine's mount
+#                                           namespace, so ranks run inside a node see it),
+#                                           its FUSE client inside node NODE's network
+#   netns_cluster.sh storage NAME S stop|cont|kill|start
+#                                           freeze (SIGSTOP), resume, kill every process of,
+#                                           or restart storage server S
 #   netns_cluster.sh down NAME              kill every process in the cluster's namespaces
-#                                           and delete them (safe to repeat)
+#                                           and delete them, resuming frozen servers and
+#                                           detaching mounts first (safe to repeat)
 #   netns_cluster.sh sweep                  take down every cluster whose owner has exited
 #
 # NAME: letters, digits and '-', at most 24 characters, unique per cluster (tests use their
@@ -40,6 +52,8 @@ check_name() {
 
 node_ns() { echo "$1-n$2"; }
 switch_ns() { echo "$1-sw"; }
+storage_ns() { echo "$1-s$2"; }
+PFS_BASE=101 # storage server s is at $SUBNET.$((PFS_BASE + s))
 
 cmd_check() {
   command -v ip >/dev/null || {
@@ -67,16 +81,145 @@ cmd_check() {
 cmd_down() {
   local name=$1
   check_name "$name"
-  local ns
+  local ns m
+  # A frozen storage server is resumed first, and the volume's mounts detached (lazily: a
+  # FUSE mount whose server is gone would hang a plain umount), before anything is killed.
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
-    [[ $ns == "$name-n"* || $ns == "$name-sw" ]] || continue
+    [[ $ns =~ ^$name-s[0-9]+$ ]] || continue
+    local frozen
+    frozen=$(ip netns pids "$ns" 2>/dev/null || true)
+    [[ -n $frozen ]] && kill -CONT $frozen 2>/dev/null || true
+  done
+  if [[ -f $STATE/$name.mounts ]]; then
+    while read -r m; do
+      [[ -n $m ]] && umount -l "$m" 2>/dev/null || true
+    done <"$STATE/$name.mounts"
+  fi
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    [[ $ns == "$name-n"* || $ns == "$name-sw" || $ns =~ ^$name-s[0-9]+$ ]] || continue
     # Kill whatever still runs inside (a rank the test did not reap), then delete.
     local pids
     pids=$(ip netns pids "$ns" 2>/dev/null || true)
     [[ -n $pids ]] && kill -9 $pids 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
   done
-  rm -f "$STATE/$name.owner"
+  if [[ -f $STATE/$name.pfs ]]; then
+    local dir
+    dir=$(cat "$STATE/$name.pfs")
+    [[ -n $dir && $dir != / ]] && rm -rf "$dir"
+  fi
+  rm -f "$STATE/$name.owner" "$STATE/$name.pfs" "$STATE/$name.mounts"
+}
+
+# Starts glusterd for storage server $2 of cluster $1, its state under $3: in a mount
+# namespace of its own, since glusterd keeps its state in /var/lib/glusterd and its sockets
+# in /run, so that clusters of concurrent tests never share them.
+start_glusterd() {
+  local name=$1 s=$2 dir=$3
+  ip netns exec "$(storage_ns "$name" "$s")" unshare -m --propagation private bash -c '
+    set -e
+    mount --bind "$1/lib" /var/lib/glusterd
+    mount --bind "$1/log" /var/log/glusterfs
+    mount -t tmpfs tmpfs /run
+    mkdir -p /run/gluster
+    rm -f "$1/pid"
+    glusterd -p /run/glusterd.pid --log-file=/var/log/glusterfs/glusterd.log
+    for _ in $(seq 100); do [[ -s /run/glusterd.pid ]] && break; sleep 0.05; done
+    cp /run/glusterd.pid "$1/pid"' _ "$dir/s$s"
+}
+
+# The gluster CLI against server 0's glusterd: only its own socket takes commands (a remote
+# CLI is read-only), so it runs in that daemon's mount and network namespaces.
+gluster_cli() {
+  local dir=$1
+  shift
+  nsenter -t "$(cat "$dir/s0/pid")" -m -n gluster --mode=script "$@"
+}
+
+# Runs "$@" until it succeeds, at most 50 times 0.2 s apart (daemons still starting).
+retry() {
+  local i
+  for ((i = 0; i < 50; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  "$@"
+}
+
+cmd_pfs() {
+  local name=$1 servers=$2 dir=$3
+  check_name "$name"
+  [[ $servers =~ ^[0-9]+$ && $servers -ge 1 && $servers -le 8 ]] || die "bad server count '$servers'"
+  command -v glusterd >/dev/null && command -v glusterfs >/dev/null ||
+    die "no GlusterFS here (Debian packages glusterfs-server and glusterfs-client)"
+  [[ -f $STATE/$name.owner ]] || die "cluster $name is not up"
+  [[ -f $STATE/$name.pfs ]] && die "cluster $name has its PFS already"
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  echo "$dir" >"$STATE/$name.pfs"
+  trap 'cmd_down "$name"' ERR
+  local sw i ns addr bricks=()
+  sw=$(switch_ns "$name")
+  for ((i = 0; i < servers; i++)); do
+    ns=$(storage_ns "$name" "$i")
+    addr=$SUBNET.$((PFS_BASE + i))
+    ip netns add "$ns"
+    ip -n "$sw" link add "s$i" type veth peer name eth0 netns "$ns"
+    ip -n "$sw" link set "s$i" master br0 up
+    ip -n "$ns" addr add "$addr/24" dev eth0
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+    mkdir -p "$dir/s$i/lib" "$dir/s$i/log" "$dir/s$i/brick"
+    start_glusterd "$name" "$i" "$dir"
+    bricks+=("$addr:$dir/s$i/brick")
+  done
+  for ((i = 1; i < servers; i++)); do
+    retry gluster_cli "$dir" peer probe "$SUBNET.$((PFS_BASE + i))"
+  done
+  # (force: the bricks are directories on this machine's root filesystem.)
+  retry gluster_cli "$dir" volume create pfs transport tcp "${bricks[@]}" force
+  # A client gives a server that stopped answering up after 5 s (the default is 42).
+  gluster_cli "$dir" volume set pfs network.ping-timeout 5
+  retry gluster_cli "$dir" volume start pfs
+  trap - ERR
+}
+
+cmd_mount() {
+  local name=$1 node=$2 mnt=$3
+  check_name "$name"
+  [[ -f $STATE/$name.pfs ]] || die "cluster $name has no PFS (netns_cluster.sh pfs)"
+  local dir i
+  dir=$(cat "$STATE/$name.pfs")
+  mkdir -p "$mnt"
+  mnt=$(cd "$mnt" && pwd)
+  echo "$mnt" >>"$STATE/$name.mounts"
+  # nsenter --net, not `ip netns exec` (which makes a mount namespace of its own): the mount
+  # lands in this machine's mount namespace.
+  nsenter --net="/run/netns/$(node_ns "$name" "$node")" glusterfs \
+    --volfile-server="$SUBNET.$PFS_BASE" --volfile-id=pfs --log-file="$dir/client-$node.log" "$mnt"
+  for ((i = 0; i < 100; i++)); do
+    mountpoint -q "$mnt" && return 0
+    sleep 0.05
+  done
+  die "the volume did not mount on $mnt (log: $dir/client-$node.log)"
+}
+
+cmd_storage() {
+  local name=$1 s=$2 what=$3
+  check_name "$name"
+  [[ -f $STATE/$name.pfs ]] || die "cluster $name has no PFS"
+  local pids
+  pids=$(ip netns pids "$(storage_ns "$name" "$s")" 2>/dev/null || true)
+  case $what in
+    stop) [[ -z $pids ]] || kill -STOP $pids ;;
+    cont) [[ -z $pids ]] || kill -CONT $pids ;;
+    kill) [[ -z $pids ]] || kill -9 $pids ;;
+    start)
+      [[ -z $pids ]] || die "storage server $s of $name still runs"
+      start_glusterd "$name" "$s" "$(cat "$STATE/$name.pfs")"
+      ;;
+    *) die "storage NAME S stop|cont|kill|start, not '$what'" ;;
+  esac
 }
 
 cmd_sweep() {
@@ -142,7 +285,7 @@ cmd_port() {
   ip -n "$(switch_ns "$name")" link set "n$node" "$state"
 }
 
-[[ $# -ge 1 ]] || die "usage: netns_cluster.sh check|up|exec|ns|addr|cut|heal|rate|down|sweep ..."
+[[ $# -ge 1 ]] || die "usage: netns_cluster.sh check|up|exec|ns|addr|cut|heal|rate|pfs|mount|storage|down|sweep ..."
 verb=$1
 shift
 case $verb in
@@ -167,5 +310,17 @@ case $verb in
   cut) cmd_port "$1" "$2" down ;;
   heal) cmd_port "$1" "$2" up ;;
   rate) cmd_rate "$@" ;;
+  pfs)
+    [[ $# -eq 3 ]] || die "usage: pfs NAME SERVERS DIR"
+    cmd_pfs "$@"
+    ;;
+  mount)
+    [[ $# -eq 3 ]] || die "usage: mount NAME NODE MNT"
+    cmd_mount "$@"
+    ;;
+  storage)
+    [[ $# -eq 3 ]] || die "usage: storage NAME S stop|cont|kill|start"
+    cmd_storage "$@"
+    ;;
   *) die "unknown command '$verb'" ;;
 esac
