@@ -106,7 +106,8 @@ cmd_down() {
   if [[ -f $STATE/$name.pfs ]]; then
     local dir
     dir=$(cat "$STATE/$name.pfs")
-    [[ -n $dir && $dir != / ]] && rm -rf "$dir"
+    # (CAIRN_NETNS_KEEP_PFS=1 keeps it, to read a failed test's server and client logs.)
+    [[ -n $dir && $dir != / && -z ${CAIRN_NETNS_KEEP_PFS:-} ]] && rm -rf "$dir"
   fi
   rm -f "$STATE/$name.owner" "$STATE/$name.pfs" "$STATE/$name.mounts"
 }

@@ -102,4 +102,33 @@ Status NetnsCluster::SetRate(int node, const std::string& rate) {
   return Run({"rate", name_, std::to_string(node), rate});
 }
 
+std::string NetnsCluster::PfsUnavailable() {
+  for (const char* tool : {"glusterd", "glusterfs", "gluster", "nsenter"}) {
+    if (!RunCommand({"sh", "-c", std::string("command -v ") + tool}, nullptr).ok())
+      return std::string("no ") + tool +
+             " here (Debian packages glusterfs-server, glusterfs-client, util-linux)";
+  }
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) return "no usable /dev/fuse";
+  return "";
+}
+
+Status NetnsCluster::Pfs(int servers, const std::string& dir) {
+  CAIRN_RETURN_IF_ERROR(Run({"pfs", name_, std::to_string(servers), dir}));
+  servers_ = servers;
+  return Status::OK();
+}
+
+Status NetnsCluster::Mount(int node, const std::string& mnt) {
+  CAIRN_RETURN_IF_ERROR(CheckNode(node));
+  return Run({"mount", name_, std::to_string(node), mnt});
+}
+
+Status NetnsCluster::Storage(int s, const std::string& what) {
+  if (s < 0 || s >= servers_)
+    return Status::InvalidArgument("netns cluster " + name_ + ": no storage server " +
+                                   std::to_string(s) + " (it has " + std::to_string(servers_) +
+                                   ")");
+  return Run({"storage", name_, std::to_string(s), what});
+}
+
 }  // namespace cairn::testing

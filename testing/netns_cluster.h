@@ -1,7 +1,8 @@
 // NetnsCluster: a small cluster on this machine for tests, made and removed by
 // scripts/netns_cluster.sh: N nodes, each a network namespace with one link to a switch,
 // node i at 10.77.0.(i+1) on its eth0. A test runs its ranks inside with node_prefix()
-// (LaunchSpec::node_prefix) and partitions a node with Cut().
+// (LaunchSpec::node_prefix) and partitions a node with Cut(). Pfs() adds a GlusterFS
+// volume on storage servers of its own, mounted by Mount() as the ranks' PFS.
 // The cluster is removed when the object goes, and by the next Up() when the process that
 // made it was killed before that.
 // Thread-safety: one thread drives a cluster.
@@ -37,6 +38,17 @@ class NetnsCluster {
   // Sets (or, with "", removes) the rate limit of node `node`'s link, both ways.
   Status SetRate(int node, const std::string& rate);
 
+  // Why a networked PFS cannot be made here ("" when it can): GlusterFS's server and
+  // client and /dev/fuse are needed. A test skips with it.
+  static std::string PfsUnavailable();
+  // Adds `servers` storage servers serving a GlusterFS distributed volume, one brick each
+  // (state, bricks and logs under `dir`, removed with the cluster).
+  Status Pfs(int servers, const std::string& dir);
+  // Mounts the volume on `mnt` (seen by every node's ranks), its client in node `node`.
+  Status Mount(int node, const std::string& mnt);
+  // Storage server `s`: "stop" (frozen), "cont", "kill" (every process of it), "start".
+  Status Storage(int s, const std::string& what);
+
  private:
   NetnsCluster(std::string script, std::string name, int nodes)
       : script_(std::move(script)), name_(std::move(name)), nodes_(nodes) {}
@@ -45,6 +57,7 @@ class NetnsCluster {
   Status CheckNode(int node) const;
   std::string script_, name_;
   int nodes_;
+  int servers_ = 0;
 };
 
 }  // namespace cairn::testing

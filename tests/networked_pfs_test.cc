@@ -1,0 +1,204 @@
+// The PFS on a networked filesystem (issue 35): two nodes in network namespaces of their
+// own (scripts/netns_cluster.sh), a GlusterFS distributed volume on two storage servers in
+// namespaces of their own, mounted on each node by its own FUSE client, and each node's
+// ranks persisting through their node's mount. A storage server is killed while drains
+// run: training goes on, drains commit again once the server is back, both mounts name the
+// same LATEST (a rename made by one client, seen by the other), and with every node's
+// memory gone the job restores that step from the volume, each rank through its own mount,
+// byte for byte. Skips where namespaces cannot be made or GlusterFS is not installed
+// (Debian packages glusterfs-server and glusterfs-client).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cli/launcher.h"
+#include "core/filesystem.h"
+#include "persist/manifest.h"
+#include "testing/netns_cluster.h"
+#include "tests/matrix_log.h"
+#include "tests/recovery_process_util.h"
+#include "tests/test_util.h"
+
+namespace cairn {
+namespace {
+
+using testing::TempDir;
+using namespace testing::recovery;
+
+// What every rank of a `matrix` run in `dir` printed so far.
+std::vector<testing::MatrixLog> Progress(const std::string& dir, int ranks) {
+  std::vector<testing::MatrixLog> out;
+  for (int r = 0; r < ranks; ++r) {
+    auto text =
+        ReadWholeFile(DefaultFileSystem(), dir + "/rank-" + std::to_string(r) + ".log", 64 << 20);
+    out.push_back(text.ok() ? testing::ParseMatrixLog(*text) : testing::MatrixLog{});
+  }
+  return out;
+}
+
+// The newest step rank `r` printed "saved" for (-1: none).
+int64_t NewestSaved(const std::string& dir, int r) {
+  const std::string line = LastLine(dir, r, "saved ");
+  return line.empty() ? -1 : std::atoll(line.c_str() + 6);
+}
+
+// The last lines of the volume's client log of each node (the FUSE client's own words).
+std::string ClientLogs(const std::string& bricks) {
+  std::string out;
+  for (int n : {0, 1}) {
+    auto text = ReadWholeFile(DefaultFileSystem(), bricks + "/client-" + std::to_string(n) + ".log",
+                              64 << 20);
+    if (!text.ok()) continue;
+    std::string t = *text;
+    size_t cut = t.size(), lines = 0;
+    while (cut > 0 && lines < 25) {
+      cut = t.rfind('\n', cut - 1);
+      if (cut == std::string::npos) {
+        cut = 0;
+        break;
+      }
+      ++lines;
+    }
+    out += "\n--- volume client of node " + std::to_string(n) + " (last lines):\n" + t.substr(cut);
+  }
+  return out;
+}
+
+// Waits (at most 60 s) until a file can be made and removed in `dir` through the mount:
+// both storage servers answer again (once, under a loaded machine, a brick restarted by
+// its glusterd was gone again for seconds after the drains had committed through it).
+bool Writable(const std::string& dir) {
+  const std::string probe = dir + "/.probe-" + std::to_string(::getpid());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    bool ok = true;
+    for (int f = 0; f < 16 && ok; ++f) {  // names that hash onto both bricks
+      const std::string p = probe + "-" + std::to_string(f);
+      ok = WriteFileAtomic(DefaultFileSystem(), p, "x").ok() && DefaultFileSystem()->Unlink(p).ok();
+    }
+    if (ok) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerDiesAndEveryNodeRestoresThroughItsMount) {
+  const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
+  std::string why = testing::NetnsCluster::Unavailable(script);
+  if (why.empty()) why = testing::NetnsCluster::PfsUnavailable();
+  if (!why.empty()) {
+    if (std::getenv("CAIRN_REQUIRE_NETNS")) FAIL() << "CAIRN_REQUIRE_NETNS is set, but: " << why;
+    GTEST_SKIP() << "no networked PFS here: " << why;
+  }
+  TempDir root("npfs");
+  // The bricks on a disk, as a storage server's are (the cluster removes them when it goes).
+  std::string bricks = "/var/tmp/cairn-test-bricks-XXXXXX";
+  ASSERT_NE(::mkdtemp(bricks.data()), nullptr);
+  const std::string job = testing::UniqueJobId("npfs");
+  const std::string name =
+      "npfs-" + std::to_string(::getpid() % 1000000) + "-" +
+      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000);
+  auto cluster = testing::NetnsCluster::Up(script, name, 2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  testing::NetnsCluster& c = **cluster;
+  ASSERT_TRUE(c.Pfs(2, bricks).ok());
+  const std::string mnt[2] = {root.path() + "/m0", root.path() + "/m1"};
+  for (int n : {0, 1}) {
+    Status st = c.Mount(n, mnt[n]);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  // Each node's ranks take their node's mount as the PFS.
+  auto prefixes = [&] {
+    std::vector<std::vector<std::string>> p;
+    for (int n : {0, 1}) {
+      p.push_back(c.node_prefix(n));
+      p.back().insert(p.back().end(), {"env", "CAIRN_PFS_ROOT=" + mnt[n]});
+    }
+    return p;
+  };
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"CAIRN_PERSIST_EVERY", "2"}, {"UCX_NET_DEVICES", "eth0"}, {"CAIRN_LOG_LEVEL", "2"}};
+
+  // Training: 2 nodes x 1 rank, a version every step, every 2nd drained.
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  LaunchSpec spec = Spec(root, job, 2, 1, {"matrix", "tp2", kRows, "1000000", "0"}, train, env);
+  spec.node_prefix = prefixes();
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto persisted_on_all = [&] {
+    int64_t p = INT64_MAX;
+    for (const auto& m : Progress(train, 2)) p = std::min(p, m.persisted);
+    return p;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (persisted_on_all() < 4) {
+    ASSERT_EQ((*l)->Running(), 2) << Logs(train, 2);
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no drain committed" << Logs(train, 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+
+  // Storage server 1 dies, with drains running; training goes on meanwhile.
+  const int64_t saved_at_kill = std::min(NewestSaved(train, 0), NewestSaved(train, 1));
+  ASSERT_TRUE(c.Storage(1, "kill").ok());
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const int64_t saved_in_outage =
+      std::min(NewestSaved(train, 0), NewestSaved(train, 1)) - saved_at_kill;
+  EXPECT_GE(saved_in_outage, 10) << "training waited for the dead storage server" << Logs(train, 2);
+  const int64_t persisted_before = persisted_on_all();
+  ASSERT_TRUE(c.Storage(1, "start").ok());
+
+  // Drains commit again once it is back.
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (persisted_on_all() <= persisted_before + 4) {
+    ASSERT_EQ((*l)->Running(), 2) << Logs(train, 2);
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "no drain committed after the storage server came back (newest before: "
+        << persisted_before << ")" << Logs(train, 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf(
+      "storage server 1 down for 3 s: %lld steps saved meanwhile; drains committed up "
+      "to %lld before it came back, %lld after\n",
+      static_cast<long long>(saved_in_outage), static_cast<long long>(persisted_before),
+      static_cast<long long>(persisted_on_all()));
+  for (int r : {0, 1}) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
+  for (int r : {0, 1}) (*l)->WaitRank(r);
+  l->reset();
+
+  // Both clients see the same committed step.
+  auto latest0 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[0], job));
+  auto latest1 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[1], job));
+  ASSERT_TRUE(latest0.ok()) << latest0.status().ToString();
+  ASSERT_TRUE(latest1.ok()) << latest1.status().ToString();
+  EXPECT_EQ(*latest0, *latest1);
+  EXPECT_GT(*latest0, persisted_before);
+
+  // Every node's memory is gone; the job restores from the volume, each rank through its
+  // own node's mount (recovery_child checks every byte and its blob).
+  for (int n : {0, 1})
+    ASSERT_TRUE(Writable(PfsJobDir(mnt[n], job))) << "node " << n << ClientLogs(bricks);
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host/" + job).ok());
+  const std::string out = root.path() + "/restore";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
+  LaunchSpec rs =
+      Spec(root, job, 2, 1, {"restore", "tp2", kRows, std::to_string(*latest0)}, out, env);
+  rs.node_prefix = prefixes();
+  auto r = LocalLauncher::Start(rs);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE((*r)->WaitAll(120)) << Logs(out, 2) << ClientLogs(bricks);
+  for (int rank : {0, 1}) {
+    EXPECT_EQ((*r)->WaitRank(rank), 0) << Logs(out, 2) << ClientLogs(bricks);
+    const Restored x = ParseRestored(LastLine(out, rank, "restored "));
+    EXPECT_EQ(x.step, *latest0) << "rank " << rank << Logs(out, 2);
+    EXPECT_EQ(x.tier, "pfs") << "rank " << rank;
+    EXPECT_GT(x.pfs, 0u) << "rank " << rank;
+  }
+}
+
+}  // namespace
+}  // namespace cairn
