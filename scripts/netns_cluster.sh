@@ -164,12 +164,7 @@ cmd_pfs() {
   for ((i = 0; i < servers; i++)); do
     ns=$(storage_ns "$name" "$i")
     addr=$SUBNET.$((PFS_BASE + i))
-    ip netns add "$ns"
-    ip -n "$sw" link add "s$i" type veth peer name eth0 netns "$ns"
-    ip -n "$sw" link set "s$i" master br0 up
-    ip -n "$ns" addr add "$addr/24" dev eth0
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set eth0 up
+    attach "$sw" "$ns" "s$i" "$addr"
     mkdir -p "$dir/s$i/lib" "$dir/s$i/log" "$dir/s$i/brick"
     start_glusterd "$name" "$i" "$dir"
     bricks+=("$addr:$dir/s$i/brick")
@@ -237,6 +232,18 @@ cmd_sweep() {
   done
 }
 
+# Makes namespace $2 and links it to switch namespace $1's bridge through port $3, its own
+# end eth0 at address $4.
+attach() {
+  local sw=$1 ns=$2 port=$3 addr=$4
+  ip netns add "$ns"
+  ip -n "$sw" link add "$port" type veth peer name eth0 netns "$ns"
+  ip -n "$sw" link set "$port" master br0 up
+  ip -n "$ns" addr add "$addr/24" dev eth0
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 up
+}
+
 cmd_up() {
   local name=$1 nodes=$2 rate=${3:-}
   check_name "$name"
@@ -256,12 +263,7 @@ cmd_up() {
   local i ns
   for ((i = 0; i < nodes; i++)); do
     ns=$(node_ns "$name" "$i")
-    ip netns add "$ns"
-    ip -n "$sw" link add "n$i" type veth peer name eth0 netns "$ns"
-    ip -n "$sw" link set "n$i" master br0 up
-    ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev eth0
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set eth0 up
+    attach "$sw" "$ns" "n$i" "$SUBNET.$((i + 1))"
     [[ -z $rate ]] || cmd_rate "$name" "$i" "$rate"
   done
   trap - ERR
