@@ -179,13 +179,15 @@ void Replicator::Notify(int64_t step) {
   cv_.NotifyAll();
 }
 
+bool Replicator::Tried(int64_t step) const {
+  return stats_.newest_replicated >= step || attempted_ >= step || (named_ && passed_ >= step) ||
+         stop_;
+}
+
 Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
   MutexLock lk(mu_);
-  const bool done =
-      cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s), [&]() CAIRN_REQUIRES(mu_) {
-        return stats_.newest_replicated >= step || attempted_ >= step ||
-               (named_ && passed_ >= step) || stop_;
-      });
+  const bool done = cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s),
+                                [&]() CAIRN_REQUIRES(mu_) { return Tried(step); });
   if (stats_.newest_replicated >= step) return Status::OK();
   if (!done)
     return Status::Unavailable("step " + std::to_string(step) + " not replicated within " +
@@ -197,10 +199,8 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
 
 bool Replicator::WaitTried(int64_t step, double timeout_s) {
   MutexLock lk(mu_);
-  return cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s), [&]() CAIRN_REQUIRES(mu_) {
-    return stats_.newest_replicated >= step || attempted_ >= step || (named_ && passed_ >= step) ||
-           stop_;
-  });
+  return cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s),
+                     [&]() CAIRN_REQUIRES(mu_) { return Tried(step); });
 }
 
 ReplicatorStats Replicator::stats() const {

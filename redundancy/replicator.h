@@ -142,6 +142,9 @@ class Replicator {
 
  private:
   void SenderLoop();
+  // Whether the waits for `step` are over: it or a newer step was pushed or tried, the
+  // rounds passed it over (named pushes), or the replicator stops.
+  bool Tried(int64_t step) const CAIRN_REQUIRES(mu_);
   // Waits while every holder that failed is in its back-off (false: stopping).
   bool WaitForHolders(const std::vector<int>& holders);
   // Pushes version `step` to every holder and records it REPLICATED when all took it; the
