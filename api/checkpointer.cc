@@ -481,6 +481,9 @@ Status Checkpointer::wait_captured() {
 Status Checkpointer::wait_replicated(double timeout_s) {
   return impl_->WaitReplicated(timeout_s);
 }
+Status Checkpointer::wait_for_slot(double timeout_s) {
+  return impl_->tier_->WaitFree(timeout_s);
+}
 Result<int64_t> Checkpointer::flush() {
   return impl_->Flush();
 }

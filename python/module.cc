@@ -217,6 +217,12 @@ class PyCheckpointer {
     if (!st.ok()) Throw(st);
   }
 
+  void WaitForSlot(double timeout_s) {
+    Checkpointer& c = Get();
+    const Status st = WithoutGil([&] { return c.wait_for_slot(timeout_s); });
+    if (!st.ok()) Throw(st);
+  }
+
   int64_t Flush() {
     Checkpointer& c = Get();
     auto r = WithoutGil([&] { return c.flush(); });
@@ -583,6 +589,10 @@ void BindCheckpointer(py::module_& m) {
            "is copied.")
       .def("wait_captured", &PyCheckpointer::WaitCaptured)
       .def("wait_replicated", &PyCheckpointer::WaitReplicated, py::arg("timeout_s") = 60.0)
+      .def("wait_for_slot", &PyCheckpointer::WaitForSlot, py::arg("timeout_s") = 60.0,
+           "Waits until the next save() finds a free host slot (drains, replica pushes and "
+           "step-agreement rounds hold some for a while); call it before a save that must "
+           "not be skipped, such as a run's last. Raises when none is free in timeout_s.")
       .def("flush", &PyCheckpointer::Flush,
            "Collective: persists the newest version every rank holds; returns its step.")
       .def("restore", &PyCheckpointer::Restore, py::arg("targets"), py::arg("step") = std::nullopt,

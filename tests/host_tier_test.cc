@@ -146,6 +146,29 @@ TEST_F(HostTierTest, SkipWhenFullAndBlockUntilFree) {
   EXPECT_TRUE(blocked.get().ok());
 }
 
+// What a run's last save waits on (Checkpointer::wait_for_slot): every slot kept by the
+// step agreement until a round lets one go; WaitFree reserves nothing.
+TEST_F(HostTierTest, WaitFreeReturnsOnceTheAgreementLetsAKeptSlotGo) {
+  auto t = OpenTier();
+  ASSERT_TRUE(Capture(*t, 1, 'a').ok());
+  ASSERT_TRUE(Capture(*t, 2, 'b').ok());
+  t->Keep({1, 2}, {});
+  const Status full = t->WaitFree(0.05);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.code(), StatusCode::kUnavailable);
+  EXPECT_NE(full.message().find("a version the job keeps"), std::string::npos) << full.message();
+  EXPECT_FALSE(t->Reserve(3, FullPolicy::kSkip).ok());
+  auto waiting = std::async(std::launch::async, [&] { return t->WaitFree(30); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  t->Keep({2}, {});  // the round ended: step 2 agreed, step 1 no longer kept
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(waiting.get().ok());
+  EXPECT_TRUE(t->WaitFree(0).ok());  // nothing was reserved by the wait
+  auto s3 = t->Reserve(3, FullPolicy::kSkip);
+  ASSERT_TRUE(s3.ok()) << s3.status().ToString();
+  t->Abort(*s3);
+}
+
 TEST_F(HostTierTest, SecondOpenIsRefused) {
   auto t = OpenTier();
   HostTierConfig c;

@@ -120,11 +120,16 @@ int main(int argc, char** argv) {
     for (int64_t t = first;; ++t) {
       if (matrix && t == last && t > first) {
         // The run's last version must not be skipped for want of a free slot (under a
-        // loaded machine replication and persist can still pin every older slot; the
-        // matrix restores the last step): wait for the pipeline as a user ending a run
-        // would, then save it.
+        // loaded machine replication, persist and the step agreement can still hold every
+        // older slot; the matrix restores the last step): wait for the pipeline and for a
+        // free slot as a user ending a run would, then save it.
         Status cap = c.wait_captured();
         if (cap.ok() && opts.replicas > 0) (void)c.wait_replicated(30);
+        // Drains and step-agreement rounds can still hold every slot after that (a CI run
+        // under load skipped the last step with all 4 slots "pinned or a version the job
+        // keeps").
+        Status slot = c.wait_for_slot(60);
+        if (!slot.ok()) std::fprintf(stderr, "recovery_child: %s\n", slot.ToString().c_str());
       }
       model.Visit(held, t, false);
       if (!device.Upload()) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 
 #include "core/arith.h"
 #include "core/kill_point.h"
@@ -283,27 +285,36 @@ std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
   return held;
 }
 
+int HostTier::PickLocked() const {
+  const int newest = NewestLocked();
+  bool keeping = false;  // a kept step is held: it, not the newest, is what survives
+  for (const Slot& s : slots_) keeping = keeping || KeptLocked(s);
+  int pick = -1;
+  // Empty slots first, then the versions the job does not hold, then the oldest.
+  auto better = [&](const Slot& a, const Slot& b) CAIRN_REQUIRES(mu_) {
+    if (a.dropped != b.dropped) return a.dropped;
+    return a.header->step < b.header->step;
+  };
+  for (const Slot& s : slots_) {
+    if (s.pins > 0 || ProtectedLocked(s, newest, keeping)) continue;
+    if (s.use == Use::kEmpty) return s.index;
+    if (s.use == Use::kCaptured && (pick < 0 || better(s, slots_[static_cast<size_t>(pick)])))
+      pick = s.index;
+  }
+  return pick;
+}
+
+std::string HostTier::WhyFullLocked(const std::string& what) const {
+  bool keeping = false;
+  for (const Slot& s : slots_) keeping = keeping || KeptLocked(s);
+  return what + " (all " + std::to_string(slots_.size()) + " slots are capturing, pinned or hold " +
+         (keeping ? "a version the job keeps" : "the newest version") + ")";
+}
+
 Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
   MutexLock lk(mu_);
   for (;;) {
-    const int newest = NewestLocked();
-    bool keeping = false;  // a kept step is held: it, not the newest, is what survives
-    for (const Slot& s : slots_) keeping = keeping || KeptLocked(s);
-    int pick = -1;
-    // Empty slots first, then the versions the job does not hold, then the oldest.
-    auto better = [&](const Slot& a, const Slot& b) CAIRN_REQUIRES(mu_) {
-      if (a.dropped != b.dropped) return a.dropped;
-      return a.header->step < b.header->step;
-    };
-    for (const Slot& s : slots_) {
-      if (s.pins > 0 || ProtectedLocked(s, newest, keeping)) continue;
-      if (s.use == Use::kEmpty) {
-        pick = s.index;
-        break;
-      }
-      if (s.use == Use::kCaptured && (pick < 0 || better(s, slots_[static_cast<size_t>(pick)])))
-        pick = s.index;
-    }
+    const int pick = PickLocked();
     if (pick >= 0) {
       slots_[static_cast<size_t>(pick)].use = Use::kReserved;
       slots_[static_cast<size_t>(pick)].dropped = false;
@@ -313,11 +324,20 @@ Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
     for (const Slot& s : slots_) committing = committing || s.use == Use::kCommitting;
     if (policy == FullPolicy::kSkip && !committing)
       return Status::Unavailable(
-          "no host slot is free for step " + std::to_string(step) + " (all " +
-          std::to_string(slots_.size()) + " slots are capturing, pinned or hold " +
-          (keeping ? "a version the job keeps" : "the newest version") + ")");
+          WhyFullLocked("no host slot is free for step " + std::to_string(step)));
     cv_.Wait(lk);
   }
+}
+
+Status HostTier::WaitFree(double timeout_s) {
+  MutexLock lk(mu_);
+  const bool free = cv_.WaitFor(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)),
+                                [&]() CAIRN_REQUIRES(mu_) { return PickLocked() >= 0; });
+  if (free) return Status::OK();
+  char waited[32];
+  std::snprintf(waited, sizeof waited, "%.1f", timeout_s);
+  return Status::Unavailable(
+      WhyFullLocked(std::string("no host slot became free in ") + waited + " s"));
 }
 
 Status HostTier::EnsureMapped(Slot& s, uint64_t bytes) {

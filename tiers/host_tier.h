@@ -84,6 +84,11 @@ class HostTier {
   // free; with kSkip returns Unavailable when none is, except that it waits for a version
   // whose bytes are already copied and only needs its commit.
   Result<int> Reserve(int64_t step, FullPolicy policy);
+  // Waits at most `timeout_s` until Reserve would find a slot without waiting (a drain or
+  // push unpins one, an agreement round lets its offered steps go); Unavailable saying what
+  // holds the slots otherwise. Reserves nothing: the training thread, the only caller of
+  // Reserve, saves next.
+  Status WaitFree(double timeout_s);
   // Invalidates the reserved slot's old version on disk, then sizes the slot for `bytes`
   // and pre-faults it. On success returns the slot's data address (valid until the next
   // Prepare of the same slot). On failure the caller must Abort; the slot's old version is
@@ -170,6 +175,10 @@ class HostTier {
   void RemoveForeign(Slot& s, const Status& why);
   // Index of the slot with the newest restorable version, -1 if none. Caller holds mu_.
   int NewestLocked() const CAIRN_REQUIRES(mu_);
+  // The slot Reserve takes now: empty first, then a version the job does not keep, then the
+  // oldest; never pinned, never protected. -1 when every slot is.
+  int PickLocked() const CAIRN_REQUIRES(mu_);
+  std::string WhyFullLocked(const std::string& what) const CAIRN_REQUIRES(mu_);
   // Whether slot `s` holds a restorable version of a step Keep keeps.
   bool KeptLocked(const Slot& s) const CAIRN_REQUIRES(mu_);
   // Whether a capture may not take slot `s` for its version (the reuse rules above).

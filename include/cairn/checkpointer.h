@@ -92,6 +92,11 @@ class Checkpointer {
   // been tried and failed (Unavailable naming the holder), at most `timeout_s`.
   // FailedPrecondition when this job does not replicate.
   Status wait_replicated(double timeout_s);
+  // Waits at most `timeout_s` until the next save() finds a free host slot (a drain, a
+  // replica push or a round of the step agreement holds some for a while): call it before
+  // a save that must not be skipped under the skip policy, such as a run's last.
+  // Unavailable saying what holds the slots otherwise.
+  Status wait_for_slot(double timeout_s);
   // Collective (every rank must call it): persists the newest version every rank holds to
   // <CAIRN_PFS_ROOT>/<job> now, and waits until it is committed. Returns the step that
   // LATEST names afterwards; the round's error otherwise (the previous committed step

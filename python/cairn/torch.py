@@ -539,6 +539,11 @@ class Checkpointer:
     def wait_captured(self):
         self._ck.wait_captured()
 
+    def wait_for_slot(self, timeout_s=60.0):
+        """Waits until the next save() finds a free host slot: call it before a save that
+        must not be skipped, such as a run's last (raises when none frees in timeout_s)."""
+        self._ck.wait_for_slot(timeout_s)
+
     def barrier(self):
         self._ck.barrier()
 

@@ -1062,5 +1062,22 @@ class CoreModule(unittest.TestCase):
         self.assertGreater(inside, 0, f"no Python ran during {(t1 - t0) * 1e3:.0f} ms of restore()")
 
 
+    def test_wait_for_slot_returns_once_a_save_finds_a_slot(self):
+        import numpy as np
+
+        import cairn
+
+        o = self.options("slotwait")
+        o.slots = 2
+        a = np.arange(1 << 16, dtype=np.float32)
+        with cairn.Checkpointer(o) as c:
+            for step in (1, 2, 3):
+                c.wait_for_slot(5.0)  # the run's "last" saves: never skipped
+                shards = [cairn.Shard.from_buffer("w", "float32", [a.size], a)]
+                self.assertEqual(c.save(step, shards), "queued")
+                c.fence()
+            c.wait_captured()
+            self.assertEqual([v.step for v in c.versions()], [3, 2])
+
 if __name__ == "__main__":
     unittest.main()
