@@ -1,10 +1,10 @@
 // The PFS on a networked filesystem (issue 35): two nodes in network namespaces of their
 // own (scripts/netns_cluster.sh), a GlusterFS distributed volume on two storage servers in
 // namespaces of their own, mounted on each node by its own FUSE client, and each node's
-// ranks persisting through their node's mount. A storage server is killed while drains
-// run: training goes on, drains commit again once the server is back, both mounts name the
-// same LATEST (a rename made by one client, seen by the other), and with every node's
-// memory gone the job restores that step from the volume, each rank through its own mount,
+// ranks persisting through their node's mount. A storage server is killed, or frozen
+// (SIGSTOP), while drains run: training goes on, drains commit again once the server is back, both
+// mounts name the same LATEST (a rename made by one client, seen by the other), and with every
+// node's memory gone the job restores that step from the volume, each rank through its own mount,
 // byte for byte. Skips where namespaces cannot be made or GlusterFS is not installed
 // (Debian packages glusterfs-server and glusterfs-client).
 #include <gtest/gtest.h>
@@ -86,7 +86,17 @@ bool Writable(const std::string& dir) {
   }
 }
 
-TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerDiesAndEveryNodeRestoresThroughItsMount) {
+// A storage server's fault while drains run: `fault` and `resume` are what
+// `netns_cluster.sh storage` does to it (kill / start: dead, its bricks gone; stop / cont:
+// frozen, its connections open and silent until the volume's 5 s ping timeout), for
+// `outage_s` seconds.
+struct StorageFault {
+  const char* fault;
+  const char* resume;
+  int outage_s;
+};
+
+void DrainThroughAStorageFault(const StorageFault& f) {
   const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
   std::string why = testing::NetnsCluster::Unavailable(script);
   if (why.empty()) why = testing::NetnsCluster::PfsUnavailable();
@@ -142,23 +152,26 @@ TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerDiesAndEveryNodeRestoresThro
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 
-  // Storage server 1 dies, with drains running; training goes on meanwhile, at the pace it
+  // Storage server 1 fails, with drains running; training goes on meanwhile, at the pace it
   // had in as long a window just before (at least a third of it: a sanitizer build saves a
   // few steps a second, the plain build dozens).
   auto saved_on_all = [&] { return std::min(NewestSaved(train, 0), NewestSaved(train, 1)); };
   const int64_t saved_before_window = saved_on_all();
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  const int64_t saved_at_kill = saved_on_all();
-  const int64_t saved_before = saved_at_kill - saved_before_window;
-  ASSERT_TRUE(c.Storage(1, "kill").ok());
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  const int64_t saved_in_outage = saved_on_all() - saved_at_kill;
-  EXPECT_GE(saved_in_outage, 1) << "training waited for the dead storage server" << Logs(train, 2);
-  EXPECT_GE(3 * saved_in_outage, saved_before)
-      << "training slowed down while a storage server was dead: " << saved_in_outage
-      << " steps in 3 s against " << saved_before << " in the 3 s before" << Logs(train, 2);
+  std::this_thread::sleep_for(std::chrono::seconds(f.outage_s));
+  const int64_t saved_at_fault = saved_on_all();
+  const int64_t saved_before = saved_at_fault - saved_before_window;
+  const int64_t persisted_at_fault = persisted_on_all();
+  ASSERT_TRUE(c.Storage(1, f.fault).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(f.outage_s));
+  const int64_t saved_in_outage = saved_on_all() - saved_at_fault;
   const int64_t persisted_before = persisted_on_all();
-  ASSERT_TRUE(c.Storage(1, "start").ok());
+  EXPECT_GE(saved_in_outage, 1) << "training waited for the storage server (" << f.fault << ")"
+                                << Logs(train, 2);
+  EXPECT_GE(3 * saved_in_outage, saved_before)
+      << "training slowed down while a storage server was out (" << f.fault
+      << "): " << saved_in_outage << " steps in " << f.outage_s << " s against " << saved_before
+      << " in the " << f.outage_s << " s before" << Logs(train, 2);
+  ASSERT_TRUE(c.Storage(1, f.resume).ok());
 
   // Drains commit again once it is back.
   deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
@@ -170,10 +183,20 @@ TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerDiesAndEveryNodeRestoresThro
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::printf(
-      "storage server 1 down for 3 s: %lld steps saved meanwhile; drains committed up "
-      "to %lld before it came back, %lld after\n",
-      static_cast<long long>(saved_in_outage), static_cast<long long>(persisted_before),
-      static_cast<long long>(persisted_on_all()));
+      "storage server 1 out (%s) for %d s: %lld steps saved meanwhile (%lld in as long "
+      "before); drains committed up to %lld at the fault, %lld when it came back, %lld "
+      "after\n",
+      f.fault, f.outage_s, static_cast<long long>(saved_in_outage),
+      static_cast<long long>(saved_before), static_cast<long long>(persisted_at_fault),
+      static_cast<long long>(persisted_before), static_cast<long long>(persisted_on_all()));
+  // How the drains in flight ended (the first warning of each rank's persist, if any).
+  for (int r : {0, 1}) {
+    auto text =
+        ReadWholeFile(DefaultFileSystem(), train + "/rank-" + std::to_string(r) + ".log", 64 << 20);
+    const size_t at = text.ok() ? text->find("warning: persist:") : std::string::npos;
+    if (at != std::string::npos)
+      std::printf("rank %d: %s\n", r, text->substr(at, text->find('\n', at) - at).c_str());
+  }
   for (int r : {0, 1}) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
   for (int r : {0, 1}) (*l)->WaitRank(r);
   l->reset();
@@ -206,6 +229,16 @@ TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerDiesAndEveryNodeRestoresThro
     EXPECT_EQ(x.tier, "pfs") << "rank " << rank;
     EXPECT_GT(x.pfs, 0u) << "rank " << rank;
   }
+}
+
+TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerDiesAndEveryNodeRestoresThroughItsMount) {
+  DrainThroughAStorageFault({"kill", "start", 3});
+}
+
+// Frozen longer than the volume's ping timeout: the clients' calls to it hang until the
+// timeout, then fail, and the drains with them; training must not wait on either.
+TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerIsFrozenAndEveryNodeRestoresThroughItsMount) {
+  DrainThroughAStorageFault({"stop", "cont", 8});
 }
 
 }  // namespace
