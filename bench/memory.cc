@@ -22,8 +22,9 @@
 //            its own (its rank and step, checked at the restore)
 // The encoding computation alone is measured in this process on the same bytes: cairn's
 // parity path (each holder adding the d data pieces into its parity row as they arrive,
-// ErasureCode::SetParity for the first, or under XOR the first received into the parity
-// itself, AddToParity for the others) against ISA-L's ec_encode_data
+// ErasureCode::SetParity for the first, or the first received into the parity itself where
+// its coefficient is 1, AddToParity for the others; the piece that comes first rotates over
+// the rounds) against ISA-L's ec_encode_data
 // computing the same parity row from the d pieces at once (each of the m rows, as each holder
 // computes one), alternated,
 // --rounds times; `encode_vs_isal` is cairn's rate over ISA-L's (1.0: as fast).
@@ -267,34 +268,36 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
     parity_a.push_back(std::make_unique<Buffer>(len));
     parity_b.push_back(std::make_unique<Buffer>(len));
   }
-  std::vector<unsigned char> matrix(static_cast<size_t>((d + m) * d));
-  if (m == 1) {
-    std::fill(matrix.begin() + d * d, matrix.end(), 1);
-  } else {
-    gf_gen_cauchy1_matrix(matrix.data(), d + m, d);
-  }
-  // One parity row per holder, as cairn computes them (each on its own node).
+  // One parity row per holder, as cairn computes them (each on its own node), from cairn's
+  // own matrix.
   std::vector<std::vector<unsigned char>> tables(static_cast<size_t>(m));
   for (int p = 0; p < m; ++p) {
+    std::vector<unsigned char> row(code->ParityRow(p).begin(), code->ParityRow(p).end());
     tables[static_cast<size_t>(p)].resize(static_cast<size_t>(32 * d));
-    ec_init_tables(d, 1, matrix.data() + (d + p) * d, tables[static_cast<size_t>(p)].data());
+    ec_init_tables(d, 1, row.data(), tables[static_cast<size_t>(p)].data());
   }
   std::vector<unsigned char*> src, dst;
   for (auto& b : data) src.push_back(reinterpret_cast<unsigned char*>(b->p));
   for (auto& b : parity_b) dst.push_back(reinterpret_cast<unsigned char*>(b->p));
   std::vector<double> ours, theirs;
   for (int r = 0; r < rounds; ++r) {
-    // XOR: a record's first piece is received into the parity itself (ParityStore::InPlace),
-    // as ISA-L's sources are received somewhere: no computation, not timed.
-    if (m == 1) std::memcpy(parity_a[0]->p, data[0]->p, len);
+    // Which member's piece reaches a holder first varies: round r has piece r mod d first.
+    const int first = r % d;
+    // A first piece whose coefficient is 1 (XOR; Reed-Solomon's row 0, and piece 0 of every
+    // row) is received into the parity itself (ParityStore::InPlace), as ISA-L's sources
+    // are received somewhere: no computation, not timed.
+    for (int p = 0; p < m; ++p)
+      if (code->Coefficient(first, p) == 1)
+        std::memcpy(parity_a[static_cast<size_t>(p)]->p, data[static_cast<size_t>(first)]->p, len);
     int64_t t0 = NowNanos();
     for (int p = 0; p < m; ++p) {
-      // As a holder does (ParityStore::Add): the first piece sets the row (under XOR it
-      // landed there), the others add.
-      if (m > 1) code->SetParity(0, p, data[0]->p, len, parity_a[static_cast<size_t>(p)]->p);
-      for (int j = 1; j < d; ++j)
-        code->AddToParity(j, p, data[static_cast<size_t>(j)]->p, len,
-                          parity_a[static_cast<size_t>(p)]->p);
+      // As a holder does (ParityStore::Add): the first piece sets the row (or landed
+      // there), the others add.
+      std::byte* row = parity_a[static_cast<size_t>(p)]->p;
+      if (code->Coefficient(first, p) != 1)
+        code->SetParity(first, p, data[static_cast<size_t>(first)]->p, len, row);
+      for (int j = 0; j < d; ++j)
+        if (j != first) code->AddToParity(j, p, data[static_cast<size_t>(j)]->p, len, row);
     }
     ours.push_back(static_cast<double>(len * d) / NanosToSeconds(NowNanos() - t0) / 1e9);
     t0 = NowNanos();

@@ -124,6 +124,21 @@ Result<ErasureCode> ErasureCode::Make(const ErasureScheme& s) {
     std::fill(code.matrix_.begin() + d * d, code.matrix_.end(), 1);  // XOR
   } else {
     gf_gen_cauchy1_matrix(code.matrix_.data(), rows, d);
+    // Scaled so that parity row 0 is all ones and every row starts with a 1 (format 2 of
+    // parity records): scaling a column of the Cauchy part, or a whole row of it, scales
+    // each square submatrix's determinant by a non-zero factor, so every d x d submatrix of
+    // [I; C] stays invertible. A coefficient of 1 is a plain XOR (AddToParity) or no
+    // computation at all for a first piece received into the parity (ParityStore::InPlace):
+    // row 0 costs what XOR parity costs, and piece 0 is an XOR in every row.
+    unsigned char* c = code.matrix_.data() + d * d;
+    for (int j = 0; j < d; ++j) {
+      const unsigned char inv = gf_inv(c[j]);
+      for (int p = 0; p < s.m; ++p) c[p * d + j] = gf_mul(c[p * d + j], inv);
+    }
+    for (int p = 1; p < s.m; ++p) {
+      const unsigned char inv = gf_inv(c[p * d]);
+      for (int j = 0; j < d; ++j) c[p * d + j] = gf_mul(c[p * d + j], inv);
+    }
   }
   unsigned char* parity_rows = code.matrix_.data() + d * d;
   code.parity_tables_.resize(static_cast<size_t>(32 * d * s.m));
@@ -143,7 +158,7 @@ Result<ErasureCode> ErasureCode::Make(const ErasureScheme& s) {
 
 void ErasureCode::AddToParity(int j, int p, const std::byte* piece, uint64_t n,
                               std::byte* parity) const {
-  if (scheme_.m == 1) {  // XOR: every coefficient is 1
+  if (Coefficient(j, p) == 1) {  // XOR parity, parity row 0, piece 0
     XorInto(parity, piece, n);
     return;
   }
@@ -159,7 +174,7 @@ void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
                             std::byte* parity) const {
   if (n == 0) return;  // (an empty version's piece may have no bytes at all: no pointer)
   const int d = scheme_.data();
-  if (scheme_.m == 1) {  // XOR: every coefficient is 1
+  if (Coefficient(j, p) == 1) {
     std::memcpy(parity, piece, n);
     return;
   }
@@ -170,6 +185,16 @@ void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
     unsigned char* out = U(parity + off);
     ec_encode_data(len, 1, 1, tables, &src, &out);
   }
+}
+
+unsigned char ErasureCode::Coefficient(int j, int p) const {
+  const int d = scheme_.data();
+  return matrix_[static_cast<size_t>((d + p) * d + j)];
+}
+
+std::span<const unsigned char> ErasureCode::ParityRow(int p) const {
+  const size_t d = static_cast<size_t>(scheme_.data());
+  return {matrix_.data() + (d + static_cast<size_t>(p)) * d, d};
 }
 
 void ErasureCode::Encode(std::span<const std::byte* const> data, uint64_t len,

@@ -16,8 +16,10 @@
 // decoded from any d of the survivors' pieces.
 //
 // The code: m = 1 is plain XOR (a parity row of ones); m >= 2 is Reed-Solomon over GF(2^8)
-// with a Cauchy matrix (every d x d submatrix of [I; C] is invertible), both computed by
-// Intel ISA-L (ec_encode_data and friends; runtime dispatch to SSE, AVX2 or AVX-512).
+// with a Cauchy matrix (every d x d submatrix of [I; C] is invertible) scaled so that its
+// first parity row is all ones and every parity row starts with 1 (a coefficient of 1 is a
+// plain XOR: rs's row 0 costs what XOR parity costs); both computed by Intel ISA-L
+// (ec_encode_data and friends; runtime dispatch to SSE, AVX2 or AVX-512), XOR by cairn.
 // Thread-safety: an ErasureCode is immutable after Make(); its methods may run concurrently.
 #pragma once
 
@@ -77,6 +79,11 @@ class ErasureCode {
   // piece j's share (their previous content, zeros, is not read), so a holder reads and
   // writes the row once less per stripe.
   void SetParity(int j, int p, const std::byte* piece, uint64_t n, std::byte* parity) const;
+
+  // The coefficient of data piece j in parity row p (1: the piece is XORed in).
+  unsigned char Coefficient(int j, int p) const;
+  // Parity row p of the encoding matrix (d coefficients): what ISA-L is given for it.
+  std::span<const unsigned char> ParityRow(int p) const;
 
   // Every parity row of one stripe at once from its d data pieces of `len` bytes each:
   // what ISA-L's ec_encode_data computes (the reference the benchmark compares against).

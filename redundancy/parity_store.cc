@@ -16,7 +16,9 @@ namespace cairn {
 namespace {
 
 constexpr uint64_t kMagic = 0x5954495241504e43ull;  // "CNPARITY"
-constexpr uint32_t kFormat = 1;
+// 2: Reed-Solomon rows scaled to start with ones (redundancy/erasure.h); a format-1 record
+// is read only under XOR, whose parity did not change.
+constexpr uint32_t kFormat = 2;
 constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 32;
 // Unfinished records of one (stripe, row) at most (ParityStore::Begin).
 constexpr size_t kMaxAccumulating = 6;
@@ -71,7 +73,8 @@ Result<ParityRecord> DecodeParityRecord(std::string_view bytes, const std::strin
   uint32_t format = 0, k = 0, m = 0, stripe = 0, row = 0, n = 0;
   ParityRecord r;
   if (!rd.Get(&magic) || magic != kMagic) return bad("not a parity record");
-  if (!rd.Get(&format) || format != kFormat) return bad("format " + std::to_string(format));
+  if (!rd.Get(&format) || (format != kFormat && format != 1))
+    return bad("format " + std::to_string(format));
   if (!rd.Get(&k) || !rd.Get(&m) || !rd.Get(&stripe) || !rd.Get(&row) || !rd.Get(&r.key.step) ||
       !rd.Get(&r.world_size) || !rd.Get(&r.parity_bytes) || !rd.Get(&r.parity_checksum) ||
       !rd.Get(&n))
@@ -79,6 +82,8 @@ Result<ParityRecord> DecodeParityRecord(std::string_view bytes, const std::strin
   r.scheme = {static_cast<int>(std::min<uint32_t>(k, 1u << 16)),
               static_cast<int>(std::min<uint32_t>(m, 1u << 16))};
   CAIRN_RETURN_IF_ERROR(ValidateErasureScheme(r.scheme).WithContext("parity record " + from));
+  if (format == 1 && m != 1)
+    return bad("format 1 Reed-Solomon parity (made with another matrix by an older cairn)");
   if (stripe >= k || row >= m || n != k - m || r.key.step < 0 || r.world_size == 0 ||
       r.parity_bytes > kMaxFileOffset)
     return bad("fields out of range");
@@ -245,7 +250,8 @@ std::byte* ParityStore::InPlace(const ParityKey& key, int j) {
   auto it = accumulating_.find(key);
   if (it == accumulating_.end() || it->second.open != j) return nullptr;
   Accumulating& a = it->second;
-  if (a.record.scheme.m != 1 || std::find(a.added.begin(), a.added.end(), true) != a.added.end())
+  if (a.code->Coefficient(j, key.row) != 1 ||
+      std::find(a.added.begin(), a.added.end(), true) != a.added.end())
     return nullptr;
   a.in_place = true;
   return a.file->data();

@@ -90,8 +90,9 @@ class ParityStore {
   // Adds bytes [offset, offset + n) of the piece begun for (key, j).
   void Add(const ParityKey& key, int j, uint64_t offset, const std::byte* bytes, uint64_t n);
   // Where the piece begun for (key, j) may be received in place: the record's parity bytes
-  // (the piece's byte i at [i]), when it is the record's first piece and the parity is XOR
-  // (the first piece is then the parity so far: nothing to compute, one copy less); null
+  // (the piece's byte i at [i]), when it is the record's first piece and its coefficient
+  // in the record's row is 1 (XOR parity; Reed-Solomon's row 0, and piece 0 of every row:
+  // the first piece is then the parity so far, nothing to compute, one copy less); null
   // otherwise. Its bytes are then not Add()ed. Valid until End(key, j), which must come
   // only once nothing can land there any more (a receive given up is cancelled first).
   std::byte* InPlace(const ParityKey& key, int j);

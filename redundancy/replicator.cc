@@ -888,7 +888,7 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   }
   // The pieces' bytes in chunks, through two scratch buffers: each chunk is added to the
   // parity as it lands, then its buffer takes the chunk after next. A record's first piece
-  // under XOR lands in the parity itself (ParityStore::InPlace).
+  // lands in the parity itself where its coefficient is 1 (ParityStore::InPlace).
   std::vector<std::byte*> in_place;
   for (const Piece& p : pieces) in_place.push_back(store->InPlace(p.key, p.j));
   struct Chunk {

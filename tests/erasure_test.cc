@@ -184,6 +184,26 @@ TEST(ErasureCode, EveryLossPatternTheSchemeCoversComesBackByteForByte) {
   }
 }
 
+// Parity format 2: Reed-Solomon's row 0 is XOR and every row starts with 1 (what lets a
+// holder XOR those pieces in, or receive them into the parity); the rest of a row is
+// neither 0 nor repeated (decoding every loss pattern, above, is what proves the code).
+TEST(ErasureCode, TheFirstParityRowIsAllOnesAndEveryRowStartsWithOne) {
+  for (const ErasureScheme& s : Schemes()) {
+    auto code = ErasureCode::Make(s);
+    ASSERT_TRUE(code.ok()) << code.status().ToString();
+    for (int j = 0; j < s.data(); ++j) EXPECT_EQ(code->Coefficient(j, 0), 1) << s.Describe();
+    for (int p = 1; p < s.m; ++p) {
+      EXPECT_EQ(code->Coefficient(0, p), 1) << s.Describe();
+      std::set<int> seen;
+      for (int j = 0; j < s.data(); ++j) {
+        EXPECT_NE(code->Coefficient(j, p), 0) << s.Describe();
+        EXPECT_TRUE(seen.insert(code->Coefficient(j, p)).second)
+            << s.Describe() << " row " << p << " repeats " << int{code->Coefficient(j, p)};
+      }
+    }
+  }
+}
+
 TEST(ErasureCode, DecodeRefusesAWantedPieceThatIsPresent) {
   auto code = ErasureCode::Make({4, 1});
   ASSERT_TRUE(code.ok());

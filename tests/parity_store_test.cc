@@ -97,14 +97,64 @@ TEST_F(ParityStoreTest, AnXorRecordsFirstPieceLandsInTheParityItselfAndTheOthers
     const std::byte want = (i < a.size() ? a[i] : std::byte{0}) ^ b[i];
     ASSERT_EQ((*parity)[i], want) << "byte " << i;
   }
-  // Reed-Solomon multiplies even the first piece: never in place.
-  ASSERT_TRUE(store.Begin({4, 2}, 4, {0, 1, 9}, 0, {1, 100, "h"}, 50).ok());
-  EXPECT_EQ(store.InPlace({0, 1, 9}, 0), nullptr);
+  // Reed-Solomon multiplies a first piece whose coefficient is not 1: not in place.
+  ASSERT_TRUE(store.Begin({4, 2}, 4, {0, 1, 9}, 1, {1, 100, "h"}, 50).ok());
+  EXPECT_EQ(store.InPlace({0, 1, 9}, 1), nullptr);
   // A first piece received in place that fails drops its record, as any piece does.
   ASSERT_TRUE(store.Begin(xor3_, 3, {0, 0, 11}, 0, {1, 100, "h"}, 50).ok());
   ASSERT_NE(store.InPlace({0, 0, 11}, 0), nullptr);
   ASSERT_TRUE(store.End({0, 0, 11}, 0, false).ok());
   EXPECT_EQ(store.InPlace({0, 0, 11}, 0), nullptr);
+}
+
+// Reed-Solomon 6 = 4 + 2: each row's record, whichever piece comes first, holds exactly
+// what ErasureCode::Encode computes; the first piece lands in the parity itself exactly
+// where its coefficient is 1 (every piece in row 0, piece 0 in row 1).
+TEST_F(ParityStoreTest, AReedSolomonRecordIsTheEncodingWhicheverPieceComesFirst) {
+  ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path());
+  const ErasureScheme rs{6, 2};
+  auto code = ErasureCode::Make(rs);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  const int d = rs.data();
+  const uint64_t n = 5000;
+  std::vector<std::vector<std::byte>> piece;
+  std::vector<const std::byte*> src;
+  for (int j = 0; j < d; ++j) piece.push_back(Bytes(n, 20 + static_cast<uint64_t>(j)));
+  for (const auto& x : piece) src.push_back(x.data());
+  std::vector<std::vector<std::byte>> want(2, std::vector<std::byte>(n));
+  std::vector<std::byte*> dst = {want[0].data(), want[1].data()};
+  code->Encode(src, n, dst);
+  int in_place = 0;
+  for (int row = 0; row < 2; ++row) {
+    for (int first = 0; first < d; ++first) {
+      const ParityKey key{0, row, 10 + 4 * row + first};
+      for (int i = 0; i < d; ++i) {
+        const int j = (first + i) % d;
+        ASSERT_TRUE(store.Begin(rs, 6, key, j, {j, n * d, "h"}, n).ok());
+        std::byte* at = store.InPlace(key, j);
+        EXPECT_EQ(at != nullptr, i == 0 && code->Coefficient(j, row) == 1)
+            << "row " << row << ", piece " << j << " after " << i << " others";
+        if (at != nullptr) {
+          ++in_place;
+          std::memcpy(at, piece[static_cast<size_t>(j)].data(), n);
+        } else {
+          store.Add(key, j, 0, piece[static_cast<size_t>(j)].data(), n);
+        }
+        ASSERT_TRUE(store.End(key, j, true).ok());
+      }
+      bool found = false;
+      for (const ParityRecord& r : store.List()) {
+        if (r.key != key) continue;
+        found = true;
+        auto parity = store.ReadParity(r);
+        ASSERT_TRUE(parity.ok()) << parity.status().ToString();
+        ASSERT_TRUE(*parity == want[static_cast<size_t>(row)])
+            << "row " << row << ", piece " << first << " first";
+      }
+      ASSERT_TRUE(found) << "row " << row << ", piece " << first << " first: no record";
+    }
+  }
+  EXPECT_EQ(in_place, d + 1);  // row 0: every first piece; row 1: piece 0 only
 }
 
 TEST_F(ParityStoreTest, APieceThatFailsPartWayDropsItsRecord) {
