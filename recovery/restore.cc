@@ -611,7 +611,15 @@ Result<bool> Restorer::Outcome(const Status& st, ChosenStep& p, RestoreReport& r
   wire::ToWire(st, mine.mutable_status());
   mine.set_pfs_bytes_read(r.pfs_bytes_read);
   mine.set_needed_bytes(p.planned_alone ? p.plan.unique_bytes_needed : 0);
-  CAIRN_ASSIGN_OR_RETURN(auto outcomes, env_.group->AllGather(wire::Encode(mine)));
+  auto gathered = env_.group->AllGather(wire::Encode(mine));
+  if (!gathered.ok()) {
+    // This rank's own failure (a link cut mid-transfer) is what the user needs first; the
+    // collective after it fails for the same reason.
+    if (st.ok()) return gathered.status();
+    return Status(st.code(), st.message() + " (then the ranks could not compare outcomes: " +
+                                 gathered.status().message() + ")");
+  }
+  auto& outcomes = *gathered;
   Status first_bad, first_corrupt;
   uint64_t job_pfs = 0, job_needed = 0;
   for (size_t k = 0; k < outcomes.size(); ++k) {

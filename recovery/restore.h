@@ -83,7 +83,8 @@ class RestoreTransport {
   virtual Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) = 0;
   // Lets started transfers advance while the caller waits for something else.
   virtual void Progress() {}
-  // Completes every send and receive started; the first error.
+  // Completes every send and receive started, each within `timeout_s` of the one before;
+  // after the first error the rest are given up at once. The first error.
   virtual Status Finish(double timeout_s) = 0;
 };
 

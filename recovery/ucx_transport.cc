@@ -30,14 +30,25 @@ class UcxRestoreTransport final : public RestoreTransport {
   }
   void Progress() override { comm_->Progress(); }
   Status Finish(double timeout_s) override {
+    // Each request may take `timeout_s` from the end of the one before (a slow link keeps a
+    // restore going), but once one failed the others are given up together, at once: a
+    // link cut in the middle of a restore cost the timeout, then a second of cancelling,
+    // once per piece still on the wire (LinkFlap.ARestoreCutMidTransfer...).
     Status first;
     for (auto& r : recvs_) {
-      Status s = comm_->FinishRecv(r, timeout_s);
-      if (!s.ok() && first.ok()) first = s;
+      first = comm_->FinishRecv(r, timeout_s);
+      if (!first.ok()) break;
     }
-    for (auto& [id, s] : sends_) {
-      Status st = comm_->FinishSend(s, timeout_s);
-      if (!st.ok() && first.ok()) first = st;
+    if (first.ok())
+      for (auto& [id, s] : sends_) {
+        first = comm_->FinishSend(s, timeout_s);
+        if (!first.ok()) break;
+      }
+    if (!first.ok()) {
+      std::vector<UcxRequest*> left;
+      for (auto& r : recvs_) left.push_back(&r.request);
+      for (auto& [id, s] : sends_) left.push_back(&s.request);
+      comm_->GiveUp(left);
     }
     recvs_.clear();
     sends_.clear();

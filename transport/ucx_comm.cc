@@ -133,8 +133,8 @@ UcxComm::~UcxComm() {
     if (!p || !p->ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // (and those still connecting after a redial: nothing would flush them)
-    prm.flags = p->error.load() || p->redial ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    // (and those still connecting after a redial, or gone silent: nothing would flush them)
+    prm.flags = p->error.load() || p->redial || p->silent ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     auto req = Own(ucp_ep_close_nbx(p->ep, &prm), p->rank, "close");
     if (req.ok() && *req) closing.push_back(std::move(*req));
     p->ep = nullptr;
@@ -214,6 +214,8 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
       lk.Lock();
     }
     if (peer_failed(peer) || NowNanos() > deadline) {
+      if (!peer_failed(peer) && peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)])
+        peers_[static_cast<size_t>(peer)]->silent = true;
       Free(request);  // cancels it
       if (peer_failed(peer))
         return Status::Unavailable(
@@ -227,6 +229,8 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
   Free(request);
   if (st != UCS_OK)
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " + UcsError(st));
+  if (peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)])
+    peers_[static_cast<size_t>(peer)]->silent = false;
   return Status::OK();
 }
 
@@ -272,11 +276,32 @@ void UcxComm::FreeLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
       ucp_worker_progress(worker_);
     // A send cannot be cancelled: to a peer that died without an error UCX noticed (shm),
     // it stays in flight, holding the registration of the memory it sends from.
-    if (ucp_request_check_status(request) == UCS_INPROGRESS)
-      abandoned_.fetch_add(1, std::memory_order_relaxed);
   }
+  ReleaseLocked(request);
+}
+
+void UcxComm::ReleaseLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (ucp_request_check_status(request) == UCS_INPROGRESS)
+    abandoned_.fetch_add(1, std::memory_order_relaxed);
   ucp_request_free(request);
   requests_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void UcxComm::GiveUp(const std::vector<UcxRequest*>& requests) {
+  Lock lk(mu_);
+  std::vector<void*> reqs;
+  for (UcxRequest* r : requests)
+    if (r && *r) reqs.push_back(r->release());
+  auto in_flight = [&]() CAIRN_REQUIRES(mu_) {
+    for (void* q : reqs)
+      if (ucp_request_check_status(q) == UCS_INPROGRESS) return true;
+    return false;
+  };
+  for (void* q : reqs)
+    if (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_request_cancel(worker_, q);
+  const int64_t give_up = NowNanos() + 1'000'000'000;
+  while (in_flight() && NowNanos() < give_up) ucp_worker_progress(worker_);
+  for (void* q : reqs) ReleaseLocked(q);
 }
 
 UcxRequest& UcxRequest::operator=(UcxRequest&& o) noexcept {

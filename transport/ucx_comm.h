@@ -170,6 +170,12 @@ class UcxComm {
   // The same for a send, true only once it ended: UCX cannot cancel a send, and may read
   // its buffer until then, whatever became of the peer (FinishSend then takes the result).
   bool Sent(PendingSend& send, double timeout_s);
+  // Gives up the requests still owned among `requests` (of receives and sends) together:
+  // cancels each one, waits for the cancels once (1 s at most in all, where a Finish*
+  // that gives up waits up to 1 s for its own) and frees them; a send UCX would not cancel
+  // counts as abandoned (see Close). Their Finish* calls then return OK at once: the
+  // caller has its error already.
+  void GiveUp(const std::vector<UcxRequest*>& requests);
   // Takes the next message on `channel` from any rank (or only from `source` when >= 0).
   // Unavailable on timeout (0: look once).
   struct Incoming {
@@ -271,6 +277,10 @@ class UcxComm {
   struct Peer {
     ucp_ep_h ep = nullptr;
     std::atomic<int> error{0};  // ucs_status_t of a failure, 0 while healthy
+    // A request to or from this peer ran out of time with no error from UCX, and none
+    // completed since (guarded by mu_): its endpoint is closed by force, as a failed one,
+    // instead of waiting to flush to a peer that stopped answering (a cut link).
+    bool silent = false;
     UcxComm* self = nullptr;
     int rank = -1;
     std::string nonce;  // of the address this endpoint was made from
@@ -363,6 +373,8 @@ class UcxComm {
   // Frees a request (cancelling it first if still in flight) and empties the handle.
   void Free(UcxRequest& request) CAIRN_REQUIRES(mu_);
   void FreeLocked(void* request) CAIRN_REQUIRES(mu_);
+  // FreeLocked without the cancel: counts a request still in flight as abandoned.
+  void ReleaseLocked(void* request) CAIRN_REQUIRES(mu_);
   PendingSend Started(int peer, void* request, const char* what) CAIRN_REQUIRES(mu_);
   friend class UcxRequest;
   // Connects afresh to `peer`'s incarnation `nonce`, at `address` (read from its address

@@ -98,9 +98,11 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
     const std::string out = PackBlocks(all, me, c, n);
     auto send = comm_->StartSend(to, MakeTag(collective_, me, seq), out.data(), out.size());
     wire::CollectiveFrame in;
-    failed = ReceiveRound(from, MakeTag(collective_, from, seq), &in);
-    if (failed.ok()) failed = UnpackBlocks(in, &all, from, c, n, from);
-    Status st = FinishSend(send);
+    const Status got = ReceiveRound(from, MakeTag(collective_, from, seq), &in);
+    failed = got.ok() ? UnpackBlocks(in, &all, from, c, n, from) : got;
+    // A rank that sent nothing within the timeout will not take this round's message
+    // either (n = 2: the same peer): it is given up at once, not waited for a second time.
+    Status st = !got.ok() && to == from ? comm_->FinishSend(send, 0) : FinishSend(send);
     if (failed.ok()) failed = st;
     if (!failed.ok()) break;
   }
