@@ -18,9 +18,11 @@ PACKAGES=(cmake ninja-build g++ pkg-config libpmem2-dev libxxhash-dev libisal-de
           libprotobuf-dev protobuf-compiler libucx-dev libcli11-dev nlohmann-json3-dev)
 if ((!demo)); then
   # The tests, benchmarks and Python module, and what the tests run (PMIx launchers, Open
-  # MPI's mpirun, UCX's tools, network namespaces; gdb: a hung benchmark's native stacks).
+  # MPI's mpirun, UCX's tools, network namespaces, GlusterFS as the namespace cluster's
+  # networked PFS; gdb: a hung benchmark's native stacks).
   PACKAGES+=(libgtest-dev libgmock-dev libbenchmark-dev ucx-utils python3-numpy python3-dev
-             pybind11-dev python3-torch libpmix-dev openmpi-bin iproute2 gdb)
+             pybind11-dev python3-torch libpmix-dev openmpi-bin iproute2 gdb
+             glusterfs-server glusterfs-client)
 fi
 missing=()
 for p in "${PACKAGES[@]}"; do
