@@ -326,6 +326,7 @@ Stats Checkpointer::Impl::GetStats() const {
     s.replication.replicated = r.replicated;
     s.replication.blobs_only = r.blobs_only;
     s.replication.failed = r.failed;
+    s.replication.passed_over = r.passed_over;
     s.replication.bytes = r.bytes;
     s.replication.gbps = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0;
     s.replication.ack_ms = r.last_ack_ms;

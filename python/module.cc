@@ -451,6 +451,8 @@ void BindReports(py::module_& m) {
                              [](const Stats& s) { return s.replication.blobs_only; })
       .def_property_readonly("replicate_failed",
                              [](const Stats& s) { return s.replication.failed; })
+      .def_property_readonly("replicas_passed_over",
+                             [](const Stats& s) { return s.replication.passed_over; })
       .def_property_readonly("bytes_replicated", [](const Stats& s) { return s.replication.bytes; })
       .def_property_readonly("replicate_gbps", [](const Stats& s) { return s.replication.gbps; })
       .def_property_readonly("newest_replicated_step",

@@ -176,6 +176,11 @@ Replicator::~Replicator() {
 void Replicator::Notify(int64_t step) {
   MutexLock lk(mu_);
   pending_ = std::max(pending_, step);
+  if (step > attempted_) unpushed_.push_back(step);
+  if (unpushed_.size() > 1024) {  // no push for that long (holders down): bound the list
+    stats_.passed_over += 512;    // (the next push is newer than all of these)
+    unpushed_.erase(unpushed_.begin(), unpushed_.begin() + 512);
+  }
   cv_.NotifyAll();
 }
 
@@ -446,6 +451,8 @@ void Replicator::SenderLoop() {
     const Status st = PushToAll(step, holders);
     lk.Lock();
     attempted_ = std::max(attempted_, step);
+    for (int64_t u : unpushed_) stats_.passed_over += u < step ? 1 : 0;
+    std::erase_if(unpushed_, [&](int64_t u) { return u <= step; });
     push_started_ns_ = 0;
     if (st.ok()) {
       ++stats_.replicated;

@@ -78,8 +78,11 @@ struct ReplicatorStats {
   double last_ack_ms = 0;   // last DATA sent to its acknowledgement
   int64_t newest_replicated = -1;
   uint64_t blobs_only = 0;  // of `replicated`: versions whose replicas carried only the blobs
-  uint64_t received = 0;    // replicas this rank accepted and published for others
-  uint64_t refused = 0;     // offers or transfers this rank turned down
+  // Captured versions never pushed: a newer one was pushed instead (replication behind: a
+  // slow link or holder, a failure) or the agreement passed them over.
+  uint64_t passed_over = 0;
+  uint64_t received = 0;  // replicas this rank accepted and published for others
+  uint64_t refused = 0;   // offers or transfers this rank turned down
   // While pushes fail: seconds since the first failure after the last success, steps
   // captured after newest_replicated, and the last failure (see cairn::ReplicationStats).
   double unreplicated_s = 0;
@@ -277,6 +280,9 @@ class Replicator {
   bool named_ CAIRN_GUARDED_BY(mu_) = false;
   int64_t target_ CAIRN_GUARDED_BY(mu_) = -1;
   int64_t passed_ CAIRN_GUARDED_BY(mu_) = -1;  // SetPassed
+  // Captured steps (Notify) newer than the last push's: those below the next pushed step
+  // are counted as passed over.
+  std::vector<int64_t> unpushed_ CAIRN_GUARDED_BY(mu_);
   // The step the sender pushes next, and whether there is one (sender thread, under mu_).
   std::optional<int64_t> NextStep() CAIRN_REQUIRES(mu_);
   // Data-parallel coverage (ExpectCoverage).

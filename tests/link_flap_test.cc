@@ -9,7 +9,7 @@
 // 1's memory is wiped and the job restores: node 1's rank from its partner's replica, of
 // the step `cairn ls` predicted, at most the bound behind the newest it saved.
 // CI runs it with a 3 s timeout; scripts/link_flap.sh runs the full form (30 s).
-// A second test cuts the link in the middle of a restore.
+// A second test cuts the link in the middle of a restore; a third slows it to 100 Mbit/s.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -501,6 +501,119 @@ TEST_F(LinkFlap, ARestoreCutMidTransferFailsOnEveryRankWithinTheBoundAndARetryCo
   ASSERT_EQ(std::sscanf(out1.c_str() + at, "restored %lld tier %15s", &step, tier), 2) << out1;
   EXPECT_STREQ(tier, "peer") << logs("again");
   std::printf("after the link came back: rank 1 restored step %lld from its partner\n", step);
+}
+
+// A node's link slowed to 100 Mbit/s (issue 35): a 12 MiB version then takes about a second
+// on the wire while a version is saved every 100 ms. Training keeps its pace (median stall
+// within 2x the unslowed one, the same allowance as the cuts'), replication goes on but
+// lags, the versions it passes over are counted (Stats::replication.passed_over), and once
+// the link is fast again it catches up within the bound of the cuts.
+TEST_F(LinkFlap, ASlowedLinkKeepsTrainingsPaceWhileReplicationLagsCountsWhatItPassesAndCatchesUp) {
+  root_ = std::make_unique<testing::TempDir>("slow");
+  const std::string job = testing::UniqueJobId("slow");
+  const std::string name =
+      "sl" + std::to_string(::getpid() % 100000) + "-" + std::to_string(NowNanos() % 100000);
+  auto cluster = testing::NetnsCluster::Up(script_, name, 2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  LaunchSpec spec;
+  spec.nodes = 2;
+  spec.ranks_per_node = 1;
+  spec.node_prefix = {(*cluster)->node_prefix(0), (*cluster)->node_prefix(1)};
+  spec.argv = {CAIRN_REPLICATE_CHILD, "1000000", std::to_string(kStateBytes),
+               std::to_string(kSleepMs)};
+  spec.output_dir = root_->path();
+  spec.env = {{"CAIRN_JOB_ID", job},
+              {"CAIRN_HOST_ROOT", root_->path() + "/host"},
+              {"CAIRN_PFS_ROOT", root_->path() + "/pfs"},
+              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+              {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
+              {"CAIRN_PERSIST_EVERY", "0"},
+              {"CAIRN_SLOTS", "8"},
+              {"CAIRN_TEST_LOCKSTEP", root_->path()},
+              {"CAIRN_LOG_LEVEL", "2"},
+              {"UCX_TLS", "tcp"},
+              {"UCX_NET_DEVICES", "eth0"}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  auto dump = [&] {
+    return "\n--- rank 0 (step lines that repeat the one before left out):\n" + Digest(log(0)) +
+           "\n--- rank 1:\n" + Digest(log(1));
+  };
+  auto now = [] { return NanosToSeconds(WallNanos()); };
+  auto keeping_up = [&] {
+    auto a = Lines(log(0)), b = Lines(log(1));
+    return !a.empty() && !b.empty() && a.back().newest >= 5 && b.back().newest >= 5 &&
+           a.back().newest >= a.back().step - 1 && b.back().newest >= b.back().step - 1;
+  };
+  // The last "passed_over N" rank `r` printed.
+  auto passed_over = [&](int r) -> long long {
+    const std::string t = log(r);
+    const size_t at = t.rfind("passed_over ");
+    return at == std::string::npos ? -1 : std::atoll(t.c_str() + at + 12);
+  };
+  auto stalls = [&](double from, double to) {
+    std::vector<double> v;
+    for (int r = 0; r < 2; ++r)
+      for (const Line& x : Lines(log(r)))
+        if (x.wall >= from && x.wall < to) v.push_back(x.stall_ms);
+    return v;
+  };
+  const double start = now();
+  while (!keeping_up()) {
+    ASSERT_EQ((*l)->Running(), 2) << dump();
+    ASSERT_LT(now() - start, 60) << "replication never started" << dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  constexpr double kWindowS = 8;
+  const double fast_from = now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(kWindowS));
+  const double slow_from = now();
+  long long passed_before[2], newest_before[2];
+  for (int r = 0; r < 2; ++r) {
+    passed_before[r] = passed_over(r);
+    newest_before[r] = Lines(log(r)).back().newest;
+  }
+  ASSERT_TRUE((*cluster)->SetRate(1, "100mbit").ok());
+  std::this_thread::sleep_for(std::chrono::duration<double>(kWindowS));
+  const double slow_to = now();
+  long long lag[2], passed[2], pushed[2];
+  for (int r = 0; r < 2; ++r) {
+    const Line last = Lines(log(r)).back();
+    lag[r] = last.step - last.newest;
+    passed[r] = passed_over(r) - passed_before[r];
+    pushed[r] = last.newest - newest_before[r];
+  }
+  ASSERT_TRUE((*cluster)->SetRate(1, "").ok());
+  const double healed = now();
+  double caught_up_s = -1;
+  while (now() - healed < 3 * kBoundS) {
+    if (keeping_up()) {
+      caught_up_s = now() - healed;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::vector<double> before = stalls(fast_from, slow_from),
+                            during = stalls(slow_from, slow_to);
+  std::printf(
+      "link of node 1 at 100 Mbit/s for %.0f s: stall median %.2f ms (%.2f ms before), max %.2f "
+      "ms; the newest replicated step advanced %lld / %lld, lagged %lld / %lld steps at the end, "
+      "%lld / %lld versions passed over (rank 0 / rank 1); caught up %.2f s after the link was "
+      "fast again\n",
+      kWindowS, Median(during), Median(before),
+      during.empty() ? 0 : *std::max_element(during.begin(), during.end()), pushed[0], pushed[1],
+      lag[0], lag[1], passed[0], passed[1], caught_up_s);
+  ASSERT_EQ((*l)->Running(), 2) << dump();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(pushed[r], 0) << "rank " << r << ": no replica got through the slow link" << dump();
+    EXPECT_GT(passed[r], 0) << "rank " << r << ": the slow link passed no version over" << dump();
+  }
+  EXPECT_GE(caught_up_s, 0) << "replication did not catch up within " << 3 * kBoundS << " s"
+                            << dump();
+  EXPECT_LE(caught_up_s, kBoundS) << dump();
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+  EXPECT_LE(Median(during), 2 * Median(before) + 2.0) << dump();
+#endif
 }
 
 }  // namespace

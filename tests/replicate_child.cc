@@ -120,13 +120,14 @@ int main(int argc, char** argv) {
     Stats st = c.stats();
     std::printf(
         "step %lld stall_ms %.3f replicated %llu failed %llu newest %lld wall %.3f unreplicated_s "
-        "%.3f skipped %llu agreed %lld\n",
+        "%.3f skipped %llu agreed %lld passed_over %llu\n",
         static_cast<long long>(t), NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3,
         static_cast<unsigned long long>(st.replication.replicated),
         static_cast<unsigned long long>(st.replication.failed),
         static_cast<long long>(st.replication.newest_replicated_step), NanosToSeconds(WallNanos()),
         st.replication.unreplicated_s, static_cast<unsigned long long>(st.save.skipped),
-        static_cast<long long>(st.save.agreed_step));
+        static_cast<long long>(st.save.agreed_step),
+        static_cast<unsigned long long>(st.replication.passed_over));
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   }

@@ -49,6 +49,9 @@ struct ReplicationStats {
   // being held by a rank on another node (data parallel: docs/settings.md).
   uint64_t blobs_only = 0;
   uint64_t failed = 0;  // pushes that failed (holder dead, slow or refusing)
+  // Captured versions never pushed: replication was behind (a slow link or holder, a
+  // failure) and pushed a newer one instead, or the step agreement passed them over.
+  uint64_t passed_over = 0;
   uint64_t bytes = 0;
   double gbps = 0;     // bytes / time in acknowledged pushes
   double ack_ms = 0;   // last data sent -> its acknowledgement, last push
