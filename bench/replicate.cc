@@ -7,19 +7,28 @@
 //           rank 1: 64 MiB tagged messages all in flight at once, answered by a one-byte
 //           acknowledgement once all arrived; and 64 MiB puts into registered memory
 //           followed by a flush (remote completion).
+//   perftest  UCX's own ucx_perftest -t tag_bw, 64 MiB messages, as many as the size
+//           needs (at least 2): its server run by rank 1, its client by rank 0, with the
+//           ranks' UCX_* settings, on the same links (--no-perftest leaves it out).
 //   cairn   rank 0 saves a version of that size; the time from the OFFER to the holder's
 //           acknowledgement (bytes verified, persisted, replica published) is taken from
 //           cairn's stats.
-// The two alternate (raw, cairn, raw, cairn, ...); two warm-up rounds (they size and
+// They alternate (raw, perftest, cairn, raw, ...); two warm-up rounds (they size and
 // pre-fault the replica slots), then the median of 5 rounds of each.
 // ack_latency_ms is the holder's part: from the last byte sent to its acknowledgement.
+// With --netns the two ranks run in two network namespaces of a cluster on this machine
+// (scripts/netns_cluster.sh: a veth link each to a bridge), over tcp only.
 //
-//   replicate [--sizes 256M,1G] [--transports tcp,shm]
+//   replicate [--sizes 256M,1G] [--transports tcp,shm] [--netns] [--no-perftest]
 //
-// Prints a table and one JSON line per transport; the last line holds them all and
+// Prints a table and one JSON line per transport; the last line holds them all,
 // `replicate_vs_raw`, the lowest replicate/raw ratio over the transports at the largest
-// size (and `replicate_vs_raw_all_sizes`, the lowest over every size).
+// size (and `replicate_vs_raw_all_sizes`, the lowest over every size), and
+// `replicate_vs_perftest`, the lowest replicate/ucx_perftest ratio at the largest size.
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -39,6 +49,7 @@
 #include "core/arith.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
+#include "testing/netns_cluster.h"
 #include "transport/ucx_comm.h"
 
 using namespace cairn;
@@ -52,8 +63,54 @@ const JobChannels kChannels;
 
 constexpr uint64_t kChunk = 64ull << 20;
 
+// ucx_perftest, UCX's own benchmark, as the reference the issue names: rank 1 runs its
+// server, rank 0 its client (tag_bw: the client sends), with this process's UCX_*
+// settings, on the same links. Messages of kChunk bytes, `iters` of them.
+std::string PerftestPort() {
+  const char* p = std::getenv("CAIRN_BENCH_PERFTEST_PORT");
+  return p ? p : "13337";
+}
+
+// Starts the server (rank 1); its pid, or -1.
+pid_t StartPerftestServer() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, 1);
+    const std::string port = PerftestPort();
+    ::execlp("ucx_perftest", "ucx_perftest", "-p", port.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Runs the client (rank 0) against `host`; the overall bandwidth in GB/s (10^9 bytes),
+// or -1 (its output on stderr).
+double RunPerftestClient(const std::string& host, uint64_t iters) {
+  const std::string cmd = "ucx_perftest " + host + " -p " + PerftestPort() + " -t tag_bw -s " +
+                          std::to_string(kChunk) + " -n " + std::to_string(iters) + " 2>&1";
+  for (int attempt = 0; attempt < 20; ++attempt) {  // the server may not listen yet
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return -1;
+    std::string out;
+    char b[4096];
+    size_t n;
+    while ((n = std::fread(b, 1, sizeof b, p)) > 0) out.append(b, n);
+    const int rc = ::pclose(p);
+    const size_t at = out.find("Final:");
+    double it = 0, o50 = 0, oavg = 0, oall = 0, bw_avg = 0, bw_all = 0;
+    if (rc == 0 && at != std::string::npos &&
+        std::sscanf(out.c_str() + at, "Final: %lf %lf %lf %lf %lf %lf", &it, &o50, &oavg, &oall,
+                    &bw_avg, &bw_all) == 6)
+      return bw_all * 1048576.0 / 1e9;  // ucx_perftest's MB is 2^20 bytes
+    if (attempt == 19) std::fprintf(stderr, "bench: ucx_perftest failed:\n%s\n", out.c_str());
+    ::usleep(100'000);
+  }
+  return -1;
+}
+
 // One rank of the pair. Prints "RESULT size raw_gbps replicate_gbps ack_ms" on rank 0.
-int Child(const std::vector<uint64_t>& sizes) {
+int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) {
   auto o = Options::FromEnvironment();
   if (!o.ok()) return 1;
   Logger log("bench rank " + std::to_string(o->rank), LogLevel::kWarning);
@@ -134,6 +191,26 @@ int Child(const std::vector<uint64_t>& sizes) {
     }
     rkey = std::move(*k);
   }
+  // ucx_perftest over the same bytes (rounded up to whole 64 MiB messages).
+  auto perftest_once = [&](uint64_t size) -> double {
+    if (perftest_host.empty()) return 0;
+    ++seq;
+    const uint64_t iters = std::max<uint64_t>(2, CeilDiv(size, kChunk));
+    if (o->rank == 1) {
+      const pid_t server = StartPerftestServer();
+      if (server < 0) return -1;
+      if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok()) return -1;
+      const bool done = (*comm)->Recv(0, MakeTag(kChannels.replication.ack, 0, seq), 300).ok();
+      int status = 0;
+      if (!done) ::kill(server, SIGKILL);
+      ::waitpid(server, &status, 0);
+      return done ? 0 : -1;
+    }
+    if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 120).ok()) return -1;
+    const double gbps = RunPerftestClient(perftest_host, iters);
+    if (!(*comm)->Send(1, MakeTag(kChannels.replication.ack, 0, seq), "d", 1).ok()) return -1;
+    return gbps;
+  };
   auto put_once = [&](uint64_t size) -> double {
     ++seq;
     const uint32_t chunks = static_cast<uint32_t>(CeilDiv(size, kChunk));
@@ -160,14 +237,20 @@ int Child(const std::vector<uint64_t>& sizes) {
   std::string report;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const uint64_t size = sizes[i];
-    std::vector<double> raw_s, put_s, push_ms, ack_ms;
+    std::vector<double> raw_s, put_s, push_ms, ack_ms, perftest_gbps;
     std::vector<ShardSpec> shards = {
         ShardSpec::Whole({"state", DType::kU8, {static_cast<int64_t>(size)}}, buf)};
+    // Rank 1 saves the same steps, as every rank of a job must (the step agreement waits
+    // for them: without them each of rank 0's pushes waited out its coverage wait), with a
+    // 4 KiB state of its own, so that its pushes take nothing measurable from rank 0's.
+    std::vector<ShardSpec> tiny = {ShardSpec::Whole({"tiny", DType::kU8, {4096}}, buf)};
     for (int rep = 0; rep < 7; ++rep) {
       const double r = raw_once(size);
       const double pt = put_once(size);
-      if (r < 0 || pt < 0) return 1;
+      const double pf = perftest_once(size);
+      if (r < 0 || pt < 0 || pf < 0) return 1;
       if (o->rank == 1) {
+        if (!c.save(++step, tiny).ok() || !c.wait_captured().ok()) return 1;
         if (Group* g = c.group(); !g->Barrier().ok()) return 1;  // rank 0's cairn push
         continue;
       }
@@ -182,6 +265,7 @@ int Child(const std::vector<uint64_t>& sizes) {
         const Stats st = c.stats();
         raw_s.push_back(r);
         put_s.push_back(pt);
+        perftest_gbps.push_back(pf);
         push_ms.push_back(st.replication.push_ms);
         ack_ms.push_back(st.replication.ack_ms);
       }
@@ -190,10 +274,10 @@ int Child(const std::vector<uint64_t>& sizes) {
       char line[256];
       const double tag_gbps = static_cast<double>(size) / Median(raw_s) / 1e9;
       const double put_gbps = static_cast<double>(size) / Median(put_s) / 1e9;
-      std::snprintf(line, sizeof line, "RESULT %llu %.4f %.4f %.3f %.4f %.4f\n",
+      std::snprintf(line, sizeof line, "RESULT %llu %.4f %.4f %.3f %.4f %.4f %.4f\n",
                     static_cast<unsigned long long>(size), std::max(tag_gbps, put_gbps),
                     static_cast<double>(size) / (Median(push_ms) / 1e3) / 1e9, Median(ack_ms),
-                    tag_gbps, put_gbps);
+                    tag_gbps, put_gbps, Median(perftest_gbps));
       report += line;
     }
   }
@@ -206,8 +290,8 @@ int Child(const std::vector<uint64_t>& sizes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm";
-  bool child = false;
+  std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm", perftest_host;
+  bool child = false, netns = false, no_perftest = false;
   CLI::App app(
       "Replication of a captured version to another node's memory over UCX against raw UCX "
       "transfers of the same bytes between the same processes (tagged sends and puts + "
@@ -218,29 +302,69 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--transports", transports_arg, "tcp and/or shm, comma-separated")
       ->capture_default_str();
+  app.add_flag("--netns", netns,
+               "run the two ranks in two network namespaces of their own, on a switch "
+               "(scripts/netns_cluster.sh; needs root), over tcp only");
+  app.add_flag("--no-perftest", no_perftest,
+               "leave out the ucx_perftest arm (tag_bw between the same two places, with the "
+               "same UCX_* settings, 64 MiB messages; needs ucx-utils)");
+  app.add_option("--perftest-host", perftest_host, "internal: where rank 1 listens")->group("");
   app.add_flag("--child", child, "internal: one of the two ranks")->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   const std::vector<uint64_t> sizes = cairn::bench::ParseSizes(sizes_arg);
-  if (child) return Child(sizes);
+  if (child) return Child(sizes, perftest_host);
+  if (!no_perftest && std::system("command -v ucx_perftest >/dev/null 2>&1") != 0) {
+    std::fprintf(stderr,
+                 "replicate: no ucx_perftest here (Debian ucx-utils); --no-perftest "
+                 "leaves that arm out\n");
+    return 2;
+  }
+  std::unique_ptr<cairn::testing::NetnsCluster> cluster;
+  if (netns) {
+    const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
+    const std::string why = cairn::testing::NetnsCluster::Unavailable(script);
+    if (!why.empty()) {
+      std::fprintf(stderr, "replicate: --netns: %s\n", why.c_str());
+      return 2;
+    }
+    auto c = cairn::testing::NetnsCluster::Up(script, "brep-" + std::to_string(::getpid()), 2);
+    if (!c.ok()) {
+      std::fprintf(stderr, "replicate: --netns: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    cluster = std::move(*c);
+    transports_arg = "tcp";
+  }
 
   char tmpl[] = "/dev/shm/cairn-bench-replicate-XXXXXX";
   if (!::mkdtemp(tmpl)) return 1;
   const std::string root = tmpl;
   nlohmann::ordered_json json_all = {{"bench", "replicate"}};
   using cairn::bench::Round;
-  double lowest = 1e9, lowest_all = 1e9;
+  double lowest = 1e9, lowest_all = 1e9, lowest_pf = 1e9;
   std::vector<std::string> lines;
   for (const std::string& t : SplitList(transports_arg)) {
     const std::string tls = t == "shm" ? "sm,self" : t;
     LaunchSpec spec;
     spec.nodes = 2;
-    spec.argv = {"/proc/self/exe", "--child", "--sizes", sizes_arg};
+    // (/proc/self/exe would name `ip` inside a namespace: the binary's own path instead)
+    char self[4096] = {};
+    if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
+    spec.argv = {self, "--child", "--sizes", sizes_arg};
+    if (!no_perftest)
+      spec.argv.insert(spec.argv.end(),
+                       {"--perftest-host", cluster ? cluster->address(1) : "127.0.0.1"});
     spec.output_dir = root;
     spec.env = {{"CAIRN_JOB_ID", "bench-" + t + "-" + std::to_string(::getpid())},
                 {"CAIRN_HOST_ROOT", root + "/host"},
                 {"CAIRN_PFS_ROOT", root + "/pfs"},
                 {"CAIRN_PERSIST_EVERY", "0"},
+                {"CAIRN_BENCH_PERFTEST_PORT", std::to_string(20000 + ::getpid() % 20000)},
                 {"UCX_TLS", tls}};
+    if (cluster) {
+      spec.node_prefix = {cluster->node_prefix(0), cluster->node_prefix(1)};
+      spec.env.push_back({"UCX_NET_DEVICES", "eth0"});
+    }
     (void)DefaultFileSystem()->RemoveAll(root + "/rank-0.log");
     (void)DefaultFileSystem()->RemoveAll(root + "/rank-1.log");
     auto l = LocalLauncher::Start(spec);
@@ -256,37 +380,48 @@ int main(int argc, char** argv) {
     }
     std::ifstream f(root + "/rank-0.log");
     std::string line;
-    double raw = 0, rep = 0, ack = 0, tag = 0, put = 0;
+    double raw = 0, rep = 0, ack = 0, tag = 0, put = 0, pf = 0;
+    const std::string where = cluster ? t + "_netns" : t;
     std::string per_size;
     while (std::getline(f, line)) {
       unsigned long long size = 0;
-      if (std::sscanf(line.c_str(), "RESULT %llu %lf %lf %lf %lf %lf", &size, &raw, &rep, &ack,
-                      &tag, &put) != 6)
+      if (std::sscanf(line.c_str(), "RESULT %llu %lf %lf %lf %lf %lf %lf", &size, &raw, &rep, &ack,
+                      &tag, &put, &pf) != 7)
         continue;
       std::printf(
-          "%-4s %5llu MiB  raw UCX tag %5.2f / put+flush %5.2f GB/s  cairn replication "
-          "%5.2f GB/s (%.2f of the best)  ack %.1f ms\n",
-          t.c_str(), size >> 20, tag, put, rep, rep / raw, ack);
+          "%-10s %5llu MiB  raw UCX tag %5.2f / put+flush %5.2f GB/s  ucx_perftest %5.2f GB/s  "
+          "cairn replication %5.2f GB/s (%.2f of the best raw, %.2f of ucx_perftest)  ack %.1f "
+          "ms\n",
+          where.c_str(), size >> 20, tag, put, pf, rep, rep / raw, pf > 0 ? rep / pf : 0, ack);
       lowest_all = std::min(lowest_all, rep / raw);
-      lines.push_back(nlohmann::ordered_json{
-          {"transport", t},
-          {"bytes", size},
-          {"raw_gbps", Round(raw, 3)},
-          {"raw_tag_gbps", Round(tag, 3)},
-          {"raw_put_gbps", Round(put, 3)},
-          {"replicate_gbps", Round(rep, 3)},
-          {"ack_latency_ms",
-           Round(ack, 2)}}.dump());
+      nlohmann::ordered_json j{{"transport", where},
+                               {"bytes", size},
+                               {"raw_gbps", Round(raw, 3)},
+                               {"raw_tag_gbps", Round(tag, 3)},
+                               {"raw_put_gbps", Round(put, 3)},
+                               {"replicate_gbps", Round(rep, 3)},
+                               {"ack_latency_ms", Round(ack, 2)}};
+      if (pf > 0) {
+        j["perftest_gbps"] = Round(pf, 3);
+        j["replicate_vs_perftest"] = Round(rep / pf, 3);
+      }
+      lines.push_back(j.dump());
     }
     // The largest size decides.
     lowest = std::min(lowest, rep / raw);
-    json_all[t] = {{"raw_gbps", Round(raw, 3)},
-                   {"replicate_gbps", Round(rep, 3)},
-                   {"ack_latency_ms", Round(ack, 2)}};
+    json_all[where] = {{"raw_gbps", Round(raw, 3)},
+                       {"replicate_gbps", Round(rep, 3)},
+                       {"ack_latency_ms", Round(ack, 2)}};
+    if (pf > 0) {
+      json_all[where]["perftest_gbps"] = Round(pf, 3);
+      json_all[where]["replicate_vs_perftest"] = Round(rep / pf, 3);
+      lowest_pf = std::min(lowest_pf, rep / pf);
+    }
   }
   (void)DefaultFileSystem()->RemoveAll(root);
   json_all["replicate_vs_raw"] = Round(lowest, 3);
   json_all["replicate_vs_raw_all_sizes"] = Round(lowest_all, 3);
+  if (lowest_pf < 1e9) json_all["replicate_vs_perftest"] = Round(lowest_pf, 3);
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   std::printf("%s\n", json_all.dump().c_str());
   return 0;
