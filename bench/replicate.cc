@@ -13,8 +13,10 @@
 //   cairn   rank 0 saves a version of that size; the time from the OFFER to the holder's
 //           acknowledgement (bytes verified, persisted, replica published) is taken from
 //           cairn's stats.
-// They alternate (raw, perftest, cairn, raw, ...); two warm-up rounds (they size and
-// pre-fault the replica slots), then the median of 5 rounds of each.
+// They alternate (raw, perftest, cairn, raw, ...); as many warm-up rounds as a rank has
+// slots (the first use of each of the holder's replica slots and of the sender's own
+// slots faults in its pages: a job's steady state reuses them), then the median of 5
+// rounds of each.
 // ack_latency_ms is the holder's part: from the last byte sent to its acknowledgement.
 // With --netns the two ranks run in two network namespaces of a cluster on this machine
 // (scripts/netns_cluster.sh: a veth link each to a bridge), over tcp only.
@@ -244,7 +246,8 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
     // for them: without them each of rank 0's pushes waited out its coverage wait), with a
     // 4 KiB state of its own, so that its pushes take nothing measurable from rank 0's.
     std::vector<ShardSpec> tiny = {ShardSpec::Whole({"tiny", DType::kU8, {4096}}, buf)};
-    for (int rep = 0; rep < 7; ++rep) {
+    const int warmups = std::max(2, o->slots);
+    for (int rep = 0; rep < warmups + 5; ++rep) {
       const double r = raw_once(size);
       const double pt = put_once(size);
       const double pf = perftest_once(size);
@@ -261,7 +264,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
         return 1;
       }
       if (Group* g = c.group(); !g->Barrier().ok()) return 1;
-      if (rep >= 2) {  // two warm-ups: they size and pre-fault the replica slots
+      if (rep >= warmups) {  // every slot of both ranks has been used once
         const Stats st = c.stats();
         raw_s.push_back(r);
         put_s.push_back(pt);
