@@ -23,6 +23,8 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "cli/launcher.h"
 #include "core/clock.h"
@@ -162,8 +164,51 @@ class LinkFlap : public ::testing::Test {
     return out;
   }
 
+  // root_, a two-node cluster (cluster_) and the spec of replicate_child training on it: a
+  // version of kStateBytes every kSleepMs, the ranks in step as in training, UCX over tcp
+  // on eth0, the replicate timeout kTimeoutS. `env` adds to those variables or replaces
+  // them. False (with the failure recorded) when the cluster cannot be made.
+  bool Training(const std::string& tag, const std::vector<std::pair<std::string, std::string>>& env,
+                std::string* job, LaunchSpec* spec) {
+    root_ = std::make_unique<testing::TempDir>(tag);
+    *job = testing::UniqueJobId(tag);
+    const std::string name = tag.substr(0, 2) + std::to_string(::getpid() % 100000) + "-" +
+                             std::to_string(NowNanos() % 100000);
+    auto cluster = testing::NetnsCluster::Up(script_, name, 2);
+    EXPECT_TRUE(cluster.ok()) << cluster.status().ToString();
+    if (!cluster.ok()) return false;
+    cluster_ = std::move(*cluster);
+    spec->nodes = 2;
+    spec->ranks_per_node = 1;
+    spec->node_prefix = {cluster_->node_prefix(0), cluster_->node_prefix(1)};
+    spec->argv = {CAIRN_REPLICATE_CHILD, "1000000", std::to_string(kStateBytes),
+                  std::to_string(kSleepMs)};
+    spec->output_dir = root_->path();
+    spec->env = {{"CAIRN_JOB_ID", *job},
+                 {"CAIRN_HOST_ROOT", root_->path() + "/host"},
+                 {"CAIRN_PFS_ROOT", root_->path() + "/pfs"},
+                 {"CAIRN_CONNECT_TIMEOUT_S", "60"},
+                 {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
+                 {"CAIRN_PERSIST_EVERY", "0"},
+                 {"CAIRN_SLOTS", "8"},
+                 {"CAIRN_TEST_LOCKSTEP", root_->path()},  // ranks in step, as in training
+                 {"CAIRN_LOG_LEVEL", "2"},
+                 {"UCX_TLS", "tcp"},
+                 {"UCX_NET_DEVICES", "eth0"}};
+    for (const auto& [k, v] : env) {
+      auto it = std::find_if(spec->env.begin(), spec->env.end(),
+                             [&](const auto& e) { return e.first == k; });
+      if (it != spec->env.end())
+        it->second = v;
+      else
+        spec->env.push_back({k, v});
+    }
+    return true;
+  }
+
   std::string script_;
   std::unique_ptr<testing::TempDir> root_;
+  std::unique_ptr<testing::NetnsCluster> cluster_;  // after root_: goes first
 };
 
 struct CutResult {
@@ -174,30 +219,9 @@ struct CutResult {
 };
 
 TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerThanTheTimeout) {
-  root_ = std::make_unique<testing::TempDir>("flap");
-  const std::string job = testing::UniqueJobId("flap");
-  const std::string name =
-      "lf" + std::to_string(::getpid() % 100000) + "-" + std::to_string(NowNanos() % 100000);
-  auto cluster = testing::NetnsCluster::Up(script_, name, 2);
-  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  std::string job;
   LaunchSpec spec;
-  spec.nodes = 2;
-  spec.ranks_per_node = 1;
-  spec.node_prefix = {(*cluster)->node_prefix(0), (*cluster)->node_prefix(1)};
-  spec.argv = {CAIRN_REPLICATE_CHILD, "1000000", std::to_string(kStateBytes),
-               std::to_string(kSleepMs)};
-  spec.output_dir = root_->path();
-  spec.env = {{"CAIRN_JOB_ID", job},
-              {"CAIRN_HOST_ROOT", root_->path() + "/host"},
-              {"CAIRN_PFS_ROOT", root_->path() + "/pfs"},
-              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
-              {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
-              {"CAIRN_PERSIST_EVERY", "0"},
-              {"CAIRN_SLOTS", "8"},
-              {"CAIRN_TEST_LOCKSTEP", root_->path()},  // ranks in step, as in training
-              {"CAIRN_LOG_LEVEL", "3"},
-              {"UCX_TLS", "tcp"},
-              {"UCX_NET_DEVICES", "eth0"}};
+  ASSERT_TRUE(Training("flap", {{"CAIRN_LOG_LEVEL", "3"}}, &job, &spec));
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   auto running = [&] { return (*l)->Running() == 2; };
@@ -228,7 +252,7 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     const double cut_at = NanosToSeconds(WallNanos());
-    EXPECT_TRUE((*cluster)->Cut(1).ok());
+    EXPECT_TRUE(cluster_->Cut(1).ok());
     std::this_thread::sleep_for(std::chrono::duration<double>(cut_s));
     if (cut_s > kTimeoutS) {
       // A cut past the timeout is visible: in Stats and in `cairn ls`.
@@ -243,7 +267,7 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
                   std::string::npos)
             << "rank " << r << dump();
     }
-    EXPECT_TRUE((*cluster)->Heal(1).ok());
+    EXPECT_TRUE(cluster_->Heal(1).ok());
     const double healed = NanosToSeconds(WallNanos());
     res.cut_at = cut_at;
     res.healed = healed;
@@ -281,12 +305,12 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
   for (const Case& c : cases) {
     if (c.during_push) {
       // 12 MiB at 200 Mbit/s: every push takes half a second, so one is always on the wire.
-      ASSERT_TRUE((*cluster)->SetRate(1, "200mbit").ok());
+      ASSERT_TRUE(cluster_->SetRate(1, "200mbit").ok());
       std::this_thread::sleep_for(std::chrono::seconds(2));
     }
     CutResult r = flap(c.cut_s, c.during_push);
     if (c.during_push) {
-      ASSERT_TRUE((*cluster)->SetRate(1, "").ok());
+      ASSERT_TRUE(cluster_->SetRate(1, "").ok());
     }
     const auto max_of = [](const std::vector<double>& v) {
       return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
@@ -392,32 +416,10 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
 // a bound set by the collectives' timeout, and once the link is back a second restore
 // brings node 1's rank back from its partner's memory, byte for byte.
 TEST_F(LinkFlap, ARestoreCutMidTransferFailsOnEveryRankWithinTheBoundAndARetryComesBack) {
-  root_ = std::make_unique<testing::TempDir>("rcut");
-  const std::string job = testing::UniqueJobId("rcut");
-  const std::string name =
-      "rc" + std::to_string(::getpid() % 100000) + "-" + std::to_string(NowNanos() % 100000);
-  auto cluster = testing::NetnsCluster::Up(script_, name, 2);
-  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
   constexpr double kOpTimeoutS = 5;
+  std::string job;
   LaunchSpec spec;
-  spec.nodes = 2;
-  spec.ranks_per_node = 1;
-  spec.node_prefix = {(*cluster)->node_prefix(0), (*cluster)->node_prefix(1)};
-  spec.argv = {CAIRN_REPLICATE_CHILD, "1000000", std::to_string(kStateBytes),
-               std::to_string(kSleepMs)};
-  spec.output_dir = root_->path();
-  spec.env = {{"CAIRN_JOB_ID", job},
-              {"CAIRN_HOST_ROOT", root_->path() + "/host"},
-              {"CAIRN_PFS_ROOT", root_->path() + "/pfs"},
-              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
-              {"CAIRN_OP_TIMEOUT_S", std::to_string(kOpTimeoutS)},
-              {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
-              {"CAIRN_PERSIST_EVERY", "0"},
-              {"CAIRN_SLOTS", "8"},
-              {"CAIRN_TEST_LOCKSTEP", root_->path()},
-              {"CAIRN_LOG_LEVEL", "2"},
-              {"UCX_TLS", "tcp"},
-              {"UCX_NET_DEVICES", "eth0"}};
+  ASSERT_TRUE(Training("rcut", {{"CAIRN_OP_TIMEOUT_S", std::to_string(kOpTimeoutS)}}, &job, &spec));
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const double start = NanosToSeconds(WallNanos());
@@ -450,12 +452,12 @@ TEST_F(LinkFlap, ARestoreCutMidTransferFailsOnEveryRankWithinTheBoundAndARetryCo
     return t;
   };
   // 12 MiB at 10 Mbit/s: about 10 s on the wire; the port goes down 3 s into the restore.
-  ASSERT_TRUE((*cluster)->SetRate(1, "10mbit").ok());
+  ASSERT_TRUE(cluster_->SetRate(1, "10mbit").ok());
   auto cut = restore("cut");
   ASSERT_TRUE(cut.ok()) << cut.status().ToString();
   std::this_thread::sleep_for(std::chrono::seconds(3));
   ASSERT_EQ((*cut)->Running(), 2) << "the restore ended before the cut" << logs("cut");
-  ASSERT_TRUE((*cluster)->Cut(1).ok());
+  ASSERT_TRUE(cluster_->Cut(1).ok());
   const double cut_at = NanosToSeconds(WallNanos());
   // The bound: the transfer under way when the link went and the collective after it, each
   // up to the collectives' timeout, a second each to cancel what is left, and 5 s to say
@@ -488,8 +490,8 @@ TEST_F(LinkFlap, ARestoreCutMidTransferFailsOnEveryRankWithinTheBoundAndARetryCo
   cut->reset();
 
   // The link comes back: the retry restores node 1's rank from its partner's memory.
-  ASSERT_TRUE((*cluster)->Heal(1).ok());
-  ASSERT_TRUE((*cluster)->SetRate(1, "").ok());
+  ASSERT_TRUE(cluster_->Heal(1).ok());
+  ASSERT_TRUE(cluster_->SetRate(1, "").ok());
   auto again = restore("again");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   ASSERT_TRUE((*again)->WaitAll(120)) << logs("again");
@@ -509,30 +511,9 @@ TEST_F(LinkFlap, ARestoreCutMidTransferFailsOnEveryRankWithinTheBoundAndARetryCo
 // lags, the versions it passes over are counted (Stats::replication.passed_over), and once
 // the link is fast again it catches up within the bound of the cuts.
 TEST_F(LinkFlap, ASlowedLinkKeepsTrainingsPaceWhileReplicationLagsCountsWhatItPassesAndCatchesUp) {
-  root_ = std::make_unique<testing::TempDir>("slow");
-  const std::string job = testing::UniqueJobId("slow");
-  const std::string name =
-      "sl" + std::to_string(::getpid() % 100000) + "-" + std::to_string(NowNanos() % 100000);
-  auto cluster = testing::NetnsCluster::Up(script_, name, 2);
-  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  std::string job;
   LaunchSpec spec;
-  spec.nodes = 2;
-  spec.ranks_per_node = 1;
-  spec.node_prefix = {(*cluster)->node_prefix(0), (*cluster)->node_prefix(1)};
-  spec.argv = {CAIRN_REPLICATE_CHILD, "1000000", std::to_string(kStateBytes),
-               std::to_string(kSleepMs)};
-  spec.output_dir = root_->path();
-  spec.env = {{"CAIRN_JOB_ID", job},
-              {"CAIRN_HOST_ROOT", root_->path() + "/host"},
-              {"CAIRN_PFS_ROOT", root_->path() + "/pfs"},
-              {"CAIRN_CONNECT_TIMEOUT_S", "60"},
-              {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
-              {"CAIRN_PERSIST_EVERY", "0"},
-              {"CAIRN_SLOTS", "8"},
-              {"CAIRN_TEST_LOCKSTEP", root_->path()},
-              {"CAIRN_LOG_LEVEL", "2"},
-              {"UCX_TLS", "tcp"},
-              {"UCX_NET_DEVICES", "eth0"}};
+  ASSERT_TRUE(Training("slow", {}, &job, &spec));
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   auto dump = [&] {
@@ -573,7 +554,7 @@ TEST_F(LinkFlap, ASlowedLinkKeepsTrainingsPaceWhileReplicationLagsCountsWhatItPa
     passed_before[r] = passed_over(r);
     newest_before[r] = Lines(log(r)).back().newest;
   }
-  ASSERT_TRUE((*cluster)->SetRate(1, "100mbit").ok());
+  ASSERT_TRUE(cluster_->SetRate(1, "100mbit").ok());
   std::this_thread::sleep_for(std::chrono::duration<double>(kWindowS));
   const double slow_to = now();
   long long lag[2], passed[2], pushed[2];
@@ -583,7 +564,7 @@ TEST_F(LinkFlap, ASlowedLinkKeepsTrainingsPaceWhileReplicationLagsCountsWhatItPa
     passed[r] = passed_over(r) - passed_before[r];
     pushed[r] = last.newest - newest_before[r];
   }
-  ASSERT_TRUE((*cluster)->SetRate(1, "").ok());
+  ASSERT_TRUE(cluster_->SetRate(1, "").ok());
   const double healed = now();
   double caught_up_s = -1;
   while (now() - healed < 3 * kBoundS) {

@@ -285,10 +285,15 @@ std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
   return held;
 }
 
+bool HostTier::KeepingLocked() const {
+  for (const Slot& s : slots_)
+    if (KeptLocked(s)) return true;
+  return false;
+}
+
 int HostTier::PickLocked() const {
   const int newest = NewestLocked();
-  bool keeping = false;  // a kept step is held: it, not the newest, is what survives
-  for (const Slot& s : slots_) keeping = keeping || KeptLocked(s);
+  const bool keeping = KeepingLocked();
   int pick = -1;
   // Empty slots first, then the versions the job does not hold, then the oldest.
   auto better = [&](const Slot& a, const Slot& b) CAIRN_REQUIRES(mu_) {
@@ -305,8 +310,7 @@ int HostTier::PickLocked() const {
 }
 
 std::string HostTier::WhyFullLocked(const std::string& what) const {
-  bool keeping = false;
-  for (const Slot& s : slots_) keeping = keeping || KeptLocked(s);
+  const bool keeping = KeepingLocked();
   return what + " (all " + std::to_string(slots_.size()) + " slots are capturing, pinned or hold " +
          (keeping ? "a version the job keeps" : "the newest version") + ")";
 }

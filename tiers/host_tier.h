@@ -178,6 +178,8 @@ class HostTier {
   // The slot Reserve takes now: empty first, then a version the job does not keep, then the
   // oldest; never pinned, never protected. -1 when every slot is.
   int PickLocked() const CAIRN_REQUIRES(mu_);
+  // Whether a step the job keeps is held: then it, not the newest, is what survives.
+  bool KeepingLocked() const CAIRN_REQUIRES(mu_);
   std::string WhyFullLocked(const std::string& what) const CAIRN_REQUIRES(mu_);
   // Whether slot `s` holds a restorable version of a step Keep keeps.
   bool KeptLocked(const Slot& s) const CAIRN_REQUIRES(mu_);

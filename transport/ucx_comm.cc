@@ -221,8 +221,7 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
       spins = 0;
     }
     if (peer_failed(peer) || NowNanos() > deadline) {
-      if (!peer_failed(peer) && peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)])
-        peers_[static_cast<size_t>(peer)]->silent = true;
+      if (!peer_failed(peer)) SetSilent(peer, true);
       Free(request);  // cancels it
       if (peer_failed(peer))
         return Status::Unavailable(
@@ -236,8 +235,7 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
   Free(request);
   if (st != UCS_OK)
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " + UcsError(st));
-  if (peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)])
-    peers_[static_cast<size_t>(peer)]->silent = false;
+  SetSilent(peer, false);
   return Status::OK();
 }
 
@@ -276,29 +274,10 @@ void UcxComm::Free(UcxRequest& request) {
 }
 
 void UcxComm::FreeLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  if (ucp_request_check_status(request) == UCS_INPROGRESS) {
-    ucp_request_cancel(worker_, request);
-    const int64_t give_up = NowNanos() + 1'000'000'000;
-    while (ucp_request_check_status(request) == UCS_INPROGRESS && NowNanos() < give_up)
-      ucp_worker_progress(worker_);
-    // A send cannot be cancelled: to a peer that died without an error UCX noticed (shm),
-    // it stays in flight, holding the registration of the memory it sends from.
-  }
-  ReleaseLocked(request);
+  CancelAndFreeLocked({request});
 }
 
-void UcxComm::ReleaseLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  if (ucp_request_check_status(request) == UCS_INPROGRESS)
-    abandoned_.fetch_add(1, std::memory_order_relaxed);
-  ucp_request_free(request);
-  requests_.fetch_sub(1, std::memory_order_relaxed);
-}
-
-void UcxComm::GiveUp(const std::vector<UcxRequest*>& requests) {
-  Lock lk(mu_);
-  std::vector<void*> reqs;
-  for (UcxRequest* r : requests)
-    if (r && *r) reqs.push_back(r->release());
+void UcxComm::CancelAndFreeLocked(const std::vector<void*>& reqs) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   auto in_flight = [&]() CAIRN_REQUIRES(mu_) {
     for (void* q : reqs)
       if (ucp_request_check_status(q) == UCS_INPROGRESS) return true;
@@ -308,7 +287,27 @@ void UcxComm::GiveUp(const std::vector<UcxRequest*>& requests) {
     if (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_request_cancel(worker_, q);
   const int64_t give_up = NowNanos() + 1'000'000'000;
   while (in_flight() && NowNanos() < give_up) ucp_worker_progress(worker_);
-  for (void* q : reqs) ReleaseLocked(q);
+  // A send cannot be cancelled: to a peer that died without an error UCX noticed (shm),
+  // it stays in flight, holding the registration of the memory it sends from.
+  for (void* q : reqs) {
+    if (ucp_request_check_status(q) == UCS_INPROGRESS)
+      abandoned_.fetch_add(1, std::memory_order_relaxed);
+    ucp_request_free(q);
+    requests_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void UcxComm::GiveUp(const std::vector<UcxRequest*>& requests) {
+  Lock lk(mu_);
+  std::vector<void*> reqs;
+  for (UcxRequest* r : requests)
+    if (r && *r) reqs.push_back(r->release());
+  CancelAndFreeLocked(reqs);
+}
+
+void UcxComm::SetSilent(int peer, bool silent) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)])
+    peers_[static_cast<size_t>(peer)]->silent = silent;
 }
 
 UcxRequest& UcxRequest::operator=(UcxRequest&& o) noexcept {

@@ -373,8 +373,11 @@ class UcxComm {
   // Frees a request (cancelling it first if still in flight) and empties the handle.
   void Free(UcxRequest& request) CAIRN_REQUIRES(mu_);
   void FreeLocked(void* request) CAIRN_REQUIRES(mu_);
-  // FreeLocked without the cancel: counts a request still in flight as abandoned.
-  void ReleaseLocked(void* request) CAIRN_REQUIRES(mu_);
+  // Cancels the requests still in flight, waits for the cancels once (1 s at most in all)
+  // and frees them all; one UCX would not cancel (a send) counts as abandoned.
+  void CancelAndFreeLocked(const std::vector<void*>& requests) CAIRN_REQUIRES(mu_);
+  // Marks `peer` (when it is one) as gone silent, or not (Peer::silent).
+  void SetSilent(int peer, bool silent) CAIRN_REQUIRES(mu_);
   PendingSend Started(int peer, void* request, const char* what) CAIRN_REQUIRES(mu_);
   friend class UcxRequest;
   // Connects afresh to `peer`'s incarnation `nonce`, at `address` (read from its address
