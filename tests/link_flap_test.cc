@@ -5,9 +5,13 @@
 // wire (a rate-limited link keeps one there all the time). After each cut, both directions
 // must replicate a new version within a bound of the link's return that does not depend on
 // the timeout (kBoundS), Stats and `cairn ls` must say while a cut lasts that the newest
-// steps live on one node only, and training never waits for the network. At the end node
-// 1's memory is wiped and the job restores: node 1's rank from its partner's replica, of
-// the step `cairn ls` predicted, at most the bound behind the newest it saved.
+// steps live on one node only, and training never waits for the network. Every 10th
+// version drains to the PFS, a GlusterFS volume on two storage servers on the same switch
+// (so a cut node's drains hang in its filesystem client too): training must not wait for
+// them either, and once the link is back the drains commit again. At the end node 1's
+// memory is wiped and the job restores: node 1's rank from its partner's replica (not
+// from the volume), of the step `cairn ls` predicted, at most the bound behind the newest
+// it saved.
 // CI runs it with a 3 s timeout; scripts/link_flap.sh runs the full form (30 s).
 // A second test cuts the link in the middle of a restore; a third slows it to 100 Mbit/s.
 #include <gtest/gtest.h>
@@ -73,6 +77,7 @@ struct Line {
   int64_t newest = -1;  // newest replicated step
   double wall = 0;
   double unreplicated_s = 0;  // Stats
+  int64_t persisted = -1;     // newest step committed to the PFS
 };
 
 std::vector<Line> Lines(const std::string& log) {
@@ -89,6 +94,8 @@ std::vector<Line> Lines(const std::string& log) {
                     &t, &l.stall_ms, &r, &f, &n, &l.wall, &l.unreplicated_s) == 7) {
       l.step = t;
       l.newest = n;
+      const size_t p = s.rfind(" persisted ");
+      if (p != std::string::npos) l.persisted = std::atoll(s.c_str() + p + 11);
       out.push_back(l);
     }
   }
@@ -167,9 +174,12 @@ class LinkFlap : public ::testing::Test {
   // root_, a two-node cluster (cluster_) and the spec of replicate_child training on it: a
   // version of kStateBytes every kSleepMs, the ranks in step as in training, UCX over tcp
   // on eth0, the replicate timeout kTimeoutS. `env` adds to those variables or replaces
-  // them. False (with the failure recorded) when the cluster cannot be made.
+  // them. With `volume`, the PFS is a GlusterFS volume on two storage servers of the
+  // cluster, mounted on each node by its own client (volume_; where GlusterFS is missing
+  // the PFS stays a local directory, said on stdout, unless CAIRN_REQUIRE_NETNS is set).
+  // False (with the failure recorded) when the cluster cannot be made.
   bool Training(const std::string& tag, const std::vector<std::pair<std::string, std::string>>& env,
-                std::string* job, LaunchSpec* spec) {
+                std::string* job, LaunchSpec* spec, bool volume = false) {
     root_ = std::make_unique<testing::TempDir>(tag);
     *job = testing::UniqueJobId(tag);
     const std::string name = tag.substr(0, 2) + std::to_string(::getpid() % 100000) + "-" +
@@ -203,12 +213,34 @@ class LinkFlap : public ::testing::Test {
       else
         spec->env.push_back({k, v});
     }
-    return true;
+    if (!volume) return true;
+    if (const std::string why = testing::NetnsCluster::PfsUnavailable(); !why.empty()) {
+      EXPECT_EQ(std::getenv("CAIRN_REQUIRE_NETNS"), nullptr)
+          << "CAIRN_REQUIRE_NETNS is set, but no networked volume can be made: " << why;
+      std::printf("no networked volume here (%s): the PFS is a local directory\n", why.c_str());
+      return !HasFailure();
+    }
+    // The bricks on a disk, as a storage server's are (removed with the cluster).
+    std::string bricks = "/var/tmp/cairn-test-bricks-XXXXXX";
+    if (::mkdtemp(bricks.data()) == nullptr) {
+      ADD_FAILURE() << "mkdtemp " << bricks;
+      return false;
+    }
+    Status st = cluster_->Pfs(2, bricks);
+    for (int n = 0; n < 2 && st.ok(); ++n) {
+      const std::string mnt = root_->path() + "/m" + std::to_string(n);
+      st = cluster_->Mount(n, mnt);
+      spec->node_prefix[n].insert(spec->node_prefix[n].end(), {"env", "CAIRN_PFS_ROOT=" + mnt});
+    }
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    volume_ = st.ok();
+    return st.ok();
   }
 
   std::string script_;
   std::unique_ptr<testing::TempDir> root_;
   std::unique_ptr<testing::NetnsCluster> cluster_;  // after root_: goes first
+  bool volume_ = false;                             // the PFS is the cluster's GlusterFS volume
 };
 
 struct CutResult {
@@ -216,12 +248,14 @@ struct CutResult {
   std::vector<double> stalls_ms;  // training stalls while the link was down
   std::vector<double> before_ms;  // ... and as long before the cut (the reference)
   double cut_at = 0, healed = 0;
+  int64_t persisted[2] = {-1, -1};  // newest step committed to the PFS at the cut, at its end
 };
 
 TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerThanTheTimeout) {
   std::string job;
   LaunchSpec spec;
-  ASSERT_TRUE(Training("flap", {{"CAIRN_LOG_LEVEL", "3"}}, &job, &spec));
+  ASSERT_TRUE(Training("flap", {{"CAIRN_LOG_LEVEL", "3"}, {"CAIRN_PERSIST_EVERY", "10"}}, &job,
+                       &spec, /*volume=*/true));
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   auto running = [&] { return (*l)->Running() == 2; };
@@ -230,12 +264,14 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
            "\n--- rank 1:\n" + Digest(log(1));
   };
 
-  // Both directions replicate before anything is cut.
+  // Both directions replicate, and a drain has committed, before anything is cut.
   const double start = NanosToSeconds(WallNanos());
   for (;;) {
     ASSERT_TRUE(running()) << dump();
     auto a = Lines(log(0)), b = Lines(log(1));
-    if (!a.empty() && !b.empty() && a.back().newest >= 5 && b.back().newest >= 5) break;
+    if (!a.empty() && !b.empty() && a.back().newest >= 5 && b.back().newest >= 5 &&
+        a.back().persisted >= 0 && b.back().persisted >= 0)
+      break;
     ASSERT_LT(NanosToSeconds(WallNanos()) - start, 60) << "replication never started" << dump();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -252,6 +288,7 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     const double cut_at = NanosToSeconds(WallNanos());
+    res.persisted[0] = Lines(log(0)).back().persisted;
     EXPECT_TRUE(cluster_->Cut(1).ok());
     std::this_thread::sleep_for(std::chrono::duration<double>(cut_s));
     if (cut_s > kTimeoutS) {
@@ -267,6 +304,7 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
                   std::string::npos)
             << "rank " << r << dump();
     }
+    res.persisted[1] = Lines(log(0)).back().persisted;
     EXPECT_TRUE(cluster_->Heal(1).ok());
     const double healed = NanosToSeconds(WallNanos());
     res.cut_at = cut_at;
@@ -319,9 +357,11 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
     std::printf(
         "cut %s (%.1f s): replication resumed rank 0 -> 1 after %.2f s, rank 1 -> 0 after "
         "%.2f s; stall during the cut median %.2f ms, max %.2f ms (as long before it: median "
-        "%.2f ms, max %.2f ms); link down %s - %s\n",
+        "%.2f ms, max %.2f ms); drains had committed up to step %lld at the cut, %lld at its "
+        "end; link down %s - %s\n",
         c.what, c.cut_s, r.resume_s[0], r.resume_s[1], Median(r.stalls_ms), stall_max,
-        Median(r.before_ms), max_of(r.before_ms), Clock(r.cut_at).c_str(), Clock(r.healed).c_str());
+        Median(r.before_ms), max_of(r.before_ms), static_cast<long long>(r.persisted[0]),
+        static_cast<long long>(r.persisted[1]), Clock(r.cut_at).c_str(), Clock(r.healed).c_str());
     ASSERT_TRUE(running()) << dump();
     for (int rank = 0; rank < 2; ++rank) {
       EXPECT_GE(r.resume_s[rank], 0)
@@ -341,6 +381,28 @@ TEST_F(LinkFlap, ReplicationComesBackInBothDirectionsAfterCutsShorterAndLongerTh
 #endif
     if (HasFailure()) return;
   }
+
+  // The drains commit again once the link is back (a round is job-wide: while node 1 was
+  // cut off, every round failed or waited, on both nodes).
+  int64_t persisted_at_heal = -1;
+  for (int r = 0; r < 2; ++r)
+    persisted_at_heal = std::max(persisted_at_heal, Lines(log(r)).back().persisted);
+  const double drains_from = NanosToSeconds(WallNanos());
+  double drains_back_s = -1;
+  while (running() && NanosToSeconds(WallNanos()) - drains_from < 90) {
+    if (Lines(log(0)).back().persisted > persisted_at_heal &&
+        Lines(log(1)).back().persisted > persisted_at_heal) {
+      drains_back_s = NanosToSeconds(WallNanos()) - drains_from;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf(
+      "drains to the %s: newest committed step %lld at the last cut's end; a newer one "
+      "committed on both ranks %.2f s later\n",
+      volume_ ? "GlusterFS volume" : "local PFS directory",
+      static_cast<long long>(persisted_at_heal), drains_back_s);
+  ASSERT_GE(drains_back_s, 0) << "no drain committed within 90 s of the link's return" << dump();
 
   // Node 1 is lost (its memory wiped): the job comes back, node 1's rank from the replica
   // its partner holds, at most the bound behind the newest step it saved. The loss comes

@@ -1,6 +1,7 @@
 // The reachability probe that gates a redial (transport/reachability.h): a host that listens
-// answers, one that refuses or never answers is reported unreachable within the timeout,
-// never later, and a malformed address list is unreachable. Everything on loopback.
+// answers, one that refuses (its process gone) is told at once, one that never answers (a
+// link down) at the timeout, never later, and a malformed address list is unreachable. Everything
+// on loopback.
 #include "transport/reachability.h"
 
 #include <gtest/gtest.h>
@@ -29,10 +30,15 @@ TEST(Reachability, AListeningHostAnswersAndAClosedOneDoesNotWithinTheTimeout) {
       l->Drain();
     }
   }
-  // The listener is gone: refused at once (nothing listens on that port any more).
+  // The listener is gone: refused at once (nothing listens on that port any more), told
+  // apart from a host that does not answer (a collective gives a peer whose process died
+  // up on this, and waits on for one behind a cut link: UcxGroup::Mend).
   const int64_t t0 = NowNanos();
   EXPECT_FALSE(Reachable(addresses, 1.0)) << addresses;
   EXPECT_LT(NanosToSeconds(NowNanos() - t0), 1.5);
+  const int64_t t1 = NowNanos();
+  EXPECT_EQ(Probe(addresses, 5.0), Reach::kRefused) << addresses;
+  EXPECT_LT(NanosToSeconds(NowNanos() - t1), 0.3) << "a refused handshake is an answer";
 }
 
 TEST(Reachability, AHostThatNeverAnswersIsGivenUpAtTheTimeout) {
@@ -56,7 +62,7 @@ TEST(Reachability, AHostThatNeverAnswersIsGivenUpAtTheTimeout) {
   }
   ::usleep(100'000);
   const int64_t t0 = NowNanos();
-  EXPECT_FALSE(Reachable(target, 0.7));
+  EXPECT_EQ(Probe(target, 0.7), Reach::kSilent);
   const double took = NanosToSeconds(NowNanos() - t0);
   EXPECT_GE(took, 0.6);  // it did wait: the handshake hung, it was not refused
   EXPECT_LT(took, 1.2);

@@ -5,7 +5,8 @@
 //       of a state whose bytes are a function of (step, rank), one every SLEEP_MS, and
 //       prints per step "step T stall_ms S replicated R failed F newest N wall W
 //       unreplicated_s U" (N: the newest replicated step, W: the wall clock in seconds, U:
-//       Stats' replication.unreplicated_s), then waits for the newest
+//       Stats' replication.unreplicated_s; more fields follow, the last "persisted P": the
+//       newest step committed to the PFS), then waits for the newest
 //       version to be replicated and prints "final ...". Exit 0 when that last replication
 //       succeeded.
 //       With CAIRN_TEST_LOCKSTEP=DIR (a directory all ranks see), a rank does not start
@@ -120,14 +121,15 @@ int main(int argc, char** argv) {
     Stats st = c.stats();
     std::printf(
         "step %lld stall_ms %.3f replicated %llu failed %llu newest %lld wall %.3f unreplicated_s "
-        "%.3f skipped %llu agreed %lld passed_over %llu\n",
+        "%.3f skipped %llu agreed %lld passed_over %llu persisted %lld\n",
         static_cast<long long>(t), NanosToSeconds((f1 - f0) + (s1 - s0)) * 1e3,
         static_cast<unsigned long long>(st.replication.replicated),
         static_cast<unsigned long long>(st.replication.failed),
         static_cast<long long>(st.replication.newest_replicated_step), NanosToSeconds(WallNanos()),
         st.replication.unreplicated_s, static_cast<unsigned long long>(st.save.skipped),
         static_cast<long long>(st.save.agreed_step),
-        static_cast<unsigned long long>(st.replication.passed_over));
+        static_cast<unsigned long long>(st.replication.passed_over),
+        static_cast<long long>(st.persist.newest_persisted_step));
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
   }

@@ -141,7 +141,7 @@ void ProbeListener::Drain() {
   }
 }
 
-bool Reachable(const std::string& addresses, double timeout_s) {
+Reach Probe(const std::string& addresses, double timeout_s) {
   std::vector<std::pair<sockaddr_storage, socklen_t>> targets;
   for (size_t begin = 0; begin < addresses.size();) {
     size_t end = addresses.find(',', begin);
@@ -156,10 +156,10 @@ bool Reachable(const std::string& addresses, double timeout_s) {
   // kernel only 1 s later, then 3 s, 7 s...
   constexpr int64_t kRoundNs = 500'000'000;
   std::vector<pollfd> fds;
-  bool reached = false;
+  bool reached = false, refused = false;
   const int64_t start = NowNanos(), deadline = start + static_cast<int64_t>(timeout_s * 1e9);
   int64_t next_round = start;
-  while (!reached && !targets.empty()) {
+  while (!reached && !refused && !targets.empty()) {
     const int64_t now = NowNanos();
     if (now >= deadline) break;
     if (now >= next_round) {
@@ -168,12 +168,13 @@ bool Reachable(const std::string& addresses, double timeout_s) {
         const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) continue;
         if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0) reached = true;
+        if (!reached && errno == ECONNREFUSED) refused = true;
         if (errno == EINPROGRESS && !reached)
           fds.push_back({fd, POLLOUT, 0});
         else
           ::close(fd);
       }
-      if (reached) break;
+      if (reached || refused) break;
     }
     const int64_t wait_ns = std::min(deadline, next_round) - NowNanos();
     if (fds.empty()) {
@@ -187,14 +188,21 @@ bool Reachable(const std::string& addresses, double timeout_s) {
       if (!(p.revents & (POLLOUT | POLLERR | POLLHUP))) continue;
       int err = 0;
       socklen_t n = sizeof err;
-      if (::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &n) == 0 && err == 0) reached = true;
+      if (::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &n) == 0) {
+        if (err == 0) reached = true;
+        if (err == ECONNREFUSED) refused = true;
+      }
       ::close(p.fd);
       p.fd = -1;
     }
     std::erase_if(fds, [](const pollfd& p) { return p.fd < 0; });
   }
   for (const pollfd& p : fds) ::close(p.fd);
-  return reached;
+  return reached ? Reach::kAnswered : refused ? Reach::kRefused : Reach::kSilent;
+}
+
+bool Reachable(const std::string& addresses, double timeout_s) {
+  return Probe(addresses, timeout_s) == Reach::kAnswered;
 }
 
 }  // namespace cairn

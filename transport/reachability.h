@@ -41,8 +41,14 @@ class ProbeListener {
   std::string addresses_;
 };
 
-// Whether a TCP handshake with any of `addresses` (as ProbeListener::addresses() gives
-// them) completes within `timeout_s`. False for an empty or malformed list.
+// A TCP handshake with any of `addresses` (as ProbeListener::addresses() gives them),
+// tried every 0.5 s for at most `timeout_s`: kAnswered once one completes; kRefused as soon
+// as the host answers with a reset (no listener: the process that listened is gone, its
+// host and the link are up); kSilent when nothing answered (a link down, a host gone; also
+// an empty or malformed list).
+enum class Reach { kAnswered, kRefused, kSilent };
+Reach Probe(const std::string& addresses, double timeout_s);
+// Probe(...) == kAnswered.
 bool Reachable(const std::string& addresses, double timeout_s);
 
 }  // namespace cairn

@@ -200,6 +200,20 @@ bool UcxComm::peer_failed(int peer) const {
   return peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)]->error.load() != 0;
 }
 
+bool UcxComm::peer_link_lost(int peer) const {
+  if (peer < 0 || peer >= size_) return false;
+  const Peer& p = *peers_[static_cast<size_t>(peer)];
+  int error = p.error.load();
+  if (error == 0) error = p.request_error.load();
+  return error == UCS_ERR_ENDPOINT_TIMEOUT || error == UCS_ERR_UNREACHABLE;
+}
+
+std::string UcxComm::peer_incarnation(int peer) const {
+  if (peer < 0 || peer >= size_) return {};
+  Lock lk(mu_);
+  return peers_[static_cast<size_t>(peer)]->nonce;
+}
+
 void UcxComm::Progress() {
   Lock lk(mu_);
   for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
@@ -233,6 +247,8 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
     }
   }
   Free(request);
+  const bool known = peer >= 0 && peer < size_ && peers_[static_cast<size_t>(peer)];
+  if (known) peers_[static_cast<size_t>(peer)]->request_error = static_cast<int>(st);
   if (st != UCS_OK)
     return Status::Unavailable(std::string(what) + " " + Who(peer) + ": " + UcsError(st));
   SetSilent(peer, false);
@@ -664,6 +680,7 @@ Status UcxComm::Greet(Lock& lk, int p, const std::string& address,
   Peer& peer = *peers_[static_cast<size_t>(p)];
   DropEndpoint(lk, peer);  // an endpoint to an earlier incarnation, or a failed one, if any
   peer.error = 0;
+  peer.request_error = 0;
   CAIRN_RETURN_IF_ERROR(Connected(p, address));
   peer.nonce = nonce;
   peer.address = address;
@@ -735,7 +752,11 @@ Status UcxComm::Redial(int p, double timeout_s) {
     probe = peer.hello_probe;
   }
   // No UCX endpoint is made while the peer's host does not answer (see reachability.h).
-  if (!probe.empty() && !cairn::Reachable(probe, timeout_s))
+  const Reach reach = probe.empty() ? Reach::kAnswered : Probe(probe, timeout_s);
+  if (reach == Reach::kRefused)
+    return Status::FailedPrecondition("redial " + Who(p) + ": its host (" + probe +
+                                      ") refused the handshake: the process is gone");
+  if (reach == Reach::kSilent)
     return Status::Unavailable("redial " + Who(p) + ": its host (" + probe +
                                ") did not answer a TCP handshake within " +
                                std::to_string(timeout_s) + " s; the link is still down");
@@ -769,6 +790,7 @@ Status UcxComm::StartRedial(int p) {
   // peer's endpoint to this rank may share, and fail what is in flight there.
   RetireEndpoint(peer);
   peer.error = 0;
+  peer.request_error = 0;
   Status st = Connected(p, peer.address, /*may_fall_back=*/false);
   if (!st.ok()) return Status::Unavailable("redial " + Who(p) + ": " + st.message());
   peer.redial_hello = Hello();

@@ -199,7 +199,8 @@ class UcxComm {
   // fresh one gets through as soon as the link does. OK once the hello was delivered (the
   // link works again); Unavailable when the host did not answer within `timeout_s` (no
   // UCX call was made) or the hello was not delivered in that time (it stays in flight; a
-  // later call waits on for it). Bumps peer_epoch(peer) on success. Call it from a thread
+  // later call waits on for it); FailedPrecondition when the host refused the handshake
+  // (the peer's process is gone). Bumps peer_epoch(peer) on success. Call it from a thread
   // that may block for about 2 x `timeout_s`.
   Status Redial(int peer, double timeout_s);
   // Whether `peer`'s host answers a TCP handshake within `timeout_s` (reachability.h);
@@ -259,6 +260,14 @@ class UcxComm {
 
   // Whether `peer`'s endpoint reported an error (it died or reset the connection).
   bool peer_failed(int peer) const;
+  // Whether that error (or the last failed request's) may be the link's: a timeout (a cut
+  // link, a frozen peer; but UCX's tcp transport reports a peer whose process died as a
+  // timeout too) rather than a reset. Only a redial tells them apart: the dead process's
+  // host refuses its probe (Redial's FailedPrecondition).
+  bool peer_link_lost(int peer) const;
+  // The incarnation of `peer` the endpoint to it talks to (the nonce of its address; it
+  // changes when the peer restarted and this rank reconnected to the new process).
+  std::string peer_incarnation(int peer) const;
   // Whether this job connects lazily (more than Options::connect_all_max ranks).
   bool lazy() const { return lazy_; }
   // Endpoints this rank holds now, and how many ranks' addresses it has read from the
@@ -281,6 +290,9 @@ class UcxComm {
     // completed since (guarded by mu_): its endpoint is closed by force, as a failed one,
     // instead of waiting to flush to a peer that stopped answering (a cut link).
     bool silent = false;
+    // The ucs_status_t of the last request to or from this peer that failed, 0 once one
+    // succeeded (a request can fail with the endpoint's error before UCX reports it).
+    std::atomic<int> request_error{0};
     UcxComm* self = nullptr;
     int rank = -1;
     std::string nonce;  // of the address this endpoint was made from

@@ -1,5 +1,9 @@
 #include "transport/ucx_group.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "core/clock.h"
 #include "wire/codec.h"
 
@@ -42,10 +46,83 @@ Status UcxGroup::Barrier() {
   return AllGather({}).status();
 }
 
+UcxGroup::LinkState UcxGroup::Link(int peer) const {
+  return {comm_->peer_epoch(peer), comm_->peer_incarnation(peer)};
+}
+
+bool UcxGroup::Mend(int peer, const LinkState& was, int64_t deadline) {
+  // A redial waits this long for the peer's host to answer; one that fails at once (no
+  // address yet) is not tried again sooner than kPauseMs.
+  constexpr double kRedialS = 1.5;
+  constexpr int kPauseMs = 200;
+  for (;;) {
+    if (wait_.cancel && wait_.cancel->load(std::memory_order_relaxed)) return false;
+    if (comm_->peer_incarnation(peer) != was.incarnation) return false;  // restarted
+    if (comm_->peer_epoch(peer) != was.epoch && !comm_->peer_failed(peer)) return true;
+    if (!comm_->peer_link_lost(peer)) return false;  // reset, or no error: not the link's
+    const double left = NanosToSeconds(deadline - NowNanos());
+    if (left <= 0) return false;
+    const int64_t t0 = NowNanos();
+    const Status st = comm_->Redial(peer, std::min(kRedialS, left));
+    if (st.ok()) return true;
+    // The peer's process is gone (its host refused the handshake), or was never there.
+    if (st.code() == StatusCode::kFailedPrecondition) return false;
+    if (NowNanos() - t0 < kPauseMs * 1'000'000LL)
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPauseMs));
+  }
+}
+
+void UcxGroup::Remember(int to, uint64_t tag, std::string_view bytes, const LinkState& link) {
+  sent_.push_back({to, tag, seq_, std::string(bytes), link});
+  while (seq_ - sent_.front().seq >= kRememberCollectives) sent_.pop_front();
+}
+
+void UcxGroup::Resend() {
+  constexpr double kResendS = 1;
+  for (Sent& m : sent_) {
+    const LinkState now = Link(m.to);
+    if (now.incarnation != m.link.incarnation || now.epoch == m.link.epoch ||
+        comm_->peer_failed(m.to))
+      continue;
+    auto send = comm_->StartSend(m.to, m.tag, m.bytes.data(), m.bytes.size());
+    if (comm_->FinishSend(send, kResendS).ok()) m.link = now;
+  }
+}
+
+Status UcxGroup::Deliver(int to, uint64_t tag, const std::string& bytes, UcxComm::PendingSend& send,
+                         LinkState was, int64_t deadline) {
+  Status st = FinishSend(send);
+  while (!st.ok() && Mend(to, was, deadline)) {
+    was = Link(to);
+    send = comm_->StartSend(to, tag, bytes.data(), bytes.size());
+    st = FinishSend(send);
+  }
+  return st;
+}
+
 Status UcxGroup::ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out,
                               std::string* raw) {
-  auto got = comm_->Recv(from, tag, comm_->op_timeout_s(), wait_);
-  if (!got.ok()) return got.status();
+  // Waits in slices: between them, what this rank sent on an endpoint replaced since goes
+  // again (Resend), as the peer may be waiting for it as this rank waits for its message.
+  constexpr double kSliceS = 0.5;
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+  LinkState was = Link(from);
+  Result<std::string> got = Status::Unavailable("not received");
+  for (;;) {
+    const double left = NanosToSeconds(deadline - NowNanos());
+    got = comm_->Recv(from, tag, std::clamp(left, 0.0, kSliceS), wait_);
+    if (got.ok()) break;
+    if (wait_.cancel && wait_.cancel->load(std::memory_order_relaxed)) return got.status();
+    if (comm_->peer_failed(from) || Link(from).epoch != was.epoch) {
+      if (!Mend(from, was, deadline)) return got.status();
+      was = Link(from);
+    } else if (NowNanos() >= deadline) {
+      return Status::Unavailable("receive rank " + std::to_string(rank()) + " -> rank " +
+                                 std::to_string(from) + ": nothing arrived within " +
+                                 std::to_string(comm_->op_timeout_s()) + " s");
+    }
+    Resend();
+  }
   Status st = wire::Decode(*got, out, "collective message from rank " + std::to_string(from));
   if (!st.ok()) return st;
   if (raw) *raw = std::move(*got);
@@ -79,6 +156,7 @@ void UcxGroup::Abort(const std::vector<int>& waiting, Channel channel, uint32_t 
 }
 
 Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
+  Resend();
   const uint32_t seq = ++seq_;
   const int n = size(), me = rank();
   std::vector<std::string> all(static_cast<size_t>(n));
@@ -96,13 +174,18 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
     const int c = std::min(d, n - d);
     const int to = targets[round], from = (me + d) % n;
     const std::string out = PackBlocks(all, me, c, n);
+    const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+    const LinkState link = Link(to);
     auto send = comm_->StartSend(to, MakeTag(collective_, me, seq), out.data(), out.size());
+    Remember(to, MakeTag(collective_, me, seq), out, link);
     wire::CollectiveFrame in;
     const Status got = ReceiveRound(from, MakeTag(collective_, from, seq), &in);
     failed = got.ok() ? UnpackBlocks(in, &all, from, c, n, from) : got;
     // A rank that sent nothing within the timeout will not take this round's message
     // either (n = 2: the same peer): it is given up at once, not waited for a second time.
-    Status st = !got.ok() && to == from ? comm_->FinishSend(send, 0) : FinishSend(send);
+    Status st = !got.ok() && to == from
+                    ? comm_->FinishSend(send, 0)
+                    : Deliver(to, MakeTag(collective_, me, seq), out, send, link, deadline);
     if (failed.ok()) failed = st;
     if (!failed.ok()) break;
   }
@@ -115,6 +198,7 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
 }
 
 Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
+  Resend();
   const uint32_t seq = ++seq_;
   const int n = size(), me = rank();
   if (root < 0 || root >= n)
@@ -144,13 +228,19 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
       return st.WithContext("broadcast #" + std::to_string(seq));
     }
   }
+  const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
   std::vector<UcxComm::PendingSend> sends;
-  for (int to : children)
+  std::vector<LinkState> links;
+  for (int to : children) {
+    links.push_back(Link(to));
     sends.push_back(
         comm_->StartSend(to, MakeTag(broadcast_, me, seq), message.data(), message.size()));
+    Remember(to, MakeTag(broadcast_, me, seq), message, links.back());
+  }
   Status first;
-  for (auto& s : sends) {
-    Status st = FinishSend(s);
+  for (size_t i = 0; i < sends.size(); ++i) {
+    Status st =
+        Deliver(children[i], MakeTag(broadcast_, me, seq), message, sends[i], links[i], deadline);
     if (first.ok()) first = st;
   }
   if (!first.ok()) return first.WithContext("broadcast #" + std::to_string(seq));

@@ -5,11 +5,19 @@
 // never be taken for another's. AllGather is Bruck's (ceil(log2 n) rounds, each rank
 // talking to two ranks per round; Barrier is an empty one); Broadcast is a binomial tree
 // from the root. A rank that fails relays an abort to the ranks still waiting on it, so a
-// failure reaches every rank within log2(n) hops. Sizes here are small (layouts, step
-// numbers); bulk data goes through the Replicator.
+// failure reaches every rank within log2(n) hops. A message lost with its link (the link
+// went silent, or the endpoint under it was replaced after a redial) is sent again, and a
+// receive goes on waiting, once the link to the same incarnation of the peer is back,
+// until the collective's timeout: a cut shorter than CAIRN_OP_TIMEOUT_S costs a
+// collective its duration, not its outcome (before, one rank could finish a collective
+// the other had failed, and the next one then waited the whole timeout for a message that
+// was never coming). A peer that reset the connection (its process died) fails it at
+// once, as before. Sizes here are small (layouts, step numbers); bulk data goes through
+// the Replicator.
 // Thread-safety: one collective at a time.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +51,40 @@ class UcxGroup final : public Group {
   // an abort it carries, or a frame that is none, as an error.
   Status ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out,
                       std::string* raw = nullptr);
+  // The endpoint to `peer` as a transfer with it started (UcxComm::peer_epoch and
+  // peer_incarnation).
+  struct LinkState {
+    uint64_t epoch = 0;
+    std::string incarnation;
+  };
+  LinkState Link(int peer) const;
+  // After a transfer with `peer` failed: true once an endpoint to the same incarnation of
+  // the peer is there to try it again on, before `deadline` (NowNanos): one that replaced
+  // the endpoint it failed on (a redial, by either rank), or one this call redials while
+  // the failure may be the link's (UcxComm::peer_link_lost). False at once when the peer
+  // reset the connection, restarted, or its host refused the redial's probe (its process
+  // is gone: a lost rank still fails the collectives in a fraction of a second), and when
+  // the owner cancels.
+  bool Mend(int peer, const LinkState& was, int64_t deadline);
+  // FinishSend of `send` (`bytes` to `to`, tagged `tag`, started at `was`), sending the
+  // bytes again while Mend finds the link back.
+  Status Deliver(int to, uint64_t tag, const std::string& bytes, UcxComm::PendingSend& send,
+                 LinkState was, int64_t deadline);
+  // The messages of the last kRememberCollectives collectives, with the endpoint each went
+  // on: one sent on an endpoint replaced since may be lost with it, even after its send
+  // completed (UCX completes a small send once it is buffered), while its receiver waits
+  // for it. Resend sends those again to the same incarnation of their receiver (a copy
+  // that arrives twice is never matched: no receive takes its tag a second time).
+  static constexpr uint32_t kRememberCollectives = 4;
+  struct Sent {
+    int to;
+    uint64_t tag;
+    uint32_t seq;
+    std::string bytes;
+    LinkState link;
+  };
+  void Remember(int to, uint64_t tag, std::string_view bytes, const LinkState& link);
+  void Resend();
   // Tells the ranks in `waiting` that this collective failed here (best effort).
   void Abort(const std::vector<int>& waiting, Channel channel, uint32_t seq, const Status& why);
 
@@ -54,6 +96,7 @@ class UcxGroup final : public Group {
   Channel broadcast_;
   RecvWait wait_;
   uint32_t seq_ = 0;
+  std::deque<Sent> sent_;
 };
 
 }  // namespace cairn
