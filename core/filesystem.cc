@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/kill_point.h"
 
@@ -119,11 +121,17 @@ class PosixFileSystem final : public FileSystem {
       return Status::IOError("mkdir " + path + ": exists and is not a directory");
     }
     std::string parent = DirName(path);
-    if (parent != path && parent != "." && parent != "/")
-      CAIRN_RETURN_IF_ERROR(MakeDirs(parent, mode));
-    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST)
-      return Status::FromErrno(errno, "mkdir " + path);
-    return Status::OK();
+    for (int attempt = 0;; ++attempt) {
+      if (parent != path && parent != "." && parent != "/")
+        CAIRN_RETURN_IF_ERROR(MakeDirs(parent, mode));
+      if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return Status::OK();
+      // ENOENT with the parent there: on a GlusterFS distributed volume, a directory that
+      // another client is making at the same moment is not yet on every server (two ranks
+      // making the job directory through their own mounts; about 1 start in 3). Tried
+      // again for about a second.
+      if (errno != ENOENT || attempt >= 6) return Status::FromErrno(errno, "mkdir " + path);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
+    }
   }
   Status SyncDir(const std::string& path) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -209,11 +217,17 @@ Status File::Close() {
   return fs_->Close(fd).WithContext(path_);
 }
 
-Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  // A new file, never a link or a file already there (a stale temporary of an earlier
-  // process with this pid is removed first): writing through a link someone put there
-  // would overwrite whatever it points to.
+bool TransientFsError(const Status& st) {
+  const int e = st.error_number();
+  return !st.ok() && (e == ENOTCONN || e == ESTALE || e == ETIMEDOUT);
+}
+
+namespace {
+
+// Writes `bytes` to the new file `tmp` (never a link or a file already there: a stale
+// temporary of an earlier process with this pid is removed first; writing through a link
+// someone put there would overwrite whatever it points to), fsyncs and closes it.
+Status WriteTemporary(FileSystem* fs, const std::string& tmp, std::string_view bytes) {
   const int create = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
   auto opened = fs->OpenFile(tmp, create, 0600);
   if (!opened.ok() && opened.status().error_number() == EEXIST) {
@@ -225,13 +239,29 @@ Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view
   Status st = f.WriteAt(bytes.data(), bytes.size(), 0).WithContext(tmp);
   if (st.ok()) st = f.Sync().WithContext(tmp);
   Status cst = f.Close();
-  if (st.ok()) st = cst;
-  if (st.ok()) CAIRN_KILL_POINT("atomic.tmp_synced");
-  if (st.ok()) st = fs->Rename(tmp, path);
-  if (!st.ok()) {
-    (void)fs->Unlink(tmp);  // best effort: never leave a temporary behind
-    return st;
+  return st.ok() ? cst : st;
+}
+
+}  // namespace
+
+Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes) {
+  // rename(2) over a file never fails with EEXIST on POSIX, but it does on a GlusterFS
+  // distributed volume after a storage server died in the middle of an earlier rename
+  // between the same names (a stale DHT link file: found with a server frozen during
+  // drains, after which every commit's LATEST rename failed). The names hash elsewhere
+  // with another temporary name: the bytes go again under a few others.
+  constexpr int kNames = 4;
+  Status st;
+  for (int k = 0; k < kNames; ++k) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid()) +
+                            (k == 0 ? std::string() : "." + std::to_string(k));
+    st = WriteTemporary(fs, tmp, bytes);
+    if (st.ok()) CAIRN_KILL_POINT("atomic.tmp_synced");
+    if (st.ok()) st = fs->Rename(tmp, path);
+    if (!st.ok()) (void)fs->Unlink(tmp);  // best effort: never leave a temporary behind
+    if (st.ok() || st.error_number() != EEXIST) break;
   }
+  if (!st.ok()) return st;
   CAIRN_KILL_POINT("atomic.renamed");
   return fs->SyncDir(DirName(path));
 }

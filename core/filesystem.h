@@ -159,6 +159,12 @@ FileSystem* DefaultFileSystem();
 // `path` is left as it was (old contents or absent). Files are created with mode 0600.
 Status WriteFileAtomic(FileSystem* fs, const std::string& path, std::string_view bytes);
 
+// Whether a filesystem call's error may go away by itself: a networked filesystem's client
+// that lost its servers and is reconnecting (ENOTCONN: a FUSE client such as GlusterFS's
+// right after its link came back), a stale handle or a timed-out call (ESTALE, ETIMEDOUT:
+// NFS). Not EIO, ENOSPC or EACCES: those are answers.
+bool TransientFsError(const Status& st);
+
 // Reads a whole file (at most `max_bytes`; Corruption naming the file if it is larger).
 Result<std::string> ReadWholeFile(FileSystem* fs, const std::string& path, uint64_t max_bytes);
 // The same for a file already open (errors name its path).

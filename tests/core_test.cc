@@ -347,6 +347,38 @@ TEST(FileSystem, AtomicWriteSurvivesEveryInjectedFault) {
   }
 }
 
+// rename(2) answering EEXIST (a GlusterFS distributed volume with a stale link file left by
+// a storage server that died mid-rename: every later commit of LATEST failed so) is met
+// by publishing under another temporary name; an EEXIST that never ends still fails,
+// naming the rename, with the old contents intact and no temporary left.
+TEST(FileSystem, AnAtomicWriteWhoseRenameAnswersEexistTriesAnotherTemporaryName) {
+  testing::TempDir dir("fseexist");
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  const std::string path = JoinPath(dir.path(), "LATEST");
+  ASSERT_TRUE(WriteFileAtomic(&fs, path, "old").ok());
+  for (const bool persistent : {false, true}) {
+    SCOPED_TRACE(persistent ? "every rename" : "the first rename");
+    fs.FailNth(1, EEXIST, persistent, kFsRename);
+    Status st = WriteFileAtomic(&fs, path, "new");
+    fs.Disarm();
+    auto now = ReadWholeFile(DefaultFileSystem(), path, 100);
+    ASSERT_TRUE(now.ok());
+    if (persistent) {
+      ASSERT_FALSE(st.ok());
+      EXPECT_EQ(st.error_number(), EEXIST) << st.ToString();
+      EXPECT_NE(st.message().find("rename"), std::string::npos) << st.ToString();
+      EXPECT_EQ(*now, "old");
+    } else {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(*now, "new");
+    }
+    auto names = DefaultFileSystem()->ListDir(dir.path());
+    ASSERT_TRUE(names.ok());
+    EXPECT_EQ(names->size(), 1u) << "a temporary was left";
+    ASSERT_TRUE(WriteFileAtomic(&fs, path, "old").ok());
+  }
+}
+
 // A File closes its descriptor exactly once, wherever it is moved; Close() errors name the
 // file; the helpers leave no descriptor open on any path, errors included.
 TEST(FileSystem, FilesCloseTheirDescriptorOnceWhereverTheyGo) {

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "cli/launcher.h"
+#include "core/clock.h"
 #include "core/filesystem.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
@@ -247,6 +248,40 @@ TEST(Bootstrap, FailedRendezvousCallsAreErrorsNamingTheDirectory) {
         << c.status().ToString();
   }
   EXPECT_GE(failed, 3);  // at least: the directory, the token, the address file
+}
+
+// A rendezvous directory on a networked filesystem whose client is reconnecting (ENOTCONN:
+// found restarting a job right after a link cut, on a GlusterFS mount) is tried again until
+// the connect timeout; an error that is an answer (EIO, above) still fails at once.
+TEST(Bootstrap, ARendezvousWhoseFilesystemIsReconnectingIsTriedAgainUntilTheConnectTimeout) {
+  for (const bool clears : {true, false}) {
+    SCOPED_TRACE(clears ? "the mount comes back after 0.6 s" : "it never does");
+    testing::TempDir pfs("rdvnotconn");
+    FaultInjectionFileSystem fault(DefaultFileSystem());
+    Options o = RankZeroAlone(pfs, "rdvnotconn", 1);
+    o.connect_timeout_s = clears ? 30 : 1.5;
+    fault.FailNth(1, ENOTCONN, /*persistent=*/true, kFsAll);
+    std::thread mount([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      if (clears) fault.Disarm();
+    });
+    Logger log("test", LogLevel::kError);
+    const int64_t t0 = NowNanos();
+    auto c = UcxComm::Connect(o, &log, "", &fault);
+    const double took = NanosToSeconds(NowNanos() - t0);
+    mount.join();
+    if (clears) {
+      EXPECT_TRUE(c.ok()) << c.status().ToString();
+      EXPECT_GE(took, 0.5);
+      EXPECT_LT(took, 10);
+    } else {
+      ASSERT_FALSE(c.ok());
+      EXPECT_NE(c.status().message().find("not connected"), std::string::npos)
+          << c.status().ToString();
+      EXPECT_GE(took, 1.4);
+      EXPECT_LT(took, 5);
+    }
+  }
 }
 
 TEST(Bootstrap, TokenIsPrivateAndStable) {

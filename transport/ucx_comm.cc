@@ -1036,7 +1036,23 @@ Status UcxComm::Connected(int peer, const std::string& address, bool may_fall_ba
 
 Status UcxComm::Bootstrap(Lock& lk,
                           const std::string& token_override) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  CAIRN_ASSIGN_OR_RETURN(AddressBook::Joined joined, book_->Join(address_, token_override));
+  // A rendezvous on a networked filesystem whose client is reconnecting (a job restarted
+  // right after a link came back) answers ENOTCONN for a few seconds: tried again until
+  // the connect timeout, as a peer that has not appeared yet is waited for.
+  const int64_t join_deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
+  auto joined_or = book_->Join(address_, token_override);
+  for (int64_t pause_ms = 100;
+       !joined_or.ok() && TransientFsError(joined_or.status()) && NowNanos() < join_deadline;
+       pause_ms = std::min<int64_t>(2 * pause_ms, 1000)) {
+    if (log_ && pause_ms == 100)
+      log_->Info("the rendezvous in " + book_->where() + " failed (" +
+                 joined_or.status().ToString() + "); trying again until the connect timeout");
+    lk.Unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    lk.Lock();
+    joined_or = book_->Join(address_, token_override);
+  }
+  CAIRN_ASSIGN_OR_RETURN(AddressBook::Joined joined, std::move(joined_or));
   token_ = std::move(joined.token);
   nonce_ = std::move(joined.nonce);
   if (lazy_) {
