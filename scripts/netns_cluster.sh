@@ -191,7 +191,10 @@ cmd_mount() {
   echo "$mnt" >>"$STATE/$name.mounts"
   # nsenter --net, not `ip netns exec` (which makes a mount namespace of its own): the mount
   # lands in this machine's mount namespace.
-  nsenter --net="/run/netns/$(node_ns "$name" "$node")" glusterfs \
+  # CAIRN_GLUSTER_CLIENT_ARGS: more options for the client (a test shows with
+  # "--negative-timeout=30" what a client that caches lookups would hide).
+  # shellcheck disable=SC2086
+  nsenter --net="/run/netns/$(node_ns "$name" "$node")" glusterfs ${CAIRN_GLUSTER_CLIENT_ARGS:-} \
     --volfile-server="$SUBNET.$PFS_BASE" --volfile-id=pfs --log-file="$dir/client-$node.log" "$mnt"
   for ((i = 0; i < 100; i++)); do
     mountpoint -q "$mnt" && return 0
