@@ -3,7 +3,9 @@
 # build-crash (RelWithDebInfo with the kill points compiled in; no Python, no benchmarks)
 # and runs TRIALS trials (default 200). Extra arguments go to crash_matrix (--seed S,
 # --keep to keep a failed trial's directories, ...). CI runs a short one under ASan
-# (crash_matrix_short in `bash scripts/sanitize.sh asan`).
+# (crash_matrix_short in `bash scripts/sanitize.sh asan`). Over a cluster of network
+# namespaces with a GlusterFS volume and link cuts as a fault kind (root; issue 35):
+#   bash scripts/crash_matrix.sh 60 --netns --volume --cuts 40
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trials="${1:-200}"

@@ -6,6 +6,7 @@
 //   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128]
 //                [--nodes 2] [--replicas 1] [--placement ring|group] [--layout tp2|flat]
 //                [--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] [--keep]
+//                [--netns] [--volume] [--cuts PERCENT]
 //
 // The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel
 // NODES (or, --layout flat, fully sharded: every rank a flat range of every tensor, so the
@@ -31,6 +32,13 @@
 //     wiped; and the newest step any rank saw persisted;
 //   - when nothing reported complete survives, a restore that fails with an error (exit 1,
 //     no crash) also passes.
+// Over a cluster (--netns; root): each node's ranks run in a network namespace of their own
+// (scripts/netns_cluster.sh), UCX over tcp between them; with --volume the PFS is a
+// GlusterFS volume on two storage servers, each node persisting and restoring through its
+// own mount. --cuts P adds link cuts as a fault kind: in P% of the trials a random node's
+// switch port also goes down, 0.05-1 s into the run (of about 2 s), for 1-6 s (no reset
+// reaches anyone),
+// and comes back before the restore; the kill point still fires when its rank reaches it.
 // Prints a line per trial, a table per point, and one JSON line last. Exit 0 when every
 // trial passed and the census reached every point.
 #include <signal.h>
@@ -53,6 +61,7 @@
 #include "core/filesystem.h"
 #include "core/kill_point.h"
 #include "redundancy/placement.h"
+#include "testing/netns_cluster.h"
 #include "tests/matrix_log.h"
 #include "tests/test_util.h"
 
@@ -74,6 +83,9 @@ struct Config {
   int erasure_m = 1;
   bool keep = false;
   std::string layout = "tp2";
+  bool netns = false;   // nodes in network namespaces
+  bool volume = false;  // the PFS a GlusterFS volume (with netns)
+  int cuts = 0;         // percent of the trials that also cut a node's link
 };
 
 constexpr int kPerNode = 2;
@@ -118,9 +130,16 @@ class Matrix {
     s.argv = {CAIRN_RECOVERY_CHILD};
     for (auto& a : args) s.argv.push_back(a);
     s.output_dir = out;
+    for (int n = 0; cluster_ && n < cfg_.nodes; ++n) {
+      s.node_prefix.push_back(cluster_->node_prefix(n));
+      if (cfg_.volume)
+        s.node_prefix.back().insert(s.node_prefix.back().end(),
+                                    {"env", "CAIRN_PFS_ROOT=" + Mount(n)});
+    }
     s.env = {{"CAIRN_JOB_ID", job},
              {"CAIRN_HOST_ROOT", root_.path() + "/host"},
              {"CAIRN_PFS_ROOT", root_.path() + "/pfs"},
+             {"UCX_NET_DEVICES", cluster_ ? "eth0" : "all"},
              {"CAIRN_REPLICAS", std::to_string(cfg_.replicas)},
              {"CAIRN_PLACEMENT", cfg_.group ? "group" : "ring"},
              {"CAIRN_REDUNDANCY", cfg_.redundancy},
@@ -137,6 +156,14 @@ class Matrix {
              {"UCX_TLS", "tcp"}};
     return s;
   }
+  std::string Mount(int node) const { return root_.path() + "/m" + std::to_string(node); }
+  // The job's PFS directory as this process sees it.
+  std::string PfsJob(const std::string& job) const {
+    return (cfg_.volume ? Mount(0) : root_.path() + "/pfs") + "/" + job;
+  }
+  // The namespace cluster and its volume (--netns, --volume); false, saying why, when they
+  // cannot be made here.
+  bool MakeCluster();
   std::vector<std::string> TrainArgs() const {
     return {"matrix", cfg_.layout, std::to_string(cfg_.rows), std::to_string(cfg_.steps),
             std::to_string(cfg_.every)};
@@ -167,8 +194,33 @@ class Matrix {
   };
   std::map<std::string, PointStats> per_point_;
   std::map<std::string, int> tiers_;
-  int failures_ = 0, fired_ = 0;
+  int failures_ = 0, fired_ = 0, cut_trials_ = 0;
+  std::unique_ptr<testing::NetnsCluster> cluster_;
 };
+
+bool Matrix::MakeCluster() {
+  const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
+  std::string why = testing::NetnsCluster::Unavailable(script);
+  if (why.empty() && cfg_.volume) why = testing::NetnsCluster::PfsUnavailable();
+  if (!why.empty()) {
+    std::printf("crash matrix: no cluster here: %s\n", why.c_str());
+    return false;
+  }
+  auto c =
+      testing::NetnsCluster::Up(script, "cm-" + std::to_string(::getpid() % 100000), cfg_.nodes);
+  if (!c.ok()) {
+    std::printf("crash matrix: %s\n", c.status().ToString().c_str());
+    return false;
+  }
+  cluster_ = std::move(*c);
+  if (!cfg_.volume) return true;
+  std::string bricks = "/var/tmp/cairn-cm-bricks-XXXXXX";
+  if (::mkdtemp(bricks.data()) == nullptr) return false;
+  Status st = cluster_->Pfs(2, bricks);
+  for (int n = 0; n < cfg_.nodes && st.ok(); ++n) st = cluster_->Mount(n, Mount(n));
+  if (!st.ok()) std::printf("crash matrix: %s\n", st.ToString().c_str());
+  return st.ok();
+}
 
 Matrix::Restore Matrix::RunRestore(const std::string& job, const std::string& out) {
   Restore r;
@@ -248,7 +300,7 @@ bool Matrix::Census() {
       break;
     }
   (void)DefaultFileSystem()->RemoveAll(root_.path() + "/host/" + job);
-  (void)DefaultFileSystem()->RemoveAll(root_.path() + "/pfs/" + job);
+  (void)DefaultFileSystem()->RemoveAll(PfsJob(job));
   std::fflush(stdout);
   return ok;
 }
@@ -283,15 +335,38 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
   PointStats& ps = per_point_[point];
   ++ps.trials;
   std::string problem;
+  // A link cut as well (--cuts): node `cut_node`'s port down from cut_at to cut_end.
+  int cut_node = -1;
+  double cut_at = 0, cut_end = 0;
+  if (cluster_ && static_cast<int>(rng_() % 100) < cfg_.cuts) {
+    cut_node = static_cast<int>(rng_() % static_cast<uint64_t>(cfg_.nodes));
+    cut_at = 0.05 + 0.95 * static_cast<double>(rng_() % 1000) / 1000;
+    cut_end = cut_at + 1 + 5 * static_cast<double>(rng_() % 1000) / 1000;
+    ++cut_trials_;
+  }
+  bool down = false, cut_done = false;
   auto l = LocalLauncher::Start(spec);
   if (!l.ok()) {
     problem = "launch: " + l.status().ToString();
   } else {
     // Until the armed rank exits (killed at its point, or done).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::seconds(240);
     while ((*l)->Running() > 0 && (*l)->ranks()[static_cast<size_t>(rank)].exit_code < 0 &&
-           std::chrono::steady_clock::now() < deadline)
+           std::chrono::steady_clock::now() < deadline) {
+      const double t =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (cut_node >= 0 && !down && !cut_done && t >= cut_at) {
+        down = cluster_->Cut(cut_node).ok();
+        cut_done = !down;
+      }
+      if (down && t >= cut_end) {
+        (void)cluster_->Heal(cut_node);
+        down = false;
+        cut_done = true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(rng_() % 21));
     for (int k = 0; k < world_; ++k) (void)(*l)->Signal(k, SIGKILL);
     for (int k = 0; k < world_; ++k) (*l)->WaitRank(k);
@@ -304,6 +379,7 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
     }
   }
   if (l.ok()) l->reset();
+  if (down) (void)cluster_->Heal(cut_node);  // before the restore
   std::vector<testing::MatrixLog> rep;
   std::string train_logs;
   for (int k = 0; k < world_; ++k) {
@@ -368,9 +444,14 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
     ++tiers_[tiers];
     ++ps.tiers[tiers];
   }
-  std::printf("trial %3d  %-24s rank %d #%-4ld %-6s wipe %-10s bound %3lld  %s\n", i, point.c_str(),
-              rank, nth, fired ? "killed" : "(done)", wipe_name.c_str(),
-              static_cast<long long>(bound), problem.empty() ? outcome.c_str() : "FAILED");
+  char cut_name[80] = "";
+  if (cut_node >= 0)
+    std::snprintf(cut_name, sizeof cut_name, "  cut node %d %.1f-%.1f s%s", cut_node, cut_at,
+                  cut_end, cut_done ? "" : " (the run ended first)");
+  std::printf("trial %3d  %-24s rank %d #%-4ld %-6s wipe %-10s bound %3lld  %s%s\n", i,
+              point.c_str(), rank, nth, fired ? "killed" : "(done)", wipe_name.c_str(),
+              static_cast<long long>(bound), problem.empty() ? outcome.c_str() : "FAILED",
+              cut_name);
   if (!problem.empty()) {
     ++failures_;
     ++ps.failed;
@@ -381,7 +462,7 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
   if (problem.empty() || !cfg_.keep) {
     (void)DefaultFileSystem()->RemoveAll(dir);
     (void)DefaultFileSystem()->RemoveAll(host);
-    (void)DefaultFileSystem()->RemoveAll(root_.path() + "/pfs/" + job);
+    (void)DefaultFileSystem()->RemoveAll(PfsJob(job));
   }
   return problem.empty();
 }
@@ -392,6 +473,13 @@ int Matrix::Run() {
       "crash matrix: %d nodes x %d ranks, %d replicas (%s), %d steps, seed %llu, under %s\n",
       cfg_.nodes, kPerNode, cfg_.replicas, cfg_.group ? "group" : "ring", cfg_.steps,
       static_cast<unsigned long long>(cfg_.seed), root_.path().c_str());
+  if ((cfg_.netns || cfg_.volume || cfg_.cuts > 0) && !MakeCluster()) return 2;
+  if (cluster_)
+    std::printf("over a cluster of network namespaces%s%s\n",
+                cfg_.volume ? ", the PFS a GlusterFS volume on 2 servers" : "",
+                cfg_.cuts > 0
+                    ? (", link cuts in " + std::to_string(cfg_.cuts) + "% of the trials").c_str()
+                    : "");
   const bool census_ok = Census();
   if (census_.empty()) return 1;
   std::vector<std::string> points = KillPointNames();
@@ -427,6 +515,7 @@ int Matrix::Run() {
       "\"redundancy\":\"%s\","
       "\"layout\":\"%s\",\"trials\":%d,\"killed_at_point\":%d,\"failures\":%d,"
       "\"points\":%zu,\"census_ok\":%s,\"nothing_restorable\":%d,\"restored_from\":{%s},"
+      "\"netns\":%s,\"volume\":%s,\"link_cut_trials\":%d,"
       "\"seed\":%llu,\"seconds\":%.0f}\n",
       cfg_.nodes, cfg_.replicas, cfg_.group ? "group" : "ring",
       (cfg_.redundancy == "replica" ? cfg_.redundancy
@@ -434,8 +523,9 @@ int Matrix::Run() {
                                           " m=" + std::to_string(cfg_.erasure_m))
           .c_str(),
       cfg_.layout.c_str(), cfg_.trials, fired_, failures_, points.size(),
-      census_ok ? "true" : "false", tiers_["none"], tiers.c_str(),
-      static_cast<unsigned long long>(cfg_.seed), secs);
+      census_ok ? "true" : "false", tiers_["none"], tiers.c_str(), cluster_ ? "true" : "false",
+      cfg_.volume ? "true" : "false", cut_trials_, static_cast<unsigned long long>(cfg_.seed),
+      secs);
   if (cfg_.keep && failures_ > 0) root_.Keep();
   return failures_ == 0 && census_ok ? 0 : 1;
 }
@@ -494,18 +584,27 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--keep") {
       c.keep = true;
+    } else if (a == "--netns") {
+      c.netns = true;
+    } else if (a == "--volume") {
+      c.volume = true;
+    } else if (a == "--cuts") {
+      c.cuts = std::atoi(next());
     } else {
       std::fprintf(stderr,
                    "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
                    "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
                    "[--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] "
-                   "[--layout tp2|flat] [--keep]\n(see the comment at the top of "
+                   "[--layout tp2|flat] [--keep] [--netns] [--volume] [--cuts PERCENT]\n(see the "
+                   "comment at the top of "
                    "tests/crash_matrix.cc)\n");
       return a == "--help" ? 0 : 2;
     }
   }
-  if (c.trials < 0 || c.steps < 4 || c.every < 1 || c.rows < 8) {
-    std::fprintf(stderr, "crash_matrix: --trials >= 0, --steps >= 4, --every >= 1, --rows >= 8\n");
+  if (c.trials < 0 || c.steps < 4 || c.every < 1 || c.rows < 8 || c.cuts < 0 || c.cuts > 100) {
+    std::fprintf(stderr,
+                 "crash_matrix: --trials >= 0, --steps >= 4, --every >= 1, --rows >= 8, --cuts "
+                 "0..100\n");
     return 2;
   }
   auto placement = Placement::Make(c.nodes, kPerNode, c.replicas,

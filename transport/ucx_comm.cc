@@ -701,8 +701,9 @@ Status UcxComm::Reconnect(Lock& lk, int p, const std::string& nonce,
   std::string file_nonce;
   // The restarted peer wrote its address file before greeting us; allow for a slow reader.
   for (int attempt = 0; address.empty(); ++attempt) {
-    CAIRN_RETURN_IF_ERROR(ReadAddress(p, &address, &file_nonce));
-    if (file_nonce != nonce) address.clear();
+    Status rs = ReadAddress(p, &address, &file_nonce);
+    if (!rs.ok() && (rs.code() != StatusCode::kNotFound || attempt > 100)) return rs;
+    if (!rs.ok() || file_nonce != nonce) address.clear();
     if (!address.empty()) break;
     if (attempt > 100)
       return Status::Unavailable("rank " + std::to_string(p) +
@@ -966,7 +967,12 @@ Status UcxComm::EnsurePeer(Lock& lk, int p, const char* what) CAIRN_NO_THREAD_SA
 Status UcxComm::ReadAddress(int peer, std::string* address,
                             std::string* nonce) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   address_read_[static_cast<size_t>(peer)] = 1;
-  return book_->Read(peer, address, nonce);
+  Status st = book_->Read(peer, address, nonce);
+  // A networked filesystem's client reconnecting (ENOTCONN), or holding a handle of the
+  // file an earlier incarnation wrote (ESTALE: found by the crash matrix over a GlusterFS
+  // volume, restarting a job): the file is read again, as one not written yet is.
+  if (TransientFsError(st)) return Status::NotFound(st.message() + " (read again)");
+  return st;
 }
 
 int UcxComm::addresses_read() const {

@@ -418,7 +418,8 @@ class UcxComm {
   bool lazy_ = false;
   // Read the address of rank p (guarded by mu_; sized by Init()).
   std::vector<uint8_t> address_read_;
-  // Reads rank `peer`'s address from the book (counted in addresses_read()).
+  // Reads rank `peer`'s address from the book (counted in addresses_read()); a transient
+  // filesystem error (TransientFsError) is NotFound: read again, as a file not yet written.
   Status ReadAddress(int peer, std::string* address, std::string* nonce) CAIRN_REQUIRES(mu_);
   bool warned_no_peer_errors_ CAIRN_GUARDED_BY(mu_) = false;
   std::atomic<bool> closing_{false};   // peer errors while shutting down are expected
