@@ -8,7 +8,7 @@
 //   chaos [--seconds 600] [--seed S] [--min-gap 30] [--max-gap 90] [--layers 4] [--dim 256]
 //         [--kinds kill,wipe,cut,storage] [--keep]
 //
-// Fault kinds, one at a time, on a random node or server:
+// Fault kinds, one at a time, each in turn in a shuffled order, on a random node or server:
 //   kill     the node's ranks are SIGKILLed; the scheduler (this program) ends the job and
 //            starts it again (`--mode resume`); the node's host memory survives
 //   wipe     the same, and the node's host memory is lost too (its replicas on the other
@@ -319,6 +319,7 @@ int Chaos::Run() {
     return 2;
   }
   double next = Now() + uniform(cfg_.min_gap, cfg_.max_gap);
+  std::vector<std::string> order;  // the kinds still to come this round
   while (Now() - t_begin < cfg_.seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (run_l_ && run_l_->Running() < kWorld) {
@@ -335,7 +336,13 @@ int Chaos::Run() {
     }
     if (Now() < next) continue;
     Fault f;
-    f.kind = cfg_.kinds[rng_() % cfg_.kinds.size()];
+    // Each kind in turn, in a shuffled order (as the crash matrix takes its points).
+    if (order.empty()) {
+      order = cfg_.kinds;
+      std::shuffle(order.begin(), order.end(), rng_);
+    }
+    f.kind = order.back();
+    order.pop_back();
     f.target = static_cast<int>(rng_() % 2);
     f.newest = Newest();
     f.at = Now();
