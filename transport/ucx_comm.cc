@@ -124,6 +124,10 @@ std::string UcxComm::Hello() const {
 UcxComm::~UcxComm() {
   closing_ = true;
   Lock lk(mu_);
+  // First of all: a peer's redial probe is refused from now on, so a collective waiting on
+  // this rank gives it up as gone (UcxGroup::Mend) instead of redialing a rank that is
+  // leaving (found under ASan, where closing takes seconds).
+  probe_.reset();
   if (!worker_) {  // Connect failed before the worker existed
     if (context_) ucp_cleanup(context_);
     if (book_) book_->Withdraw();
