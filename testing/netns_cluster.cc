@@ -3,7 +3,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
+
+#include "core/filesystem.h"
 
 namespace cairn::testing {
 namespace {
@@ -129,6 +133,22 @@ Status NetnsCluster::Storage(int s, const std::string& what) {
                                    std::to_string(s) + " (it has " + std::to_string(servers_) +
                                    ")");
   return Run({"storage", name_, std::to_string(s), what});
+}
+
+bool NetnsCluster::Writable(const std::string& dir, double timeout_s) {
+  const std::string probe = dir + "/.probe-" + std::to_string(::getpid());
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  for (;;) {
+    bool ok = true;
+    for (int f = 0; f < 16 && ok; ++f) {  // names that hash onto both bricks
+      const std::string p = probe + "-" + std::to_string(f);
+      ok = WriteFileAtomic(DefaultFileSystem(), p, "x").ok() && DefaultFileSystem()->Unlink(p).ok();
+    }
+    if (ok) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 }  // namespace cairn::testing

@@ -46,6 +46,11 @@ class NetnsCluster {
   Status Pfs(int servers, const std::string& dir);
   // Mounts the volume on `mnt` (seen by every node's ranks), its client in node `node`.
   Status Mount(int node, const std::string& mnt);
+  // Waits (at most `timeout_s`) until files can be made and removed in `dir` through a
+  // mount of the volume, under names that hash onto every storage server: the client
+  // reaches them all again (after a cut, or a server's return, it answers ENOTCONN, EIO or
+  // a false ENOENT for seconds). False when it never did.
+  static bool Writable(const std::string& dir, double timeout_s = 60);
   // Storage server `s`: "stop" (frozen), "cont", "kill" (every process of it), "start".
   Status Storage(int s, const std::string& what);
 

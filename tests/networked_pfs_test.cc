@@ -68,24 +68,6 @@ std::string ClientLogs(const std::string& bricks) {
   return out;
 }
 
-// Waits (at most 60 s) until a file can be made and removed in `dir` through the mount:
-// both storage servers answer again (once, under a loaded machine, a brick restarted by
-// its glusterd was gone again for seconds after the drains had committed through it).
-bool Writable(const std::string& dir) {
-  const std::string probe = dir + "/.probe-" + std::to_string(::getpid());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    bool ok = true;
-    for (int f = 0; f < 16 && ok; ++f) {  // names that hash onto both bricks
-      const std::string p = probe + "-" + std::to_string(f);
-      ok = WriteFileAtomic(DefaultFileSystem(), p, "x").ok() && DefaultFileSystem()->Unlink(p).ok();
-    }
-    if (ok) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
-
 // A storage server's fault while drains run: `fault` and `resume` are what
 // `netns_cluster.sh storage` does to it (kill / start: dead, its bricks gone; stop / cont:
 // frozen, its connections open and silent until the volume's 5 s ping timeout), for
@@ -205,12 +187,21 @@ void DrainThroughAStorageFault(const StorageFault& f) {
   // servers back (a client that has not yet reconnected to the server that holds LATEST
   // reads "no such file": seen once in a local run of the frozen case, 1 of 5).
   for (int n : {0, 1})
-    ASSERT_TRUE(Writable(PfsJobDir(mnt[n], job))) << "node " << n << ClientLogs(bricks);
-  auto latest0 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[0], job));
-  auto latest1 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[1], job));
+    ASSERT_TRUE(testing::NetnsCluster::Writable(PfsJobDir(mnt[n], job)))
+        << "node " << n << ClientLogs(bricks);
+  // Both name the same step once their caches of LATEST's name (1 s) are out of date (in
+  // one ASan run of the frozen case, node 1's mount read the step before node 0's newest
+  // right after both answered again).
+  Result<int64_t> latest0 = Status::NotFound(""), latest1 = Status::NotFound("");
+  for (int tries = 0; tries < 50; ++tries) {
+    latest0 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[0], job));
+    latest1 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[1], job));
+    if (latest0.ok() && latest1.ok() && *latest0 == *latest1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   ASSERT_TRUE(latest0.ok()) << latest0.status().ToString();
   ASSERT_TRUE(latest1.ok()) << latest1.status().ToString();
-  EXPECT_EQ(*latest0, *latest1);
+  EXPECT_EQ(*latest0, *latest1) << "10 s after both mounts answered" << ClientLogs(bricks);
   EXPECT_GT(*latest0, persisted_before);
 
   // Every node's memory is gone; the job restores from the volume, each rank through its
