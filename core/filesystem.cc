@@ -124,12 +124,18 @@ class PosixFileSystem final : public FileSystem {
     for (int attempt = 0;; ++attempt) {
       if (parent != path && parent != "." && parent != "/")
         CAIRN_RETURN_IF_ERROR(MakeDirs(parent, mode));
-      if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return Status::OK();
-      // ENOENT with the parent there: on a GlusterFS distributed volume, a directory that
-      // another client is making at the same moment is not yet on every server (two ranks
-      // making the job directory through their own mounts; about 1 start in 3). Tried
-      // again for about a second.
-      if (errno != ENOENT || attempt >= 6) return Status::FromErrno(errno, "mkdir " + path);
+      // ENOENT with the parent there, or EEXIST for a directory a stat cannot find yet: on a
+      // GlusterFS distributed volume, a directory that another client is making at the same
+      // moment is not yet on every server (two ranks making the job directory or its
+      // rendezvous directory through their own mounts; about 1 start in 3). Tried again
+      // for about a second, until the directory is there to be used.
+      if (::mkdir(path.c_str(), mode) == 0) return Status::OK();
+      int err = errno;
+      if (err == EEXIST) {  // (a link there, even a dangling one, is the caller's to judge)
+        if (::lstat(path.c_str(), &st) == 0) return Status::OK();
+        err = errno;
+      }
+      if (err != ENOENT || attempt >= 6) return Status::FromErrno(err, "mkdir " + path);
       std::this_thread::sleep_for(std::chrono::milliseconds(10 << attempt));
     }
   }
