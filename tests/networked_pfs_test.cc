@@ -78,7 +78,17 @@ struct StorageFault {
   int outage_s;
 };
 
-void DrainThroughAStorageFault(const StorageFault& f) {
+// Two nodes with the GlusterFS volume on two storage servers mounted on each, under `root`
+// (m0, m1); the bricks on a disk, as a storage server's are (removed with the cluster).
+// Skips (fails, under CAIRN_REQUIRE_NETNS) where it cannot be made: the caller returns when
+// ::testing::Test::IsSkipped() or HasFatalFailure().
+struct Volume {
+  std::unique_ptr<testing::NetnsCluster> cluster;
+  std::string bricks;
+  std::string mnt[2];
+};
+
+void MakeVolume(const TempDir& root, const std::string& name, Volume* v) {
   const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
   std::string why = testing::NetnsCluster::Unavailable(script);
   if (why.empty()) why = testing::NetnsCluster::PfsUnavailable();
@@ -86,23 +96,32 @@ void DrainThroughAStorageFault(const StorageFault& f) {
     if (std::getenv("CAIRN_REQUIRE_NETNS")) FAIL() << "CAIRN_REQUIRE_NETNS is set, but: " << why;
     GTEST_SKIP() << "no networked PFS here: " << why;
   }
-  TempDir root("npfs");
-  // The bricks on a disk, as a storage server's are (the cluster removes them when it goes).
-  std::string bricks = "/var/tmp/cairn-test-bricks-XXXXXX";
-  ASSERT_NE(::mkdtemp(bricks.data()), nullptr);
-  const std::string job = testing::UniqueJobId("npfs");
-  const std::string name =
-      "npfs-" + std::to_string(::getpid() % 1000000) + "-" +
-      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000);
-  auto cluster = testing::NetnsCluster::Up(script, name, 2);
+  v->bricks = "/var/tmp/cairn-test-bricks-XXXXXX";
+  ASSERT_NE(::mkdtemp(v->bricks.data()), nullptr);
+  auto cluster = testing::NetnsCluster::Up(
+      script,
+      name + "-" + std::to_string(::getpid() % 1000000) + "-" +
+          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000),
+      2);
   ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
-  testing::NetnsCluster& c = **cluster;
-  ASSERT_TRUE(c.Pfs(2, bricks).ok());
-  const std::string mnt[2] = {root.path() + "/m0", root.path() + "/m1"};
+  v->cluster = std::move(*cluster);
+  ASSERT_TRUE(v->cluster->Pfs(2, v->bricks).ok());
   for (int n : {0, 1}) {
-    Status st = c.Mount(n, mnt[n]);
+    v->mnt[n] = root.path() + "/m" + std::to_string(n);
+    Status st = v->cluster->Mount(n, v->mnt[n]);
     ASSERT_TRUE(st.ok()) << st.ToString();
   }
+}
+
+void DrainThroughAStorageFault(const StorageFault& f) {
+  TempDir root("npfs");
+  Volume v;
+  MakeVolume(root, "npfs", &v);
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  testing::NetnsCluster& c = *v.cluster;
+  const std::string& bricks = v.bricks;
+  const std::string(&mnt)[2] = v.mnt;
+  const std::string job = testing::UniqueJobId("npfs");
   // Each node's ranks take their node's mount as the PFS.
   auto prefixes = [&] {
     std::vector<std::vector<std::string>> p;
@@ -245,29 +264,14 @@ TEST(NetworkedPfs, DrainsComeBackAfterAStorageServerIsFrozenAndEveryNodeRestores
 // watcher's misses hide the new step from node 1 and the test fails.
 TEST(NetworkedPfs, AStepCommittedThroughOneNodesMountIsSeenAndRestoredThroughTheOthers) {
   constexpr double kSeenWithinS = 2;  // GlusterFS's FUSE client caches entries for 1 s
-  const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
-  std::string why = testing::NetnsCluster::Unavailable(script);
-  if (why.empty()) why = testing::NetnsCluster::PfsUnavailable();
-  if (!why.empty()) {
-    if (std::getenv("CAIRN_REQUIRE_NETNS")) FAIL() << "CAIRN_REQUIRE_NETNS is set, but: " << why;
-    GTEST_SKIP() << "no networked PFS here: " << why;
-  }
   TempDir root("npfsv");
-  std::string bricks = "/var/tmp/cairn-test-bricks-XXXXXX";
-  ASSERT_NE(::mkdtemp(bricks.data()), nullptr);
+  Volume v;
+  MakeVolume(root, "npv", &v);
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  testing::NetnsCluster& c = *v.cluster;
+  const std::string& bricks = v.bricks;
+  const std::string(&mnt)[2] = v.mnt;
   const std::string job = testing::UniqueJobId("npfsv");
-  const std::string name =
-      "npv-" + std::to_string(::getpid() % 1000000) + "-" +
-      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000);
-  auto cluster = testing::NetnsCluster::Up(script, name, 2);
-  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
-  testing::NetnsCluster& c = **cluster;
-  ASSERT_TRUE(c.Pfs(2, bricks).ok());
-  const std::string mnt[2] = {root.path() + "/m0", root.path() + "/m1"};
-  for (int n : {0, 1}) {
-    Status st = c.Mount(n, mnt[n]);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-  }
   // Rank r on node node_of[r], through that node's mount.
   auto prefixes = [&](const int node_of[2]) {
     std::vector<std::vector<std::string>> p;
