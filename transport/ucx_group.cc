@@ -46,6 +46,10 @@ Status UcxGroup::Barrier() {
   return AllGather({}).status();
 }
 
+int64_t UcxGroup::OpDeadline() const {
+  return NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+}
+
 UcxGroup::LinkState UcxGroup::Link(int peer) const {
   return {comm_->peer_epoch(peer), comm_->peer_incarnation(peer)};
 }
@@ -105,7 +109,7 @@ Status UcxGroup::ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out
   // Waits in slices: between them, what this rank sent on an endpoint replaced since goes
   // again (Resend), as the peer may be waiting for it as this rank waits for its message.
   constexpr double kSliceS = 0.5;
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+  const int64_t deadline = OpDeadline();
   LinkState was = Link(from);
   Result<std::string> got = Status::Unavailable("not received");
   for (;;) {
@@ -136,7 +140,7 @@ Status UcxGroup::ReceiveRound(int from, uint64_t tag, wire::CollectiveFrame* out
 
 Status UcxGroup::FinishSend(UcxComm::PendingSend& send) {
   if (wait_.cancel) {
-    const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+    const int64_t deadline = OpDeadline();
     while (!comm_->Sent(send, 0.1)) {
       if (wait_.cancel->load(std::memory_order_relaxed))
         return comm_->FinishSend(send, 0).WithContext("given up (closing)");
@@ -174,7 +178,7 @@ Result<std::vector<std::string>> UcxGroup::AllGather(std::string_view mine) {
     const int c = std::min(d, n - d);
     const int to = targets[round], from = (me + d) % n;
     const std::string out = PackBlocks(all, me, c, n);
-    const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+    const int64_t deadline = OpDeadline();
     const LinkState link = Link(to);
     auto send = comm_->StartSend(to, MakeTag(collective_, me, seq), out.data(), out.size());
     Remember(to, MakeTag(collective_, me, seq), out, link);
@@ -228,7 +232,7 @@ Result<std::string> UcxGroup::Broadcast(int root, std::string_view data) {
       return st.WithContext("broadcast #" + std::to_string(seq));
     }
   }
-  const int64_t deadline = NowNanos() + static_cast<int64_t>(comm_->op_timeout_s() * 1e9);
+  const int64_t deadline = OpDeadline();
   std::vector<UcxComm::PendingSend> sends;
   std::vector<LinkState> links;
   for (int to : children) {

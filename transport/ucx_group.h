@@ -58,6 +58,8 @@ class UcxGroup final : public Group {
     std::string incarnation;
   };
   LinkState Link(int peer) const;
+  // Now plus the operation timeout, in NowNanos.
+  int64_t OpDeadline() const;
   // After a transfer with `peer` failed: true once an endpoint to the same incarnation of
   // the peer is there to try it again on, before `deadline` (NowNanos): one that replaced
   // the endpoint it failed on (a redial, by either rank), or one this call redials while
