@@ -708,7 +708,6 @@ Status Replicator::ReceiveChunks(int src, uint32_t offer, uint32_t chunks,
     // perhaps while the link was down): stop waiting for bytes that will not come, and
     // answer that one next. An older one (late from a link that was down) is dropped.
     while (!comm_->Arrived(recvs[c], 0.05) && NowNanos() < deadline) {
-      comm_->AnswerProbes();
       auto other = TakeOffer(src, offer);
       if (other && OfferAfter(other->seq, offer)) {
         *next = std::move(other);

@@ -103,6 +103,23 @@ std::vector<std::string> Lines(const std::string& text) {
 }
 
 // The lines of a log that are not per-step progress (for failure reports).
+// The start of a crash's report in a rank's log (a sanitizer's, UCX's fatal error, an
+// uncaught exception), at most 40 lines: printed first, where a shortened CI log keeps it.
+std::string CrashReport(const std::string& log) {
+  static constexpr const char* kMarks[] = {"==ERROR:",  "runtime error:",   "Sanitizer",
+                                           "Assertion", "terminate called", "Fatal",
+                                           "FATAL",     "SUMMARY:"};
+  std::string out;
+  int taken = -1;
+  for (const std::string& line : Lines(log)) {
+    if (taken < 0)
+      for (const char* m : kMarks)
+        if (line.find(m) != std::string::npos) taken = 0;
+    if (taken >= 0 && taken++ < 40) out += "    | " + line + "\n";
+  }
+  return out;
+}
+
 std::string Interesting(const std::string& log) {
   std::string out;
   for (const std::string& line : Lines(log))
@@ -381,11 +398,14 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
   if (l.ok()) l->reset();
   if (down) (void)cluster_->Heal(cut_node);  // before the restore
   std::vector<testing::MatrixLog> rep;
-  std::string train_logs;
+  std::string train_logs, crashes;
   for (int k = 0; k < world_; ++k) {
     const std::string log = ReadText(train + "/rank-" + std::to_string(k) + ".log");
     rep.push_back(testing::ParseMatrixLog(log));
     train_logs += "  train rank " + std::to_string(k) + ":\n" + Interesting(log);
+    const std::string report = CrashReport(log);
+    if (!report.empty())
+      crashes += "  crash report of train rank " + std::to_string(k) + ":\n" + report;
   }
   const bool fired = rep[static_cast<size_t>(rank)].killed_at_point;
   if (fired) ++ps.fired, ++fired_;
@@ -455,8 +475,8 @@ bool Matrix::Trial(int i, const std::string& point, int rank, long nth,
   if (!problem.empty()) {
     ++failures_;
     ++ps.failed;
-    std::printf("  FAILED: %s\n%s%s  kept in %s\n", problem.c_str(), train_logs.c_str(),
-                r.logs.c_str(), cfg_.keep ? dir.c_str() : "(not kept: --keep)");
+    std::printf("  FAILED: %s\n%s%s%s  kept in %s\n", problem.c_str(), crashes.c_str(),
+                train_logs.c_str(), r.logs.c_str(), cfg_.keep ? dir.c_str() : "(not kept: --keep)");
   }
   std::fflush(stdout);
   if (problem.empty() || !cfg_.keep) {

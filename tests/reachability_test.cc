@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <future>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -25,10 +27,10 @@ TEST(Reachability, AListeningHostAnswersAndAClosedOneDoesNotWithinTheTimeout) {
     addresses = l->addresses();
     ASSERT_FALSE(addresses.empty());
     EXPECT_EQ(addresses.find('/'), std::string::npos) << addresses;  // it travels in a hello
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_TRUE(Reachable(addresses, 2.0)) << addresses;
-      l->Drain();
-    }
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(Reachable(addresses, 2.0)) << addresses;
+    // Moved, it still answers (its thread does not live in the moved-from object).
+    ProbeListener moved = std::move(*l);
+    EXPECT_EQ(Probe(moved.addresses(), 2.0), Reach::kAnswered);
   }
   // The listener is gone: refused at once (nothing listens on that port any more), told
   // apart from a host that does not answer (a collective gives a peer whose process died
@@ -68,6 +70,36 @@ TEST(Reachability, AHostThatNeverAnswersIsGivenUpAtTheTimeout) {
   EXPECT_LT(took, 1.2);
   for (int c : fill) ::close(c);
   ::close(fd);
+}
+
+// A socket that listens but whose process never answers: the kernel completes the
+// handshake by itself, as it does for a process that SIGKILL is tearing down before its
+// sockets close. Probing such a peer as alive let a redial make a UCX endpoint to a
+// process about to vanish, and UCX 1.13 aborted the prober (the ASan crash matrix).
+TEST(Reachability, AHandshakeTheKernelCompletesIsNoAnswerAndTheCloseThatFollowsIsRefused) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t n = sizeof a;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
+  const std::string target = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  EXPECT_EQ(Probe(target, 0.6), Reach::kSilent) << "the handshake completed, nobody answered";
+  // The process goes (its socket closes with the probe's handshake still queued): the
+  // probe is reset, and says so at once, not at its timeout.
+  auto asked = std::async(std::launch::async, [&] {
+    const int64_t t0 = NowNanos();
+    const Reach r = Probe(target, 5.0);
+    return std::make_pair(r, NanosToSeconds(NowNanos() - t0));
+  });
+  ::usleep(300'000);
+  ::close(fd);
+  const auto [reach, took] = asked.get();
+  EXPECT_EQ(reach, Reach::kRefused);
+  EXPECT_LT(took, 1.5);
 }
 
 TEST(Reachability, MalformedListsAreUnreachableNotACrash) {

@@ -5,12 +5,15 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -78,67 +81,115 @@ bool ParseEndpoint(const std::string& e, sockaddr_storage* ss, socklen_t* len) {
   return inet_pton(AF_INET, e.substr(0, colon).c_str(), &s4->sin_addr) == 1;
 }
 
+// What a listener's process writes to every probe.
+constexpr char kAnswer = 'y';
+
 }  // namespace
+
+struct ProbeListener::Answerer {
+  int listen_fd = -1;
+  int stop_fd = -1;  // an eventfd: readable once Stop asks the thread to end
+  std::thread thread;
+
+  // Accepts every handshake, writes the answer and closes, until stop_fd is readable.
+  void Run() {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    for (;;) {
+      if (::poll(p, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (p[1].revents != 0) return;
+      for (int i = 0; i < 64; ++i) {
+        const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        (void)::send(c, &kAnswer, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::close(c);
+      }
+    }
+  }
+};
 
 Result<ProbeListener> ProbeListener::Open() {
   ProbeListener l;
   bool v6 = true;
-  l.fd_ = ::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (l.fd_ >= 0) {
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  struct Closer {  // on every early return; the Answerer owns the socket once it exists
+    int& fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
+  if (fd >= 0) {
     int off = 0;
     sockaddr_in6 a{};
     a.sin6_family = AF_INET6;
     a.sin6_addr = in6addr_any;
-    if (::setsockopt(l.fd_, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0 ||
-        ::bind(l.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(l.fd_);
-      l.fd_ = -1;
+    if (::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      fd = -1;
     }
   }
-  if (l.fd_ < 0) {  // no IPv6 here
+  if (fd < 0) {  // no IPv6 here
     v6 = false;
-    l.fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (l.fd_ < 0) return Status::FromErrno(errno, "probe listener: socket");
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::FromErrno(errno, "probe listener: socket");
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (::bind(l.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       return Status::FromErrno(errno, "probe listener: bind");
   }
-  if (::listen(l.fd_, SOMAXCONN) != 0) return Status::FromErrno(errno, "probe listener: listen");
+  if (::listen(fd, SOMAXCONN) != 0) return Status::FromErrno(errno, "probe listener: listen");
   sockaddr_storage bound{};
   socklen_t n = sizeof bound;
-  if (::getsockname(l.fd_, reinterpret_cast<sockaddr*>(&bound), &n) != 0)
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &n) != 0)
     return Status::FromErrno(errno, "probe listener: getsockname");
   const int port =
       ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   l.addresses_ = Endpoints(port, v6);
+  l.answerer_ = std::make_unique<Answerer>();
+  l.answerer_->listen_fd = std::exchange(fd, -1);
+  l.answerer_->stop_fd = ::eventfd(0, EFD_CLOEXEC);
+  if (l.answerer_->stop_fd < 0) return Status::FromErrno(errno, "probe listener: eventfd");
+  Answerer* a = l.answerer_.get();
+  try {
+    a->thread = std::thread([a] { a->Run(); });
+  } catch (const std::system_error& e) {
+    return Status::Unavailable(std::string("probe listener: no thread: ") + e.what());
+  }
   return l;
 }
 
-ProbeListener::ProbeListener(ProbeListener&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), addresses_(std::move(o.addresses_)) {}
+ProbeListener::ProbeListener(ProbeListener&& o) noexcept = default;
 
 ProbeListener& ProbeListener::operator=(ProbeListener&& o) noexcept {
   if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(o.fd_, -1);
+    Stop();
+    answerer_ = std::move(o.answerer_);
     addresses_ = std::move(o.addresses_);
   }
   return *this;
 }
 
 ProbeListener::~ProbeListener() {
-  if (fd_ >= 0) ::close(fd_);
+  Stop();
 }
 
-void ProbeListener::Drain() {
-  for (int i = 0; i < 64 && fd_ >= 0; ++i) {
-    const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) return;
-    ::close(c);
+void ProbeListener::Stop() {
+  if (!answerer_) return;
+  Answerer& a = *answerer_;
+  if (a.thread.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(a.stop_fd, &one, sizeof one);
+    a.thread.join();
   }
+  // Handshakes the thread had not accepted yet are reset with the socket.
+  if (a.listen_fd >= 0) ::close(a.listen_fd);
+  if (a.stop_fd >= 0) ::close(a.stop_fd);
+  answerer_.reset();
 }
 
 Reach Probe(const std::string& addresses, double timeout_s) {
@@ -153,9 +204,14 @@ Reach Probe(const std::string& addresses, double timeout_s) {
     begin = end + 1;
   }
   // A fresh handshake every 0.5 s: a SYN lost while the link was down is retried by the
-  // kernel only 1 s later, then 3 s, 7 s...
+  // kernel only 1 s later, then 3 s, 7 s... A connection is first `connecting`, then waits
+  // for the listener's answer.
   constexpr int64_t kRoundNs = 500'000'000;
-  std::vector<pollfd> fds;
+  struct Asking {
+    int fd;
+    bool connected;
+  };
+  std::vector<Asking> asking;
   bool reached = false, refused = false;
   const int64_t start = NowNanos(), deadline = start + static_cast<int64_t>(timeout_s * 1e9);
   int64_t next_round = start;
@@ -167,37 +223,57 @@ Reach Probe(const std::string& addresses, double timeout_s) {
       for (auto& [ss, len] : targets) {
         const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) continue;
-        if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0) reached = true;
-        if (!reached && errno == ECONNREFUSED) refused = true;
-        if (errno == EINPROGRESS && !reached)
-          fds.push_back({fd, POLLOUT, 0});
-        else
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0) {
+          asking.push_back({fd, true});
+        } else if (errno == EINPROGRESS) {
+          asking.push_back({fd, false});
+        } else {
+          if (errno == ECONNREFUSED) refused = true;
           ::close(fd);
+        }
       }
-      if (reached || refused) break;
+      if (refused) break;
     }
     const int64_t wait_ns = std::min(deadline, next_round) - NowNanos();
-    if (fds.empty()) {
+    if (asking.empty()) {
       if (wait_ns > 0) ::poll(nullptr, 0, static_cast<int>(wait_ns / 1'000'000) + 1);
       continue;
     }
+    std::vector<pollfd> fds;
+    for (const Asking& a : asking)
+      fds.push_back({a.fd, static_cast<short>(a.connected ? POLLIN : POLLOUT), 0});
     if (::poll(fds.data(), fds.size(),
                static_cast<int>(std::max<int64_t>(wait_ns, 0) / 1'000'000) + 1) <= 0)
       continue;
-    for (pollfd& p : fds) {
-      if (!(p.revents & (POLLOUT | POLLERR | POLLHUP))) continue;
-      int err = 0;
-      socklen_t n = sizeof err;
-      if (::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &n) == 0) {
-        if (err == 0) reached = true;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      Asking& a = asking[i];
+      if (fds[i].revents == 0) continue;
+      if (!a.connected) {
+        int err = 0;
+        socklen_t n = sizeof err;
+        if (::getsockopt(a.fd, SOL_SOCKET, SO_ERROR, &err, &n) == 0 && err == 0) {
+          a.connected = true;  // the handshake: now the process's answer
+          continue;
+        }
         if (err == ECONNREFUSED) refused = true;
+      } else {
+        char got = 0;
+        const ssize_t r = ::recv(a.fd, &got, 1, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (r == 1 && got == kAnswer) {
+          reached = true;
+        } else if (r == 0 || (r < 0 && errno == ECONNRESET)) {
+          // Reset (or closed) without an answer: the listener closed with this handshake
+          // still queued, its process is gone.
+          refused = true;
+        }
       }
-      ::close(p.fd);
-      p.fd = -1;
+      ::close(a.fd);
+      a.fd = -1;
     }
-    std::erase_if(fds, [](const pollfd& p) { return p.fd < 0; });
+    std::erase_if(asking, [](const Asking& a) { return a.fd < 0; });
   }
-  for (const pollfd& p : fds) ::close(p.fd);
+  for (const Asking& a : asking) ::close(a.fd);
   return reached ? Reach::kAnswered : refused ? Reach::kRefused : Reach::kSilent;
 }
 

@@ -6,11 +6,16 @@
 // only once a plain TCP handshake with the peer's host succeeds.
 //
 // Every rank listens on an ephemeral TCP port (ProbeListener) and tells its peers where in
-// its hello ("10.0.0.5:41234,[fd00::5]:41234"). The listener reads nothing and writes
-// nothing: it accepts and closes, so it offers nothing to anyone who connects.
-// Thread-safety: a ProbeListener is used by one thread at a time; Reachable is reentrant.
+// its hello ("10.0.0.5:41234,[fd00::5]:41234"). A thread of the listening process accepts
+// each handshake, writes one byte and closes; it reads nothing, so it offers nothing to
+// anyone who connects. The byte, not the handshake, is the answer: the kernel completes
+// handshakes on a listening socket by itself, also for a process that is being killed and
+// has not yet closed its sockets, and a redial to such a peer met UCX's abort (the ASan
+// crash matrix, 2026-11-27: a rank's new endpoint to a rank dying from SIGKILL).
+// Thread-safety: a ProbeListener is used by one thread at a time; Probe is reentrant.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "cairn/status.h"
@@ -19,33 +24,35 @@ namespace cairn {
 
 class ProbeListener {
  public:
-  // Listens on an ephemeral port of every address (IPv6 and IPv4, or IPv4 alone). Fails
-  // only when no socket can be made; a rank without a listener redials without probing.
+  // Listens on an ephemeral port of every address (IPv6 and IPv4, or IPv4 alone) and starts
+  // the thread that answers. Fails only when no socket or thread can be made; a rank
+  // without a listener redials without probing.
   static Result<ProbeListener> Open();
   ProbeListener(ProbeListener&& o) noexcept;
   ProbeListener& operator=(ProbeListener&& o) noexcept;
   ProbeListener(const ProbeListener&) = delete;
   ProbeListener& operator=(const ProbeListener&) = delete;
+  // Stops answering, then closes the socket: a probe still waiting is reset (kRefused).
   ~ProbeListener();
 
   // Where peers reach the listener: "host:port" for every address of this host's network
   // interfaces that are up (IPv6 in brackets; loopback only when there is no other),
   // comma-separated, never containing '/'.
   const std::string& addresses() const { return addresses_; }
-  // Accepts and closes every handshake that completed (never blocks).
-  void Drain();
 
  private:
+  struct Answerer;
   ProbeListener() = default;
-  int fd_ = -1;
+  void Stop();
+  std::unique_ptr<Answerer> answerer_;
   std::string addresses_;
 };
 
-// A TCP handshake with any of `addresses` (as ProbeListener::addresses() gives them),
-// tried every 0.5 s for at most `timeout_s`: kAnswered once one completes; kRefused as soon
-// as the host answers with a reset (no listener: the process that listened is gone, its
-// host and the link are up); kSilent when nothing answered (a link down, a host gone; also
-// an empty or malformed list).
+// Asks any of `addresses` (as ProbeListener::addresses() gives them), afresh every 0.5 s
+// for at most `timeout_s`: kAnswered once a listener's process wrote its byte; kRefused as
+// soon as a host resets the connection (no listener, or one that closed before answering:
+// the process that listened is gone, its host and the link are up); kSilent when nothing
+// answered (a link down, a host gone, a process stopped; also an empty or malformed list).
 enum class Reach { kAnswered, kRefused, kSilent };
 Reach Probe(const std::string& addresses, double timeout_s);
 // Probe(...) == kAnswered.

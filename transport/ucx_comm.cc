@@ -730,11 +730,6 @@ void UcxComm::DropEndpoint(Lock& lk, Peer& peer) CAIRN_NO_THREAD_SAFETY_ANALYSIS
   }
 }
 
-void UcxComm::AnswerProbes() {
-  Lock lk(mu_);
-  if (probe_) probe_->Drain();
-}
-
 bool UcxComm::Reachable(int p, double timeout_s) {
   if (p < 0 || p >= size_ || p == rank_) return false;
   std::string probe;
@@ -996,7 +991,6 @@ int UcxComm::endpoints() const {
 std::vector<int> UcxComm::ServiceHellos() {
   std::vector<int> out;
   Lock lk(mu_);
-  if (probe_) probe_->Drain();
   for (auto& p : peers_)
     if (!p->retired.empty()) CloseRetired(*p, kRetiredNs);
   for (;;) {

@@ -206,10 +206,6 @@ class UcxComm {
   // Whether `peer`'s host answers a TCP handshake within `timeout_s` (reachability.h);
   // true when its hello named no probe listener (nothing to ask).
   bool Reachable(int peer, double timeout_s);
-  // Accepts and closes the handshakes of peers' probes (ServiceHellos does too): call it
-  // from a thread that waits long without calling ServiceHellos, so that the listener's
-  // queue never fills and a probe never fails for that.
-  void AnswerProbes();
   // Counts reconnections to `peer` (changes when the peer restarted, redialed this rank, or
   // this rank redialed it).
   uint64_t peer_epoch(int peer) const;
