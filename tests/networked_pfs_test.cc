@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -86,6 +87,17 @@ struct Volume {
   std::unique_ptr<testing::NetnsCluster> cluster;
   std::string bricks;
   std::string mnt[2];
+
+  // The launch prefixes of a 2-rank job: rank r in node node_of[r]'s namespace, with that
+  // node's mount as its PFS.
+  std::vector<std::vector<std::string>> Prefixes(std::array<int, 2> node_of = {0, 1}) const {
+    std::vector<std::vector<std::string>> p;
+    for (int node : node_of) {
+      p.push_back(cluster->node_prefix(node));
+      p.back().insert(p.back().end(), {"env", "CAIRN_PFS_ROOT=" + mnt[node]});
+    }
+    return p;
+  }
 };
 
 void MakeVolume(const TempDir& root, const std::string& name, Volume* v) {
@@ -122,15 +134,6 @@ void DrainThroughAStorageFault(const StorageFault& f) {
   const std::string& bricks = v.bricks;
   const std::string(&mnt)[2] = v.mnt;
   const std::string job = testing::UniqueJobId("npfs");
-  // Each node's ranks take their node's mount as the PFS.
-  auto prefixes = [&] {
-    std::vector<std::vector<std::string>> p;
-    for (int n : {0, 1}) {
-      p.push_back(c.node_prefix(n));
-      p.back().insert(p.back().end(), {"env", "CAIRN_PFS_ROOT=" + mnt[n]});
-    }
-    return p;
-  };
   const std::vector<std::pair<std::string, std::string>> env = {
       {"CAIRN_PERSIST_EVERY", "2"}, {"UCX_NET_DEVICES", "eth0"}, {"CAIRN_LOG_LEVEL", "2"}};
 
@@ -138,7 +141,7 @@ void DrainThroughAStorageFault(const StorageFault& f) {
   const std::string train = root.path() + "/train";
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
   LaunchSpec spec = Spec(root, job, 2, 1, {"matrix", "tp2", kRows, "1000000", "0"}, train, env);
-  spec.node_prefix = prefixes();
+  spec.node_prefix = v.Prefixes();
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   auto persisted_on_all = [&] {
@@ -230,7 +233,7 @@ void DrainThroughAStorageFault(const StorageFault& f) {
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
   LaunchSpec rs =
       Spec(root, job, 2, 1, {"restore", "tp2", kRows, std::to_string(*latest0)}, out, env);
-  rs.node_prefix = prefixes();
+  rs.node_prefix = v.Prefixes();
   auto r = LocalLauncher::Start(rs);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE((*r)->WaitAll(120)) << Logs(out, 2) << ClientLogs(bricks);
@@ -268,26 +271,15 @@ TEST(NetworkedPfs, AStepCommittedThroughOneNodesMountIsSeenAndRestoredThroughThe
   Volume v;
   MakeVolume(root, "npv", &v);
   if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
-  testing::NetnsCluster& c = *v.cluster;
   const std::string& bricks = v.bricks;
   const std::string(&mnt)[2] = v.mnt;
   const std::string job = testing::UniqueJobId("npfsv");
-  // Rank r on node node_of[r], through that node's mount.
-  auto prefixes = [&](const int node_of[2]) {
-    std::vector<std::vector<std::string>> p;
-    for (int r : {0, 1}) {
-      p.push_back(c.node_prefix(node_of[r]));
-      p.back().insert(p.back().end(), {"env", "CAIRN_PFS_ROOT=" + mnt[node_of[r]]});
-    }
-    return p;
-  };
   const std::vector<std::pair<std::string, std::string>> env = {
       {"CAIRN_PERSIST_EVERY", "3"}, {"UCX_NET_DEVICES", "eth0"}, {"CAIRN_LOG_LEVEL", "2"}};
   const std::string train = root.path() + "/train";
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
   LaunchSpec spec = Spec(root, job, 2, 1, {"matrix", "tp2", kRows, "1000000", "0"}, train, env);
-  const int same[2] = {0, 1}, swapped[2] = {1, 0};
-  spec.node_prefix = prefixes(same);
+  spec.node_prefix = v.Prefixes({0, 1});
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const std::string dir[2] = {PfsJobDir(mnt[0], job), PfsJobDir(mnt[1], job)};
@@ -344,7 +336,7 @@ TEST(NetworkedPfs, AStepCommittedThroughOneNodesMountIsSeenAndRestoredThroughThe
   ASSERT_TRUE(DefaultFileSystem()->MakeDirs(out, 0700).ok());
   LaunchSpec rs =
       Spec(root, job, 2, 1, {"restore", "tp2", kRows, std::to_string(committed)}, out, env);
-  rs.node_prefix = prefixes(swapped);
+  rs.node_prefix = v.Prefixes({1, 0});  // the ranks' nodes swapped
   auto r = LocalLauncher::Start(rs);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_TRUE((*r)->WaitAll(120)) << Logs(out, 2) << ClientLogs(bricks);

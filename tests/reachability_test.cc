@@ -19,6 +19,22 @@
 namespace cairn {
 namespace {
 
+// A loopback socket that listens with `backlog` and never accepts: its fd, its address
+// in `*at` as "127.0.0.1:port" and in `*target` as a probe target.
+void ListenWithoutAccepting(int backlog, int* fd, sockaddr_in* at, std::string* target) {
+  *fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(*fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(*fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(*fd, backlog), 0);
+  socklen_t n = sizeof a;
+  ASSERT_EQ(::getsockname(*fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
+  *at = a;
+  *target = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+}
+
 TEST(Reachability, AListeningHostAnswersAndAClosedOneDoesNotWithinTheTimeout) {
   std::string addresses;
   {
@@ -46,16 +62,11 @@ TEST(Reachability, AListeningHostAnswersAndAClosedOneDoesNotWithinTheTimeout) {
 TEST(Reachability, AHostThatNeverAnswersIsGivenUpAtTheTimeout) {
   // A listener whose accept queue is full drops further handshakes unanswered, as a host
   // behind a link that is down would (all on loopback: nothing leaves this machine).
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
+  int fd = -1;
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 0), 0);
-  socklen_t n = sizeof a;
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
-  const std::string target = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::string target;
+  ListenWithoutAccepting(0, &fd, &a, &target);
+  if (HasFatalFailure()) return;
   std::vector<int> fill;  // connections that fill the queue (never accepted)
   for (int i = 0; i < 4; ++i) {
     const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -77,16 +88,11 @@ TEST(Reachability, AHostThatNeverAnswersIsGivenUpAtTheTimeout) {
 // sockets close. Probing such a peer as alive let a redial make a UCX endpoint to a
 // process about to vanish, and UCX 1.13 aborted the prober (the ASan crash matrix).
 TEST(Reachability, AHandshakeTheKernelCompletesIsNoAnswerAndTheCloseThatFollowsIsRefused) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
+  int fd = -1;
   sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);
-  socklen_t n = sizeof a;
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
-  const std::string target = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::string target;
+  ListenWithoutAccepting(16, &fd, &a, &target);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(Probe(target, 0.6), Reach::kSilent) << "the handshake completed, nobody answered";
   // The process goes (its socket closes with the probe's handshake still queued): the
   // probe is reset, and says so at once, not at its timeout.
