@@ -905,8 +905,15 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   for (size_t i = 0; i < pieces.size(); ++i)
     for (uint64_t b = 0; b < pieces[i].range.length; b += kReplChunk)
       chunks.push_back({i, b, std::min(kReplChunk, pieces[i].range.length - b)});
+  // The buffers grow to the largest chunk that lands in them, not to kReplChunk at once: a
+  // small job's pieces need kilobytes, and every holder of a set first touching 2 x 8 MiB
+  // at the same moment took 7 s under TSan on a loaded machine, while its first senders'
+  // offers waited for READY and timed out (MultiNodeLoss xor4, stop 49's CI).
+  uint64_t need = 0;
+  for (const Chunk& c : chunks)
+    if (!in_place[c.piece]) need = std::max(need, c.len);
   for (auto& b : window_)
-    if (b.size() < kReplChunk) b.resize(kReplChunk);
+    if (b.size() < need) b.resize(need);
   uint32_t arrived = 0;
   Status st = ReceiveChunks(
       src, offer, static_cast<uint32_t>(chunks.size()),
