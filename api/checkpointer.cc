@@ -365,7 +365,11 @@ Status Checkpointer::Impl::WaitReplicated(double timeout_s) {
   pipeline_->WaitSettled();
   const int64_t newest = pipeline_->capture_stats().newest_captured_step;
   if (newest < 0) return Status::NotFound(Who() + ": nothing captured yet");
-  return replicator_->WaitReplicated(newest, timeout_s);
+  Status st = replicator_->WaitReplicated(newest, timeout_s);
+  // The step is kept until the ranks agree on it or on a newer one: a restore after a
+  // failure is no older than the newest step every rank saw replicated.
+  if (st.ok() && agreement_) agreement_->OnReplicated(replicator_->stats().newest_replicated);
+  return st;
 }
 
 Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> targets,

@@ -112,11 +112,35 @@ void StepAgreement::OnSave(uint64_t seq, int64_t step) {
       NowNanos() - holding_since_ns_ > static_cast<int64_t>(hold_s_ * 1e9)) {
     // The round is stuck: keep only the agreed step, as between rounds.
     holding_since_ns_ = 0;
+    round_keep_.clear();
     ++stats_.released;
-    tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, {});
+    KeepLocked({});
     log_->Info("agreement: a round has waited " + std::to_string(hold_s_) +
                " s for the other ranks; the steps it offered may be reused again");
   }
+}
+
+void StepAgreement::OnReplicated(int64_t step) {
+  MutexLock lk(mu_);
+  if (step <= promised_) return;
+  promised_ = step;
+  KeepLocked({});
+}
+
+std::vector<int64_t> StepAgreement::KeepLocked(const std::vector<int64_t>& drop) {
+  std::vector<int64_t> keep = round_keep_;
+  // After a failed round the agreed step is not kept any more (no rank will agree on a
+  // newer one, so it would hold a slot for good); the promised one still is.
+  if (agreed_ >= 0 && !stats_.ended) keep.push_back(agreed_);
+  // The newest step a wait_replicated() here succeeded for, until the ranks agree on it or
+  // on a newer one (docs/guarantees.md: a restore is no older than the newest step every
+  // rank saw replicated). With 2 slots it would leave none to capture into beside the
+  // agreed step: not kept there.
+  if (promised_ >= 0 && (promised_ > agreed_ || stats_.ended) && tier_->num_slots() >= 3)
+    keep.push_back(promised_);
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  return tier_->Keep(keep, drop);
 }
 
 AgreementStats StepAgreement::stats() const {
@@ -137,9 +161,10 @@ uint64_t StepAgreement::NewestLayoutHash() {
 void StepAgreement::End(const Status& why) {
   MutexLock lk(mu_);
   holding_since_ns_ = 0;
-  tier_->Keep({}, {});
-  if (protection_.ended) protection_.ended();
+  round_keep_.clear();
   stats_.ended = true;
+  KeepLocked({});  // the promised step alone, if any
+  if (protection_.ended) protection_.ended();
   stats_.error = why.ToString();
   // Closing gives the round in flight up here and on the other ranks: not news.
   if (stopping_)
@@ -180,10 +205,9 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     for (const VersionInfo& v : tier_->Versions())
       if (std::find(window.begin(), window.end(), v.step) != window.end())
         newest = std::max(newest, v.step);
-    std::vector<int64_t> keep;
-    if (agreed_ >= 0) keep.push_back(agreed_);
-    if (newest >= 0) keep.push_back(newest);
-    const std::vector<int64_t> held = tier_->Keep(keep, {});
+    round_keep_.clear();
+    if (newest >= 0) round_keep_.push_back(newest);
+    const std::vector<int64_t> held = KeepLocked({});
     if (std::find(held.begin(), held.end(), newest) == held.end()) newest = -1;
     holding_since_ns_ = NowNanos();
     mine.first = consumed_ + 1;
@@ -207,6 +231,14 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
             std::find(window.begin(), window.end(), v.step) != window.end())
           newest = std::max(newest, v.step);
       offer = newest >= 0 ? std::vector<int64_t>{newest} : std::vector<int64_t>{};
+      // And the step a wait_replicated() here succeeded for, when in the window: where every
+      // rank saw the same step replicated, the ranks agree on it even when their newest
+      // covered steps do not meet (under load they drift apart; the crash matrix under ASan
+      // lost a step every rank had seen replicated while the agreed one lagged 4 behind).
+      MutexLock lk(mu_);
+      if (promised_ >= 0 && promised_ != newest &&
+          std::find(window.begin(), window.end(), promised_) != window.end())
+        offer.push_back(promised_);
     } else {
       // At most slots - 2 (at least 1) of the window's newest steps this rank holds: with
       // the agreed step kept too, one slot stays free to capture into while the round runs.
@@ -228,9 +260,8 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     std::vector<int64_t> held;
     {
       MutexLock lk(mu_);
-      std::vector<int64_t> keep = offer;
-      if (agreed_ >= 0) keep.push_back(agreed_);
-      held = tier_->Keep(keep, {});
+      round_keep_ = offer;
+      held = KeepLocked({});
       holding_since_ns_ = NowNanos();
     }
     std::sort(offer.begin(), offer.end());
@@ -297,7 +328,8 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   if (protection_.agreed && agreed_now > agreed_) protection_.agreed(agreed_now);
   agreed_ = std::max(agreed_, agreed_now);
   holding_since_ns_ = 0;
-  tier_->Keep(agreed_ >= 0 ? std::vector<int64_t>{agreed_} : std::vector<int64_t>{}, out->dropped);
+  round_keep_.clear();
+  KeepLocked(out->dropped);
   for (uint64_t i = 0; i < newly && !saves_.empty(); ++i) saves_.pop_front();
   ++stats_.rounds;
   stats_.agreed_saves = consumed_;

@@ -139,6 +139,9 @@ class StepAgreement {
   // After every save() of `step` (queued or skipped); `seq` is the capture sequence
   // queued so far. Releases the steps a round stuck for more than `hold_s` keeps.
   void OnSave(uint64_t seq, int64_t step);
+  // After a wait_replicated() that succeeded: `step`, replicated, is kept until the ranks
+  // agree on it or a newer step (and after a failed round, until a newer one is promised).
+  void OnReplicated(int64_t step);
   AgreementStats stats() const;
 
  private:
@@ -147,6 +150,9 @@ class StepAgreement {
   // agreement ended.
   bool Round(uint64_t seq, const std::vector<int64_t>& window);
   void End(const Status& why);
+  // Keeps the round's steps, the agreed one and the promised one (HostTier::Keep); returns
+  // those held.
+  std::vector<int64_t> KeepLocked(const std::vector<int64_t>& drop) CAIRN_REQUIRES(mu_);
 
   Group* group_;
   HostTier* tier_;
@@ -172,6 +178,10 @@ class StepAgreement {
   bool stopping_ CAIRN_GUARDED_BY(mu_) = false;
   bool done_ CAIRN_GUARDED_BY(mu_) = false;  // the thread has returned
   int64_t agreed_ CAIRN_GUARDED_BY(mu_) = -1;
+  // The newest step a wait_replicated() succeeded for (OnReplicated; -1: none).
+  int64_t promised_ CAIRN_GUARDED_BY(mu_) = -1;
+  // The steps the round in flight keeps (its offer).
+  std::vector<int64_t> round_keep_ CAIRN_GUARDED_BY(mu_);
   // When the round in flight started keeping its offered steps (0: none kept by a round).
   int64_t holding_since_ns_ CAIRN_GUARDED_BY(mu_) = 0;
   AgreementStats stats_ CAIRN_GUARDED_BY(mu_);

@@ -155,6 +155,16 @@ class TwoRanks : public ::testing::Test {
       ASSERT_EQ(agree_[r]->stats().agreed_saves, saves_);
     }
   }
+  // Rank r's tier again, with `slots` slots (a new job id: empty).
+  void Reopen(int r, int slots) {
+    tiers_[r].reset();
+    HostTierConfig c;
+    c.dir = HostTier::RankDir(root_.path(), testing::UniqueJobId("agree-reopen"), r, r);
+    c.slots = slots;
+    auto t = HostTier::Open(c, DefaultFileSystem(), &log_);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tiers_[r] = std::move(*t);
+  }
   std::vector<int64_t> Steps(int r) {
     std::vector<int64_t> s;
     for (const auto& v : tiers_[r]->Versions()) s.push_back(v.step);
@@ -282,6 +292,33 @@ TEST_F(TwoRanks, AFailedRoundEndsTheAgreementAndTheTierKeepsItsNewestAgain) {
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{3, 2}));
 }
 
+// A step a wait_replicated() succeeded for (OnReplicated) outlives a failed round: the
+// guarantee is a restore no older than the newest step every rank saw replicated, and the
+// ranks that go on saving after a peer died must not reuse its slot. (Before: the tier went
+// back to keeping its newest version, and step 1 went with the capture of 4.)
+TEST_F(TwoRanks, AStepSeenReplicatedIsKeptAfterAFailedRoundEndsTheAgreement) {
+  Reopen(0, 3);
+  DeadGroup dead;
+  StepAgreement a(
+      &dead, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 30.0);
+  ASSERT_TRUE(Capture(0, 1));
+  a.OnReplicated(1);
+  a.OnSave(1, 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!a.stats().ended && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(a.stats().ended);
+  ASSERT_TRUE(Capture(0, 2));
+  ASSERT_TRUE(Capture(0, 3));
+  ASSERT_TRUE(Capture(0, 4));
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{4, 3, 1}));
+  // A newer promise lets the older one go.
+  a.OnReplicated(4);
+  ASSERT_TRUE(Capture(0, 5));
+  ASSERT_TRUE(Capture(0, 6));
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{6, 5, 4}));
+}
+
 // A group whose allgather waits until the test lets it fail, as a round whose message was
 // lost in a link cut waits for the operation timeout.
 class StuckGroup final : public Group {
@@ -330,6 +367,32 @@ TEST_F(TwoRanks, ARoundStuckLongerThanTheHoldTimeStopsKeepingWhatItOffered) {
   ASSERT_TRUE(Capture(0, 4));
   ASSERT_TRUE(Capture(0, 5));
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{5, 4}));  // step 1 no longer kept
+}
+
+// While the rounds lag (here: stuck, and their offers released), the step a
+// wait_replicated() succeeded for stays: the crash matrix under ASan once restored nothing
+// because every rank had seen step 9 replicated while the agreed step was 5, and one rank
+// had reused 9's slot for 11 (4 slots: 4 pinned by the persister, 5 agreed, 7 offered).
+TEST_F(TwoRanks, AStepSeenReplicatedIsKeptWhileTheAgreedStepLags) {
+  Reopen(0, 3);
+  StuckGroup stuck;
+  StepAgreement a(
+      &stuck, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 0.2);
+  struct ReleaseFirst {
+    StuckGroup* g;
+    ~ReleaseFirst() { g->Release(); }
+  } release{&stuck};
+  ASSERT_TRUE(Capture(0, 1));
+  a.OnSave(1, 1);
+  ASSERT_TRUE(Capture(0, 2));
+  a.OnReplicated(2);
+  a.OnSave(2, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  a.OnSave(2, 3);  // releases the stuck round's offer
+  EXPECT_EQ(a.stats().released, 1u);
+  EXPECT_EQ(a.stats().agreed_step, -1);
+  for (int64_t st = 4; st <= 7; ++st) ASSERT_TRUE(Capture(0, st)) << st;
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{7, 6, 2}));
 }
 
 // A two-rank group whose other rank answers the first round with this rank's own offer (it
