@@ -905,29 +905,28 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   for (size_t i = 0; i < pieces.size(); ++i)
     for (uint64_t b = 0; b < pieces[i].range.length; b += kReplChunk)
       chunks.push_back({i, b, std::min(kReplChunk, pieces[i].range.length - b)});
-  // The buffers grow to the largest chunk that lands in them, not to kReplChunk at once: a
-  // small job's pieces need kilobytes, and every holder of a set first touching 2 x 8 MiB
-  // at the same moment took 7 s under TSan on a loaded machine, while its first senders'
-  // offers waited for READY and timed out (MultiNodeLoss xor4, stop 49's CI).
-  uint64_t need = 0;
-  for (const Chunk& c : chunks)
-    if (!in_place[c.piece]) need = std::max(need, c.len);
+  // The buffers are allocated once and never initialized (new std::byte[]): only the pages
+  // a chunk lands in are touched. Zero-filling 2 x kReplChunk on the first offer made every
+  // holder of a set first-touch 16 MiB for pieces of kilobytes at the same moment, 7 s under
+  // TSan on a loaded machine, and its first senders timed out waiting for READY
+  // (MultiNodeLoss xor4, stop 49's CI). They never move: a receive given up on still has
+  // its buffer.
   for (auto& b : window_)
-    if (b.size() < need) b.resize(need);
+    if (!b) b.reset(new std::byte[kReplChunk]);
   uint32_t arrived = 0;
   Status st = ReceiveChunks(
       src, offer, static_cast<uint32_t>(chunks.size()),
       [&](uint32_t c) {
         std::byte* to = in_place[chunks[c].piece];
         return comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)),
-                                to ? to + chunks[c].offset : window_[c % kWindow].data(),
+                                to ? to + chunks[c].offset : window_[c % kWindow].get(),
                                 chunks[c].len, UcxComm::Auth::kContent);
       },
       [&](uint32_t c, bool ok) {
         // Added before the buffer takes chunk c + kWindow.
         const Piece& p = pieces[chunks[c].piece];
         if (ok && !in_place[chunks[c].piece])
-          store->Add(p.key, p.j, chunks[c].offset, window_[c % kWindow].data(), chunks[c].len);
+          store->Add(p.key, p.j, chunks[c].offset, window_[c % kWindow].get(), chunks[c].len);
       },
       next, &arrived);
   if (!st.ok())

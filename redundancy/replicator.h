@@ -272,8 +272,9 @@ class Replicator {
     int64_t until;
   };
   std::vector<SinkRecv> sinks_;
-  // Service thread only (erasure): the two buffers parity pieces land in.
-  std::vector<std::byte> window_[2];  // (as many as the receive window)
+  // Service thread only (erasure): the two buffers parity pieces land in, kReplChunk each
+  // (as many as the receive window).
+  std::unique_ptr<std::byte[]> window_[2];
   std::atomic<uint32_t> next_offer_{1};
   std::atomic<int64_t> keep_step_{-1};
   // Named pushes (ExpectTargets).
