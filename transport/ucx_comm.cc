@@ -174,11 +174,21 @@ UcxComm::~UcxComm() {
     for (UcxRequest& r : closing) Free(r);
     if (worker_) ucp_worker_destroy(worker_);
     if (context_) ucp_cleanup(context_);
+    orphans_.clear();  // (none: an orphan counts as abandoned)
   } else {
     // Destroying the worker under an endpoint still closing aborts the process inside
     // UCX; leaving them to process exit is the lesser evil.
     for (UcxRequest& r : closing) (void)r.release();
     if (log_) log_->Warning("UCX endpoints did not close within 5 s; leaving them to process exit");
+  }
+  if (!orphans_.empty()) {
+    // Their receives live on in the worker left to process exit: so do they (reachable
+    // from here, not a leak).
+    static Mutex graveyard_mu;
+    static auto* graveyard = new std::vector<std::unique_ptr<ProbedBuffers>>();
+    MutexLock g(graveyard_mu);
+    for (auto& o : orphans_) graveyard->push_back(std::move(o));
+    orphans_.clear();
   }
   if (book_) book_->Withdraw();
 }
@@ -225,7 +235,8 @@ void UcxComm::Progress() {
 }
 
 Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s,
-                            const char* what) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+                            const char* what, bool* abandoned) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (abandoned) *abandoned = false;
   if (!request) return Status::OK();
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
@@ -240,7 +251,8 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
     }
     if (peer_failed(peer) || NowNanos() > deadline) {
       if (!peer_failed(peer)) SetSilent(peer, true);
-      Free(request);  // cancels it
+      const bool lost = Free(request);  // cancels it
+      if (abandoned) *abandoned = lost;
       if (peer_failed(peer))
         return Status::Unavailable(
             std::string(what) + " " + Who(peer) + ": peer failed (" +
@@ -289,15 +301,15 @@ Result<UcxRequest> UcxComm::Own(void* request, int peer, const char* what) {
   return UcxRequest(this, request);
 }
 
-void UcxComm::Free(UcxRequest& request) {
-  if (request) FreeLocked(request.release());
+bool UcxComm::Free(UcxRequest& request) {
+  return request && FreeLocked(request.release());
 }
 
-void UcxComm::FreeLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  CancelAndFreeLocked({request});
+bool UcxComm::FreeLocked(void* request) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  return CancelAndFreeLocked({request}) > 0;
 }
 
-void UcxComm::CancelAndFreeLocked(const std::vector<void*>& reqs) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+int UcxComm::CancelAndFreeLocked(const std::vector<void*>& reqs) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   auto in_flight = [&]() CAIRN_REQUIRES(mu_) {
     for (void* q : reqs)
       if (ucp_request_check_status(q) == UCS_INPROGRESS) return true;
@@ -308,13 +320,18 @@ void UcxComm::CancelAndFreeLocked(const std::vector<void*>& reqs) CAIRN_NO_THREA
   const int64_t give_up = NowNanos() + 1'000'000'000;
   while (in_flight() && NowNanos() < give_up) ucp_worker_progress(worker_);
   // A send cannot be cancelled: to a peer that died without an error UCX noticed (shm),
-  // it stays in flight, holding the registration of the memory it sends from.
+  // it stays in flight, holding the registration of the memory it sends from. Nor can a
+  // receive UCX already matched (a rendezvous whose data is still coming).
+  int lost = 0;
   for (void* q : reqs) {
-    if (ucp_request_check_status(q) == UCS_INPROGRESS)
+    if (ucp_request_check_status(q) == UCS_INPROGRESS) {
       abandoned_.fetch_add(1, std::memory_order_relaxed);
+      ++lost;
+    }
     ucp_request_free(q);
     requests_.fetch_sub(1, std::memory_order_relaxed);
   }
+  return lost;
 }
 
 void UcxComm::GiveUp(const std::vector<UcxRequest*>& requests) {
@@ -467,21 +484,29 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       // Every message but a hello starts with the job token: it lands apart from the bytes.
       const bool hello = (info.sender_tag >> 56) == kHello.id;
       const bool framed = !hello && info.length >= token_.size();
-      out->assign(framed ? info.length - token_.size() : info.length, '\0');
+      // On the heap: UCX cannot cancel a matched receive, so one given up below may still
+      // be written into (the rest of a rendezvous arriving). Into a stack frame, that
+      // crashed ranks under TSan and load (tests/RELIABILITY.md, "allgather #20").
+      auto buf = std::make_unique<ProbedBuffers>();
+      TokenFrame& frame = buf->frame;
+      buf->bytes.assign(framed ? info.length - token_.size() : info.length, '\0');
       ucp_request_param_t prm{};
-      TokenFrame frame;
-      void* data = out->data();
-      size_t count = out->size();
+      void* data = buf->bytes.data();
+      size_t count = buf->bytes.size();
       if (framed) {
         frame.received.assign(token_.size(), '\0');
-        count = Frame(frame, frame.received.data(), frame.received.size(), out->data(), out->size(),
-                      &prm);
+        count = Frame(frame, frame.received.data(), frame.received.size(), buf->bytes.data(),
+                      buf->bytes.size(), &prm);
         data = frame.iov;
       }
       CAIRN_ASSIGN_OR_RETURN(
           UcxRequest req,
           Own(ucp_tag_msg_recv_nbx(worker_, data, count, msg, &prm), from, "receive"));
-      CAIRN_RETURN_IF_ERROR(WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive"));
+      bool abandoned = false;
+      Status waited = WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive", &abandoned);
+      if (abandoned) orphans_.push_back(std::move(buf));
+      CAIRN_RETURN_IF_ERROR(waited);
+      *out = std::move(buf->bytes);
       if (!hello) {
         // Without the token, dropped, and the probe goes on for the real one.
         if (!framed || frame.received != token_) {

@@ -83,6 +83,14 @@ struct TokenFrame {
   std::string received;  // a receive's first bytes (the sender's token)
 };
 
+// Where a probed message lands (UcxComm::ProbeReceive): on the heap, so that a receive
+// given up after UCX matched it (which UCX cannot cancel) still has its buffers when the
+// rest of its data arrives.
+struct ProbedBuffers {
+  TokenFrame frame;
+  std::string bytes;
+};
+
 // A UCX request this rank started (send, receive, put, flush, endpoint close), owned by
 // exactly one handle: move-only, and freed when the handle goes. A handle dropped while
 // its request is still in flight cancels it first (its buffer must stay valid until the
@@ -327,8 +335,10 @@ class UcxComm {
   Status AwaitHellos(Lock& lk, int64_t deadline) CAIRN_REQUIRES(mu_);
   // Waits for a request with the lock held except while backing off, then frees it (after
   // cancelling it on a timeout or a failed peer); `request` is empty on return.
-  Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what)
-      CAIRN_REQUIRES(mu_);
+  // `*abandoned` (when given) says whether the request was still in flight when freed (a
+  // matched receive or a send UCX would not cancel): its buffers must then outlive it.
+  Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what,
+                     bool* abandoned = nullptr) CAIRN_REQUIRES(mu_);
   // Drives the worker until `request` ended, `peer` (if >= 0) failed or `timeout_s` passed
   // (false).
   bool Await(UcxRequest& request, int peer, double timeout_s) CAIRN_EXCLUDES(mu_);
@@ -378,12 +388,14 @@ class UcxComm {
   // (counted), an empty one when it completed at once, or Unavailable naming `what` and
   // the peer when it failed to start.
   Result<UcxRequest> Own(void* request, int peer, const char* what);
-  // Frees a request (cancelling it first if still in flight) and empties the handle.
-  void Free(UcxRequest& request) CAIRN_REQUIRES(mu_);
-  void FreeLocked(void* request) CAIRN_REQUIRES(mu_);
+  // Frees a request (cancelling it first if still in flight) and empties the handle; true
+  // when it was abandoned (still in flight).
+  bool Free(UcxRequest& request) CAIRN_REQUIRES(mu_);
+  bool FreeLocked(void* request) CAIRN_REQUIRES(mu_);
   // Cancels the requests still in flight, waits for the cancels once (1 s at most in all)
-  // and frees them all; one UCX would not cancel (a send) counts as abandoned.
-  void CancelAndFreeLocked(const std::vector<void*>& requests) CAIRN_REQUIRES(mu_);
+  // and frees them all; one UCX would not cancel (a send, a matched receive) counts as
+  // abandoned. Returns how many were.
+  int CancelAndFreeLocked(const std::vector<void*>& requests) CAIRN_REQUIRES(mu_);
   // Marks `peer` (when it is one) as gone silent, or not (Peer::silent).
   void SetSilent(int peer, bool silent) CAIRN_REQUIRES(mu_);
   PendingSend Started(int peer, void* request, const char* what) CAIRN_REQUIRES(mu_);
@@ -421,7 +433,10 @@ class UcxComm {
   std::atomic<bool> closing_{false};   // peer errors while shutting down are expected
   std::atomic<int64_t> requests_{0};   // owned by a UcxRequest and not yet freed
   std::atomic<int64_t> abandoned_{0};  // freed while still in flight (uncancellable sends)
-  std::atomic<uint64_t> refused_{0};   // messages without the job token
+  // The buffers of probed receives abandoned in flight: UCX may still write into them, so
+  // they live as long as the worker (with it, to process exit).
+  std::vector<std::unique_ptr<ProbedBuffers>> orphans_ CAIRN_GUARDED_BY(mu_);
+  std::atomic<uint64_t> refused_{0};  // messages without the job token
   int64_t refusal_logged_ns_ CAIRN_GUARDED_BY(mu_) = 0;
   // Counts (and at most every 10 s logs) a message from `peer` on `tag` without the token.
   void Refused(int peer, uint64_t tag) CAIRN_REQUIRES(mu_);
