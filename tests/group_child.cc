@@ -246,6 +246,26 @@ int main(int argc, char** argv) {
       return Fail("a dropped receive was not freed: " + std::to_string((*c)->requests_in_flight()) +
                   " requests in flight");
   }
+  if (mode == "last-words") {
+    // Rank 0's last message, sent just before it leaves: rank 1 takes it up only a second
+    // later, when the bytes and the news of rank 0's exit come in the same progress call.
+    if (Status st = g.Barrier(); !st.ok()) return Fail(st.ToString());
+    const uint64_t tag = MakeTag(ch.collective, 0, 0xfffffff1u);
+    if (g.rank() == 0) {
+      if (Status st = (*c)->Send(1, tag, "goodbye", 7); !st.ok()) return Fail(st.ToString());
+      // Without closing its endpoints, as a killed process goes; the bytes were handed over.
+      for (int i = 0; i < 1000 && (*c)->requests_in_flight() > 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::fflush(nullptr);
+      _exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    auto r = (*c)->Recv(0, tag, 10);
+    if (!r.ok()) return Fail("rank 0's last message was lost: " + r.status().ToString());
+    if (*r != "goodbye") return Fail("rank 0's last message came in changed: " + *r);
+    return 0;
+  }
   if (mode == "lost") {
     if (Status st = g.Barrier(); !st.ok()) return Fail(st.ToString());
     if (g.rank() == 2) return 0;  // lost: its peers see the process go

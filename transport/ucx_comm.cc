@@ -475,6 +475,7 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
                              std::string* out) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
   int spins = 0;
+  bool last_look = false;
   for (;;) {
     ucp_tag_recv_info_t info{};
     ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, 1, &info);
@@ -525,6 +526,12 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       return Status::OK();
     }
     const bool idle = ucp_worker_progress(worker_) == 0;
+    if (peer_failed(peer) && !last_look) {
+      // The peer's last message can come in with the news of its exit, in one progress
+      // call: one more probe takes it before the failure is reported.
+      last_look = true;
+      continue;
+    }
     if (peer_failed(peer))
       return Status::Unavailable(
           "receive " + Who(peer) + ": peer failed (" +
