@@ -235,7 +235,8 @@ void UcxComm::Progress() {
 }
 
 Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s,
-                            const char* what, bool* abandoned) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+                            const char* what, bool* abandoned, uint64_t epoch,
+                            bool watch_epoch) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   if (abandoned) *abandoned = false;
   if (!request) return Status::OK();
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
@@ -249,8 +250,9 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
     } else {
       spins = 0;
     }
-    if (peer_failed(peer) || NowNanos() > deadline) {
-      if (!peer_failed(peer)) SetSilent(peer, true);
+    const bool replaced = watch_epoch && peer_epoch(peer) != epoch;
+    if (peer_failed(peer) || replaced || NowNanos() > deadline) {
+      if (!peer_failed(peer) && !replaced) SetSilent(peer, true);
       const bool lost = Free(request);  // cancels it
       if (abandoned) *abandoned = lost;
       if (peer_failed(peer))
@@ -258,6 +260,9 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
             std::string(what) + " " + Who(peer) + ": peer failed (" +
             UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
             ")");
+      if (replaced)
+        return Status::Unavailable(std::string(what) + " " + Who(peer) +
+                                   ": the endpoint was replaced (a redial) while it waited");
       return Status::Unavailable(std::string(what) + " " + Who(peer) + ": timed out after " +
                                  std::to_string(timeout_s) + " s");
     }
@@ -503,8 +508,16 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       CAIRN_ASSIGN_OR_RETURN(
           UcxRequest req,
           Own(ucp_tag_msg_recv_nbx(worker_, data, count, msg, &prm), from, "receive"));
+      // Matched, its data is on the way and UCX cannot cancel the receive: given up, the
+      // message would be gone for good (the sender resends only over a replaced endpoint).
+      // So it waits as long as an operation may (a rendezvous under TSan and load took
+      // over 5 s: "allgather #20", tests/RELIABILITY.md), unless the endpoint is replaced
+      // or the peer fails; over transports that cannot report a dead peer, 5 s.
+      const bool known = from >= 0 && from < size_ && peers_[static_cast<size_t>(from)];
+      const bool reports = known && peers_[static_cast<size_t>(from)]->reports_errors;
       bool abandoned = false;
-      Status waited = WaitRequest(lk, req, from, std::max(timeout_s, 5.0), "receive", &abandoned);
+      Status waited = WaitRequest(lk, req, from, std::max(timeout_s, reports ? op_timeout_s_ : 5.0),
+                                  "receive", &abandoned, known ? peer_epoch(from) : 0, known);
       if (abandoned) orphans_.push_back(std::move(buf));
       CAIRN_RETURN_IF_ERROR(waited);
       *out = std::move(buf->bytes);
@@ -1067,6 +1080,7 @@ Status UcxComm::Connected(int peer, const std::string& address, bool may_fall_ba
     p.ep = nullptr;
     return Status::IOError("ucp_ep_create " + Who(peer) + ": " + UcsError(st));
   }
+  p.reports_errors = ep.err_mode == UCP_ERR_HANDLING_MODE_PEER;
   return Status::OK();
 }
 

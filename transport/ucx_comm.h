@@ -301,6 +301,9 @@ class UcxComm {
     int rank = -1;
     std::string nonce;  // of the address this endpoint was made from
     std::atomic<uint64_t> epoch{0};
+    // `ep` was made with peer error handling: UCX reports this peer's failure (false over
+    // UCX 1.13's shared memory, where a dead peer shows up only as a timeout; mu_).
+    bool reports_errors = false;
     // From the peer's latest hello (guarded by mu_): it presented the job token, and
     // its address then (a lazy endpoint is made from it without reading the file).
     bool verified = false;
@@ -337,8 +340,11 @@ class UcxComm {
   // cancelling it on a timeout or a failed peer); `request` is empty on return.
   // `*abandoned` (when given) says whether the request was still in flight when freed (a
   // matched receive or a send UCX would not cancel): its buffers must then outlive it.
+  // With `watch_epoch`, it also gives up when peer_epoch(peer) is no longer `epoch` (the
+  // endpoint was replaced).
   Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what,
-                     bool* abandoned = nullptr) CAIRN_REQUIRES(mu_);
+                     bool* abandoned = nullptr, uint64_t epoch = 0, bool watch_epoch = false)
+      CAIRN_REQUIRES(mu_);
   // Drives the worker until `request` ended, `peer` (if >= 0) failed or `timeout_s` passed
   // (false).
   bool Await(UcxRequest& request, int peer, double timeout_s) CAIRN_EXCLUDES(mu_);
