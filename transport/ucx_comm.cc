@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/clock.h"
@@ -235,8 +236,8 @@ void UcxComm::Progress() {
 }
 
 Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s,
-                            const char* what, bool* abandoned, uint64_t epoch,
-                            bool watch_epoch) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+                            const char* what, bool* abandoned,
+                            std::optional<uint64_t> epoch) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   if (abandoned) *abandoned = false;
   if (!request) return Status::OK();
   const int64_t deadline = NowNanos() + static_cast<int64_t>(timeout_s * 1e9);
@@ -250,7 +251,7 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
     } else {
       spins = 0;
     }
-    const bool replaced = watch_epoch && peer_epoch(peer) != epoch;
+    const bool replaced = epoch && peer_epoch(peer) != *epoch;
     if (peer_failed(peer) || replaced || NowNanos() > deadline) {
       if (!peer_failed(peer) && !replaced) SetSilent(peer, true);
       const bool lost = Free(request);  // cancels it
@@ -516,8 +517,9 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       const bool known = from >= 0 && from < size_ && peers_[static_cast<size_t>(from)];
       const bool reports = known && peers_[static_cast<size_t>(from)]->reports_errors;
       bool abandoned = false;
-      Status waited = WaitRequest(lk, req, from, std::max(timeout_s, reports ? op_timeout_s_ : 5.0),
-                                  "receive", &abandoned, known ? peer_epoch(from) : 0, known);
+      Status waited =
+          WaitRequest(lk, req, from, std::max(timeout_s, reports ? op_timeout_s_ : 5.0), "receive",
+                      &abandoned, known ? std::optional(peer_epoch(from)) : std::nullopt);
       if (abandoned) orphans_.push_back(std::move(buf));
       CAIRN_RETURN_IF_ERROR(waited);
       *out = std::move(buf->bytes);
@@ -539,17 +541,18 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       return Status::OK();
     }
     const bool idle = ucp_worker_progress(worker_) == 0;
-    if (peer_failed(peer) && !last_look) {
+    if (peer_failed(peer)) {
       // The peer's last message can come in with the news of its exit, in one progress
       // call: one more probe takes it before the failure is reported.
-      last_look = true;
-      continue;
-    }
-    if (peer_failed(peer))
+      if (!last_look) {
+        last_look = true;
+        continue;
+      }
       return Status::Unavailable(
           "receive " + Who(peer) + ": peer failed (" +
           UcsError(static_cast<ucs_status_t>(peers_[static_cast<size_t>(peer)]->error.load())) +
           ")");
+    }
     if (NowNanos() > deadline)
       return Status::Unavailable("receive " +
                                  (peer >= 0 ? Who(peer) : std::string("from any rank")) +

@@ -340,10 +340,10 @@ class UcxComm {
   // cancelling it on a timeout or a failed peer); `request` is empty on return.
   // `*abandoned` (when given) says whether the request was still in flight when freed (a
   // matched receive or a send UCX would not cancel): its buffers must then outlive it.
-  // With `watch_epoch`, it also gives up when peer_epoch(peer) is no longer `epoch` (the
-  // endpoint was replaced).
+  // Given `epoch`, it also gives up when peer_epoch(peer) is no longer that (the endpoint
+  // was replaced).
   Status WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s, const char* what,
-                     bool* abandoned = nullptr, uint64_t epoch = 0, bool watch_epoch = false)
+                     bool* abandoned = nullptr, std::optional<uint64_t> epoch = std::nullopt)
       CAIRN_REQUIRES(mu_);
   // Drives the worker until `request` ended, `peer` (if >= 0) failed or `timeout_s` passed
   // (false).
