@@ -133,6 +133,11 @@ TEST_P(ReplicationTest, TwoNodesReplicateTwentyVersionsBitExact) {
   LaunchSpec spec = Spec(root, job, GetParam(), 2, 2, {"20", std::to_string(kStateBytes), "15"});
   spec.env.push_back({"CAIRN_FULL_POLICY", "block"});
   spec.env.push_back({"CAIRN_SLOTS", "2"});
+  // cairn's default replicate timeout, not Spec's 3 s: this test asserts that no push fails,
+  // and stop 52's CI (2 vCPUs, ctest -j2) had the first push of 6 MiB over tcp take more
+  // than 3 s (the receiver gave it up), so a short timeout measured the machine.
+  for (auto& [k, v] : spec.env)
+    if (k == "CAIRN_REPLICATE_TIMEOUT_S") v = "30";
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   const bool ok = (*l)->WaitAll(180);
