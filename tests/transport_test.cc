@@ -1,7 +1,9 @@
 // UCX bootstrap and the Group collectives with 1 to 8 processes, over tcp and over shared
 // memory; and a process without the job token is refused.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 #include "transport/pmix_book.h"
+#include "transport/reachability.h"
 #include "transport/rendezvous.h"
 #include "transport/ucx_comm.h"
 
@@ -113,6 +116,59 @@ TEST_P(LazyRestart, AKilledRanksStaleAddressFileIsRetriedNotTrusted) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, LazyRestart, ::testing::Values("tcp", "sm,self"),
                          [](const auto& info) { return info.param == "tcp" ? "tcp" : "shm"; });
+
+// The port in a killed rank's address file may by now belong to another process of its
+// host. In the ASan crash matrix (2026-11-28) a restarted rank dialed such a file while
+// another rank's probe listener (transport/reachability.h) held the port: UCX 1.13 read the
+// listener's answers as a message header and aborted the process (tcp_ep.c, "hdr->length
+// <= rx_seg_size": 2038004089, i.e. "yyyy"). Here the predecessor's UCX listens on a port
+// chosen for it, and once it is killed a probe listener takes that port: the restarted
+// job (full mesh: rank 0 dials the stale file at start) still connects, nobody aborts.
+TEST(Bootstrap, AStaleAddressWhosePortAProbeListenerNowHoldsIsRetriedNotACrash) {
+  // A free port for the predecessor's UCX tcp transport (UCX_TCP_PORT_RANGE).
+  int port = 0;
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t n = sizeof a;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n), 0);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  testing::TempDir pfs("staleport");
+  const std::string job = testing::UniqueJobId("staleport");
+  const std::string file = pfs.path() + "/" + job + "/rendezvous/rank-1.addr";
+  const pid_t old = fork();
+  ASSERT_GE(old, 0);
+  if (old == 0) {
+    const std::string range = std::to_string(port) + "-" + std::to_string(port);
+    setenv("CAIRN_JOB_ID", job.c_str(), 1);
+    setenv("CAIRN_PFS_ROOT", pfs.path().c_str(), 1);
+    setenv("CAIRN_RANK", "1", 1);
+    setenv("CAIRN_WORLD_SIZE", "2", 1);
+    setenv("CAIRN_CONNECT_ALL_MAX", "0", 1);
+    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TCP_PORT_RANGE", range.c_str(), 1);
+    execl(CAIRN_GROUP_CHILD, CAIRN_GROUP_CHILD, "collectives", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 2000 && !DefaultFileSystem()->Exists(file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  kill(old, SIGKILL);
+  int status = 0;
+  waitpid(old, &status, 0);
+  ASSERT_TRUE(DefaultFileSystem()->Exists(file)) << "the predecessor never published";
+  auto squatter = ProbeListener::Open(port);
+  ASSERT_TRUE(squatter.ok()) << "port " << port << ": " << squatter.status().ToString();
+  RunGroupChild("collectives", 2, "tcp",
+                {{"CAIRN_CONNECT_ALL_MAX", "64"}, {"GROUP_CHILD_LATE_RANKS", "1"}}, pfs.path(),
+                job);
+  EXPECT_EQ(Probe(squatter->addresses(), 2.0), Reach::kAnswered) << "the squatter stopped";
+}
 
 // A rank lost before a collective: over tcp its direct peers see it go at once, and the
 // others learn it from aborts they relay (Bruck's rounds, the broadcast tree), so every

@@ -81,9 +81,6 @@ bool ParseEndpoint(const std::string& e, sockaddr_storage* ss, socklen_t* len) {
   return inet_pton(AF_INET, e.substr(0, colon).c_str(), &s4->sin_addr) == 1;
 }
 
-// What a listener's process writes to every probe.
-constexpr char kAnswer = 'y';
-
 }  // namespace
 
 struct ProbeListener::Answerer {
@@ -91,7 +88,10 @@ struct ProbeListener::Answerer {
   int stop_fd = -1;  // an eventfd: readable once Stop asks the thread to end
   std::thread thread;
 
-  // Accepts every handshake, writes the answer and closes, until stop_fd is readable.
+  // Accepts every handshake and closes it at once, until stop_fd is readable: the orderly
+  // close (FIN) is the answer. No byte is written: a UCX endpoint that dials this port
+  // (a dead process's address file naming a port this listener took over) must meet a
+  // closed connection, not bytes it reads as a message header (UCX 1.13 aborted on "yyyy").
   void Run() {
     pollfd p[2] = {{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     for (;;) {
@@ -103,14 +103,13 @@ struct ProbeListener::Answerer {
       for (int i = 0; i < 64; ++i) {
         const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (c < 0) break;
-        (void)::send(c, &kAnswer, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         ::close(c);
       }
     }
   }
 };
 
-Result<ProbeListener> ProbeListener::Open() {
+Result<ProbeListener> ProbeListener::Open(int port) {
   ProbeListener l;
   bool v6 = true;
   int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -125,6 +124,7 @@ Result<ProbeListener> ProbeListener::Open() {
     sockaddr_in6 a{};
     a.sin6_family = AF_INET6;
     a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
     if (::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0 ||
         ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
       ::close(fd);
@@ -138,6 +138,7 @@ Result<ProbeListener> ProbeListener::Open() {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
     if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       return Status::FromErrno(errno, "probe listener: bind");
   }
@@ -146,10 +147,10 @@ Result<ProbeListener> ProbeListener::Open() {
   socklen_t n = sizeof bound;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &n) != 0)
     return Status::FromErrno(errno, "probe listener: getsockname");
-  const int port =
+  const int bound_port =
       ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  l.addresses_ = Endpoints(port, v6);
+  l.addresses_ = Endpoints(bound_port, v6);
   l.answerer_ = std::make_unique<Answerer>();
   l.answerer_->listen_fd = std::exchange(fd, -1);
   l.answerer_->stop_fd = ::eventfd(0, EFD_CLOEXEC);
@@ -260,13 +261,13 @@ Reach Probe(const std::string& addresses, double timeout_s) {
         char got = 0;
         const ssize_t r = ::recv(a.fd, &got, 1, MSG_DONTWAIT);
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (r == 1 && got == kAnswer) {
-          reached = true;
-        } else if (r == 0 || (r < 0 && errno == ECONNRESET)) {
-          // Reset (or closed) without an answer: the listener closed with this handshake
-          // still queued, its process is gone.
+        if (r == 0) {
+          reached = true;  // an orderly close: a thread of the process accepted and closed it
+        } else if (r < 0 && errno == ECONNRESET) {
+          // Reset: the listening socket closed with this handshake still queued, its process
+          // is gone.
           refused = true;
-        }
+        }  // bytes: not a probe listener (a port taken over by another process): no answer
       }
       ::close(a.fd);
       a.fd = -1;

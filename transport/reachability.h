@@ -7,11 +7,14 @@
 //
 // Every rank listens on an ephemeral TCP port (ProbeListener) and tells its peers where in
 // its hello ("10.0.0.5:41234,[fd00::5]:41234"). A thread of the listening process accepts
-// each handshake, writes one byte and closes; it reads nothing, so it offers nothing to
-// anyone who connects. The byte, not the handshake, is the answer: the kernel completes
+// each handshake and closes it; it reads and writes nothing, so it offers nothing to anyone
+// who connects. The orderly close, not the handshake, is the answer: the kernel completes
 // handshakes on a listening socket by itself, also for a process that is being killed and
-// has not yet closed its sockets, and a redial to such a peer met UCX's abort (the ASan
-// crash matrix, 2026-11-27: a rank's new endpoint to a rank dying from SIGKILL).
+// has not yet closed its sockets (those are reset when it does), and a redial to such a
+// peer met UCX's abort (the ASan crash matrix, 2026-11-27: a rank's new endpoint to a rank
+// dying from SIGKILL). Nor is any byte written: UCX read a one-byte answer ('y') as a
+// message header when a restarted rank dialed a dead rank's address whose port a probe
+// listener had taken over, and aborted (the ASan crash matrix, 2026-11-28).
 // Thread-safety: a ProbeListener is used by one thread at a time; Probe is reentrant.
 #pragma once
 
@@ -26,8 +29,8 @@ class ProbeListener {
  public:
   // Listens on an ephemeral port of every address (IPv6 and IPv4, or IPv4 alone) and starts
   // the thread that answers. Fails only when no socket or thread can be made; a rank
-  // without a listener redials without probing.
-  static Result<ProbeListener> Open();
+  // without a listener redials without probing. `port`: 0 (an ephemeral one) but in tests.
+  static Result<ProbeListener> Open(int port = 0);
   ProbeListener(ProbeListener&& o) noexcept;
   ProbeListener& operator=(ProbeListener&& o) noexcept;
   ProbeListener(const ProbeListener&) = delete;
@@ -49,7 +52,7 @@ class ProbeListener {
 };
 
 // Asks any of `addresses` (as ProbeListener::addresses() gives them), afresh every 0.5 s
-// for at most `timeout_s`: kAnswered once a listener's process wrote its byte; kRefused as
+// for at most `timeout_s`: kAnswered once a listener's process closed a handshake; kRefused as
 // soon as a host resets the connection (no listener, or one that closed before answering:
 // the process that listened is gone, its host and the link are up); kSilent when nothing
 // answered (a link down, a host gone, a process stopped; also an empty or malformed list).
