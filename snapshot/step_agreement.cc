@@ -129,9 +129,13 @@ void StepAgreement::OnReplicated(int64_t step) {
 
 std::vector<int64_t> StepAgreement::KeepLocked(const std::vector<int64_t>& drop) {
   std::vector<int64_t> keep = round_keep_;
-  // After a failed round the agreed step is not kept any more (no rank will agree on a
-  // newer one, so it would hold a slot for good); the promised one still is.
-  if (agreed_ >= 0 && !stats_.ended) keep.push_back(agreed_);
+  // After a failed round the agreed step is kept only while it is newer than the promised
+  // one (no rank will agree on a newer one, so it would hold a slot for good otherwise):
+  // the ranks agreed on it after they saw the promised step replicated, which released
+  // that step's parity and replicas at their holders (the ASan crash matrix, 2026-11-28:
+  // every survivor kept the promised step 15, the holders of one erasure-coded set had
+  // dropped 15's parity for the agreed 16, and two survivors had reused 16's slot).
+  if (agreed_ >= 0 && (!stats_.ended || agreed_ > promised_)) keep.push_back(agreed_);
   // The newest step a wait_replicated() here succeeded for, until the ranks agree on it or
   // on a newer one (docs/guarantees.md: a restore is no older than the newest step every
   // rank saw replicated). With 2 slots it would leave none to capture into beside the

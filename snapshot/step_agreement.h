@@ -140,7 +140,8 @@ class StepAgreement {
   // queued so far. Releases the steps a round stuck for more than `hold_s` keeps.
   void OnSave(uint64_t seq, int64_t step);
   // After a wait_replicated() that succeeded: `step`, replicated, is kept until the ranks
-  // agree on it or a newer step (and after a failed round, until a newer one is promised).
+  // agree on it or a newer step (and after a failed round, until a newer one is promised;
+  // an agreed step newer than it is then kept too, until a step newer than that is).
   void OnReplicated(int64_t step);
   AgreementStats stats() const;
 

@@ -3,6 +3,7 @@
 // ranks are threads, that a step every rank holds survives rank-local skips.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -317,6 +318,59 @@ TEST_F(TwoRanks, AStepSeenReplicatedIsKeptAfterAFailedRoundEndsTheAgreement) {
   ASSERT_TRUE(Capture(0, 5));
   ASSERT_TRUE(Capture(0, 6));
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{6, 5, 4}));
+}
+
+// A group of two whose first allgather answers as if the other rank offered what this one
+// did, and whose later ones fail, as when that rank dies after one round.
+class OneRoundGroup final : public Group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status Barrier() override { return Status::Unavailable("rank 1 died"); }
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override {
+    if (rounds_++ > 0) return Status::Unavailable("rank 1 died");
+    return std::vector<std::string>{std::string(mine), std::string(mine)};
+  }
+  Result<std::string> Broadcast(int, std::string_view) override {
+    return Status::Unavailable("rank 1 died");
+  }
+
+ private:
+  std::atomic<int> rounds_{0};
+};
+
+// The ranks agreed on a step newer than the one every rank saw replicated, and then a round
+// failed: the agreed step stays kept beside the promised one. The holders of replicas and
+// parity keep the agreed step's and may have dropped the promised step's, so the promised
+// step alone can leave nothing to rebuild a lost node from (the ASan crash matrix: bound
+// 15, restored 12 from the PFS). Before: steps {5, 4, 3, 1}, the agreed 2 reused.
+TEST_F(TwoRanks, AnAgreedStepNewerThanThePromisedOneIsKeptAfterAFailedRound) {
+  Reopen(0, 4);
+  OneRoundGroup group;
+  StepAgreement a(
+      &group, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 30.0);
+  ASSERT_TRUE(Capture(0, 1));
+  a.OnReplicated(1);
+  ASSERT_TRUE(Capture(0, 2));
+  a.OnSave(1, 2);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (a.stats().agreed_step < 2 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(a.stats().agreed_step, 2);
+  ASSERT_TRUE(Capture(0, 3));
+  a.OnSave(2, 3);
+  while (!a.stats().ended && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(a.stats().ended);
+  ASSERT_TRUE(Capture(0, 4));
+  ASSERT_TRUE(Capture(0, 5));
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{5, 4, 2, 1}));
+  // Once a newer step is promised, neither older one is kept.
+  a.OnReplicated(5);
+  ASSERT_TRUE(Capture(0, 6));
+  ASSERT_TRUE(Capture(0, 7));
+  ASSERT_TRUE(Capture(0, 8));
+  EXPECT_EQ(Steps(0), (std::vector<int64_t>{8, 7, 6, 5}));
 }
 
 // A group whose allgather waits until the test lets it fail, as a round whose message was
