@@ -129,13 +129,13 @@ void StepAgreement::OnReplicated(int64_t step) {
 
 std::vector<int64_t> StepAgreement::KeepLocked(const std::vector<int64_t>& drop) {
   std::vector<int64_t> keep = round_keep_;
-  // After a failed round the agreed step is kept only while it is newer than the promised
-  // one (no rank will agree on a newer one, so it would hold a slot for good otherwise):
-  // the ranks agreed on it after they saw the promised step replicated, which released
-  // that step's parity and replicas at their holders (the ASan crash matrix, 2026-11-28:
-  // every survivor kept the promised step 15, the holders of one erasure-coded set had
-  // dropped 15's parity for the agreed 16, and two survivors had reused 16's slot).
-  if (agreed_ >= 0 && (!stats_.ended || agreed_ > promised_)) keep.push_back(agreed_);
+  // The agreed step stays kept after a failed round too, for good (no rank will agree on a
+  // newer one): it is the one step every rank knows the others hold, and the one whose
+  // parity and replicas their holders keep. Two ASan crash-matrix failures (2026-11-28)
+  // came from dropping it: survivors that had agreed on 16 after promising 15 kept only 15,
+  // whose parity one set's holders had dropped for 16; and a survivor that had agreed on 9
+  // promised 12 (never pushed everywhere) and let 9 go, which every other rank held.
+  if (agreed_ >= 0) keep.push_back(agreed_);
   // The newest step a wait_replicated() here succeeded for, until the ranks agree on it or
   // on a newer one (docs/guarantees.md: a restore is no older than the newest step every
   // rank saw replicated). With 2 slots it would leave none to capture into beside the
@@ -167,16 +167,18 @@ void StepAgreement::End(const Status& why) {
   holding_since_ns_ = 0;
   round_keep_.clear();
   stats_.ended = true;
-  KeepLocked({});  // the promised step alone, if any
+  KeepLocked({});  // the agreed and the promised step, if any
   if (protection_.ended) protection_.ended();
   stats_.error = why.ToString();
   // Closing gives the round in flight up here and on the other ranks: not news.
   if (stopping_)
     log_->Info("agreement on the versions every rank holds ended at close: " + why.ToString());
   else
-    log_->Warning("agreement on the versions every rank holds ended: " + why.ToString() +
-                  "; each rank keeps its own newest version from now on, and a restore from "
-                  "memory may find no step every rank holds");
+    log_->Warning(
+        "agreement on the versions every rank holds ended: " + why.ToString() +
+        "; from now on each rank keeps the last agreed step, the newest it saw replicated "
+        "and its own newest versions, and a restore from "
+        "memory may find no step every rank holds");
 }
 
 void StepAgreement::Loop() {

@@ -141,7 +141,7 @@ class StepAgreement {
   void OnSave(uint64_t seq, int64_t step);
   // After a wait_replicated() that succeeded: `step`, replicated, is kept until the ranks
   // agree on it or a newer step (and after a failed round, until a newer one is promised;
-  // an agreed step newer than it is then kept too, until a step newer than that is).
+  // the agreed step is then kept too, for good).
   void OnReplicated(int64_t step);
   AgreementStats stats() const;
 
