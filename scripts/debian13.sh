@@ -37,5 +37,13 @@ done
 rm -rf "$root/cairn.new"
 echo "debian13: building and testing in $root/cairn ($(chroot "$root" sh -c '. /etc/os-release; echo "$PRETTY_NAME"'))"
 # USE_LIBUV=0: Debian 13's torch is built without libuv, which gloo's TCPStore asks for.
+# CI and its stage name pass in: under CI a failed test runs once more (scripts/ctest_ci.sh),
+# and the names of those that passed then are handed back to the checkout's .ci-flaky.log.
+rm -f "$root/cairn/.ci-flaky.log"
 chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/var/tmp \
+  CI="${CI:-}" CAIRN_CI_STAGE=debian13 \
   USE_LIBUV=0 bash -c 'cd /cairn && bash scripts/test.sh "$@"' test.sh "$@"
+if [ -s "$root/cairn/.ci-flaky.log" ]; then
+  cat "$root/cairn/.ci-flaky.log" >>"${CAIRN_FLAKY_LOG:-$PWD/.ci-flaky.log}"
+  rm -f "$root/cairn/.ci-flaky.log"
+fi

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-ctest --test-dir "${CAIRN_BUILD_DIR:-build}" -j "$(nproc)" --output-on-failure "$@"
+# Under CI a test that fails is run once more (scripts/ctest_ci.sh says when and why).
+bash scripts/ctest_ci.sh "${CAIRN_BUILD_DIR:-build}" -j "$(nproc)" --output-on-failure "$@"
