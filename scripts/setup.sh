@@ -23,6 +23,11 @@ if ((!demo)); then
   PACKAGES+=(libgtest-dev libgmock-dev libbenchmark-dev ucx-utils python3-numpy python3-dev
              pybind11-dev python3-torch libpmix-dev openmpi-bin iproute2 gdb
              glusterfs-server glusterfs-client)
+  # `pip install .` (pyproject.toml, tests/pip_install_test.sh): scikit-build-core is in
+  # Debian 13 on, not 12, where that test is skipped.
+  if apt-cache show python3-scikit-build-core >/dev/null 2>&1; then
+    PACKAGES+=(python3-scikit-build-core python3-pybind11 python3-venv python3-pip)
+  fi
 fi
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,5 @@
+"""`python -m cairn ...`: the cairn command (cairn._command)."""
+
+from ._command import main
+
+main()
