@@ -19,6 +19,13 @@
 //                             path (exact tag, any rank, a posted receive into a buffer) and
 //                             count the dropped ones; the impersonator must get no answer.
 //                             They pace each other with flag files in GROUP_CHILD_FLAGS.
+//   group_child patient       (3 launcher ranks: patient, late-legit, wrong-hello) ranks 0
+//   group_child late-legit    and 1 of a 2-rank full-mesh job; before rank 1 starts, a
+//   group_child wrong-hello   third process (rank 0's address copied into a rendezvous
+//                             directory of its own) greets rank 0 as rank 1 with a wrong
+//                             token, as a rank of another job that redialed a port rank 0
+//                             now holds would. Rank 0 must refuse it, still connect to the
+//                             real rank 1, and the two exchange a message (GROUP_CHILD_FLAGS)
 //   group_child abandon       posts a receive nobody answers and drops its handle: the
 //                             request must be counted, then cancelled and freed; then the
 //                             collectives as above
@@ -81,6 +88,51 @@ bool Await(const std::string& name, UcxComm* comm = nullptr, double seconds = 60
 // What rank 1 sends rank 0, real or forged, in the impersonation test: (channel, seq).
 constexpr Channel kImpExact{40}, kImpAny{41}, kImpPosted{42}, kImpReply{43};
 constexpr size_t kPostedBytes = 1 << 20;  // a rendezvous-sized message
+
+int WrongHello(const std::string& mode, Options o, const Logger& log) {
+  o.world_size = 2;
+  o.local_world_size = 1;
+  if (mode == "wrong-hello") {
+    const std::string job_rdv = o.RendezvousDir();
+    const std::string addr_file = JoinPath(job_rdv, "rank-0.addr");
+    for (int i = 0; i < 30000 && !DefaultFileSystem()->Exists(addr_file); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    o.rank = 1;
+    o.connect_all_max = 0;  // lazy: dials rank 0 (and greets it) when sending to it
+    o.rendezvous_dir = FlagPath("wrong-rdv");
+    if (Status st = DefaultFileSystem()->MakeDirs(o.rendezvous_dir, 0700); !st.ok())
+      return Fail(st.ToString());
+    auto addr = ReadWholeFile(DefaultFileSystem(), addr_file, 1 << 20);
+    if (!addr.ok()) return Fail(addr.status().ToString());
+    if (Status st =
+            WriteFileAtomic(DefaultFileSystem(), JoinPath(o.rendezvous_dir, "rank-0.addr"), *addr);
+        !st.ok())
+      return Fail(st.ToString());
+    auto c = UcxComm::Connect(o, &log, std::string(64, 'f'));
+    if (!c.ok()) return Fail(c.status().ToString());
+    const JobChannels ch;
+    if (Status st = (*c)->Send(0, MakeTag(ch.collective, 1, 9), "no", 2); !st.ok())
+      return Fail("the wrong hello's message: " + st.ToString());
+    Raise("greeted");
+    if (!Await("done", c->get(), 90)) return Fail("rank 0 never finished");
+    return 0;
+  }
+  if (mode == "late-legit") {
+    if (!Await("greeted", nullptr, 90)) return Fail("the wrong hello was never sent");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it reaches rank 0 first
+  }
+  auto c = UcxComm::Connect(o, &log);
+  if (!c.ok()) return Fail(c.status().ToString());
+  const JobChannels ch;
+  const int other = 1 - o.rank;
+  if (Status st = (*c)->Send(other, MakeTag(ch.collective, o.rank, 9), "hi", 2); !st.ok())
+    return Fail("send: " + st.ToString());
+  auto r = (*c)->Recv(other, MakeTag(ch.collective, other, 9), 30);
+  if (!r.ok() || *r != "hi")
+    return Fail("receive: " + (r.ok() ? "got '" + *r + "'" : r.status().ToString()));
+  if (mode == "patient") Raise("done");
+  return 0;
+}
 
 int Impersonation(const std::string& mode, Options o, const Logger& log) {
   o.world_size = 2;
@@ -195,6 +247,8 @@ int main(int argc, char** argv) {
   Logger log("group_child rank " + std::to_string(o->rank), LogLevel::kWarning);
   if (mode == "imp-victim" || mode == "imp-legit" || mode == "impersonator")
     return Impersonation(mode, *o, log);
+  if (mode == "patient" || mode == "late-legit" || mode == "wrong-hello")
+    return WrongHello(mode, *o, log);
   if (mode == "intruder" || mode == "victim") {
     auto c = UcxComm::Connect(*o, &log, mode == "intruder" ? std::string(64, 'f') : "");
     if (c.ok() && (*c)->lazy()) {

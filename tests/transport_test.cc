@@ -210,7 +210,9 @@ TEST_P(Intruder, ProcessWithoutTheTokenIsRefused) {
   spec.rank_args = {{"victim"}, {"intruder"}};
   spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("intruder")},
               {"CAIRN_PFS_ROOT", pfs.path()},
-              {"CAIRN_CONNECT_TIMEOUT_S", "30"},
+              // A full mesh refuses the other's hello and waits for a real one that never
+              // comes: each side fails at this timeout, naming the refused hello.
+              {"CAIRN_CONNECT_TIMEOUT_S", "10"},
               {"CAIRN_CONNECT_ALL_MAX", GetParam() ? "1" : "64"},
               {"UCX_TLS", "tcp"}};
   auto l = LocalLauncher::Start(spec);
@@ -222,6 +224,31 @@ TEST_P(Intruder, ProcessWithoutTheTokenIsRefused) {
 
 INSTANTIATE_TEST_SUITE_P(Bootstrap, Intruder, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "lazy" : "full_mesh"; });
+
+// A hello with a wrong token (a process of another job that redialed its dead peer's
+// address, whose port this rank now holds) is refused and the rank waits on for its real
+// peer's: before, the first such hello failed the rank's start (an ASan crash matrix beside
+// another job: "rank 3 presented a wrong job token"). group_child patient / late-legit.
+TEST(Bootstrap, AHelloWithAWrongTokenIsRefusedAndTheRealPeerIsStillAwaited) {
+  testing::TempDir pfs("patient");
+  testing::TempDir flags("patientflags");
+  LaunchSpec spec;
+  spec.nodes = 3;
+  spec.argv = {CAIRN_GROUP_CHILD};
+  spec.rank_args = {{"patient"}, {"late-legit"}, {"wrong-hello"}};
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("patient")},
+              {"CAIRN_PFS_ROOT", pfs.path()},
+              {"CAIRN_CONNECT_TIMEOUT_S", "40"},
+              {"CAIRN_CONNECT_ALL_MAX", "64"},
+              {"GROUP_CHILD_FLAGS", flags.path()},
+              {"UCX_TLS", "tcp"}};
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(120));
+  EXPECT_EQ((*l)->ranks()[0].exit_code, 0) << "rank 0 did not outwait the wrong hello";
+  EXPECT_EQ((*l)->ranks()[1].exit_code, 0) << "rank 1 did not join";
+  EXPECT_EQ((*l)->ranks()[2].exit_code, 0) << "the process with the wrong token";
+}
 
 // A process that reached a rank's worker but holds a wrong token, or one of its own, gets
 // nothing and changes nothing: its messages tagged as a rank that greeted properly are

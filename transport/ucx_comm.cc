@@ -1175,21 +1175,36 @@ Status UcxComm::GreetAll(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_ANAL
 }
 
 Status UcxComm::AwaitHellos(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
-  // Every peer must greet us with the job token before we accept anything from it.
+  // Every peer must greet us with the job token before we accept anything from it. A
+  // hello without it is refused and the wait goes on: it can come from a rank of another
+  // job that redialed an address of its own dead peer whose port this rank now holds (seen
+  // in an ASan crash matrix beside another job), and failing here would let any such
+  // process stop this job's start.
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    std::string got;
-    const double left = std::max(0.0, NanosToSeconds(deadline - NowNanos()));
-    Status rs = ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, {}, nullptr, &got);
-    if (!rs.ok())
-      return Status::Unavailable("rank " + std::to_string(p) + " never said hello within " +
-                                 std::to_string(options_.connect_timeout_s) + " s (" +
-                                 rs.message() + ")");
-    std::string nonce, probe, address;
-    if (!ParseHello(got, token_, &nonce, &probe, &address))
-      return Status::FailedPrecondition("rank " + std::to_string(p) +
-                                        " presented a wrong job token; refused (a process of "
-                                        "another job or user?)");
+    std::string got, nonce, probe, address;
+    int refused = 0;
+    for (;;) {
+      const double left = std::max(0.0, NanosToSeconds(deadline - NowNanos()));
+      Status rs =
+          ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, {}, nullptr, &got);
+      if (!rs.ok()) {
+        const std::string wrong =
+            refused ? "; refused " + std::to_string(refused) + " hello(s) claiming to be rank " +
+                          std::to_string(p) +
+                          " with a wrong job token (a process of another job or user?)"
+                    : "";
+        return Status::Unavailable("rank " + std::to_string(p) +
+                                   " never said hello with the job token within " +
+                                   std::to_string(options_.connect_timeout_s) + " s (" +
+                                   rs.message() + wrong + ")");
+      }
+      if (ParseHello(got, token_, &nonce, &probe, &address)) break;
+      if (refused++ == 0 && log_)
+        log_->Warning("refused a hello claiming to be rank " + std::to_string(p) +
+                      ": wrong job token (a process of another job or user?); waiting for "
+                      "rank " + std::to_string(p) + "'s own");
+    }
     Peer& peer = *peers_[static_cast<size_t>(p)];
     peer.verified = true;
     peer.hello_nonce = nonce;
