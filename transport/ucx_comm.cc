@@ -1186,24 +1186,23 @@ Status UcxComm::AwaitHellos(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_A
     int refused = 0;
     for (;;) {
       const double left = std::max(0.0, NanosToSeconds(deadline - NowNanos()));
-      Status rs =
-          ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, {}, nullptr, &got);
+      Status rs = ProbeReceive(lk, MakeTag(kHello, p, 0), ~uint64_t{0}, p, left, {}, nullptr, &got);
       if (!rs.ok()) {
         const std::string wrong =
             refused ? "; refused " + std::to_string(refused) + " hello(s) claiming to be rank " +
                           std::to_string(p) +
                           " with a wrong job token (a process of another job or user?)"
                     : "";
-        return Status::Unavailable("rank " + std::to_string(p) +
-                                   " never said hello with the job token within " +
-                                   std::to_string(options_.connect_timeout_s) + " s (" +
-                                   rs.message() + wrong + ")");
+        return Status::Unavailable(
+            "rank " + std::to_string(p) + " never said hello with the job token within " +
+            std::to_string(options_.connect_timeout_s) + " s (" + rs.message() + wrong + ")");
       }
       if (ParseHello(got, token_, &nonce, &probe, &address)) break;
       if (refused++ == 0 && log_)
         log_->Warning("refused a hello claiming to be rank " + std::to_string(p) +
                       ": wrong job token (a process of another job or user?); waiting for "
-                      "rank " + std::to_string(p) + "'s own");
+                      "rank " +
+                      std::to_string(p) + "'s own");
     }
     Peer& peer = *peers_[static_cast<size_t>(p)];
     peer.verified = true;
