@@ -726,6 +726,75 @@ class TorchUnits(_InProcessJob, unittest.TestCase):
             self.assertEqual(c.restore(1), 1)
             self.assertEqual(draw(), want)
 
+    def test_a_fresh_optimizer_gets_its_state_without_a_step_and_bit_exact(self):
+        """A restore into an optimizer that has no state yet (a restarted job) creates its
+        tensors from the saved layout instead of running a zero step (which costs the
+        optimizer's whole update): no step runs, and the state equals the saved one bit
+        for bit. An optimizer whose state is not shaped like its parameters gets a zero
+        step as before. A restore that fails leaves the optimizer without state, as it
+        was, not with uninitialised tensors."""
+        torch = self.torch
+
+        class Counting(torch.optim.AdamW):
+            steps = 0
+
+            def step(self, *a, **k):
+                Counting.steps += 1
+                return super().step(*a, **k)
+
+        class Factored(torch.optim.SGD):  # a state tensor shaped unlike its parameter
+            def step(self, *a, **k):
+                out = super().step(*a, **k)
+                for p in self.param_groups[0]["params"]:
+                    self.state[p]["row"] = p.detach().sum(dim=-1).clone()
+                return out
+
+        for kind, fresh_steps in (("adamw", 0), ("factored", 1)):
+            os.environ["CAIRN_JOB_ID"] = f"{self.job.id}-{kind}"
+            torch.manual_seed(3)
+            model = torch.nn.Linear(8, 4)
+            make = ((lambda ps: Counting(ps, lr=0.1)) if kind == "adamw"
+                    else (lambda ps: Factored(ps, lr=0.1, momentum=0.9)))
+            opt = make(model.parameters())
+            with self.ckpt(model, opt) as ck:
+                for step in (1, 2):
+                    model(torch.randn(3, 8)).square().sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                    self.assertTrue(ck.save(step))
+                ck.fence()
+                want = {(n, k): v.clone() for n, p in model.named_parameters()
+                        for k, v in opt.state[p].items() if torch.is_tensor(v)}
+            torch.manual_seed(4)
+            model2 = torch.nn.Linear(8, 4)
+            opt2 = make(model2.parameters())
+            Counting.steps = 0
+            with self.ckpt(model2, opt2) as ck:
+                calls = []
+                real = opt2.step
+                opt2.step = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+                self.assertEqual(ck.restore(), 2)
+                opt2.step = real
+            self.assertEqual(len(calls), fresh_steps, kind)
+            got = {(n, k): v for n, p in model2.named_parameters()
+                   for k, v in opt2.state[p].items() if torch.is_tensor(v)}
+            self.assertEqual(set(got), set(want), kind)
+            for key, v in want.items():
+                self.assertTrue(torch.equal(got[key], v), f"{kind} {key}")
+                self.assertEqual(got[key].dtype, v.dtype)
+
+        # A restore that fails after the state was made (the model's weight has another
+        # shape than the saved one) takes the state back.
+        import cairn
+
+        os.environ["CAIRN_JOB_ID"] = f"{self.job.id}-adamw"
+        model3 = torch.nn.Linear(8, 5)
+        opt3 = torch.optim.AdamW(model3.parameters())
+        with self.ckpt(model3, opt3) as ck:
+            with self.assertRaises(cairn.Error):
+                ck.restore()
+        self.assertEqual(len(opt3.state), 0)
+
     def test_no_version_restores_nothing(self):
         with self.ckpt(self.torch.nn.Linear(3, 3)) as c:
             self.assertIsNone(c.restore())
