@@ -26,9 +26,9 @@ over the wall time), per failure the steps recomputed (the newest step trained b
 kill minus the step restored after it) and the recovery time (from the restart to its
 first training step), and the overhead while no failure happened (median iteration over
 T0 - 1), and the goodput a first-order model (Young/Daly) gives with these figures at a
-failure every --model-mtbf seconds (30 minutes). Every restored run is checked: each step's loss, wherever it was trained, equals
-the first time it was trained, bit for bit. Last line: one JSON object with the arms and
-the model of docs/performance.md fed with these figures.
+failure every --model-mtbf seconds (30 minutes). Every restored run is checked: each
+step's loss, wherever it was trained, equals the first time it was trained, bit for bit.
+Last line: one JSON object with the arms and that model's figures (goodput_model).
 """
 
 import argparse
@@ -356,7 +356,8 @@ def main():
     # The model (Young/Daly, first order): a failure every M seconds costs its recovery R
     # plus the work redone L; checkpointing costs the overhead o on every iteration. Then
     # goodput = 1 / (1 + o) x (1 - (R + L) / M), fed with this run's medians and means.
-    out["goodput_model"] = {"formula": "goodput = 1/(1+o) * (1 - (R + L)/M)", "mtbf_s": a.model_mtbf}
+    out["goodput_model"] = {"formula": "goodput = 1/(1+o) * (1 - (R + L)/M)",
+                            "mtbf_s": a.model_mtbf}
     for arm, res in out.items():
         if not isinstance(res, dict) or "goodput" not in res:
             continue

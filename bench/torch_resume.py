@@ -29,10 +29,10 @@ node (gloo for training, UCX over tcp for cairn), AdamW.
 Per arm (medians over rounds): restore_s (the restore call alone, model and optimizer built,
 imports, process group and cairn's Checkpointer made; the slowest rank's: cairn's
 `restore()`, DCP's get_state_dict + dcp.load + set_state_dict), open_s (cairn: making the
-Checkpointer, which joins the job over UCX, as init_process_group does for DCP), resume_s (from the launch of the
-processes to the end of the first training step after the restore, the slowest rank),
-read_bytes (what the ranks read from storage during the restore, /proc/self/io). Every
-resumed run is checked: the losses of the --after steps equal the reference's bit for bit
+Checkpointer, which joins the job over UCX, as init_process_group does for DCP),
+resume_s (from the launch of the processes to the end of the first training step after
+the restore, the slowest rank), read_bytes (what the ranks read from storage during the
+restore, /proc/self/io). Every resumed run is checked: the losses of the --after steps equal the reference's bit for bit
 (same layout), and every restored tensor hashes as saved (the reshard arms: the whole tensor
 against the saved job's gathered one); a mismatch fails the run. Last line: one JSON object
 with the arms and cairn_memory_vs_dcp_load, cairn_pfs_vs_dcp_load and
@@ -84,7 +84,8 @@ def state_hashes(model, opt):
     gathered), by name."""
     out = {}
     for k, v in model.state_dict().items():
-        out["model." + k] = hashlib.sha256(full(v).detach().contiguous().numpy().tobytes()).hexdigest()
+        data = full(v).detach().contiguous().numpy().tobytes()
+        out["model." + k] = hashlib.sha256(data).hexdigest()
     names = {id(p): n for n, p in model.named_parameters()}
     for p, st in opt.state.items():
         for k, v in st.items():
@@ -332,7 +333,8 @@ def measure(a, run):
     results = {arm: {"restore_s": [], "resume_s": [], "read_bytes": []} for arm in arms}
     for r in range(a.rounds):
         for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
-            aside = {"cairn_peer": [1], "cairn_pfs": [0, 1], "cairn_pfs_reshard": [0, 1]}.get(arm, [])
+            aside = {"cairn_peer": [1], "cairn_pfs": [0, 1],
+                     "cairn_pfs_reshard": [0, 1]}.get(arm, [])
             evict([run.pfs, run.dcp_dir])
             run.set_aside(aside)
             try:
@@ -369,7 +371,8 @@ def measure(a, run):
             if "open_s" in outs[0]:
                 res.setdefault("open_s", []).append(max(o["open_s"] for o in outs))
     med = statistics.median
-    out = {"bench": "torch_resume", "torch": torch.__version__, "model": "TPLM, 2-way tensor parallel",
+    out = {"bench": "torch_resume", "torch": torch.__version__,
+           "model": "TPLM, 2-way tensor parallel",
            "steps": step, "rounds": a.rounds,
            "state_bytes_hashed": len(saved_hashes)}
     for arm, res in results.items():
