@@ -32,8 +32,8 @@ imports, process group and cairn's Checkpointer made; the slowest rank's: cairn'
 Checkpointer, which joins the job over UCX, as init_process_group does for DCP),
 resume_s (from the launch of the processes to the end of the first training step after
 the restore, the slowest rank), read_bytes (what the ranks read from storage during the
-restore, /proc/self/io). Every resumed run is checked: the losses of the --after steps equal the reference's bit for bit
-(same layout), and every restored tensor hashes as saved (the reshard arms: the whole tensor
+restore, /proc/self/io). Every resumed run is checked: the losses of the --after steps
+equal the reference's bit for bit (same layout), and every restored tensor hashes as saved (the reshard arms: the whole tensor
 against the saved job's gathered one); a mismatch fails the run. Last line: one JSON object
 with the arms and cairn_memory_vs_dcp_load, cairn_pfs_vs_dcp_load and
 cairn_pfs_reshard_vs_dcp_load_reshard (dcp's restore_s over cairn's).
