@@ -26,17 +26,18 @@ node (gloo for training, UCX over tcp for cairn), AdamW.
    both checkpoints before each arm. The host memory set aside for an arm (a wiped node)
    is put back after it.
 
-Per arm (medians over rounds): restore_s (the restore call alone, model and optimizer built,
-imports, process group and cairn's Checkpointer made; the slowest rank's: cairn's
+Per arm (medians over rounds): restore_s (the restore call alone, model and optimizer
+built, imports, process group and cairn's Checkpointer made; the slowest rank's: cairn's
 `restore()`, DCP's get_state_dict + dcp.load + set_state_dict), open_s (cairn: making the
-Checkpointer, which joins the job over UCX, as init_process_group does for DCP),
-resume_s (from the launch of the processes to the end of the first training step after
-the restore, the slowest rank), read_bytes (what the ranks read from storage during the
-restore, /proc/self/io). Every resumed run is checked: the losses of the --after steps
-equal the reference's bit for bit (same layout), and every restored tensor hashes as saved (the reshard arms: the whole tensor
-against the saved job's gathered one); a mismatch fails the run. Last line: one JSON object
-with the arms and cairn_memory_vs_dcp_load, cairn_pfs_vs_dcp_load and
-cairn_pfs_reshard_vs_dcp_load_reshard (dcp's restore_s over cairn's).
+Checkpointer, which joins the job over UCX, as init_process_group does for DCP), resume_s
+(from the launch of the processes to the end of the first training step after the restore,
+the slowest rank), read_bytes (what the ranks read from storage during the restore,
+/proc/self/io). Every resumed run is checked: the losses of the --after steps equal the
+reference's bit for bit (same layout), and every restored tensor hashes as saved (the
+reshard arms: the whole tensor against the saved job's gathered one); a mismatch fails the
+run. Last line: one JSON object with the arms and cairn_memory_vs_dcp_load,
+cairn_pfs_vs_dcp_load and cairn_pfs_reshard_vs_dcp_load_reshard (dcp's restore_s over
+cairn's).
 """
 
 import argparse
