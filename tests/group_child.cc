@@ -89,25 +89,27 @@ bool Await(const std::string& name, UcxComm* comm = nullptr, double seconds = 60
 constexpr Channel kImpExact{40}, kImpAny{41}, kImpPosted{42}, kImpReply{43};
 constexpr size_t kPostedBytes = 1 << 20;  // a rendezvous-sized message
 
+// Makes `o` claim rank 1, lazily (it dials rank 0, and greets it, when sending to it), in
+// a rendezvous directory of its own (flag `dir`) holding a copy of the job's rank-0 address
+// file: a process outside the job that reached rank 0's worker.
+Status PoseAsRankOne(Options& o, const std::string& dir) {
+  const std::string addr_file = JoinPath(o.RendezvousDir(), "rank-0.addr");
+  o.rank = 1;
+  o.connect_all_max = 0;
+  o.rendezvous_dir = FlagPath(dir);
+  CAIRN_RETURN_IF_ERROR(DefaultFileSystem()->MakeDirs(o.rendezvous_dir, 0700));
+  CAIRN_ASSIGN_OR_RETURN(std::string addr, ReadWholeFile(DefaultFileSystem(), addr_file, 1 << 20));
+  return WriteFileAtomic(DefaultFileSystem(), JoinPath(o.rendezvous_dir, "rank-0.addr"), addr);
+}
+
 int WrongHello(const std::string& mode, Options o, const Logger& log) {
   o.world_size = 2;
   o.local_world_size = 1;
   if (mode == "wrong-hello") {
-    const std::string job_rdv = o.RendezvousDir();
-    const std::string addr_file = JoinPath(job_rdv, "rank-0.addr");
+    const std::string addr_file = JoinPath(o.RendezvousDir(), "rank-0.addr");
     for (int i = 0; i < 30000 && !DefaultFileSystem()->Exists(addr_file); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    o.rank = 1;
-    o.connect_all_max = 0;  // lazy: dials rank 0 (and greets it) when sending to it
-    o.rendezvous_dir = FlagPath("wrong-rdv");
-    if (Status st = DefaultFileSystem()->MakeDirs(o.rendezvous_dir, 0700); !st.ok())
-      return Fail(st.ToString());
-    auto addr = ReadWholeFile(DefaultFileSystem(), addr_file, 1 << 20);
-    if (!addr.ok()) return Fail(addr.status().ToString());
-    if (Status st =
-            WriteFileAtomic(DefaultFileSystem(), JoinPath(o.rendezvous_dir, "rank-0.addr"), *addr);
-        !st.ok())
-      return Fail(st.ToString());
+    if (Status st = PoseAsRankOne(o, "wrong-rdv"); !st.ok()) return Fail(st.ToString());
     auto c = UcxComm::Connect(o, &log, std::string(64, 'f'));
     if (!c.ok()) return Fail(c.status().ToString());
     const JobChannels ch;
@@ -140,18 +142,7 @@ int Impersonation(const std::string& mode, Options o, const Logger& log) {
   if (mode == "impersonator") {
     // Claims rank 1 in a rendezvous directory of its own holding rank 0's address.
     if (!Await("ready")) return Fail("rank 0 never became ready");
-    const std::string job_rdv = o.RendezvousDir();
-    o.rank = 1;
-    o.connect_all_max = 0;  // lazy: connect to rank 0 only, when sending to it
-    o.rendezvous_dir = FlagPath("imp-rdv");
-    if (Status st = DefaultFileSystem()->MakeDirs(o.rendezvous_dir, 0700); !st.ok())
-      return Fail(st.ToString());
-    auto addr = ReadWholeFile(DefaultFileSystem(), JoinPath(job_rdv, "rank-0.addr"), 1 << 20);
-    if (!addr.ok()) return Fail(addr.status().ToString());
-    if (Status st =
-            WriteFileAtomic(DefaultFileSystem(), JoinPath(o.rendezvous_dir, "rank-0.addr"), *addr);
-        !st.ok())
-      return Fail(st.ToString());
+    if (Status st = PoseAsRankOne(o, "imp-rdv"); !st.ok()) return Fail(st.ToString());
     std::vector<std::unique_ptr<UcxComm>> keep;  // alive until rank 0 is done
     std::vector<UcxComm::PendingSend> posted;
     for (int round = 1; round <= 2; ++round) {

@@ -225,29 +225,37 @@ TEST_P(Intruder, ProcessWithoutTheTokenIsRefused) {
 INSTANTIATE_TEST_SUITE_P(Bootstrap, Intruder, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "lazy" : "full_mesh"; });
 
+// Three group_child processes of a 2-rank job and one outsider (ranks 0 and 1, then the
+// outsider: `roles`), pacing each other with flag files; each must exit 0 (`who` names it).
+static void ExpectThreeRolesSucceed(const std::string& tag, std::vector<std::string> roles,
+                                    const std::vector<std::string>& who,
+                                    std::vector<std::pair<std::string, std::string>> env) {
+  testing::TempDir pfs(tag);
+  testing::TempDir flags(tag + "flags");
+  LaunchSpec spec;
+  spec.nodes = 3;
+  spec.argv = {CAIRN_GROUP_CHILD};
+  for (std::string& r : roles) spec.rank_args.push_back({std::move(r)});
+  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId(tag)},
+              {"CAIRN_PFS_ROOT", pfs.path()},
+              {"GROUP_CHILD_FLAGS", flags.path()},
+              {"UCX_TLS", "tcp"}};
+  spec.env.insert(spec.env.end(), env.begin(), env.end());
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(120));
+  for (size_t r = 0; r < 3; ++r) EXPECT_EQ((*l)->ranks()[r].exit_code, 0) << who[r];
+}
+
 // A hello with a wrong token (a process of another job that redialed its dead peer's
 // address, whose port this rank now holds) is refused and the rank waits on for its real
 // peer's: before, the first such hello failed the rank's start (an ASan crash matrix beside
 // another job: "rank 3 presented a wrong job token"). group_child patient / late-legit.
 TEST(Bootstrap, AHelloWithAWrongTokenIsRefusedAndTheRealPeerIsStillAwaited) {
-  testing::TempDir pfs("patient");
-  testing::TempDir flags("patientflags");
-  LaunchSpec spec;
-  spec.nodes = 3;
-  spec.argv = {CAIRN_GROUP_CHILD};
-  spec.rank_args = {{"patient"}, {"late-legit"}, {"wrong-hello"}};
-  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("patient")},
-              {"CAIRN_PFS_ROOT", pfs.path()},
-              {"CAIRN_CONNECT_TIMEOUT_S", "40"},
-              {"CAIRN_CONNECT_ALL_MAX", "64"},
-              {"GROUP_CHILD_FLAGS", flags.path()},
-              {"UCX_TLS", "tcp"}};
-  auto l = LocalLauncher::Start(spec);
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_TRUE((*l)->WaitAll(120));
-  EXPECT_EQ((*l)->ranks()[0].exit_code, 0) << "rank 0 did not outwait the wrong hello";
-  EXPECT_EQ((*l)->ranks()[1].exit_code, 0) << "rank 1 did not join";
-  EXPECT_EQ((*l)->ranks()[2].exit_code, 0) << "the process with the wrong token";
+  ExpectThreeRolesSucceed("patient", {"patient", "late-legit", "wrong-hello"},
+                          {"rank 0 did not outwait the wrong hello", "rank 1 did not join",
+                           "the process with the wrong token"},
+                          {{"CAIRN_CONNECT_TIMEOUT_S", "40"}, {"CAIRN_CONNECT_ALL_MAX", "64"}});
 }
 
 // A process that reached a rank's worker but holds a wrong token, or one of its own, gets
@@ -256,23 +264,9 @@ TEST(Bootstrap, AHelloWithAWrongTokenIsRefusedAndTheRealPeerIsStillAwaited) {
 // receive into a buffer), also from its second incarnation, and the two ranks take only
 // each other's real messages (group_child imp-*).
 TEST(Bootstrap, AnImpersonatorWithoutTheJobTokenGetsNothingAndChangesNothing) {
-  testing::TempDir pfs("imp");
-  testing::TempDir flags("impflags");
-  LaunchSpec spec;
-  spec.nodes = 3;
-  spec.argv = {CAIRN_GROUP_CHILD};
-  spec.rank_args = {{"imp-victim"}, {"imp-legit"}, {"impersonator"}};
-  spec.env = {{"CAIRN_JOB_ID", testing::UniqueJobId("imp")},
-              {"CAIRN_PFS_ROOT", pfs.path()},
-              {"CAIRN_CONNECT_TIMEOUT_S", "30"},
-              {"GROUP_CHILD_FLAGS", flags.path()},
-              {"UCX_TLS", "tcp"}};
-  auto l = LocalLauncher::Start(spec);
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_TRUE((*l)->WaitAll(120));
-  const char* roles[] = {"rank 0 (the victim)", "rank 1", "the impersonator"};
-  for (int r = 0; r < 3; ++r)
-    EXPECT_EQ((*l)->ranks()[static_cast<size_t>(r)].exit_code, 0) << roles[r];
+  ExpectThreeRolesSucceed("imp", {"imp-victim", "imp-legit", "impersonator"},
+                          {"rank 0 (the victim)", "rank 1", "the impersonator"},
+                          {{"CAIRN_CONNECT_TIMEOUT_S", "30"}});
 }
 
 // Rank 0 of a `world`-rank job `name` alone, its PFS root in `pfs`.
