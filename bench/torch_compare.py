@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 import cairn.torch
 from tiny_lm import TinyLM, TPLM, batch, loss_of, parallelize_tp
+from tp_job import staged_copy
 
 try:
     import torch.distributed.checkpoint as dcp
@@ -104,21 +105,7 @@ if HAVE_DCP:
 
         def stage(self, state_dict):
             self.per_thread_copy_ahead = 0
-            return _copied(state_dict)
-
-    def _copied(v):
-        if isinstance(v, dict):
-            return {k: _copied(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [_copied(x) for x in v]
-        if hasattr(v, "to_local"):  # DTensor
-            from torch.distributed.tensor import DTensor
-
-            return DTensor.from_local(v.to_local().clone(), v.device_mesh, v.placements,
-                                      run_check=False, shape=v.shape, stride=v.stride())
-        if torch.is_tensor(v):
-            return v.detach().clone()
-        return v
+            return staged_copy(state_dict)
 
 
 class Arms:

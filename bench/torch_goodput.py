@@ -50,27 +50,10 @@ import torch.distributed as dist
 try:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
 
     HAVE_DCP = hasattr(dcp, "async_save")
 except ImportError:  # torch 1.x
     HAVE_DCP = False
-
-
-def _copied(v):
-    """A consistent copy of a state dict (DTensors kept DTensors): what DCP stages."""
-    if isinstance(v, dict):
-        return {k: _copied(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_copied(x) for x in v]
-    if hasattr(v, "to_local"):
-        from torch.distributed.tensor import DTensor
-
-        return DTensor.from_local(v.to_local().clone(), v.device_mesh, v.placements,
-                                  run_check=False, shape=v.shape, stride=v.stride())
-    if torch.is_tensor(v):
-        return v.detach().clone()
-    return v
 
 
 def newest_complete(root):
@@ -86,16 +69,12 @@ def newest_complete(root):
 
 def worker(a):
     import cairn.torch
-    from tiny_lm import TPLM, batch, loss_of, parallelize_tp
+    from tiny_lm import batch, loss_of
+    from tp_job import staged_copy, tp_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank, world_size=world)
+    model, opt = tp_rank(a, rank, world)
     pg = dist.new_group(backend="gloo")  # DCP's collectives beside training's
-    model = parallelize_tp(TPLM(vocab=a.vocab, dim=a.dim, layers=a.layers, seq=a.seq),
-                           init_device_mesh("cpu", (world,)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     out = open(a.out, "a")
     start, ck, future = 0, None, None
     if a.arm == "cairn":
@@ -133,7 +112,7 @@ def worker(a):
             if future is not None:
                 future.result()
             sd_model, sd_optim = get_state_dict(model, opt)
-            staged = _copied({"model": sd_model, "optim": sd_optim})
+            staged = staged_copy({"model": sd_model, "optim": sd_optim})
             path = os.path.join(a.dcp_root, f"step-{step}")
             future = dcp.async_save(staged, checkpoint_id=path, process_group=pg)
             if rank == 0:  # the two before the newest complete one are never read again

@@ -58,7 +58,6 @@ import torch.distributed as dist
 try:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
 
     HAVE_DCP = True
 except ImportError:  # torch 1.x
@@ -98,15 +97,11 @@ def state_hashes(model, opt):
 
 def worker(a):
     import cairn.torch
-    from tiny_lm import TPLM, batch, loss_of, parallelize_tp
+    from tiny_lm import batch, loss_of
+    from tp_job import tp_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank, world_size=world)
-    model = parallelize_tp(TPLM(vocab=a.vocab, dim=a.dim, layers=a.layers, seq=a.seq),
-                           init_device_mesh("cpu", (world,)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = tp_rank(a, rank, world)
     out = {"rank": rank}
     losses = {}
 
