@@ -20,6 +20,15 @@
 namespace cairn {
 namespace {
 
+// Polls `done` every millisecond for at most 30 s (the agreement's rounds run on its own
+// thread); the caller asserts the state it waited for.
+template <typename Pred>
+void WaitFor(Pred done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 AgreeOffer Offer(uint64_t first, std::vector<int64_t> steps, std::vector<bool> held) {
   AgreeOffer o;
   o.first = first;
@@ -150,9 +159,7 @@ class TwoRanks : public ::testing::Test {
     }
     ++saves_;
     for (int r = 0; r < 2; ++r) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (agree_[r]->stats().agreed_saves < saves_ && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      WaitFor([&] { return agree_[r]->stats().agreed_saves >= saves_; });
       ASSERT_EQ(agree_[r]->stats().agreed_saves, saves_);
     }
   }
@@ -281,9 +288,7 @@ TEST_F(TwoRanks, AFailedRoundEndsTheAgreementAndTheTierKeepsItsNewestAgain) {
       &dead, tiers_[0].get(), &log_, [](uint64_t) {}, nullptr, 1.0, 30.0);
   ASSERT_TRUE(Capture(0, 1));
   a.OnSave(1, 1);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!a.stats().ended && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  WaitFor([&] { return a.stats().ended; });
   ASSERT_TRUE(a.stats().ended);
   EXPECT_NE(a.stats().error.find("rank 1 died"), std::string::npos);
   // The newest-version rule again: with 2 slots, 1 stays while 2 is captured, then 2
@@ -305,9 +310,7 @@ TEST_F(TwoRanks, AStepSeenReplicatedIsKeptAfterAFailedRoundEndsTheAgreement) {
   ASSERT_TRUE(Capture(0, 1));
   a.OnReplicated(1);
   a.OnSave(1, 1);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!a.stats().ended && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  WaitFor([&] { return a.stats().ended; });
   ASSERT_TRUE(a.stats().ended);
   ASSERT_TRUE(Capture(0, 2));
   ASSERT_TRUE(Capture(0, 3));
@@ -355,14 +358,11 @@ TEST_F(TwoRanks, AnAgreedStepNewerThanThePromisedOneIsKeptAfterAFailedRound) {
   a.OnReplicated(1);
   ASSERT_TRUE(Capture(0, 2));
   a.OnSave(1, 2);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (a.stats().agreed_step < 2 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  WaitFor([&] { return a.stats().agreed_step >= 2; });
   ASSERT_EQ(a.stats().agreed_step, 2);
   ASSERT_TRUE(Capture(0, 3));
   a.OnSave(2, 3);
-  while (!a.stats().ended && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  WaitFor([&] { return a.stats().ended; });
   ASSERT_TRUE(a.stats().ended);
   ASSERT_TRUE(Capture(0, 4));
   ASSERT_TRUE(Capture(0, 5));
@@ -516,9 +516,7 @@ TEST_F(TwoRanks, ARoundThatWaitsWithSeveralSavesKeepsASlotFreeToCaptureInto) {
   a.OnSave(2, 2);
   a.OnSave(3, 3);
   group.Go();  // round 1 agrees on step 1; round 2 (steps 2 and 3) waits from now on
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (a.stats().agreed_step < 1 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  WaitFor([&] { return a.stats().agreed_step >= 1; });
   ASSERT_EQ(a.stats().agreed_step, 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // round 2 has begun
   EXPECT_TRUE(Capture(0, 4)) << "every slot is kept by the waiting round";
