@@ -177,8 +177,8 @@ void StepAgreement::End(const Status& why) {
     log_->Warning(
         "agreement on the versions every rank holds ended: " + why.ToString() +
         "; from now on each rank keeps the last agreed step, the newest it saw replicated "
-        "and its own newest versions, and a restore from "
-        "memory may find no step every rank holds");
+        "and its own newest versions, and a restore from memory may find no step every "
+        "rank holds");
 }
 
 void StepAgreement::Loop() {
