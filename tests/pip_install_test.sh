@@ -78,7 +78,7 @@ echo "pip wheel: $(basename "$wheel") in $((SECONDS - start)) s"
 if [ -d /usr/local/cuda ] && [ "$(id -u)" = 0 ] && unshare -m --propagation unchanged true 2>/dev/null; then
   # Everything below in a mount namespace where /usr/local/cuda is an empty directory.
   export -f check fail
-  export tmp src quiet
+  export tmp src
   # Every mount of the new namespace is made private first, so the empty directory never
   # reaches the parent's; in a chroot (whose / is no mount point) /usr/local/cuda itself.
   unshare -m --propagation unchanged bash -c '{ mount --make-rprivate / 2>/dev/null ||
