@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 #include <unordered_set>
 
 #include "api/channels.h"
 #include "api/open_with.h"
 #include "core/clock.h"
+#include "core/host_pages.h"
 #include "core/trace.h"
 #include "persist/manifest.h"
 #include "persist/persister.h"
@@ -74,6 +76,10 @@ class Checkpointer::Impl {
   std::atomic<bool> agree_cancel_{false};     // set by the agreement's close (agree_group_)
   std::unique_ptr<UcxGroup> agree_group_;     // the agreement's own collectives
   std::unique_ptr<StepAgreement> agreement_;  // several ranks only
+  // Maps in the newest held version while the job wires up (HostTier::WarmNewest).
+  std::atomic<bool> warm_stop_{false};
+  const bool reported_free_ = FreePagesReportedToHypervisor();  // CAIRN_RESTORE_HUGE_PAGES=auto
+  std::thread warm_;
 };
 
 Status Checkpointer::Impl::OpenTier(FileSystem* fs) {
@@ -210,6 +216,14 @@ Status Checkpointer::Impl::Open() {
     options_.slots = plan->slots;
   }
   CAIRN_RETURN_IF_ERROR(OpenTier(fs));
+  // A restart restores next: the version it will read from this rank's memory is mapped
+  // in while the ranks connect, instead of a page fault per 4 KiB inside the restore
+  // (docs/performance.md, "Time to resume against dcp.load").
+  if (!tier_->Versions().empty())
+    warm_ = std::thread([this] {
+      TraceSpan span("warm newest version", "restore");
+      tier_->WarmNewest(warm_stop_);
+    });
   CaptureConfig cc;
   cc.rank = options_.rank;
   cc.world_size = options_.world_size;
@@ -289,6 +303,8 @@ Status Checkpointer::Impl::Open() {
 }
 
 Checkpointer::Impl::~Impl() {
+  warm_stop_ = true;
+  if (warm_.joinable()) warm_.join();
   if (pipeline_) pipeline_->Stop();  // captures everything queued; no more hooks after it
   agreement_.reset();                // its last rounds, when every rank is closing too
   persister_.reset();   // runs the persist rounds already due (every rank has the same ones)
@@ -437,6 +453,11 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
   env.timeout_s = options_.op_timeout_s;
   env.read_threads = options_.persist_threads;
   for (const ShardSpec& t : targets) env.host_targets &= t.memory == MemoryKind::kHost;
+  const bool huge = options_.restore_huge_pages == RestoreHugePages::kOn ||
+                    (options_.restore_huge_pages == RestoreHugePages::kAuto && !reported_free_);
+  if (huge)
+    for (const ShardSpec& t : targets)
+      if (t.memory == MemoryKind::kHost) AdviseHugePagesIfFresh(t.data, t.nbytes());
   auto report = cairn::Restore(env, targets, options);
   if (report.ok() && report->step == rebuilt_step) report->rebuilt_step = rebuilt_step;
   return report;

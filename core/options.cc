@@ -348,6 +348,15 @@ std::vector<Setting> MakeSettings() {
           "nothing else wants; drains may crawl on a busy host) or normal"),
       Bytes("CAIRN_PERSIST_RATE", CAIRN_FIELD(persist_rate),
             "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"),
+      Choice<RestoreHugePages>(
+          "CAIRN_RESTORE_HUGE_PAGES", CAIRN_FIELD(restore_huge_pages),
+          {{"auto", RestoreHugePages::kAuto},
+           {"0", RestoreHugePages::kOff},
+           {"1", RestoreHugePages::kOn}},
+          "1: a restore asks the kernel for huge pages (MADV_HUGEPAGE) for host targets never "
+          "touched (a fresh optimizer state), faulted in 2 MiB at a time; auto: 1 unless this "
+          "virtual machine reports its free memory to the hypervisor (virtio-balloon free page "
+          "reporting), where a huge page is often backed again 4 KiB at a time"),
   };
 }
 

@@ -168,6 +168,7 @@ class Restorer {
 };
 
 Result<std::vector<Inventory>> Restorer::Discover() {
+  TraceSpan span("restore discover", "restore");
   Inventory mine;
   mine.layout_hash = layout_hash_;
   mine.held = env_.memory ? env_.memory->List() : std::vector<HeldVersion>{};
@@ -207,6 +208,7 @@ Result<Choice> Restorer::Agree(const std::vector<Inventory>& inv) {
 }
 
 Status Restorer::Pin(ChosenStep& p) {
+  TraceSpan span("restore pin", "restore");
   for (const HeldVersion& v : held_) {
     if (v.step != p.choice.step) continue;
     auto pv = env_.memory->Pin(v);
@@ -222,6 +224,7 @@ Status Restorer::Pin(ChosenStep& p) {
 
 Result<bool> Restorer::Catalog(const std::vector<Inventory>& inv, ChosenStep& p,
                                const Status& pin_st) {
+  TraceSpan span("restore catalog", "restore");
   const int64_t step = p.choice.step;
   p.sources.cat.step = step;
   p.sources.cat.from_pfs = p.choice.from_pfs;
@@ -360,6 +363,7 @@ Status Restorer::Unrestored(const ChosenStep& p, const std::vector<std::string>&
 }
 
 Status Restorer::Plan(ChosenStep& p) {
+  TraceSpan span("restore plan", "restore");
   for (auto& piece : p.sources.cat.pieces) std::sort(piece.holders.begin(), piece.holders.end());
   const int64_t plan_t0 = NowNanos();
   auto plan = PlanJobWide(p.sources.cat, p.layouts, p.hashes);
@@ -493,6 +497,7 @@ Result<bool> Restorer::GatherTemplates(const std::vector<Inventory>& inv, Chosen
 
 Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv, ChosenStep& p,
                                                const Status& pin_st) {
+  TraceSpan span("restore plan from templates", "restore");
   TemplatedMemoryStep ts;
   CAIRN_ASSIGN_OR_RETURN(bool templated, GatherTemplates(inv, p, pin_st, &ts));
   if (!templated) return false;
@@ -572,7 +577,11 @@ Status Restorer::Transfer(ChosenStep& p, Attempt& a, RestoreReport& r) {
   }
   // Blobs of the same rank number: received from a holder, or read from the PFS.
   std::string blob_bytes;
-  Status st = p.choice.from_pfs ? Status::OK() : ExchangeBlobs(p, a, &blob_bytes);
+  Status st;
+  if (!p.choice.from_pfs) {
+    TraceSpan span("restore blobs", "restore");
+    st = ExchangeBlobs(p, a, &blob_bytes);
+  }
   if (st.ok()) {
     TraceSpan span("restore transfer", "restore");
     st = a.Run();
@@ -607,6 +616,7 @@ Status Restorer::ShareBlobsWithNewRanks(const ChosenStep& p, RestoreReport& r) {
 }
 
 Result<bool> Restorer::Outcome(const Status& st, ChosenStep& p, RestoreReport& r) {
+  TraceSpan span("restore outcome", "restore");
   wire::RestoreOutcome mine;
   wire::ToWire(st, mine.mutable_status());
   mine.set_pfs_bytes_read(r.pfs_bytes_read);

@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -93,6 +94,44 @@ TEST_F(HostTierTest, ReopenListsOnlyCapturedVersions) {
   EXPECT_EQ((*scan)[0].state, VersionState::kCapturing);
   EXPECT_EQ((*scan)[1].state, VersionState::kCaptured);
   EXPECT_TRUE(problems.empty());
+}
+
+// A restart's open maps the newest version in before the restore reads it (Checkpointer
+// does it while the ranks connect): its pages are then in this process's page tables.
+TEST_F(HostTierTest, WarmNewestMapsTheNewestVersionInAndStopsWhenAsked) {
+  constexpr uint64_t kBytes = 8 << 20;
+  {
+    auto t = OpenTier();
+    for (int64_t step : {1, 2}) {
+      auto slot = t->Reserve(step, FullPolicy::kSkip);
+      ASSERT_TRUE(slot.ok());
+      SlotHeader h;
+      h.step = step;
+      h.chunk_bytes = kBytes;
+      h.data_bytes = kBytes;
+      h.shards.push_back(
+          {"w", DType::kU8, {int64_t{kBytes}}, Box{{0}, {int64_t{kBytes}}}, 0, kBytes, 0, 1});
+      h.chunk_checksums = {0};
+      auto base = t->Prepare(*slot, step, kBytes, h);
+      ASSERT_TRUE(base.ok()) << base.status().ToString();
+      std::memset(*base, static_cast<int>(step), kBytes);
+      t->MarkCopied(*slot);
+      ASSERT_TRUE(t->Commit(*slot, h).ok());
+    }
+  }
+  auto t = OpenTier();  // a new process's mappings: nothing mapped in yet
+  auto newest = t->Pin(2);
+  auto older = t->Pin(1);
+  ASSERT_TRUE(newest.ok() && older.ok());
+  const std::byte* data = (*newest)->data();
+  EXPECT_LT(testing::SmapsKb(data, "Rss:"), 1024);
+  std::atomic<bool> stop{true};
+  EXPECT_EQ(t->WarmNewest(stop), 0u);  // stopped before it began
+  stop = false;
+  EXPECT_EQ(t->WarmNewest(stop), kBytes);
+  EXPECT_GE(testing::SmapsKb(data, "Rss:"), int64_t{kBytes >> 10});
+  EXPECT_LT(testing::SmapsKb((*older)->data(), "Rss:"), 1024);  // only the newest
+  EXPECT_EQ(static_cast<int>(data[kBytes - 1]), 2);
 }
 
 TEST_F(HostTierTest, ReplicatedAndPersistedAreRecordedTogether) {

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include "core/clock.h"
@@ -77,6 +79,26 @@ bool CheckPattern(const void* p, size_t n, uint64_t seed) {
   }
   uint64_t v = Mix(seed ^ (i * 0x100000001b3ull));
   return std::memcmp(b + i, &v, n - i) == 0;
+}
+
+std::string SmapsLine(const void* p, const std::string& field) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind(field, 0) == 0) {
+      return line + " ";
+    }
+  }
+  return "";
+}
+
+int64_t SmapsKb(const void* p, const std::string& field) {
+  const std::string line = SmapsLine(p, field);
+  return line.empty() ? -1 : std::strtoll(line.c_str() + field.size(), nullptr, 10);
 }
 
 void CorruptByte(const std::string& path, uint64_t offset) {

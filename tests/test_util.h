@@ -40,4 +40,10 @@ bool CheckPattern(const void* p, size_t n, uint64_t seed);
 // Flips one byte of a file in place.
 void CorruptByte(const std::string& path, uint64_t offset);
 
+// The line of /proc/self/smaps that starts with `field` ("Rss:", "VmFlags:") for the
+// mapping holding `p`, with a space added at its end ("" when there is none).
+std::string SmapsLine(const void* p, const std::string& field);
+// The kB of a "Rss:"-like line of SmapsLine (-1 when there is none).
+int64_t SmapsKb(const void* p, const std::string& field);
+
 }  // namespace cairn::testing

@@ -498,6 +498,31 @@ std::optional<SlotHeader> HostTier::NewestHeader() const {
   return *best->header;
 }
 
+uint64_t HostTier::WarmNewest(const std::atomic<bool>& stop) {
+  const MappedFile* file = nullptr;
+  std::unique_ptr<View> pin;
+  {
+    MutexLock lk(mu_);
+    const Slot* best = nullptr;
+    for (const Slot& s : slots_)
+      if (s.use == Use::kCaptured && s.header && s.file &&
+          (!best || s.header->step > best->header->step ||
+           (s.header->step == best->header->step &&
+            s.header->created_wall_ns > best->header->created_wall_ns)))
+        best = &s;
+    if (!best) return 0;
+    ++slots_[static_cast<size_t>(best->index)].pins;
+    pin.reset(new View(this, best->index, *best->header, best->file->data(), best->data_path));
+    file = best->file.get();  // a pinned slot is neither reused nor remapped
+  }
+  constexpr uint64_t kPiece = 64ull << 20;
+  const uint64_t n = pin->header().data_bytes;
+  uint64_t done = 0;
+  for (; done < n && !stop.load(std::memory_order_relaxed); done += kPiece)
+    file->PopulateRead(done, std::min(kPiece, n - done));
+  return std::min(done, n);
+}
+
 HostTier::View::~View() {
   MutexLock lk(tier_->mu_);
   --tier_->slots_[static_cast<size_t>(slot_)].pins;

@@ -146,6 +146,11 @@ class HostTier {
   // A copy of the header of the newest restorable version (none: nullopt), without pinning
   // it (a pin would hold its slot against a save).
   std::optional<SlotHeader> NewestHeader() const;
+  // Maps in this process the pages of the newest restorable version (pinned meanwhile),
+  // 64 MiB at a time until done or `stop` is set, so that a restore after a restart reads
+  // memory already mapped (Checkpointer's open does it in the background while the job
+  // wires up). Returns the bytes mapped in.
+  uint64_t WarmNewest(const std::atomic<bool>& stop);
 
   const std::string& dir() const { return config_.dir; }
   int num_slots() const { return static_cast<int>(slots_.size()); }

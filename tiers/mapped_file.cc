@@ -5,8 +5,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "core/trusted_path.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -79,6 +84,19 @@ Status MappedFile::Prefault() {
     *p = *p;
   }
   return Status::OK();
+}
+
+void MappedFile::PopulateRead(uint64_t offset, uint64_t n) const {
+  if (!data_ || offset >= size_) return;
+  n = std::min(n, size_ - offset);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t lo = offset / page * page;
+  if (::madvise(data_ + lo, offset + n - lo, MADV_POPULATE_READ) == 0) return;
+  // Older kernels: read one byte per page.
+  for (uint64_t off = lo; off < offset + n; off += page) {
+    volatile const std::byte* p = data_ + off;
+    (void)*p;
+  }
 }
 
 void MappedFile::Persist(uint64_t offset, uint64_t n) const {

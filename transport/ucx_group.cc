@@ -42,6 +42,8 @@ Status UnpackBlocks(wire::CollectiveFrame& f, std::vector<std::string>* all, int
 
 }  // namespace
 
+UcxGroup::~UcxGroup() = default;
+
 Status UcxGroup::Barrier() {
   return AllGather({}).status();
 }

@@ -38,6 +38,9 @@ class UcxGroup final : public Group {
   // collective in flight by setting `*wait.cancel` (the collective then fails).
   UcxGroup(UcxComm* comm, Channel collective, Channel broadcast, RecvWait wait = {})
       : comm_(comm), collective_(collective), broadcast_(broadcast), wait_(wait) {}
+  // Defined in ucx_group.cc: an inline one is emitted (and exported) by whatever deletes a
+  // UcxGroup, libcairn.so's api/checkpointer.cc included (tests/install_test.sh).
+  ~UcxGroup() override;
   int rank() const override { return comm_->rank(); }
   int size() const override { return comm_->size(); }
   Status Barrier() override;

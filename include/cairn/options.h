@@ -21,6 +21,13 @@ namespace cairn {
 // complete version): skip this version (count it, never stall) or block until one frees.
 enum class FullPolicy { kSkip, kBlock };
 
+// Whether a restore asks for huge pages for host targets never touched (CAIRN_RESTORE_HUGE_PAGES).
+enum class RestoreHugePages {
+  kAuto,  // yes, unless this machine reports its free memory to a hypervisor
+  kOff,
+  kOn,
+};
+
 // CPU priority of the PFS drain threads.
 enum class PersistPriority {
   kIdle,    // SCHED_IDLE: only CPU time nothing else wants (can starve on a busy host)
@@ -88,6 +95,7 @@ struct Options {
   bool persist_direct = false;                               // O_DIRECT writes
   uint64_t persist_rate = 0;                                 // bytes/s cap per rank (0: unlimited)
   PersistPriority persist_priority = PersistPriority::kLow;  // of the drain threads
+  RestoreHugePages restore_huge_pages = RestoreHugePages::kAuto;  // for fresh host targets
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value

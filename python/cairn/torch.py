@@ -467,6 +467,18 @@ def _optimizer_layout(optimizer, fqn):
     return layout
 
 
+def _empty_like(p, dtype):
+    """An uninitialised tensor of p's shape, placement and device. For a DTensor, its local
+    part is made and wrapped (DTensor.from_local): torch.empty_like on a DTensor runs the
+    sharding propagation, about 0.2 ms a tensor, most of the making of an AdamW state."""
+    cls = _dtensor_class()
+    if cls is not None and isinstance(p, cls):
+        local = torch.empty_like(p._local_tensor, dtype=dtype)
+        return cls.from_local(local, p.device_mesh, p.placements, run_check=False,
+                              shape=p.shape, stride=p.stride())
+    return torch.empty_like(p, dtype=dtype)
+
+
 def _make_optimizer_state(optimizer, layout, by_name):
     """Creates an optimizer's state tensors from a saved layout (uninitialised: the restore
     fills every byte), which costs an allocation where a zero step costs the optimizer's
@@ -481,7 +493,7 @@ def _make_optimizer_state(optimizer, layout, by_name):
             for key, kind, dtype in entries:
                 dt = _dtype_from_name(dtype)
                 if kind == "param":
-                    st[key] = torch.empty_like(p, dtype=dt)
+                    st[key] = _empty_like(p, dt)
                 else:
                     st[key] = torch.zeros((), dtype=dt,
                                           device="cpu" if kind == "scalar_cpu" else p.device)

@@ -1,0 +1,40 @@
+#include "core/host_pages.h"
+
+#include <sys/mman.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace cairn {
+
+namespace {
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+}  // namespace
+
+uint64_t AdviseHugePagesIfFresh(void* data, uint64_t n) {
+  const auto lo_addr = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t lo = (lo_addr + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t hi = (lo_addr + n) & ~(kHugePage - 1);
+  if (data == nullptr || hi <= lo) return 0;
+  // mincore fails (ENOMEM) on a range that is not mapped at all: then nothing is advised.
+  unsigned char resident = 0;
+  if (::mincore(reinterpret_cast<void*>(lo), 4096, &resident) != 0 || (resident & 1)) return 0;
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) != 0) return 0;
+  return hi - lo;
+}
+
+bool FreePagesReportedToHypervisor() {
+  constexpr size_t kReportingBit = 5;  // VIRTIO_BALLOON_F_REPORTING
+  std::error_code ec;
+  const std::filesystem::path drv = "/sys/bus/virtio/drivers/virtio_balloon";
+  for (const auto& e : std::filesystem::directory_iterator(drv, ec)) {
+    std::ifstream f(e.path() / "features");
+    std::string bits;
+    if (f && std::getline(f, bits) && bits.size() > kReportingBit && bits[kReportingBit] == '1')
+      return true;
+  }
+  return false;
+}
+
+}  // namespace cairn
