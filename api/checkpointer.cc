@@ -145,9 +145,9 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
       JoinPath(JoinPath(o.host_root, o.job_id), "node-" + std::to_string(o.node)), fs, &log_,
       o.slots, o.host_root);
   if (nodes > 1)
-    replicator_ =
-        std::make_unique<Replicator>(comm_.get(), channels_.replication, std::move(placement),
-                                     tier_.get(), store_.get(), &log_, o.replicate_timeout_s);
+    replicator_ = std::make_unique<Replicator>(
+        comm_.get(), channels_.replication, std::move(placement), tier_.get(), store_.get(), &log_,
+        o.replicate_timeout_s, std::nullopt, ToThreadPriority(o.replicate_priority));
   return Status::OK();
 }
 
@@ -175,7 +175,8 @@ Status Checkpointer::Impl::OpenErasure(FileSystem* fs, int nodes) {
   store_ = std::make_unique<ReplicaStore>(node_dir, fs, &log_, o.slots, o.host_root);
   replicator_ = std::make_unique<Replicator>(
       comm_.get(), channels_.replication, std::move(placement), tier_.get(), nullptr, &log_,
-      o.replicate_timeout_s, ErasureRole{scheme, parity_.get()});
+      o.replicate_timeout_s, ErasureRole{scheme, parity_.get()},
+      ToThreadPriority(o.replicate_priority));
   return Status::OK();
 }
 

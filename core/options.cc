@@ -311,6 +311,14 @@ std::vector<Setting> MakeSettings() {
               "a replica holder that does not answer this long counts as down (training never "
               "waits); a link seen down and up again during a push is redialed at once, "
               "without waiting this long"),
+      Choice<BackgroundPriority>(
+          "CAIRN_REPLICATE_PRIORITY", CAIRN_FIELD(replicate_priority),
+          {{"idle", BackgroundPriority::kIdle},
+           {"low", BackgroundPriority::kLow},
+           {"normal", BackgroundPriority::kNormal}},
+          "CPU priority of the replication threads (pushing versions, receiving and checking "
+          "replicas and parity): normal, low (nice 10: training first where no core is "
+          "spare; replicas then lag and skip more steps) or idle"),
       Choice<bool>("CAIRN_PLACEMENT", CAIRN_FIELD(group_placement),
                    {{"ring", false}, {"group", true}},
                    "ring (node n -> nodes n+1..n+R) or group (Gemini: groups of R+1 nodes hold "
@@ -339,11 +347,11 @@ std::vector<Setting> MakeSettings() {
           "PFS reader threads of a restore"),
       Choice<bool>("CAIRN_PERSIST_DIRECT", CAIRN_FIELD(persist_direct), {{"0", false}, {"1", true}},
                    "1: write PFS files with O_DIRECT (falls back if refused)"),
-      Choice<PersistPriority>(
+      Choice<BackgroundPriority>(
           "CAIRN_PERSIST_PRIORITY", CAIRN_FIELD(persist_priority),
-          {{"idle", PersistPriority::kIdle},
-           {"low", PersistPriority::kLow},
-           {"normal", PersistPriority::kNormal}},
+          {{"idle", BackgroundPriority::kIdle},
+           {"low", BackgroundPriority::kLow},
+           {"normal", BackgroundPriority::kNormal}},
           "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
           "nothing else wants; drains may crawl on a busy host) or normal"),
       Bytes("CAIRN_PERSIST_RATE", CAIRN_FIELD(persist_rate),

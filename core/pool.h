@@ -30,6 +30,8 @@
 #include <memory>
 #include <string>
 
+#include "cairn/options.h"
+
 namespace cairn {
 
 // A thread's CPU priority (Linux scheduling policy and nice value are per thread).
@@ -47,6 +49,9 @@ enum class ThreadPriority {
 // Gives the calling thread `p` (best effort). False when the system refused (for example
 // a container that forbids SCHED_IDLE); the thread then keeps its priority.
 bool SetThreadPriority(ThreadPriority p);
+// The thread priority of a background stage's setting (CAIRN_PERSIST_PRIORITY,
+// CAIRN_REPLICATE_PRIORITY).
+ThreadPriority ToThreadPriority(BackgroundPriority p);
 
 class Pool {
  public:

@@ -22,4 +22,16 @@ bool SetThreadPriority(ThreadPriority p) {
   return false;
 }
 
+ThreadPriority ToThreadPriority(BackgroundPriority p) {
+  switch (p) {
+    case BackgroundPriority::kLow:
+      return ThreadPriority::kLow;
+    case BackgroundPriority::kIdle:
+      return ThreadPriority::kIdle;
+    case BackgroundPriority::kNormal:
+      break;
+  }
+  return ThreadPriority::kNormal;
+}
+
 }  // namespace cairn

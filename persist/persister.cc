@@ -19,18 +19,6 @@
 namespace cairn {
 namespace {
 
-ThreadPriority DrainPriority(PersistPriority p) {
-  switch (p) {
-    case PersistPriority::kLow:
-      return ThreadPriority::kLow;
-    case PersistPriority::kIdle:
-      return ThreadPriority::kIdle;
-    case PersistPriority::kNormal:
-      break;
-  }
-  return ThreadPriority::kNormal;
-}
-
 // What a rank brings to a round: its newest mark and the versions it holds.
 struct Offer {
   uint64_t newest_mark = 0;
@@ -111,7 +99,7 @@ Persister::Persister(PersistConfig config, HostTier* tier, Group* group, FileSys
       settle_(std::move(settle)),
       limiter_(config_.rate_bytes_per_s),
       writers_("cairn-persist", std::clamp(config_.writer.threads, 1, 64) - 1,
-               DrainPriority(config_.priority)) {
+               ToThreadPriority(config_.priority)) {
   config_.writer.pool = &writers_;
   thread_ = std::thread([this] { Loop(); });
 }
@@ -155,7 +143,7 @@ void Persister::Loop() {
   // Draining is background work: it yields the CPU to the training and capture threads
   // (Linux scheduling policy and nice value are per thread: the writer pool's threads got
   // the same). flush() is unaffected in practice: the training thread waits.
-  if (!SetThreadPriority(DrainPriority(config_.priority)))
+  if (!SetThreadPriority(ToThreadPriority(config_.priority)))
     log_->Info("persist: the drain's CPU priority was refused; writers run at normal priority");
   for (;;) {
     uint64_t newest = 0, seq = 0;

@@ -53,7 +53,7 @@ struct PersistConfig {
   int keep = 3;         // committed steps kept on the PFS (older ones are deleted)
   WriterOptions writer;
   uint64_t rate_bytes_per_s = 0;  // 0: unlimited
-  PersistPriority priority = PersistPriority::kLow;
+  BackgroundPriority priority = BackgroundPriority::kLow;
   PlannerConfig planner;
 };
 

@@ -1,5 +1,7 @@
 #include "redundancy/replicator.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <functional>
 
@@ -140,7 +142,7 @@ int64_t ChooseReplicationStep(int64_t attempted, int64_t pending,
 
 Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement,
                        HostTier* local, ReplicaStore* store, const Logger* log, double timeout_s,
-                       std::optional<ErasureRole> erasure)
+                       std::optional<ErasureRole> erasure, ThreadPriority priority)
     : comm_(comm),
       ch_(channels),
       placement_(std::move(placement)),
@@ -148,7 +150,9 @@ Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement pla
       store_(store),
       erasure_(std::move(erasure)),
       log_(log),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s),
+      priority_(priority),
+      verify_pool_("cairn-verify", 1, priority) {
   if (erasure_) {
     members_ = placement_.holders_of(comm_->rank());
     members_.push_back(comm_->rank());
@@ -427,6 +431,8 @@ Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
 }
 
 void Replicator::SenderLoop() {
+  (void)pthread_setname_np(pthread_self(), "cairn-repl-send");
+  SetThreadPriority(priority_);
   const int me = comm_->rank();
   const std::vector<int>& holders = placement_.holders_of(me);
   MutexLock lk(mu_);
@@ -624,6 +630,8 @@ void Replicator::ReapSinks() {
 }
 
 void Replicator::ServiceLoop() {
+  (void)pthread_setname_np(pthread_self(), "cairn-repl-serv");
+  SetThreadPriority(priority_);
   std::optional<UcxComm::Incoming> next;  // an offer that superseded the one answered
   for (;;) {
     {

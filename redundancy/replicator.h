@@ -101,10 +101,12 @@ struct ReplicatorChannels {
 class Replicator {
  public:
   // With `erasure`, pushes go to the other members of this rank's set as parity pieces
-  // (`store` is then unused and may be null).
+  // (`store` is then unused and may be null). Its threads (sender, service, verifier) run
+  // at `priority` (CAIRN_REPLICATE_PRIORITY).
   Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement, HostTier* local,
              ReplicaStore* store, const Logger* log, double timeout_s,
-             std::optional<ErasureRole> erasure = std::nullopt);
+             std::optional<ErasureRole> erasure = std::nullopt,
+             ThreadPriority priority = ThreadPriority::kNormal);
   ~Replicator();  // stops both threads (a push in flight ends at its timeout at the latest)
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -292,7 +294,8 @@ class Replicator {
   std::map<uint64_t, bool> covered_ CAIRN_GUARDED_BY(mu_);  // the last round's answers
   bool said_blobs_only_ = false;                            // sender thread only
   // Checks incoming replicas' checksums as their chunks land (HandleOffer's ArrivalVerifier).
-  Pool verify_pool_{"cairn-verify", 1};
+  const ThreadPriority priority_;
+  Pool verify_pool_;
   std::thread sender_;
   std::thread service_;
 };

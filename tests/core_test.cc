@@ -191,7 +191,9 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
               {"CAIRN_PERSIST_THREADS", "3"},
               {"CAIRN_PERSIST_DIRECT", "1"},
               {"CAIRN_PERSIST_PRIORITY", "low"},
-              {"CAIRN_PERSIST_RATE", "200M"}};
+              {"CAIRN_PERSIST_RATE", "200M"},
+              {"CAIRN_REPLICATE_PRIORITY", "idle"},
+              {"CAIRN_RESTORE_HUGE_PAGES", "0"}};
   auto o = Options::FromEnvironment(env.fn());
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->rank, 5);
@@ -206,8 +208,10 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
   EXPECT_EQ(o->keep_on_pfs, 2);
   EXPECT_EQ(o->persist_threads, 3);
   EXPECT_TRUE(o->persist_direct);
-  EXPECT_EQ(o->persist_priority, PersistPriority::kLow);
+  EXPECT_EQ(o->persist_priority, BackgroundPriority::kLow);
   EXPECT_EQ(o->persist_rate, 200ull << 20);
+  EXPECT_EQ(o->replicate_priority, BackgroundPriority::kIdle);
+  EXPECT_EQ(o->restore_huge_pages, RestoreHugePages::kOff);
   env.vars["CAIRN_RANK"] = "6";
   env.vars["CAIRN_NODE"] = "3";
   env.vars["CAIRN_JOB_ID"] = "mine";
@@ -272,6 +276,8 @@ TEST(Options, BadValuesNameTheVariable) {
                                                              {"CAIRN_PERSIST_DIRECT", "yes"},
                                                              {"CAIRN_PERSIST_PRIORITY", "high"},
                                                              {"CAIRN_PERSIST_RATE", "fast"},
+                                                             {"CAIRN_REPLICATE_PRIORITY", "high"},
+                                                             {"CAIRN_RESTORE_HUGE_PAGES", "yes"},
                                                              {"WORLD_SIZE", "0"}};
   for (const auto& [k, v] : bad) {
     FakeEnv env;

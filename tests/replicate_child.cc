@@ -20,8 +20,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cairn/checkpointer.h"
 #include "core/clock.h"
@@ -89,6 +94,23 @@ void WaitForOthers(const std::string& dir, int rank, int world, int64_t step) {
   }
 }
 
+// " name:nice" for each thread of this process whose name starts with `a` or `b`.
+std::string BackgroundThreadNices(const std::string& a, const std::string& b) {
+  std::string out;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(t.path() / "comm"), stat(t.path() / "stat");
+    std::string name, line;
+    if (!std::getline(comm, name) || !std::getline(stat, line)) continue;
+    if (name.rfind(a, 0) != 0 && name.rfind(b, 0) != 0) continue;
+    // The fields after "pid (comm) ": state (field 3) ... nice (field 19).
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    const std::vector<std::string> fields{std::istream_iterator<std::string>(rest), {}};
+    if (fields.size() > 16) out += " " + name + ":" + fields[16];
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "restore")
     return Restore(std::strtoull(argv[2], nullptr, 10));
@@ -140,6 +162,8 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(st.replication.failed),
               static_cast<long long>(st.replication.newest_replicated_step),
               static_cast<unsigned long long>(st.replication.received), w.ToString().c_str());
+  // The nice value of each of replication's threads (CAIRN_REPLICATE_PRIORITY).
+  std::printf("threads%s\n", BackgroundThreadNices("cairn-repl", "cairn-verify").c_str());
   std::fflush(stdout);
   // Stay until every rank is done, so nobody's last push meets a closed endpoint.
   if (Group* g = c.group()) (void)g->Barrier();

@@ -284,6 +284,28 @@ INSTANTIATE_TEST_SUITE_P(Transports, ReplicationTest, ::testing::Values("tcp", "
 
 // Ranks that fall behind pick the same steps: by step number, not by when their own push
 // happened to finish.
+// CAIRN_REPLICATE_PRIORITY=low: every thread of replication (sender, service, verifier)
+// runs at nice 10 on both sides, so training comes first where no core is spare
+// (docs/performance.md, "Training time lost per failure").
+TEST(ReplicatePriority, LowRunsEveryReplicationThreadAtNice10) {
+  testing::TempDir root("repl-prio");
+  const std::string job = testing::UniqueJobId("repl-prio");
+  LaunchSpec spec = Spec(root, job, "tcp", 2, 1, {"3", std::to_string(1 << 20), "10"});
+  spec.env.push_back({"CAIRN_REPLICATE_PRIORITY", "low"});
+  auto l = LocalLauncher::Start(spec);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(120));
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = ReadLog(root.path(), r);
+    EXPECT_EQ((*l)->ranks()[static_cast<size_t>(r)].exit_code, 0) << log;
+    const size_t at = log.find("\nthreads ") + 1;
+    ASSERT_NE(at, 0u) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at) + " ";
+    for (const char* t : {" cairn-repl-send:10 ", " cairn-repl-serv:10 ", " cairn-verify:10 "})
+      EXPECT_NE(line.find(t), std::string::npos) << t << " in: " << line;
+  }
+}
+
 TEST(BlobsOnlyHeader, KeepsTheBlobsAtTheirNewOffsetsAndNoTensor) {
   SlotHeader h;
   h.state = VersionState::kCaptured;

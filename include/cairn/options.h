@@ -28,8 +28,8 @@ enum class RestoreHugePages {
   kOn,
 };
 
-// CPU priority of the PFS drain threads.
-enum class PersistPriority {
+// CPU priority of a background stage's threads: the PFS drain's, replication's.
+enum class BackgroundPriority {
   kIdle,    // SCHED_IDLE: only CPU time nothing else wants (can starve on a busy host)
   kLow,     // nice +10
   kNormal,  // as the training threads
@@ -92,10 +92,11 @@ struct Options {
   int persist_every = 10;   // persist every k-th saved version (0: only flush())
   int keep_on_pfs = 3;      // committed steps kept on the PFS
   int persist_threads = 4;  // writer threads per rank
-  bool persist_direct = false;                               // O_DIRECT writes
-  uint64_t persist_rate = 0;                                 // bytes/s cap per rank (0: unlimited)
-  PersistPriority persist_priority = PersistPriority::kLow;  // of the drain threads
-  RestoreHugePages restore_huge_pages = RestoreHugePages::kAuto;  // for fresh host targets
+  bool persist_direct = false;  // O_DIRECT writes
+  uint64_t persist_rate = 0;    // bytes/s cap per rank (0: unlimited)
+  BackgroundPriority persist_priority = BackgroundPriority::kLow;       // of the drain threads
+  BackgroundPriority replicate_priority = BackgroundPriority::kNormal;  // of replication's
+  RestoreHugePages restore_huge_pages = RestoreHugePages::kAuto;        // for fresh host targets
 
   // Reads the settings from `getenv` (the process environment by default). Unset
   // variables keep the defaults above. InvalidArgument naming the variable when a value
