@@ -3,7 +3,8 @@ torch.distributed.checkpoint's dcp.async_save every K steps, on the same job, ea
 with failures injected at random moments and restarted after each.
 
     PYTHONPATH=build/python:tests/python python3 bench/torch_goodput.py \\
-        [--seconds 120] [--mtbf 30] [--k 10,100] [--dim 256] [--layers 2] [--vocab 32768]
+        [--seconds 120] [--mtbf 30] [--k 10,100] [--cairn-k 1] [--dim 256] [--layers 2]
+        [--vocab 32768]
         [--seq 16] [--threads 2] [--dir /var/tmp] [--seed 1]
 
 PyTorch 2.x. The job of bench/torch_resume.py (TPLM, 2-way tensor parallel over two
@@ -13,7 +14,8 @@ processes, each its own node). Arms, one after the other, each for --seconds of 
                 machine changes between arms)
   cairn         cairn.torch save() every step, every 10th version drained to --dir; on
                 every other failure node 1's host memory is wiped too (it comes back from
-                node 0's replica)
+                node 0's replica); cairn_K (--cairn-k): the same, a save every K steps.
+                Settings such as CAIRN_REPLICATE_PRIORITY pass from the environment
   dcp_async_K   dcp.async_save every K steps (one in flight at a time, the previous one
                 waited for first, as DCP's documentation does), staging a copy of the
                 state first (as for GPU state: torch_compare.py's StagedWriter); a restart
@@ -77,7 +79,7 @@ def worker(a):
     pg = dist.new_group(backend="gloo")  # DCP's collectives beside training's
     out = open(a.out, "a")
     start, ck, future = 0, None, None
-    if a.arm == "cairn":
+    if a.arm.startswith("cairn"):
         ck = cairn.torch.Checkpointer(model, opt)
         got = ck.restore()
         start = got or 0
@@ -96,7 +98,7 @@ def worker(a):
         tier = "none"
     out.write(f"restored {start} {tier} {a.launch}\n")
     out.flush()
-    k = int(a.arm.rsplit("_", 1)[1]) if a.arm.startswith("dcp") else 0
+    k = int(a.arm.rsplit("_", 1)[1]) if "_" in a.arm and a.arm != "cairn" else 1
     step = start
     while step < a.max_steps:
         step += 1
@@ -107,8 +109,9 @@ def worker(a):
         loss.backward()
         opt.step()  # cairn's hook fences first
         if ck is not None:
-            ck.save(step)
-        elif k and step % k == 0:
+            if step % k == 0:
+                ck.save(step)
+        elif a.arm.startswith("dcp") and step % k == 0:
             if future is not None:
                 future.result()
             sd_model, sd_optim = get_state_dict(model, opt)
@@ -222,7 +225,7 @@ def run_arm(a, arm, root, failures, seconds=None):
             if left > 0:
                 time.sleep(left)
             job.kill()
-            wipe = arm == "cairn" and i % 2 == 1
+            wipe = arm.startswith("cairn") and i % 2 == 1
             if wipe:
                 job.wipe_node1()
             wiped.append(wipe)
@@ -283,6 +286,8 @@ def main():
     p.add_argument("--baseline-seconds", type=float, default=30,
                    help="the run without checkpoints before each arm (its T0)")
     p.add_argument("--k", default="10,100", help="DCP's save intervals, in steps")
+    p.add_argument("--cairn-k", default="1",
+                   help="cairn's save intervals, in steps (1: every step, the arm 'cairn')")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=32768)
@@ -318,7 +323,8 @@ def main():
            "model": "TPLM, 2-way tensor parallel", "seconds": a.seconds, "mtbf_s": a.mtbf,
            "failures_at_s": failures}
     try:
-        for arm in ["cairn"] + [f"dcp_async_{k}" for k in a.k.split(",") if k]:
+        arms = [f"cairn_{k}" if k != "1" else "cairn" for k in a.cairn_k.split(",") if k]
+        for arm in arms + [f"dcp_async_{k}" for k in a.k.split(",") if k]:
             # The reference right before each arm, so that both see the machine alike.
             none = run_arm(a, "none", root, [], seconds=a.baseline_seconds)
             t0 = none["iter_ms_median"] / 1e3
