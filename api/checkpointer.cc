@@ -219,7 +219,7 @@ Status Checkpointer::Impl::Open() {
   CAIRN_RETURN_IF_ERROR(OpenTier(fs));
   // A restart restores next: the version it will read from this rank's memory is mapped
   // in while the ranks connect, instead of a page fault per 4 KiB inside the restore
-  // (docs/performance.md, "Time to resume against dcp.load").
+  // (docs/performance.md, "Time to resume against dcp.load"). The first save stops it.
   if (!tier_->Versions().empty())
     warm_ = std::thread([this] {
       TraceSpan span("warm newest version", "restore");
@@ -234,6 +234,8 @@ Status Checkpointer::Impl::Open() {
   CaptureHooks hooks;
   // Both stages exist before the first save() (made below, before Open returns).
   hooks.on_save = [this](uint64_t seq, int64_t step) {
+    // Training saves: no restore comes now, and the warm-up's pin would hold a slot.
+    warm_stop_.store(true, std::memory_order_relaxed);
     persister_->OnSave(seq, step);
     if (agreement_) agreement_->OnSave(seq, step);
   };
