@@ -487,15 +487,9 @@ Result<std::unique_ptr<HostTier::View>> HostTier::Pin(int64_t step) {
 
 std::optional<SlotHeader> HostTier::NewestHeader() const {
   MutexLock lk(mu_);
-  const Slot* best = nullptr;
-  for (const Slot& s : slots_)
-    if (s.use == Use::kCaptured && s.header &&
-        (!best || s.header->step > best->header->step ||
-         (s.header->step == best->header->step &&
-          s.header->created_wall_ns > best->header->created_wall_ns)))
-      best = &s;
-  if (!best) return std::nullopt;
-  return *best->header;
+  const int newest = NewestLocked();
+  if (newest < 0) return std::nullopt;
+  return *slots_[static_cast<size_t>(newest)].header;
 }
 
 uint64_t HostTier::WarmNewest(const std::atomic<bool>& stop) {
@@ -503,15 +497,10 @@ uint64_t HostTier::WarmNewest(const std::atomic<bool>& stop) {
   std::unique_ptr<View> pin;
   {
     MutexLock lk(mu_);
-    const Slot* best = nullptr;
-    for (const Slot& s : slots_)
-      if (s.use == Use::kCaptured && s.header && s.file &&
-          (!best || s.header->step > best->header->step ||
-           (s.header->step == best->header->step &&
-            s.header->created_wall_ns > best->header->created_wall_ns)))
-        best = &s;
-    if (!best) return 0;
-    ++slots_[static_cast<size_t>(best->index)].pins;
+    const int newest = NewestLocked();
+    if (newest < 0 || !slots_[static_cast<size_t>(newest)].file) return 0;
+    Slot* best = &slots_[static_cast<size_t>(newest)];
+    ++best->pins;
     pin.reset(new View(this, best->index, *best->header, best->file->data(), best->data_path));
     file = best->file.get();  // a pinned slot is neither reused nor remapped
   }
