@@ -221,6 +221,13 @@ Setting Choice(const char* var, Member<T> m, const char* field,
 
 constexpr int64_t kMaxRanks = 1 << 24;
 
+// The words of CAIRN_PERSIST_PRIORITY and CAIRN_REPLICATE_PRIORITY.
+std::vector<std::pair<const char*, BackgroundPriority>> BackgroundPriorityWords() {
+  return {{"idle", BackgroundPriority::kIdle},
+          {"low", BackgroundPriority::kLow},
+          {"normal", BackgroundPriority::kNormal}};
+}
+
 std::vector<Setting> MakeSettings() {
   return {
       // torchrun sets RANK etc., Open MPI's mpirun OMPI_COMM_WORLD_*, Slurm's srun SLURM_*.
@@ -312,10 +319,7 @@ std::vector<Setting> MakeSettings() {
               "waits); a link seen down and up again during a push is redialed at once, "
               "without waiting this long"),
       Choice<BackgroundPriority>(
-          "CAIRN_REPLICATE_PRIORITY", CAIRN_FIELD(replicate_priority),
-          {{"idle", BackgroundPriority::kIdle},
-           {"low", BackgroundPriority::kLow},
-           {"normal", BackgroundPriority::kNormal}},
+          "CAIRN_REPLICATE_PRIORITY", CAIRN_FIELD(replicate_priority), BackgroundPriorityWords(),
           "CPU priority of the replication threads (pushing versions, receiving and checking "
           "replicas and parity): normal, low (nice 10: training first where no core is "
           "spare; replicas then lag and skip more steps) or idle"),
@@ -348,10 +352,7 @@ std::vector<Setting> MakeSettings() {
       Choice<bool>("CAIRN_PERSIST_DIRECT", CAIRN_FIELD(persist_direct), {{"0", false}, {"1", true}},
                    "1: write PFS files with O_DIRECT (falls back if refused)"),
       Choice<BackgroundPriority>(
-          "CAIRN_PERSIST_PRIORITY", CAIRN_FIELD(persist_priority),
-          {{"idle", BackgroundPriority::kIdle},
-           {"low", BackgroundPriority::kLow},
-           {"normal", BackgroundPriority::kNormal}},
+          "CAIRN_PERSIST_PRIORITY", CAIRN_FIELD(persist_priority), BackgroundPriorityWords(),
           "CPU priority of the PFS drain threads: low (nice 10), idle (SCHED_IDLE: only CPU "
           "nothing else wants; drains may crawl on a busy host) or normal"),
       Bytes("CAIRN_PERSIST_RATE", CAIRN_FIELD(persist_rate),
