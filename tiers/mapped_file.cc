@@ -23,6 +23,19 @@ Status Pmem2Error(const std::string& what, const std::string& path) {
   return Status::IOError(what + " " + path + ": " + pmem2_errormsg());
 }
 
+// For kernels without MADV_POPULATE_*: touches one byte per page of [lo, hi), rewriting
+// what is there when `write`.
+void TouchEachPage(std::byte* data, uint64_t lo, uint64_t hi, bool write) {
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (uint64_t off = lo / page * page; off < hi; off += page) {
+    volatile std::byte* p = data + off;
+    if (write)
+      *p = *p;
+    else
+      (void)*p;
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(FileSystem* fs, const std::string& path) {
@@ -76,13 +89,7 @@ Status MappedFile::Resize(uint64_t size) {
 
 Status MappedFile::Prefault() {
   if (!data_) return Status::OK();
-  if (::madvise(data_, size_, MADV_POPULATE_WRITE) == 0) return Status::OK();
-  // Older kernels: touch one byte per page (rewrite what is there).
-  const long page = ::sysconf(_SC_PAGESIZE);
-  for (uint64_t off = 0; off < size_; off += static_cast<uint64_t>(page)) {
-    volatile std::byte* p = data_ + off;
-    *p = *p;
-  }
+  if (::madvise(data_, size_, MADV_POPULATE_WRITE) != 0) TouchEachPage(data_, 0, size_, true);
   return Status::OK();
 }
 
@@ -91,12 +98,8 @@ void MappedFile::PopulateRead(uint64_t offset, uint64_t n) const {
   n = std::min(n, size_ - offset);
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t lo = offset / page * page;
-  if (::madvise(data_ + lo, offset + n - lo, MADV_POPULATE_READ) == 0) return;
-  // Older kernels: read one byte per page.
-  for (uint64_t off = lo; off < offset + n; off += page) {
-    volatile const std::byte* p = data_ + off;
-    (void)*p;
-  }
+  if (::madvise(data_ + lo, offset + n - lo, MADV_POPULATE_READ) != 0)
+    TouchEachPage(data_, lo, offset + n, false);
 }
 
 void MappedFile::Persist(uint64_t offset, uint64_t n) const {
