@@ -78,7 +78,6 @@ class Checkpointer::Impl {
   std::unique_ptr<StepAgreement> agreement_;  // several ranks only
   // Maps in the newest held version while the job wires up (HostTier::WarmNewest).
   std::atomic<bool> warm_stop_{false};
-  const bool reported_free_ = FreePagesReportedToHypervisor();  // CAIRN_RESTORE_HUGE_PAGES=auto
   std::thread warm_;
 };
 
@@ -456,9 +455,7 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
   env.timeout_s = options_.op_timeout_s;
   env.read_threads = options_.persist_threads;
   for (const ShardSpec& t : targets) env.host_targets &= t.memory == MemoryKind::kHost;
-  const bool huge = options_.restore_huge_pages == RestoreHugePages::kOn ||
-                    (options_.restore_huge_pages == RestoreHugePages::kAuto && !reported_free_);
-  if (huge)
+  if (RestoreWantsHugePages(options_.restore_huge_pages))
     for (const ShardSpec& t : targets)
       if (t.memory == MemoryKind::kHost) AdviseHugePagesIfFresh(t.data, t.nbytes());
   auto report = cairn::Restore(env, targets, options);

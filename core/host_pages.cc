@@ -1,12 +1,21 @@
 #include "core/host_pages.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 namespace cairn {
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 namespace {
 constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
@@ -35,6 +44,28 @@ bool FreePagesReportedToHypervisor() {
       return true;
   }
   return false;
+}
+
+bool RestoreWantsHugePages(RestoreHugePages setting) {
+  static const bool reported = FreePagesReportedToHypervisor();
+  return setting == RestoreHugePages::kOn || (setting == RestoreHugePages::kAuto && !reported);
+}
+
+void PopulatePages(std::byte* data, uint64_t lo, uint64_t hi, bool write) {
+  if (data == nullptr || hi <= lo) return;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = (reinterpret_cast<uintptr_t>(data) + lo) / page * page;
+  const uint64_t end = reinterpret_cast<uintptr_t>(data) + hi;
+  if (::madvise(reinterpret_cast<void*>(first), end - first,
+                write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+    return;
+  for (uint64_t a = first; a < end; a += page) {
+    volatile std::byte* p = reinterpret_cast<std::byte*>(std::max(a, end - hi + lo));
+    if (write)
+      *p = *p;
+    else
+      (void)*p;
+  }
 }
 
 }  // namespace cairn

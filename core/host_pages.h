@@ -1,7 +1,10 @@
 #pragma once
 // Huge pages for host memory that a restore is about to fill.
 
+#include <cstddef>
 #include <cstdint>
+
+#include "cairn/options.h"
 
 namespace cairn {
 
@@ -23,5 +26,15 @@ uint64_t AdviseHugePagesIfFresh(void* data, uint64_t n);
 // 2-core VMs, 150 ms instead of 46 ms with 4 KiB pages for 70 MB just after a large
 // process exited (21 ms when the blocks had not been reported yet).
 bool FreePagesReportedToHypervisor();
+
+// Whether a restore asks for huge pages for fresh host targets under `setting` (the value
+// of CAIRN_RESTORE_HUGE_PAGES: on; off; auto = where no free page reporting undoes them).
+bool RestoreWantsHugePages(RestoreHugePages setting);
+
+// Maps in the pages of [data + lo, data + hi) (whole pages around it) in one system call,
+// MADV_POPULATE_WRITE (`write`: each page made private and writable, fresh memory zeroed)
+// or MADV_POPULATE_READ, instead of a fault per page later; on kernels before 5.14, by
+// touching a byte of each page (a write rewrites the byte it read).
+void PopulatePages(std::byte* data, uint64_t lo, uint64_t hi, bool write);
 
 }  // namespace cairn

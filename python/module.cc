@@ -17,6 +17,7 @@
 
 #include "cairn/checkpointer.h"
 #include "cairn/pfs_step.h"
+#include "cairn/prepare.h"
 
 namespace py = pybind11;
 
@@ -555,6 +556,43 @@ void BindPfsStep(py::module_& m) {
           py::arg("rank"), "The blobs `rank` saved with the step ({name: bytes}).");
 }
 
+// A Prefault and the owners of the memory it faults in: the owners outlive the thread.
+struct PyPrefault {
+  std::vector<PyShard> targets;  // declared first: destroyed after the Prefault stops
+  std::unique_ptr<Prefault> prefault;
+};
+
+// Preparing a restart's restore while the job connects (include/cairn/prepare.h).
+void BindPrepare(py::module_& m) {
+  m.def(
+      "newest_held_blob",
+      [](const Options& options, const std::string& name) -> py::object {
+        auto got = Unwrap(WithoutGil([&] { return NewestHeldBlob(options, name); }));
+        if (!got) return py::none();
+        return py::make_tuple(got->step, py::bytes(got->bytes));
+      },
+      py::arg("options"), py::arg("name"),
+      "(step, bytes) of blob `name` of the newest restorable version in this rank's own host "
+      "tier, read without opening it (no lock, nothing sent); None when there is none. The "
+      "restore decides its step on its own: check that what this prepared matches.");
+  py::class_<PyPrefault>(m, "Prefault",
+                         "Faults in the host memory of `targets` (cairn.Shard) on a thread of "
+                         "its own, as a restore into them would, so that the kernel's page "
+                         "faults happen while the job connects (C++ cairn::Prefault). Keeps "
+                         "the targets' owners alive until it is done.")
+      .def(py::init([](std::vector<PyShard> targets, const Options& options) {
+             auto p = std::make_unique<PyPrefault>();
+             p->prefault = std::make_unique<Prefault>(Specs(targets), options);
+             p->targets = std::move(targets);
+             return p;
+           }),
+           py::arg("targets"), py::arg("options"))
+      .def(
+          "stop", [](PyPrefault& p) { return WithoutGil([&] { return p.prefault->Stop(); }); },
+          "Stops at the next MiB and waits for the thread (what is left, a restore faults in "
+          "itself); returns the bytes faulted in.");
+}
+
 // ShardList and Checkpointer.
 void BindCheckpointer(py::module_& m) {
   py::class_<PyShardList>(m, "ShardList",
@@ -626,5 +664,6 @@ PYBIND11_MODULE(_cairn, m) {
   BindShard(m);
   BindReports(m);
   BindPfsStep(m);
+  BindPrepare(m);
   BindCheckpointer(m);
 }

@@ -20,6 +20,7 @@
 #include "api/open_with.h"
 #include "cairn/checkpointer.h"
 #include "cairn/pfs_step.h"
+#include "cairn/prepare.h"
 #include "core/host_pages.h"
 #include "persist/manifest.h"
 #include "testing/controlled_filesystems.h"
@@ -635,6 +636,71 @@ TEST_F(CheckpointerTest, FreshHostTargetsAreAskedForHugePagesAndUsedOnesAreLeftA
             !FreePagesReportedToHypervisor())
       << VmFlagsOf(fresh_auto + kBytes / 2);
   for (uint8_t* m : {fresh, used, fresh_off, fresh_auto}) ::munmap(m, kBytes);
+}
+
+// A restarted process prepares its restore while it connects (include/cairn/prepare.h): it
+// reads a blob of the newest version its host memory holds, without opening the tier, and
+// faults in fresh targets on a thread; the restore then fills them. Bytes already in a
+// target stay, and device targets are not touched.
+// Bytes of [p, p + n) (page-aligned) resident in memory.
+uint64_t ResidentBytes(const void* p, size_t n) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((n + page - 1) / page);
+  if (::mincore(const_cast<void*>(p), n, in.data()) != 0) return 0;
+  uint64_t out = 0;
+  for (unsigned char c : in) out += (c & 1) ? page : 0;
+  return out;
+}
+
+TEST_F(CheckpointerTest, APreparedRestoreReadsTheNewestBlobAndFaultsTargetsIn) {
+  constexpr size_t kBytes = 12 << 20;
+  std::vector<uint8_t> saved(kBytes);
+  FillPattern(saved.data(), kBytes, 9);
+  auto shard = [](void* data, MemoryKind memory = MemoryKind::kHost) {
+    return ShardSpec::Whole({"w", DType::kU8, {static_cast<int64_t>(kBytes)}}, data, memory);
+  };
+  const std::vector<ShardSpec> source{shard(saved.data())};
+  {
+    auto c = Open();
+    ASSERT_TRUE(c->save(1, source, {{"layout", "one"}}).ok());
+    ASSERT_TRUE(c->save(2, source, {{"layout", "two"}}).ok());
+    ASSERT_TRUE(c->wait_captured().ok());
+    // While the tier is open (its lock held), as the next process reads before its open.
+    auto held = NewestHeldBlob(opts_, "layout");
+    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    ASSERT_TRUE(held->has_value());
+    EXPECT_EQ((*held)->step, 2);
+    EXPECT_EQ((*held)->bytes, "two");
+  }
+  auto absent = NewestHeldBlob(opts_, "other");
+  ASSERT_TRUE(absent.ok() && !absent->has_value());
+  Options elsewhere = opts_;
+  elsewhere.job_id += "-none";
+  absent = NewestHeldBlob(elsewhere, "layout");
+  ASSERT_TRUE(absent.ok() && !absent->has_value());
+
+  auto fresh_map = [] {
+    void* m = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(m, MAP_FAILED);
+    return static_cast<uint8_t*>(m);
+  };
+  uint8_t* fresh = fresh_map();
+  uint8_t* used = fresh_map();
+  FillPattern(used, kBytes, 3);
+  EXPECT_EQ(ResidentBytes(fresh, kBytes), 0u);
+  // A device target at an address nothing maps: touching it would crash the test.
+  void* device = reinterpret_cast<void*>(uintptr_t{1} << 46);
+  Prefault warm({shard(fresh), shard(used), shard(device, MemoryKind::kDevice)}, opts_);
+  auto c = Open();
+  EXPECT_EQ(warm.Wait(), 2 * kBytes);
+  EXPECT_EQ(ResidentBytes(fresh, kBytes), kBytes);
+  EXPECT_TRUE(CheckPattern(used, kBytes, 3));
+  auto rep = c->restore(std::vector<ShardSpec>{shard(fresh)});
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->step, 2);
+  EXPECT_TRUE(CheckPattern(fresh, kBytes, 9));
+  EXPECT_EQ(warm.Stop(), 2 * kBytes);  // done already: nothing more
+  for (uint8_t* m : {fresh, used}) ::munmap(m, kBytes);
 }
 
 }  // namespace

@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <thread>
 
+#include "core/checksum.h"
 #include "testing/fault_injection_filesystem.h"
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
@@ -132,6 +134,79 @@ TEST_F(HostTierTest, WarmNewestMapsTheNewestVersionInAndStopsWhenAsked) {
   EXPECT_GE(testing::SmapsKb(data, "Rss:"), int64_t{kBytes >> 10});
   EXPECT_LT(testing::SmapsKb((*older)->data(), "Rss:"), 1024);  // only the newest
   EXPECT_EQ(static_cast<int>(data[kBytes - 1]), 2);
+}
+
+TEST_F(HostTierTest, NewestBlobIsReadWithoutTheLockAndItsChecksumChecked) {
+  auto newest = [&](std::string_view name) {
+    return HostTier::NewestBlob(DefaultFileSystem(), dir_, name);
+  };
+  auto none = newest("layout");  // no directory yet
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value());
+  auto t = OpenTier();
+  // Versions holding 1000 bytes of a shard, then a blob "layout" of `text`.
+  auto capture = [&](int64_t step, const std::string& text) {
+    auto slot = t->Reserve(step, FullPolicy::kSkip);
+    ASSERT_TRUE(slot.ok());
+    SlotHeader h;
+    h.step = step;
+    h.chunk_bytes = 4096;
+    h.data_bytes = 1000 + text.size();
+    h.shards.push_back({"w", DType::kU8, {1000}, Box{{0}, {1000}}, 0, 1000, 0, 1});
+    h.chunk_checksums = {0};
+    h.blobs.push_back({"layout", 1000, text.size(), Checksum(text.data(), text.size())});
+    auto base = t->Prepare(*slot, step, h.data_bytes, h);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    std::memcpy(*base + 1000, text.data(), text.size());
+    t->MarkCopied(*slot);
+    ASSERT_TRUE(t->Commit(*slot, h).ok());
+  };
+  capture(1, "one");
+  capture(2, "two");
+  // Read while this tier holds the directory's lock, as a new process reads before its open.
+  auto got = newest("layout");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->first, 2);
+  EXPECT_EQ((*got)->second, "two");
+  got = newest("other");
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value());
+  // A version being captured is not restorable: still step 2's.
+  auto slot = t->Reserve(3, FullPolicy::kSkip);
+  ASSERT_TRUE(slot.ok());
+  SlotHeader h3;
+  h3.step = 3;
+  ASSERT_TRUE(t->Prepare(*slot, 3, 1000, h3).ok());
+  got = newest("layout");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->first, 2);
+  // Step 2's blob changed under its checksum: Corruption naming the file.
+  std::string path;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    const std::string p = e.path().string();
+    if (p.size() > 4 && p.compare(p.size() - 4, 4, ".hdr") != 0 &&
+        std::filesystem::file_size(p) >= 1003 && path.empty()) {
+      std::string buf(3, '\0');
+      FILE* f = std::fopen(p.c_str(), "rb");
+      ASSERT_NE(f, nullptr);
+      std::fseek(f, 1000, SEEK_SET);
+      ASSERT_EQ(std::fread(buf.data(), 1, 3, f), 3u);
+      std::fclose(f);
+      if (buf == "two") path = p;
+    }
+  }
+  ASSERT_FALSE(path.empty());
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, 1001, SEEK_SET);
+  std::fputc('W', f);
+  std::fclose(f);
+  got = newest("layout");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(got.status().message().find(path), std::string::npos) << got.status().ToString();
+  t->Abort(*slot);
 }
 
 TEST_F(HostTierTest, ReplicatedAndPersistedAreRecordedTogether) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "core/arith.h"
+#include "core/checksum.h"
 #include "core/kill_point.h"
 #include "core/mutex.h"
 #include "core/trusted_path.h"
@@ -231,6 +232,40 @@ Result<std::vector<VersionInfo>> HostTier::Scan(FileSystem* fs, const std::strin
   std::sort(out.begin(), out.end(),
             [](const VersionInfo& a, const VersionInfo& b) { return a.step > b.step; });
   return out;
+}
+
+Result<std::optional<std::pair<int64_t, std::string>>> HostTier::NewestBlob(FileSystem* fs,
+                                                                            const std::string& dir,
+                                                                            std::string_view name) {
+  using Out = std::optional<std::pair<int64_t, std::string>>;
+  if (!fs->Exists(dir)) return Out();
+  CAIRN_ASSIGN_OR_RETURN(auto names, fs->ListDir(dir));
+  std::optional<SlotHeader> newest;
+  std::string newest_path;
+  for (const std::string& n : names) {
+    if (SlotIndexOf(n) < 0 || n.size() < 4 || n.compare(n.size() - 4, 4, ".hdr") != 0) continue;
+    const std::string path = JoinPath(dir, n);
+    auto bytes = ReadOwnFile(fs, path, kMaxSlotHeaderBytes);
+    if (!bytes.ok()) continue;  // as Open does: such a version is not listed
+    Result<SlotHeader> h = DecodeSlotHeader(*bytes);
+    if (!h.ok() || !IsRestorable(h->state)) continue;
+    if (!newest || h->step > newest->step ||
+        (h->step == newest->step && h->created_wall_ns > newest->created_wall_ns)) {
+      newest = std::move(*h);
+      newest_path = path.substr(0, path.size() - 4);
+    }
+  }
+  if (!newest) return Out();
+  auto b = std::find_if(newest->blobs.begin(), newest->blobs.end(),
+                        [&](const SlotBlob& x) { return x.name == name; });
+  if (b == newest->blobs.end()) return Out();
+  CAIRN_ASSIGN_OR_RETURN(File f, OpenOwnFile(fs, newest_path, O_RDONLY, 0));
+  std::string out(b->nbytes, '\0');
+  CAIRN_RETURN_IF_ERROR(f.ReadAt(out.data(), out.size(), b->offset).WithContext(newest_path));
+  if (Checksum(out.data(), out.size()) != b->checksum)
+    return Status::Corruption("checksum mismatch in blob '" + b->name + "' of step " +
+                              std::to_string(newest->step) + " in " + newest_path);
+  return Out(std::pair{newest->step, std::move(out)});
 }
 
 int HostTier::NewestLocked() const {

@@ -28,6 +28,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cairn/options.h"
@@ -79,6 +81,13 @@ class HostTier {
   // described in *problems when it is given.
   static Result<std::vector<VersionInfo>> Scan(FileSystem* fs, const std::string& dir,
                                                std::vector<std::string>* problems);
+
+  // The blob `name` of the newest restorable version listed in `dir`, read without opening
+  // the tier (no lock, nothing changed) and its checksum verified (Corruption naming the
+  // file otherwise): nullopt when no version is restorable or the newest has no such blob.
+  static Result<std::optional<std::pair<int64_t, std::string>>> NewestBlob(FileSystem* fs,
+                                                                           const std::string& dir,
+                                                                           std::string_view name);
 
   // Chooses a slot for a new version of `step` (no I/O). With kBlock waits until a slot is
   // free; with kSkip returns Unavailable when none is, except that it waits for a version

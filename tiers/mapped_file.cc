@@ -7,33 +7,14 @@
 
 #include <algorithm>
 
+#include "core/host_pages.h"
 #include "core/trusted_path.h"
-
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 namespace cairn {
 namespace {
 
 Status Pmem2Error(const std::string& what, const std::string& path) {
   return Status::IOError(what + " " + path + ": " + pmem2_errormsg());
-}
-
-// For kernels without MADV_POPULATE_*: touches one byte per page of [lo, hi), rewriting
-// what is there when `write`.
-void TouchEachPage(std::byte* data, uint64_t lo, uint64_t hi, bool write) {
-  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  for (uint64_t off = lo / page * page; off < hi; off += page) {
-    volatile std::byte* p = data + off;
-    if (write)
-      *p = *p;
-    else
-      (void)*p;
-  }
 }
 
 }  // namespace
@@ -89,17 +70,13 @@ Status MappedFile::Resize(uint64_t size) {
 
 Status MappedFile::Prefault() {
   if (!data_) return Status::OK();
-  if (::madvise(data_, size_, MADV_POPULATE_WRITE) != 0) TouchEachPage(data_, 0, size_, true);
+  PopulatePages(data_, 0, size_, true);
   return Status::OK();
 }
 
 void MappedFile::PopulateRead(uint64_t offset, uint64_t n) const {
   if (!data_ || offset >= size_) return;
-  n = std::min(n, size_ - offset);
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t lo = offset / page * page;
-  if (::madvise(data_ + lo, offset + n - lo, MADV_POPULATE_READ) != 0)
-    TouchEachPage(data_, lo, offset + n, false);
+  PopulatePages(data_, offset, offset + std::min(n, size_ - offset), false);
 }
 
 void MappedFile::Persist(uint64_t offset, uint64_t n) const {

@@ -1,5 +1,6 @@
 // cairn's public surface in one include: Checkpointer, Options, Status/Result, ShardSpec,
-// Box, DType, the restore options and report, Stats, PfsStep. Link cairn::cairn (CMake) or
+// Box, DType, the restore options and report, Stats, PfsStep, and what prepares a restart's
+// restore (NewestHeldBlob, Prefault). Link cairn::cairn (CMake) or
 // `pkg-config --libs cairn`.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include "cairn/group.h"         // IWYU pragma: export
 #include "cairn/options.h"       // IWYU pragma: export
 #include "cairn/pfs_step.h"      // IWYU pragma: export
+#include "cairn/prepare.h"       // IWYU pragma: export
 #include "cairn/restore.h"       // IWYU pragma: export
 #include "cairn/stats.h"         // IWYU pragma: export
 #include "cairn/status.h"        // IWYU pragma: export

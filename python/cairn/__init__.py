@@ -22,13 +22,15 @@ from ._cairn import (  # noqa: F401
     Error,
     Options,
     PfsStep,
+    Prefault,
     RestoreReport,
     Shard,
     ShardList,
     Stats,
     VersionInfo,
+    newest_held_blob,
     settings,
 )
 
-__all__ = ["Checkpointer", "Error", "Options", "PfsStep", "RestoreReport", "Shard", "ShardList",
-           "Stats", "VersionInfo", "settings"]
+__all__ = ["Checkpointer", "Error", "Options", "PfsStep", "Prefault", "RestoreReport", "Shard",
+           "ShardList", "Stats", "VersionInfo", "newest_held_blob", "settings"]

@@ -479,17 +479,18 @@ def _empty_like(p, dtype):
     return torch.empty_like(p, dtype=dtype)
 
 
-def _make_optimizer_state(optimizer, layout, by_name):
-    """Creates an optimizer's state tensors from a saved layout (uninitialised: the restore
-    fills every byte), which costs an allocation where a zero step costs the optimizer's
-    whole update (130 ms of a 0.2 GB AdamW state here, more than the restore itself).
-    False, creating nothing, when the layout names a parameter this optimizer lacks."""
+def _optimizer_state_tensors(layout, by_name):
+    """An optimizer's state tensors made from a saved layout ({parameter: {key: tensor}},
+    uninitialised: the restore fills every byte), which costs an allocation where a zero
+    step costs the optimizer's whole update (130 ms of a 0.2 GB AdamW state here, more than
+    the restore itself). None when the layout names a parameter the optimizer lacks."""
     if any(name not in by_name for name in layout):
-        return False
-    for name, entries in layout.items():
-        p = by_name[name]
-        st = optimizer.state[p]
-        with torch.no_grad():
+        return None
+    state = {}
+    with torch.no_grad():
+        for name, entries in layout.items():
+            p = by_name[name]
+            st = state[p] = {}
             for key, kind, dtype in entries:
                 dt = _dtype_from_name(dtype)
                 if kind == "param":
@@ -497,7 +498,20 @@ def _make_optimizer_state(optimizer, layout, by_name):
                 else:
                     st[key] = torch.zeros((), dtype=dt,
                                           device="cpu" if kind == "scalar_cpu" else p.device)
-    return True
+    return state
+
+
+def _host_parts(state):
+    """cairn.Shards over the host memory of the state tensors' local parts (what a
+    cairn.Prefault faults in)."""
+    cls = _dtensor_class()
+    out = []
+    for st in state.values():
+        for key, t in st.items():
+            local = t._local_tensor if cls is not None and isinstance(t, cls) else t
+            if local.device.type == "cpu" and local.numel() > 1 and local.is_contiguous():
+                out += _tensor_shards(key, local)
+    return out
 
 
 class Checkpointer:
@@ -522,7 +536,6 @@ class Checkpointer:
         self.extra = None  # the user dict of the last restore
         self.allow_pickle = bool(allow_pickle)  # see the module's text
         self.last_report = None  # its cairn.RestoreReport
-        self._ck = _cairn.Checkpointer(opts)
         self._rank = opts.rank
         self._fqn = None  # id(parameter) -> name, once asked for
         self._buffers = None  # the model's buffers' flattened names
@@ -530,6 +543,15 @@ class Checkpointer:
         self._plan = None  # a _SavePlan: the last save's walk, while the state is unchanged
         self._optim_layout = None  # the encoded _OPTIM_LAYOUT_BLOB of the last walk
         self._hook = None
+        # (layout blob, state tensors, cairn.Prefault): see _prepare_optimizer_state.
+        self._prepared = None
+        if optimizer is not None and not optimizer.state:
+            self._prepared = self._prepare_optimizer_state(opts)
+        try:
+            self._ck = _cairn.Checkpointer(opts)  # joins the job: the prefault runs meanwhile
+        except BaseException:
+            self._drop_prepared()
+            raise
         if optimizer is not None:
             self._install_fence_hook(optimizer)
 
@@ -539,6 +561,7 @@ class Checkpointer:
         """Queues version `step` (steps must increase). Returns True when queued, False when
         skipped for want of a free host slot (see CAIRN_SLOTS). `extra`: a picklable dict
         saved with it (returned by restore() as self.extra)."""
+        self._drop_prepared()  # training: no restore comes now
         got = self._unchanged_state()
         shards, plain = got if got is not None else self._flat_state(snapshot_buffers=True)
         blobs = self._rng_blobs()
@@ -572,6 +595,12 @@ class Checkpointer:
         0 and keeps its own RNGs). Returns its step, or None when no version exists anywhere. The user dict saved with it is
         in self.extra, the cairn.RestoreReport in self.last_report."""
         try:
+            return self._restore(step)
+        finally:
+            self._drop_prepared()
+
+    def _restore(self, step):
+        try:
             head = self._ck.restore([], step=step, partial=True)
         except _cairn.Error as e:
             if e.code == "NotFound" and step is None:
@@ -593,7 +622,12 @@ class Checkpointer:
             self.optimizer.state.clear()  # as it was: a fresh optimizer's
         elif self.optimizer is not None and any(k.startswith("optim.") for k in plain):
             if not self.optimizer.state and layout is not None:
-                created = _make_optimizer_state(self.optimizer, layout, self._params_by_name())
+                state = self._take_prepared(head.blobs[_OPTIM_LAYOUT_BLOB])
+                if state is None:
+                    state = _optimizer_state_tensors(layout, self._params_by_name())
+                if state is not None:
+                    self.optimizer.state.update(state)
+                    created = True
             if not created:
                 _init_optimizer_state(self.optimizer)  # its tensors are restored in place
         copies = []  # (contiguous target, the strided DTensor part it belongs in)
@@ -641,6 +675,7 @@ class Checkpointer:
 
     def close(self):
         """Waits for captures in flight and stops (the host tier's files stay)."""
+        self._drop_prepared()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -658,6 +693,43 @@ class Checkpointer:
         self.close()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _prepare_optimizer_state(self, opts):
+        """A restarted process restores next, and a fresh optimizer's state is most of what
+        its memory restore costs: the kernel zeroes each fresh 4 KiB page at its first
+        touch (34 ms of a 51 ms restore of 70 MB of AdamW state, docs/performance.md).
+        When this rank's host tier holds a version with the optimizer's state layout, the
+        state is made now and its pages are faulted in on a thread while the Checkpointer's
+        open waits for the other ranks; restore() takes it when the version it restores has
+        the same layout. The first save(), a restore of another layout, or close() drops
+        it. A preparation only: what it cannot read, the restore reads and reports."""
+        try:
+            got = _cairn.newest_held_blob(opts, _OPTIM_LAYOUT_BLOB)
+            if got is None:
+                return None
+            step, blob = got
+            layout = _decode(blob, "optimizer state layout", step)
+            state = _optimizer_state_tensors(layout, self._params_by_name())
+        except (_cairn.Error, ValueError, TypeError, KeyError):
+            return None
+        if state is None:
+            return None
+        return blob, state, _cairn.Prefault(_host_parts(state), opts)
+
+    def _take_prepared(self, blob):
+        """The prepared optimizer state when it was made from layout `blob` (its pages
+        faulted in, as far as it got), else None; it is no longer held either way."""
+        got, self._prepared = self._prepared, None
+        if got is None:
+            return None
+        made_from, state, prefault = got
+        prefault.stop()  # what it has not faulted in yet, the restore's copy does
+        return state if bytes(made_from) == bytes(blob) else None
+
+    def _drop_prepared(self):
+        if self._prepared is not None:
+            self._prepared[2].stop()
+            self._prepared = None
 
     def _stream(self):
         """The current CUDA stream (as an int) of the device the model is on; 0 for a

@@ -730,9 +730,11 @@ class TorchUnits(_InProcessJob, unittest.TestCase):
         """A restore into an optimizer that has no state yet (a restarted job) creates its
         tensors from the saved layout instead of running a zero step (which costs the
         optimizer's whole update): no step runs, and the state equals the saved one bit
-        for bit. An optimizer whose state is not shaped like its parameters gets a zero
-        step as before. A restore that fails leaves the optimizer without state, as it
-        was, not with uninitialised tensors."""
+        for bit. Those tensors are made, and their pages faulted in, while the
+        Checkpointer opens (the restore takes them); a save drops them. An optimizer whose
+        state is not shaped like its parameters gets a zero step as before. A restore that
+        fails leaves the optimizer without state, as it was, not with uninitialised
+        tensors."""
         torch = self.torch
 
         class Counting(torch.optim.AdamW):
@@ -770,14 +772,21 @@ class TorchUnits(_InProcessJob, unittest.TestCase):
             opt2 = make(model2.parameters())
             Counting.steps = 0
             with self.ckpt(model2, opt2) as ck:
+                # Made while the Checkpointer opened, from the layout the version holds.
+                prepared = {(n, k): v.data_ptr() for n, p in model2.named_parameters()
+                            for k, v in (ck._prepared[1][p].items() if ck._prepared else ())}
+                self.assertEqual(bool(prepared), kind == "adamw", kind)
                 calls = []
                 real = opt2.step
                 opt2.step = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
                 self.assertEqual(ck.restore(), 2)
                 opt2.step = real
+                self.assertIsNone(ck._prepared)
             self.assertEqual(len(calls), fresh_steps, kind)
             got = {(n, k): v for n, p in model2.named_parameters()
                    for k, v in opt2.state[p].items() if torch.is_tensor(v)}
+            if prepared:  # the restore filled the prepared tensors
+                self.assertEqual({key: got[key].data_ptr() for key in prepared}, prepared)
             self.assertEqual(set(got), set(want), kind)
             for key, v in want.items():
                 self.assertTrue(torch.equal(got[key], v), f"{kind} {key}")
@@ -793,7 +802,18 @@ class TorchUnits(_InProcessJob, unittest.TestCase):
         with self.ckpt(model3, opt3) as ck:
             with self.assertRaises(cairn.Error):
                 ck.restore()
+            self.assertIsNone(ck._prepared)
         self.assertEqual(len(opt3.state), 0)
+
+        # Training without a restore: the first save drops what was prepared.
+        model4 = torch.nn.Linear(8, 4)
+        opt4 = torch.optim.AdamW(model4.parameters())
+        with self.ckpt(model4, opt4) as ck:
+            self.assertIsNotNone(ck._prepared)
+            model4(torch.randn(3, 8)).square().sum().backward()
+            opt4.step()
+            self.assertTrue(ck.save(3))
+            self.assertIsNone(ck._prepared)
 
     def test_no_version_restores_nothing(self):
         with self.ckpt(self.torch.nn.Linear(3, 3)) as c:
