@@ -29,7 +29,8 @@ node (gloo for training, UCX over tcp for cairn), AdamW.
 Per arm (medians over rounds): restore_s (the restore call alone, model and optimizer
 built, imports, process group and cairn's Checkpointer made; the slowest rank's: cairn's
 `restore()`, DCP's get_state_dict + dcp.load + set_state_dict), open_s (cairn: making the
-Checkpointer, which joins the job over UCX, as init_process_group does for DCP), resume_s
+Checkpointer, which joins the job over UCX, as init_process_group does for DCP, and
+meanwhile makes and faults in the fresh optimizer state the restore fills), resume_s
 (from the launch of the processes to the end of the first training step after the restore,
 the slowest rank), read_bytes (what the ranks read from storage during the restore,
 /proc/self/io). Every resumed run is checked: the losses of the --after steps equal the
