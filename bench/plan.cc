@@ -9,6 +9,14 @@
 // buffers: 1,000 tensors), each tensor's row-major elements cut into N flat ranges, rank r
 // holding range r (1 to 3 boxes per tensor): every layout distinct, no box held twice;
 // restored onto the same N ranks (load_plan_same_layout_s) and onto --load-ranks.
+// Or, with --mode, the layouts of FSDP2 jobs (DTensor Shard(0): each part a chunk of
+// dimension 0, ceil-sized), restored onto the same job and onto --load-fsdp (default 4/5):
+//   pp-fsdp     --pp stages x --fsdp ranks; a rank holds its stage's 1,000 tensors only
+//   pp-fsdp-tp  the same x --tp tensor-parallel ranks (innermost), FSDP2 over the TP
+//               parts: row-parallel weights cut in two dimensions, column-parallel ones a
+//               chunk of a chunk of dimension 0, TP-replicated ones held by --tp ranks each
+//   hsdp        --dp replicas x --fsdp ranks of the whole 1,000-tensor model
+// "plan_path" says which planner planned and why.
 //
 // What is timed is what the persister does on a rank (every rank computes the same plan):
 //   plan_s         MakeSavePlan from the gathered layouts: each distinct layout once (the
@@ -69,6 +77,9 @@ struct Args {
   int load_tp = 4, load_pp = 20, load_dp = 100;
   int fully_sharded = 0;  // > 0: that many ranks, each a flat 1/n of every tensor
   int load_ranks = 0;     // fully sharded: the loading job's ranks (0: 4/5 of them)
+  // --mode: megatron (TP x PP x DP as above, or --fully-sharded), pp-fsdp, pp-fsdp-tp, hsdp.
+  std::string mode = "megatron";
+  int fsdp = 0, load_fsdp = 0;  // the FSDP2 degree of the new modes (0 at load: 4/5 of it)
   bool no_templates = false;
   bool save_only = false;
 };
@@ -132,6 +143,29 @@ RankLayout FlatLayout(const Args& a, int layers, int n, int r) {
   t.rules.assign(t.tensors.size(), {SplitRule::Kind::kFlat, SplitRule::Round::kCeil, 0});
   t.parts = static_cast<uint32_t>(n);
   return ExpandTemplate(t, static_cast<uint32_t>(r));
+}
+
+// Rank (stage, i, j) of a job with pipeline stages, FSDP2 over `fsdp` ranks and tensor
+// parallelism over `tp`: stage `stage`'s tensors (20 layers and its buffers), each cut by
+// tensor parallelism as StageLayout cuts it (rows or columns; biases and norms replicated),
+// then the TP part's dimension 0 chunked over the FSDP ranks as FSDP2 does (DTensor
+// Shard(0): ceil-sized chunks, the last ones shorter or empty). With TP rows that is a
+// chunk of a chunk of dimension 0 (a strided shard); with TP columns a box cut in two
+// dimensions. A tensor whose part is empty is not in the layout.
+RankLayout ShardedStageLayout(const Args& a, int stage, int fsdp, int i, int tp, int j) {
+  const RankLayout cut = StageLayout(a, tp, a.layers_per_stage, j, stage, stage);
+  RankLayout l;
+  for (const RankLayout::Entry& e : cut.shards) {
+    Box b = e.box;
+    const int64_t rows = b.lengths[0], chunk = (rows + fsdp - 1) / fsdp;
+    const int64_t lo = chunk * i;
+    if (lo >= rows) continue;
+    b.offsets[0] += lo;
+    b.lengths[0] = std::min(chunk, rows - lo);
+    l.shards.push_back({static_cast<uint32_t>(l.tensors.size()), std::move(b)});
+    l.tensors.push_back(cut.tensors[e.tensor]);
+  }
+  return l;
 }
 
 // What the persister's layout gathers bring a rank (layout/templated_plan.h).
@@ -321,10 +355,11 @@ double Median(std::vector<double> v) {
 // What main's phases share: the arguments, and what each phase leaves for the next.
 struct Run {
   Args a;
-  bool fsdp = false;
+  bool fsdp = false;  // --fully-sharded
   int world = 0, load_world = 0;
-  size_t entries = 0;                 // (rank, shard) pairs of the whole job
-  std::vector<std::string> distinct;  // encoded distinct layouts, for the general restore
+  int distinct = 0, load_distinct = 0;  // rank r holds distinct layout r % distinct
+  size_t entries = 0;                   // (rank, shard) pairs of the whole job
+  std::vector<std::string> layouts;     // encoded distinct layouts, for the general restore
   Gathered gathered;
   std::optional<PersistPlan> persist_plan;
   std::string manifest;  // the last one, encoded
@@ -334,10 +369,26 @@ struct Run {
   uint64_t inventory_bytes = 0;
   nlohmann::ordered_json j;  // the result line
 
-  // The rank (tp, pp)'s layout; fully sharded: rank tp's flat ranges.
-  RankLayout LayoutOf(int tp, int pp) const {
-    return fsdp ? FlatLayout(a, a.layers_per_stage, a.tp, tp)
-                : StageLayout(a, a.tp, a.layers_per_stage, tp, pp, pp);
+  bool new_mode() const { return a.mode != "megatron"; }
+  // The saving job's distinct layout k: megatron, rank (tp, pp) = (k % tp, k / tp); fully
+  // sharded, rank k's flat ranges; the FSDP2 modes, (stage, i, j) with j innermost.
+  RankLayout LayoutOf(int k) const {
+    if (new_mode())
+      return ShardedStageLayout(a, k / (a.tp * a.fsdp), a.fsdp, (k / a.tp) % a.fsdp, a.tp,
+                                k % a.tp);
+    return fsdp ? FlatLayout(a, a.layers_per_stage, a.tp, k)
+                : StageLayout(a, a.tp, a.layers_per_stage, k % a.tp, k / a.tp, k / a.tp);
+  }
+  // The loading job's distinct layout k.
+  RankLayout LoadLayoutOf(int k) const {
+    if (new_mode())
+      return ShardedStageLayout(a, k / (a.tp * a.load_fsdp), a.load_fsdp, (k / a.tp) % a.load_fsdp,
+                                a.tp, k % a.tp);
+    const int layers = a.pp * a.layers_per_stage / a.load_pp;
+    if (fsdp) return FlatLayout(a, layers, a.load_tp, k);
+    const int stages_per_saved = a.load_pp / a.pp, tp = k % a.load_tp, pp = k / a.load_tp;
+    return StageLayout(a, a.load_tp, layers, tp, pp,
+                       pp % stages_per_saved == 0 ? pp / stages_per_saved : -1);
   }
 };
 
@@ -368,11 +419,35 @@ std::optional<int> ParseArgs(int argc, char** argv, Args& a) {
   app.add_option("--load-ranks", a.load_ranks,
                  "with --fully-sharded: ranks of the loading job (default 4/5 of N)")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--mode", a.mode,
+                 "megatron (TP x PP x DP, or --fully-sharded); pp-fsdp (--pp stages x --fsdp "
+                 "FSDP2 ranks, each stage's 1,000 tensors chunked along dimension 0); "
+                 "pp-fsdp-tp (the same x --tp tensor-parallel ranks, TP innermost: 2-D "
+                 "DTensor sharding); hsdp (--dp replicas x --fsdp FSDP2 ranks of the whole "
+                 "1,000-tensor model). The new modes restore onto the same job and onto "
+                 "--load-fsdp (default 4/5 of --fsdp)")
+      ->check(CLI::IsMember({"megatron", "pp-fsdp", "pp-fsdp-tp", "hsdp"}))
+      ->capture_default_str();
+  app.add_option("--fsdp", a.fsdp, "FSDP2 ranks (the new modes)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--load-fsdp", a.load_fsdp, "FSDP2 ranks of the loading job (the new modes)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--no-templates", a.no_templates,
                "plan every layout with the general planner (as before layout templates)");
   app.add_flag("--save-only", a.save_only,
                "time the save side only (plan, cached plan, MANIFEST), not the restore");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return rc;
+  if (a.mode != "megatron") {
+    if (a.fsdp < 1 || a.fully_sharded > 0) {
+      std::fprintf(stderr, "plan: --mode %s needs --fsdp (and no --fully-sharded)\n",
+                   a.mode.c_str());
+      return 2;
+    }
+    if (a.mode != "pp-fsdp-tp") a.tp = 1;
+    if (a.mode == "hsdp") a.pp = 1;
+    if (a.mode != "hsdp") a.dp = 1;
+    if (a.load_fsdp == 0) a.load_fsdp = std::max(1, a.fsdp * 4 / 5);
+    a.load_tp = a.tp, a.load_pp = a.pp, a.load_dp = a.dp;
+  }
   if (a.fully_sharded > 0) {
     a.tp = a.fully_sharded, a.pp = 1, a.dp = 1;
     a.load_pp = 1, a.load_dp = 1;
@@ -392,30 +467,28 @@ std::optional<int> ParseArgs(int argc, char** argv, Args& a) {
 void GatherLayouts(Run& run) {
   const Args& a = run.a;
   const int world = run.world;
-  // rank = (dp * pp_size + pp) * tp_size + tp, as Megatron orders them: rank r holds
-  // distinct layout r % (tp * pp), which rank r % (tp * pp) describes for all of them (a
-  // rank's template index is its tp index, the same for its data-parallel replicas).
-  const size_t ndistinct = static_cast<size_t>(a.tp * a.pp);
-  run.distinct.resize(a.save_only ? 0 : ndistinct);
+  // rank = (dp * pp_size + pp) * tp_size + tp, as Megatron orders them (the FSDP2 modes:
+  // ((dp * pp_size + pp) * fsdp + i) * tp + j): rank r holds distinct layout
+  // r % run.distinct, which rank r % run.distinct describes for all of them (a rank's
+  // template index is the same for its data-parallel replicas).
+  const size_t ndistinct = static_cast<size_t>(run.distinct);
+  run.layouts.resize(a.save_only ? 0 : ndistinct);
   std::vector<std::string> message(ndistinct);
   std::vector<uint64_t> tmpl_hash(ndistinct, 0);  // 0: not a template
   std::map<uint64_t, std::string> tmpl_bytes;     // each distinct template once
   std::vector<uint64_t> distinct_hash(ndistinct);
-  for (int pp = 0; pp < a.pp; ++pp)
-    for (int tp = 0; tp < a.tp; ++tp) {
-      RankLayout l = run.LayoutOf(tp, pp);
-      run.entries += l.shards.size() * static_cast<size_t>(a.dp);
-      const size_t k = static_cast<size_t>(pp * a.tp + tp);
-      std::string tmpl;
-      Describe(l, static_cast<int>(k), world, !a.no_templates, &message[k], &distinct_hash[k],
-               &tmpl);
-      if (!tmpl.empty()) {
-        tmpl_hash[k] = TemplateHash(tmpl);
-        tmpl_bytes.emplace(tmpl_hash[k], std::move(tmpl));
-      }
-      // Kept for the general restore path (a templated one never needs them).
-      if (!a.save_only && tmpl_hash[k] == 0) run.distinct[k] = EncodeRankLayout(l);
+  for (size_t k = 0; k < ndistinct; ++k) {
+    RankLayout l = run.LayoutOf(static_cast<int>(k));
+    run.entries += l.shards.size() * static_cast<size_t>(world) / ndistinct;
+    std::string tmpl;
+    Describe(l, static_cast<int>(k), world, !a.no_templates, &message[k], &distinct_hash[k], &tmpl);
+    if (!tmpl.empty()) {
+      tmpl_hash[k] = TemplateHash(tmpl);
+      tmpl_bytes.emplace(tmpl_hash[k], std::move(tmpl));
     }
+    // Kept for the general restore path (a templated one never needs them).
+    if (!a.save_only && tmpl_hash[k] == 0) run.layouts[k] = EncodeRankLayout(l);
+  }
   // What a rank holds after the layout gathers: template references from everyone (or
   // explicit layouts from the lowest rank of each), each template once.
   Gathered& gathered = run.gathered;
@@ -475,7 +548,7 @@ Status TimeSavePlans(Run& run) {
     // A later round: this rank re-derives its hash (its layout's template, when it is
     // one) and compares everyone's.
     t0 = NowNanos();
-    RankLayout mine = run.LayoutOf(0, 0);
+    RankLayout mine = run.LayoutOf(0);
     std::string msg, mine_tmpl;
     uint64_t h = 0;
     Describe(mine, 0, world, !a.no_templates, &msg, &h, &mine_tmpl);
@@ -559,6 +632,8 @@ Status TimeSavePlans(Run& run) {
                pieces, persist_plan->templated ? "templated" : "general",
                persist_plan->why_general.empty() ? "" : ": ", persist_plan->why_general.c_str());
   if (run.fsdp) run.j["fully_sharded"] = true;
+  if (run.new_mode()) run.j["mode"] = a.mode;
+  run.j["plan_path"] = persist_plan->Path();
   return Status::OK();
 }
 
@@ -635,13 +710,15 @@ Status TimeTemplatedRestores(Run& run) {
     double s = 0;
     uint64_t index_bytes = 0, read = 0, needed = 0;
   };
-  // Rank r of an n-rank flat layout plans its restore.
-  auto solo = [&](int n, int r) -> Result<Solo> {
+  // Rank r of the saving job (`same`) or of the loading job plans its restore.
+  auto solo = [&](bool same_job, int r) -> Result<Solo> {
     Solo out;
+    const int n = same_job ? world : load_world;
     std::vector<double> t;
     for (int rep = 0; rep < a.repeats; ++rep) {
       const int64_t t0 = NowNanos();
-      const RankLayout target = FlatLayout(a, a.layers_per_stage, n, r);
+      const RankLayout target =
+          same_job ? run.LayoutOf(r % run.distinct) : run.LoadLayoutOf(r % run.load_distinct);
       std::vector<std::pair<std::string, Box>> want;
       for (const auto& e : target.shards) want.push_back({target.tensors[e.tensor].name, e.box});
       CAIRN_ASSIGN_OR_RETURN(pb::Manifest part,
@@ -667,9 +744,10 @@ Status TimeTemplatedRestores(Run& run) {
     return out;
   };
   // The slowest of the first, middle and last ranks, onto both layouts.
-  auto worst = [&](int n, Solo* w) -> Status {
+  auto worst = [&](bool same_job, Solo* w) -> Status {
+    const int n = same_job ? world : load_world;
     for (int r : {0, n / 2, n - 1}) {
-      CAIRN_ASSIGN_OR_RETURN(Solo x, solo(n, r));
+      CAIRN_ASSIGN_OR_RETURN(Solo x, solo(same_job, r));
       w->s = std::max(w->s, x.s);
       w->index_bytes = std::max(w->index_bytes, x.index_bytes);
       if (x.needed > 0 &&
@@ -680,8 +758,8 @@ Status TimeTemplatedRestores(Run& run) {
     return Status::OK();
   };
   Solo other, same;
-  Status st = worst(load_world, &other);
-  if (st.ok()) st = worst(world, &same);
+  Status st = worst(false, &other);
+  if (st.ok()) st = worst(true, &same);
   if (!st.ok()) {
     return st;
   }
@@ -690,10 +768,14 @@ Status TimeTemplatedRestores(Run& run) {
   // every saved tensor is some rank's target).
   const uint64_t bits =
       static_cast<uint64_t>(load_world) * ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
+  // (Memory restores are simulated for the fully sharded job only: one template, source s
+  // at index s.)
   MemoryRestore mem_same, mem_other;
-  st = MemoryRestores(a, world, world, true, &mem_same);
-  if (st.ok()) st = MemoryRestores(a, world, load_world, false, &mem_other);
-  if (!st.ok()) return st.WithContext("memory restore");
+  if (run.fsdp) {
+    st = MemoryRestores(a, world, world, true, &mem_same);
+    if (st.ok()) st = MemoryRestores(a, world, load_world, false, &mem_other);
+    if (!st.ok()) return st.WithContext("memory restore");
+  }
   run.j["load_ranks"] = load_world;
   run.j["index_file_bytes"] = run.index.total_bytes;
   run.j["catalog_s"] = Round(Median(catalog_t), 4);
@@ -703,6 +785,10 @@ Status TimeTemplatedRestores(Run& run) {
                                     std::max(other.index_bytes, same.index_bytes) + bits;
   run.j["load_read_over_needed"] =
       Round(static_cast<double>(other.read) / static_cast<double>(other.needed), 4);
+  if (!run.fsdp) {
+    run.j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
+    return Status::OK();
+  }
   run.j["memory_catalog_s"] = Round(std::max(mem_same.catalog_s, mem_other.catalog_s), 4);
   run.j["memory_plan_lost_node_s"] = Round(mem_same.plan_s, 4);
   run.j["memory_plan_other_layout_s"] = Round(mem_other.plan_s, 4);
@@ -788,26 +874,21 @@ Status TimeGeneralRestores(Run& run) {
     out.ok = true;
     return out;
   };
-  const int layers = a.pp * a.layers_per_stage / a.load_pp;
-  const int stages_per_saved = a.load_pp / a.pp;
   std::vector<std::string> load_layouts;
-  for (int pp = 0; pp < a.load_pp; ++pp)
-    for (int tp = 0; tp < a.load_tp; ++tp)
-      load_layouts.push_back(EncodeRankLayout(
-          fsdp ? FlatLayout(a, layers, a.load_tp, tp)
-               : StageLayout(a, a.load_tp, layers, tp, pp,
-                             pp % stages_per_saved == 0 ? pp / stages_per_saved : -1)));
+  for (int k = 0; k < run.load_distinct; ++k)
+    load_layouts.push_back(EncodeRankLayout(run.LoadLayoutOf(k)));
   const Load load = plan_load(load_layouts, load_world);
   if (!load.ok) return Status::Internal("the load plan failed (above)");
-  // Fully sharded: also onto the saving job's own layout (every rank reads its own bytes).
+  // Fully sharded and the FSDP2 modes: also onto the saving job's own layout (every rank
+  // reads its own bytes).
   Load same;
-  if (fsdp) {
+  const bool onto_same = fsdp || run.new_mode();
+  if (onto_same) {
     // (layouts that were templates were not kept: made again)
-    for (size_t k = 0; k < run.distinct.size(); ++k)
-      if (run.distinct[k].empty())
-        run.distinct[k] =
-            EncodeRankLayout(run.LayoutOf(static_cast<int>(k) % a.tp, static_cast<int>(k) / a.tp));
-    same = plan_load(run.distinct, world);
+    for (size_t k = 0; k < run.layouts.size(); ++k)
+      if (run.layouts[k].empty())
+        run.layouts[k] = EncodeRankLayout(run.LayoutOf(static_cast<int>(k)));
+    same = plan_load(run.layouts, world);
     if (!same.ok) return Status::Internal("the load plan onto the same layout failed (above)");
   }
   const LoadPlan& lp = load.plan;
@@ -828,7 +909,7 @@ Status TimeGeneralRestores(Run& run) {
   run.j["restore_metadata_bytes"] = restore_metadata_bytes;
   run.j["load_read_over_needed"] = Round(
       static_cast<double>(lp.pfs_bytes_to_read) / static_cast<double>(lp.unique_bytes_needed), 4);
-  if (fsdp) run.j["load_plan_same_layout_s"] = Round(same.s, 4);
+  if (onto_same) run.j["load_plan_same_layout_s"] = Round(same.s, 4);
   return Status::OK();
 }
 
@@ -839,8 +920,11 @@ int main(int argc, char** argv) {
   if (auto rc = ParseArgs(argc, argv, run.a)) return *rc;
   const Args& a = run.a;
   run.fsdp = a.fully_sharded > 0;
-  run.world = a.tp * a.pp * a.dp;
-  run.load_world = a.load_tp * a.load_pp * a.load_dp;
+  const int fsdp = run.new_mode() ? a.fsdp : 1, load_fsdp = run.new_mode() ? a.load_fsdp : 1;
+  run.distinct = a.tp * a.pp * fsdp;  // (fully sharded: pp is 1)
+  run.load_distinct = a.load_tp * a.load_pp * load_fsdp;
+  run.world = run.distinct * a.dp;
+  run.load_world = run.load_distinct * a.load_dp;
   GatherLayouts(run);
   Status st = TimeSavePlans(run);
   if (st.ok() && !a.save_only) st = TimeAgreement(run);
