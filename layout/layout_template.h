@@ -10,6 +10,13 @@
 //   chunk (ceil, d)   the chunk i of n along dimension d, ceil(D / n) long (torch.chunk,
 //                     DTensor Shard(d));
 //   chunk (floor, d)  [D*i/n, D*(i+1)/n) along d;
+//   cuts              chunks of chunks, each by a digit of i (multi-dimensional sharding:
+//                     FSDP2 over tensor parallelism): cut c takes the chunk
+//                     (i / stride_c) % count_c (ceil or floor) along dim_c of what the cuts
+//                     before it left. The digits are disjoint places of i in mixed radix;
+//                     the places no cut uses hold the same part (a tensor replicated over
+//                     them: a TP-replicated norm under FSDP2 over TP), so such a part has
+//                     several indices, and PartRep names it by its smallest;
 // as the boxes FlatRangeToBoxes gives for a flat range, one box for a chunk; a tensor whose
 // part is empty is not in the rank's layout at all (a host slot holds no empty shards).
 // Expanding a template for index i gives exactly the RankLayout the rank holds, slot order
@@ -29,16 +36,38 @@
 namespace cairn {
 
 struct SplitRule {
-  enum class Kind : uint8_t { kWhole = 0, kFlat = 1, kChunk = 2 };
+  enum class Kind : uint8_t { kWhole = 0, kFlat = 1, kChunk = 2, kCuts = 3 };
   enum class Round : uint8_t { kCeil = 0, kFloor = 1 };
+  struct Cut {
+    uint8_t dim = 0;
+    Round round = Round::kCeil;
+    uint32_t stride = 1, count = 1;  // the digit: (index / stride) % count
+    bool operator==(const Cut&) const = default;
+  };
   Kind kind = Kind::kWhole;
   Round round = Round::kCeil;
-  uint8_t dim = 0;  // kChunk: the dimension cut
+  uint8_t dim = 0;             // kChunk: the dimension cut
+  std::vector<Cut> cuts = {};  // kCuts: in the order they apply
 
   bool operator==(const SplitRule&) const = default;
   bool split() const { return kind != Kind::kWhole; }
-  std::string ToString() const;  // "whole", "flat/ceil", "chunk/floor dim 1"
+  // "whole", "flat/ceil", "chunk/floor dim 1", "cuts [dim 1 by i%8, dim 0 by i/8%125]"
+  std::string ToString() const;
 };
+
+// The smallest index whose part of a tensor under `rule` is index's (index itself unless
+// the rule's cuts leave some of its digits unused; 0 for kWhole).
+uint32_t PartRep(const SplitRule& rule, uint32_t index);
+
+// The offsets f with every digit a cut of `rule` uses zero, f < parts, ascending: the
+// indices holding the part of rep are rep + f (just {0} unless kCuts). Cheap to call only
+// once per rule: O(parts).
+std::vector<uint32_t> SharingOffsets(const SplitRule& rule, uint32_t parts);
+
+// InvalidArgument unless `rule` is a valid kCuts rule for a tensor of `ndim` dimensions
+// and `parts` indices: 1 to 4 cuts, dimensions in range, strides and counts >= 1, the
+// digits disjoint places of a mixed radix of `parts`.
+Status CheckCuts(const SplitRule& rule, size_t ndim, uint32_t parts);
 
 struct LayoutTemplate {
   std::vector<TensorMeta> tensors;
@@ -58,10 +87,15 @@ uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index,
 
 // The parts [first, last] of `parts` under `rule` whose elements may meet `box` (a box of
 // a tensor of `shape`): by flat range or along the chunked dimension, found by binary
-// search. nullopt when none can. For kWhole: {0, 0}.
+// search. nullopt when none can. For kWhole: {0, 0}. Not for kCuts (nullopt).
 std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
                                                               const SplitRule& rule, uint32_t parts,
                                                               const Box& box);
+
+// The parts whose elements may meet `box`, each named by its PartRep, ascending: every
+// rule, kCuts included (per cut, the digits whose chunk meets the box).
+std::vector<uint32_t> PartsMeeting(const Shape& shape, const SplitRule& rule, uint32_t parts,
+                                   const Box& box);
 
 // The layout part `index` of the template holds.
 RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index);
@@ -75,7 +109,12 @@ struct RecognizedLayout {
 // when it is none. Tries n = world with index = rank first (FSDP), then each divisor d of
 // world, largest first, with index rank % d (tensor parallel inside data parallel, HSDP)
 // and rank / (world / d); per tensor the rules whole, flat (ceil, floor), chunk (ceil,
-// floor; dimension 0 first). The first n and index every tensor agrees on wins.
+// floor; dimension 0 first). The first n and index every tensor agrees on wins. Only when
+// no (n, index) fits that way are the same tries made again with kCuts rules too: one cut
+// by a digit of the index (its upper places first), or two (the lower digit first, on a
+// dimension other than 0 first: tensor parallelism inside FSDP2). One rank's boxes may
+// fit several such rules (index 0 fits every digit): the save plan settles each tensor
+// on the rule every rank's boxes fit (MakeTemplatedPlan).
 std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world);
 
 std::string EncodeTemplate(const LayoutTemplate& t);

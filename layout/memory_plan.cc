@@ -20,7 +20,8 @@ bool Meet(const Box& a, const Box& b) {
 }
 
 // Calls fn(class) for each class of `p` holding part `index` of tensor `g` (each class
-// whose template lists it, when it is whole).
+// whose template lists it, when it is whole; of every index sharing the part, when its
+// rule's cuts leave digits unused).
 template <typename Fn>
 void ForEachClassHolding(const TemplatedPlan& p, uint32_t g, uint32_t index, Fn&& fn) {
   if (!p.rules[g].split()) {
@@ -28,9 +29,11 @@ void ForEachClassHolding(const TemplatedPlan& p, uint32_t g, uint32_t index, Fn&
       if (Lists(p.in_templates[g], p.class_template[c])) fn(c);
     return;
   }
-  if (index >= p.index_classes.size()) return;
-  for (uint32_t c : p.index_classes[index])
-    if (Lists(p.in_templates[g], p.class_template[c])) fn(c);
+  p.ForEachSharing(g, index, [&](uint32_t i) {
+    if (i >= p.index_classes.size()) return;
+    for (uint32_t c : p.index_classes[i])
+      if (Lists(p.in_templates[g], p.class_template[c])) fn(c);
+  });
 }
 
 class MemoryPlanner {
@@ -99,7 +102,7 @@ class MemoryPlanner {
   // source rank that saved it, ascending.
   const std::vector<int>& Holders(uint32_t g, uint32_t index) {
     const TemplatedPlan& S = s_.saved;
-    const uint32_t i = S.rules[g].split() ? index : 0;
+    const uint32_t i = PartRep(S.rules[g], index);
     const uint64_t key = (static_cast<uint64_t>(g) << 32) | i;
     auto it = holders_.find(key);
     if (it != holders_.end()) return it->second;
@@ -137,9 +140,7 @@ class MemoryPlanner {
           Add(g, Box::Whole(meta.global_shape), 0);
           continue;
         }
-        auto range = PartsOverlapping(meta.global_shape, S.rules[g], S.parts[g], box);
-        for (uint32_t j = range ? range->first : 1, last = range ? range->second : 0; j <= last;
-             ++j)
+        for (uint32_t j : PartsMeeting(meta.global_shape, S.rules[g], S.parts[g], box))
           for (const Box& b : PartBoxes(meta.global_shape, S.rules[g], j, S.parts[g]))
             if (Meet(b, box)) Add(g, b, j);
       }
@@ -189,8 +190,7 @@ class MemoryPlanner {
       return any;
     }
     const Shape& shape = T.tensors[h].global_shape;
-    auto range = PartsOverlapping(shape, T.rules[h], T.parts[h], b);
-    for (uint32_t j = range ? range->first : 1, last = range ? range->second : 0; j <= last; ++j) {
+    for (uint32_t j : PartsMeeting(shape, T.rules[h], T.parts[h], b)) {
       bool meets = false;
       for (const Box& x : PartBoxes(shape, T.rules[h], j, T.parts[h])) meets = meets || Meet(x, b);
       if (meets) ForEachClassHolding(T, h, j, consider);

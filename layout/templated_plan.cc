@@ -6,6 +6,7 @@
 #include <numeric>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/checksum.h"
 #include "wire/codec.h"
@@ -42,8 +43,9 @@ uint64_t PartBytes(const TemplatedPlan& p, uint32_t g, uint32_t index) {
          DTypeSize(p.tensors[g].dtype);
 }
 
-// 1. Every tensor once, with its rule; templates must agree on the tensors they share.
-bool CatalogueTensors(TemplatedPlan& p, std::string* why) {
+// 1. Every tensor once, with its rule; templates must agree on the tensors they share
+// (their rules may differ: *conflicts lists those tensors, for SettleRules).
+bool CatalogueTensors(TemplatedPlan& p, std::vector<uint32_t>* conflicts, std::string* why) {
   std::unordered_map<std::string, uint32_t> ids;
   p.global_ids.resize(p.templates.size());
   for (uint32_t t = 0; t < p.templates.size(); ++t) {
@@ -57,6 +59,10 @@ bool CatalogueTensors(TemplatedPlan& p, std::string* why) {
         p.rules.push_back(lt.rules[k]);
         p.parts.push_back(n);
         p.in_templates.emplace_back();
+      } else if (p.tensors[g] == lt.tensors[k] && p.parts[g] == n && !(p.rules[g] == lt.rules[k]) &&
+                 lt.rules[k].split() && p.rules[g].split()) {
+        if (std::find(conflicts->begin(), conflicts->end(), g) == conflicts->end())
+          conflicts->push_back(g);
       } else if (!(p.tensors[g] == lt.tensors[k]) || !(p.rules[g] == lt.rules[k]) ||
                  p.parts[g] != n) {
         *why = "tensor '" + lt.tensors[k].name + "' is " + p.rules[g].ToString() + " of " +
@@ -97,6 +103,54 @@ bool ClassifyRanks(TemplatedPlan& p, std::string* why) {
   return true;
 }
 
+// 2b. Each tensor whose templates name different rules: the first of them (in template
+// order) that gives every class listing it the boxes its own template's rule gives.
+bool SettleRules(TemplatedPlan& p, const std::vector<uint32_t>& conflicts, std::string* why) {
+  if (conflicts.empty()) return true;
+  std::vector<std::vector<uint32_t>> classes_of(p.templates.size());  // template -> classes
+  for (uint32_t c = 0; c < p.class_ranks.size(); ++c) classes_of[p.class_template[c]].push_back(c);
+  for (uint32_t g : conflicts) {
+    const Shape& shape = p.tensors[g].global_shape;
+    // Each template's rule for g.
+    std::vector<const SplitRule*> rule_of(p.templates.size(), nullptr);
+    std::vector<const SplitRule*> candidates;
+    for (uint32_t t : p.in_templates[g]) {
+      const LayoutTemplate& lt = p.templates[t];
+      const auto& ids = p.global_ids[t];
+      const size_t k = static_cast<size_t>(std::find(ids.begin(), ids.end(), g) - ids.begin());
+      rule_of[t] = &lt.rules[k];
+      if (std::none_of(candidates.begin(), candidates.end(),
+                       [&](const SplitRule* r) { return *r == lt.rules[k]; }))
+        candidates.push_back(&lt.rules[k]);
+    }
+    const SplitRule* settled = nullptr;
+    for (const SplitRule* r : candidates) {
+      bool fits = true;
+      for (uint32_t t : p.in_templates[g]) {
+        if (*rule_of[t] == *r) continue;
+        for (size_t k = 0; k < classes_of[t].size() && fits; ++k) {
+          const uint32_t i = p.class_index[classes_of[t][k]];
+          fits =
+              PartBoxes(shape, *r, i, p.parts[g]) == PartBoxes(shape, *rule_of[t], i, p.parts[g]);
+        }
+        if (!fits) break;
+      }
+      if (fits) {
+        settled = r;
+        break;
+      }
+    }
+    if (settled == nullptr) {
+      *why = "tensor '" + p.tensors[g].name + "' is " + candidates[0]->ToString() +
+             " in one rank's layout and " + candidates[1]->ToString() +
+             " in another's, and no one rule gives every rank its boxes";
+      return false;
+    }
+    p.rules[g] = *settled;
+  }
+  return true;
+}
+
 // 3a. A box several ranks hold and larger than the general planner's slabs (`cut`) would be
 // written whole by one of them (data-parallel replicas of large parts, large replicated
 // tensors): then the general plan, which cuts and balances them, is better.
@@ -115,12 +169,18 @@ bool NoLargeSharedBox(const TemplatedPlan& p, const ByHolders& by_holders, uint6
   }
   for (size_t c = 0; c < p.class_ranks.size(); ++c) {
     const uint32_t t = p.class_template[c], i = p.class_index[c];
-    if (p.class_ranks[c].size() == 1 && p.index_classes[i].size() == 1) continue;
     for (uint32_t g : p.global_ids[t]) {
-      if (!p.rules[g].split() || PartBytes(p, g, i) <= cut) continue;
+      if (!p.rules[g].split() ||
+          (p.class_ranks[c].size() == 1 && p.index_classes[i].size() == 1 &&
+           p.sharing[g].size() == 1) ||
+          PartBytes(p, g, i) <= cut)
+        continue;
       uint64_t holders = 0;
-      for (uint32_t c2 : p.index_classes[i])
-        if (Lists(p.in_templates[g], p.class_template[c2])) holders += p.class_ranks[c2].size();
+      p.ForEachSharing(g, i, [&](uint32_t j) {
+        if (j >= p.index_classes.size()) return;
+        for (uint32_t c2 : p.index_classes[j])
+          if (Lists(p.in_templates[g], p.class_template[c2])) holders += p.class_ranks[c2].size();
+      });
       if (holders > 1) {
         *why = "ranks " + std::to_string(p.class_ranks[c][0]) + " and others hold the same part " +
                std::to_string(i) + " of tensor '" + p.tensors[g].name + "', " +
@@ -163,13 +223,19 @@ void CountSplitParts(TemplatedPlan& p) {
     const uint32_t t = p.class_template[c], i = p.class_index[c];
     for (uint32_t g : p.global_ids[t]) {
       if (!p.rules[g].split()) continue;
-      // Only the first class of this index listing g counts the part.
+      // Only the first class holding this part (of the indices sharing it, ascending)
+      // counts it: the first class of its smallest index listing g, when there is one.
       uint32_t first = UINT32_MAX;
-      for (uint32_t c2 : p.index_classes[i])
-        if (Lists(p.in_templates[g], p.class_template[c2])) {
-          first = c2;
-          break;
-        }
+      auto first_of = [&](uint32_t j) {
+        if (first != UINT32_MAX || j >= p.index_classes.size()) return;
+        for (uint32_t c2 : p.index_classes[j])
+          if (Lists(p.in_templates[g], p.class_template[c2])) {
+            first = c2;
+            break;
+          }
+      };
+      first_of(PartRep(p.rules[g], i));
+      if (first == UINT32_MAX && p.sharing[g].size() > 1) p.ForEachSharing(g, i, first_of);
       if (first != c) continue;
       const int w = p.SplitWriter(g, i);
       if (w >= 0) p.writer_bytes[static_cast<size_t>(w)] += PartBytes(p, g, i);
@@ -194,7 +260,24 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
     *why = "one template, index and hash per rank needed";
     return std::nullopt;
   }
-  if (!CatalogueTensors(p, why) || !ClassifyRanks(p, why)) return std::nullopt;
+  std::vector<uint32_t> conflicts;
+  if (!CatalogueTensors(p, &conflicts, why) || !ClassifyRanks(p, why) ||
+      !SettleRules(p, conflicts, why))
+    return std::nullopt;
+  // The indices sharing each part (one offset, 0, unless a rule's cuts leave digits unused).
+  std::map<std::pair<std::string, uint32_t>, std::vector<uint32_t>> offsets;  // by rule
+  p.sharing.resize(p.tensors.size());
+  for (uint32_t g = 0; g < p.tensors.size(); ++g) {
+    if (p.rules[g].kind != SplitRule::Kind::kCuts) {
+      p.sharing[g] = {0};
+      continue;
+    }
+    auto key = std::pair{p.rules[g].ToString(), p.parts[g]};
+    auto it = offsets.find(key);
+    if (it == offsets.end())
+      it = offsets.emplace(std::move(key), SharingOffsets(p.rules[g], p.parts[g])).first;
+    p.sharing[g] = it->second;
+  }
   // 3. Whole tensors, grouped by their holders, largest first to the least loaded holder.
   p.writer_bytes.assign(world, 0);
   p.whole_writer.assign(p.tensors.size(), -1);
@@ -216,19 +299,42 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
 }
 
 int TemplatedPlan::SplitWriter(uint32_t g, uint32_t index) const {
-  if (index >= index_classes.size()) return -1;
-  const auto& classes = index_classes[index];
-  uint64_t h = 0;
-  for (uint32_t c : classes)
-    if (Lists(in_templates[g], class_template[c])) h += class_ranks[c].size();
-  if (h == 0) return -1;
-  uint64_t k = (static_cast<uint64_t>(g) + index) % h;
-  for (uint32_t c : classes) {
-    if (!Lists(in_templates[g], class_template[c])) continue;
-    if (k < class_ranks[c].size()) return static_cast<int>(class_ranks[c][k]);
-    k -= class_ranks[c].size();
+  if (sharing[g].size() == 1) {  // the part of this index alone
+    if (index >= index_classes.size()) return -1;
+    const auto& classes = index_classes[index];
+    uint64_t h = 0;
+    for (uint32_t c : classes)
+      if (Lists(in_templates[g], class_template[c])) h += class_ranks[c].size();
+    if (h == 0) return -1;
+    uint64_t k = (static_cast<uint64_t>(g) + index) % h;
+    for (uint32_t c : classes) {
+      if (!Lists(in_templates[g], class_template[c])) continue;
+      if (k < class_ranks[c].size()) return static_cast<int>(class_ranks[c][k]);
+      k -= class_ranks[c].size();
+    }
+    return -1;
   }
-  return -1;
+  uint64_t h = 0;
+  ForEachSharing(g, index, [&](uint32_t i) {
+    if (i >= index_classes.size()) return;
+    for (uint32_t c : index_classes[i])
+      if (Lists(in_templates[g], class_template[c])) h += class_ranks[c].size();
+  });
+  if (h == 0) return -1;
+  uint64_t k = (static_cast<uint64_t>(g) + PartRep(rules[g], index)) % h;
+  int out = -1;
+  ForEachSharing(g, index, [&](uint32_t i) {
+    if (out >= 0 || i >= index_classes.size()) return;
+    for (uint32_t c : index_classes[i]) {
+      if (!Lists(in_templates[g], class_template[c])) continue;
+      if (k < class_ranks[c].size()) {
+        out = static_cast<int>(class_ranks[c][k]);
+        return;
+      }
+      k -= class_ranks[c].size();
+    }
+  });
+  return out;
 }
 
 namespace {
@@ -293,7 +399,8 @@ SavePlan TemplatedPlan::Expand() const {
     ForEachHeld(
         *this, class_template[c], i, [&](uint32_t g, bool split, std::vector<Box>& boxes, int w) {
           // Held by this class alone: no lookup needed.
-          const bool alone = split && index_classes[i].size() == 1 && class_ranks[c].size() == 1;
+          const bool alone = split && index_classes[i].size() == 1 && class_ranks[c].size() == 1 &&
+                             sharing[g].size() == 1;
           for (uint32_t b = 0; b < boxes.size(); ++b) {
             auto fresh_id = [&]() {
               PlanShard s;
@@ -311,7 +418,7 @@ SavePlan TemplatedPlan::Expand() const {
             } else if (alone) {
               id = fresh_id();
             } else {
-              auto [it, fresh] = shared.emplace(Key{g, i, b}, 0);
+              auto [it, fresh] = shared.emplace(Key{g, PartRep(rules[g], i), b}, 0);
               if (fresh) it->second = fresh_id();
               id = it->second;
             }
@@ -463,7 +570,17 @@ Result<PersistPlan> PlanPersist(std::vector<LayoutMessage> msgs,
   }
   PersistPlan out;
   out.layout_hashes = hashes;
-  if (all_templated) {
+  const bool cuts = std::any_of(templates.begin(), templates.end(), [](const LayoutTemplate& t) {
+    return std::any_of(t.rules.begin(), t.rules.end(),
+                       [](const SplitRule& r) { return r.kind == SplitRule::Kind::kCuts; });
+  });
+  const size_t distinct =
+      cuts ? std::unordered_set<uint64_t>(hashes.begin(), hashes.end()).size() : 0;
+  if (all_templated && cuts && distinct < config.cut_template_min_layouts) {
+    out.why_general = std::to_string(distinct) + " distinct layouts, fewer than the " +
+                      std::to_string(config.cut_template_min_layouts) +
+                      " from which templates with cuts are used";
+  } else if (all_templated) {
     auto tp =
         MakeTemplatedPlan(templates, rank_template, rank_index, hashes, &config, &out.why_general);
     if (tp) {

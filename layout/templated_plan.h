@@ -67,6 +67,16 @@ struct TemplatedPlan {
   std::vector<std::vector<uint32_t>> index_classes;   // index -> classes of that index
   std::vector<int> whole_writer;                      // per tensor; -1 when split
   std::vector<uint64_t> writer_bytes;                 // per rank
+  std::vector<std::vector<uint32_t>> sharing;         // per tensor: SharingOffsets of its rule
+
+  // Calls fn(i) for each index i holding the same part of split tensor g as `index`
+  // (index alone unless g's rule has cuts that leave digits unused), ascending.
+  template <typename Fn>
+  void ForEachSharing(uint32_t g, uint32_t index, Fn&& fn) const {
+    const uint32_t rep = PartRep(rules[g], index);
+    for (uint32_t f : sharing[g])
+      if (rep + f < parts[g]) fn(rep + f);
+  }
 
   int world_size() const { return static_cast<int>(rank_template.size()); }
   // The writer of part `index` of split tensor `g`; -1 when nobody holds it.
@@ -78,6 +88,11 @@ struct TemplatedPlan {
   double max_writer_share() const;
 };
 
+// Templates may name different rules for a tensor they share when one rank's boxes fit
+// several (recognition sees one index: index 0 fits every digit); the plan then takes, per
+// tensor, the first of those rules that gives every class listing the tensor the boxes
+// its own template gives it (deterministic: every rank, and a reader of the MANIFEST,
+// settles alike).
 // nullopt, with *why set, when the templates cannot be planned this way or the general
 // planner does better: they disagree on a tensor they share; or a box held by several
 // ranks (a whole tensor, or a part that data-parallel replicas hold) is larger than the

@@ -195,8 +195,7 @@ Result<pb::Manifest> PartialManifest(const pb::Manifest& m, const TemplatedPlan&
       if (plan.whole_writer[g] >= 0) need[plan.whole_writer[g]].insert({g, key(Box::Whole(shape))});
       continue;
     }
-    auto range = PartsOverlapping(shape, rule, plan.parts[g], box);
-    for (uint32_t i = range ? range->first : 1, last = range ? range->second : 0; i <= last; ++i) {
+    for (uint32_t i : PartsMeeting(shape, rule, plan.parts[g], box)) {
       const int w = plan.SplitWriter(g, i);
       if (w < 0) continue;
       for (const Box& b : PartBoxes(shape, rule, i, plan.parts[g]))

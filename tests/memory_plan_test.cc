@@ -293,6 +293,26 @@ TEST(MemoryPlanAlone, ReshardedOntoOtherLayoutsAndWorlds) {
       "tp2 x dp3 -> flat 6");
 }
 
+TEST(MemoryPlanAlone, Fsdp2OverTensorParallelismPlansAsTheGeneralPlanner) {
+  // Saved by 3 x 2 ranks (FSDP2 over TP: parts cut in two dimensions, chunks of chunks,
+  // TP-replicated parts each held by 2 ranks), each also held two ranks further on.
+  const auto saved = testing::Fsdp2OverTpJob(3, 2);
+  ExpectSameAsGeneral({saved, saved, Ring(6, 2)}, "3 x 2 -> the same");
+  ExpectSameAsGeneral({saved, testing::Fsdp2OverTpJob(2, 3), Ring(6, 2)}, "3 x 2 -> 2 x 3");
+  std::vector<std::vector<int>> lost = Ring(6, 2);
+  lost[2] = {4};  // node 1 (ranks 2, 3) lost its memory
+  lost[3] = {5};
+  lost[0] = {0};
+  lost[1] = {1};
+  ExpectSameAsGeneral({saved, saved, lost}, "3 x 2, a node lost");
+  // Onto one rank of a 1 x 1 mesh (everything) and back onto 4 x 2 ranks.
+  std::vector<std::vector<int>> all(6, std::vector<int>{0});
+  ExpectSameAsGeneral({saved, testing::Fsdp2OverTpJob(1, 1), all}, "3 x 2 -> 1");
+  std::vector<std::vector<int>> onto8(6);
+  for (int s = 0; s < 6; ++s) onto8[static_cast<size_t>(s)] = {s, s + 2};
+  ExpectSameAsGeneral({saved, testing::Fsdp2OverTpJob(4, 2), onto8}, "3 x 2 -> 4 x 2");
+}
+
 TEST(MemoryPlanAlone, ReplicatedPartsAreHeldByEveryReplicasHolders) {
   // HSDP: 2 replicas of a 3-way flat sharding; part i is held by sources i and i + 3 and so
   // by their holders; restored onto 6 flat ranges and onto the same layout.

@@ -62,4 +62,48 @@ inline LayoutTemplate UniformTemplate(const std::vector<TensorMeta>& tensors, Sp
   return t;
 }
 
+// FSDP2 over tensor parallelism (issue 37): rank (i, j) of `fsdp` x `tp` (j innermost)
+// holds, of each tensor, the TP chunk j (ceil) along tp_dim (or the whole tensor: -1), and
+// of that the FSDP2 chunk i (ceil) along dimension 0; an empty part is not listed. Scalars
+// are whole.
+struct TpTensor {
+  TensorMeta meta;
+  int tp_dim;
+};
+inline std::vector<TpTensor> TpModel() {
+  return {{{"qkv", DType::kF32, {13, 6}}, 0},     // column-parallel: a chunk of a chunk
+          {{"proj", DType::kBF16, {6, 9}}, 1},    // row-parallel: two dimensions cut
+          {{"norm", DType::kF32, {5}}, -1},       // replicated over TP: tp holders a part
+          {{"bias", DType::kF32, {2}}, 0},        // empty FSDP parts
+          {{"cube", DType::kF32, {4, 3, 5}}, 2},  // an empty part at the last FSDP index
+          {{"step", DType::kI64, {}}, -1}};
+}
+inline RankLayout Fsdp2OverTp(const std::vector<TpTensor>& model, int fsdp, int tp, int i, int j) {
+  RankLayout l;
+  auto chunk = [](Box* b, size_t d, int n, int k) {
+    const int64_t len = b->lengths[d], per = (len + n - 1) / n;
+    const int64_t lo = std::min(len, per * k), hi = std::min(len, lo + per);
+    b->offsets[d] += lo;
+    b->lengths[d] = hi - lo;
+  };
+  for (const TpTensor& t : model) {
+    Box b = Box::Whole(t.meta.global_shape);
+    if (!t.meta.global_shape.empty()) {
+      if (t.tp_dim >= 0) chunk(&b, static_cast<size_t>(t.tp_dim), tp, j);
+      chunk(&b, 0, fsdp, i);
+      if (b.empty()) continue;
+    }
+    l.shards.push_back({static_cast<uint32_t>(l.tensors.size()), std::move(b)});
+    l.tensors.push_back(t.meta);
+  }
+  return l;
+}
+// The job's layouts: `replicas` x fsdp x tp ranks (HSDP when replicas > 1).
+inline std::vector<RankLayout> Fsdp2OverTpJob(int fsdp, int tp, int replicas = 1) {
+  std::vector<RankLayout> out;
+  for (int r = 0; r < replicas * fsdp * tp; ++r)
+    out.push_back(Fsdp2OverTp(TpModel(), fsdp, tp, (r / tp) % fsdp, r % tp));
+  return out;
+}
+
 }  // namespace cairn::testing

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "core/checksum.h"
 #include "layout/layout_template.h"
@@ -20,6 +21,7 @@ namespace cairn {
 namespace {
 
 using testing::ExpectCoveredOnce;
+using testing::Fsdp2OverTpJob;
 using K = SplitRule::Kind;
 using R = SplitRule::Round;
 
@@ -388,9 +390,16 @@ struct SavedStep {
   std::map<int, std::string> index_files;  // data/<rank>.idx
   std::vector<LocationTable> tables;       // what format 1 would have carried
 };
+// Templates with cuts planned at any size (small jobs plan them the general way).
+PlannerConfig AlwaysTemplates() {
+  PlannerConfig c;
+  c.cut_template_min_layouts = 0;
+  return c;
+}
+
 SavedStep Save(const std::vector<RankLayout>& layouts) {
   Gathered g = Exchange(layouts);
-  auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+  auto plan = PlanPersist(g.messages, g.templates, g.hashes, AlwaysTemplates());
   EXPECT_TRUE(plan.ok() && plan->templated.has_value());
   SavedStep s;
   s.plan = *plan->templated;
@@ -511,6 +520,109 @@ TEST(StepIndex, ARankReadsOnlyTheIndexFilesOfThePartsItsTargetsMeet) {
         EXPECT_LT(read.size(), 16u);
       }
     }
+}
+
+TEST(LayoutTemplate, CutsDescribeFsdp2OverTensorParallelismExactly) {
+  for (auto [fsdp, tp, replicas] : {std::tuple{3, 2, 1}, {2, 3, 1}, {4, 2, 1}, {3, 2, 2}}) {
+    const std::vector<RankLayout> job = Fsdp2OverTpJob(fsdp, tp, replicas);
+    const int world = static_cast<int>(job.size());
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(fsdp) + " x " +
+                   std::to_string(tp) + " x " + std::to_string(replicas));
+      auto got = RecognizeLayout(job[static_cast<size_t>(r)], r, world);
+      ASSERT_TRUE(got.has_value());
+      EXPECT_EQ(EncodeRankLayout(ExpandTemplate(got->layout_template, got->index)),
+                EncodeRankLayout(job[static_cast<size_t>(r)]));
+      auto back = DecodeTemplate(EncodeTemplate(got->layout_template));
+      ASSERT_TRUE(back.ok()) << back.status().ToString();
+      EXPECT_EQ(*back, got->layout_template);
+    }
+  }
+  // A part the cuts leave some digits of: the TP-replicated norm of rank (i, j) is held by
+  // the tp ranks of FSDP index i.
+  SplitRule norm;
+  norm.kind = K::kCuts;
+  norm.cuts = {{0, R::kCeil, 2, 3}};  // dimension 0, by digit i / 2 % 3, of 6 parts
+  ASSERT_TRUE(CheckCuts(norm, 1, 6).ok());
+  EXPECT_EQ(SharingOffsets(norm, 6), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(PartRep(norm, 5), 4u);
+  EXPECT_EQ(PartsMeeting({5}, norm, 6, Box{{1}, {2}}), (std::vector<uint32_t>{0, 2}));
+  // Digits that overlap, a cut past the parts, a dimension past the tensor's: refused.
+  SplitRule bad = norm;
+  bad.cuts = {{0, R::kCeil, 1, 4}, {0, R::kCeil, 2, 2}};
+  EXPECT_FALSE(CheckCuts(bad, 1, 8).ok());
+  bad.cuts = {{0, R::kCeil, 4, 4}};
+  EXPECT_FALSE(CheckCuts(bad, 1, 8).ok());
+  bad.cuts = {{1, R::kCeil, 1, 2}};
+  EXPECT_FALSE(CheckCuts(bad, 1, 8).ok());
+  LayoutTemplate t;
+  t.tensors = {{"norm", DType::kF32, {5}}};
+  t.rules = {norm};
+  t.parts = 6;
+  ASSERT_TRUE(DecodeTemplate(EncodeTemplate(t)).ok());
+  t.rules[0].cuts[0].stride = 4;  // 4 x 3 places in 6 parts
+  auto st = DecodeTemplate(EncodeTemplate(t));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("'norm' has bad cuts"), std::string::npos)
+      << st.status().ToString();
+}
+
+TEST(TemplatedPlan, Fsdp2OverTensorParallelismWritesEveryBoxOnceWithTemplates) {
+  for (auto [fsdp, tp, replicas] : {std::tuple{3, 2, 1}, {2, 3, 1}, {4, 2, 1}, {3, 2, 2}}) {
+    SCOPED_TRACE(std::to_string(fsdp) + " x " + std::to_string(tp) + " x " +
+                 std::to_string(replicas));
+    const std::vector<RankLayout> layouts = Fsdp2OverTpJob(fsdp, tp, replicas);
+    Gathered g = Exchange(layouts);
+    auto plan = PlanPersist(g.messages, g.templates, g.hashes, AlwaysTemplates());
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_TRUE(plan->templated.has_value()) << plan->why_general;
+    ExpectSameJobAsGeneralPlan(*plan, layouts);
+    // By default a job this small is planned the general way, and says why.
+    auto general = PlanPersist(g.messages, g.templates, g.hashes);
+    ASSERT_TRUE(general.ok());
+    EXPECT_FALSE(general->templated.has_value());
+    EXPECT_NE(general->why_general.find("from which templates with cuts are used"),
+              std::string::npos)
+        << general->why_general;
+  }
+}
+
+TEST(StepIndex, Fsdp2OverTensorParallelismRestoresOntoAnotherMeshFromTheIndexFiles) {
+  SavedStep s = Save(Fsdp2OverTpJob(3, 2));
+  // Onto 2 x 3, 4 x 2 and 1 x 1 (one rank: everything).
+  for (auto [fsdp, tp] : {std::pair{2, 3}, {4, 2}, {1, 1}}) {
+    const std::vector<RankLayout> targets = Fsdp2OverTpJob(fsdp, tp);
+    for (size_t r = 0; r < targets.size(); ++r) {
+      SCOPED_TRACE(std::to_string(r) + " of " + std::to_string(fsdp) + " x " + std::to_string(tp));
+      std::vector<std::pair<std::string, Box>> want;
+      for (const auto& e : targets[r].shards)
+        want.push_back({targets[r].tensors[e.tensor].name, e.box});
+      auto part = PartialManifest(
+          s.manifest, want, static_cast<int>(r),
+          [&](int w) -> Result<std::string> { return s.index_files.at(w); }, nullptr);
+      ASSERT_TRUE(part.ok()) << part.status().ToString();
+      // Every target element in exactly one saved box listed; every box listed meets one.
+      for (const auto& [name, box] : want) {
+        int64_t covered = 0;
+        for (const pb::SavedBox& b : part->boxes()) {
+          if (part->tensors(static_cast<int>(b.tensor())).name() != name) continue;
+          Box saved{{b.offsets().begin(), b.offsets().end()},
+                    {b.lengths().begin(), b.lengths().end()}};
+          if (auto in = Intersect(saved, box)) covered += in->numel();
+        }
+        EXPECT_EQ(covered, box.numel()) << name << " " << box.ToString();
+      }
+      for (const pb::SavedBox& b : part->boxes()) {
+        Box saved{{b.offsets().begin(), b.offsets().end()},
+                  {b.lengths().begin(), b.lengths().end()}};
+        bool meets = false;
+        for (const auto& [name, box] : want)
+          meets = meets || (part->tensors(static_cast<int>(b.tensor())).name() == name &&
+                            Intersect(saved, box).has_value());
+        EXPECT_TRUE(meets) << saved.ToString();
+      }
+    }
+  }
 }
 
 TEST(StepIndex, ABadIndexFileOrManifestIsAnErrorNamingIt) {
