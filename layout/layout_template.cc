@@ -194,10 +194,10 @@ uint32_t PartRep(const SplitRule& rule, uint32_t index) {
   return rep;
 }
 
-std::vector<uint32_t> SharingOffsets(const SplitRule& rule, uint32_t parts) {
+std::vector<uint32_t> SharingOffsets(const SplitRule& rule, uint32_t parts, uint32_t limit) {
   if (rule.kind != SplitRule::Kind::kCuts) return {0};
   std::vector<uint32_t> out;
-  for (uint32_t f = 0; f < parts; ++f) {
+  for (uint32_t f = 0; f < std::min(parts, limit); ++f) {
     bool free = true;
     for (const SplitRule::Cut& c : rule.cuts) free = free && Digit(c, f) == 0;
     if (free) out.push_back(f);
@@ -335,11 +335,12 @@ std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape
 }
 
 std::vector<uint32_t> PartsMeeting(const Shape& shape, const SplitRule& rule, uint32_t parts,
-                                   const Box& box) {
+                                   const Box& box, uint32_t limit) {
   std::vector<uint32_t> out;
   if (rule.kind != SplitRule::Kind::kCuts) {
     if (auto r = PartsOverlapping(shape, rule, parts, box))
-      for (uint32_t i = r->first; i <= r->second; ++i) out.push_back(i);
+      for (uint64_t i = r->first; i <= r->second && i < limit; ++i)
+        out.push_back(static_cast<uint32_t>(i));
     return out;
   }
   if (box.empty() || box.ndim() != shape.size()) return out;
@@ -359,8 +360,10 @@ std::vector<uint32_t> PartsMeeting(const Shape& shape, const SplitRule& rule, ui
     if (lo >= hi) return;
     auto [first, end] = PartsMeetingRange(left.lengths[cut.dim], cut.round, cut.count, lo, hi);
     for (uint32_t d = first; d < end; ++d) {
+      const uint64_t at = rep + static_cast<uint64_t>(d) * cut.stride;
+      if (at >= limit) break;  // (later digits only add)
       Box next = left;
-      if (ApplyCut(cut, d, &next)) self(self, c + 1, next, rep + d * cut.stride);
+      if (ApplyCut(cut, d, &next)) self(self, c + 1, next, static_cast<uint32_t>(at));
     }
   };
   walk(walk, 0, Box::Whole(shape), 0);

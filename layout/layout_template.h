@@ -59,10 +59,12 @@ struct SplitRule {
 // the rule's cuts leave some of its digits unused; 0 for kWhole).
 uint32_t PartRep(const SplitRule& rule, uint32_t index);
 
-// The offsets f with every digit a cut of `rule` uses zero, f < parts, ascending: the
-// indices holding the part of rep are rep + f (just {0} unless kCuts). Cheap to call only
-// once per rule: O(parts).
-std::vector<uint32_t> SharingOffsets(const SplitRule& rule, uint32_t parts);
+// The offsets f with every digit a cut of `rule` uses zero, f < min(parts, limit),
+// ascending: the indices holding the part of rep are rep + f (just {0} unless kCuts).
+// O(min(parts, limit)): a plan passes its number of indices, so a template read from a
+// damaged MANIFEST that claims 2^32 parts costs no more than its ranks.
+std::vector<uint32_t> SharingOffsets(const SplitRule& rule, uint32_t parts,
+                                     uint32_t limit = UINT32_MAX);
 
 // InvalidArgument unless `rule` is a valid kCuts rule for a tensor of `ndim` dimensions
 // and `parts` indices: 1 to 4 cuts, dimensions in range, strides and counts >= 1, the
@@ -92,10 +94,11 @@ std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape
                                                               const SplitRule& rule, uint32_t parts,
                                                               const Box& box);
 
-// The parts whose elements may meet `box`, each named by its PartRep, ascending: every
-// rule, kCuts included (per cut, the digits whose chunk meets the box).
+// The parts whose elements may meet `box`, each named by its PartRep, ascending, those
+// below `limit` only (a plan passes its number of indices: no rank holds a part past
+// them): every rule, kCuts included (per cut, the digits whose chunk meets the box).
 std::vector<uint32_t> PartsMeeting(const Shape& shape, const SplitRule& rule, uint32_t parts,
-                                   const Box& box);
+                                   const Box& box, uint32_t limit = UINT32_MAX);
 
 // The layout part `index` of the template holds.
 RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index);

@@ -140,7 +140,8 @@ class MemoryPlanner {
           Add(g, Box::Whole(meta.global_shape), 0);
           continue;
         }
-        for (uint32_t j : PartsMeeting(meta.global_shape, S.rules[g], S.parts[g], box))
+        for (uint32_t j : PartsMeeting(meta.global_shape, S.rules[g], S.parts[g], box,
+                                       static_cast<uint32_t>(S.index_classes.size())))
           for (const Box& b : PartBoxes(meta.global_shape, S.rules[g], j, S.parts[g]))
             if (Meet(b, box)) Add(g, b, j);
       }
@@ -190,7 +191,8 @@ class MemoryPlanner {
       return any;
     }
     const Shape& shape = T.tensors[h].global_shape;
-    for (uint32_t j : PartsMeeting(shape, T.rules[h], T.parts[h], b)) {
+    for (uint32_t j : PartsMeeting(shape, T.rules[h], T.parts[h], b,
+                                   static_cast<uint32_t>(T.index_classes.size()))) {
       bool meets = false;
       for (const Box& x : PartBoxes(shape, T.rules[h], j, T.parts[h])) meets = meets || Meet(x, b);
       if (meets) ForEachClassHolding(T, h, j, consider);

@@ -275,7 +275,11 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
     auto key = std::pair{p.rules[g].ToString(), p.parts[g]};
     auto it = offsets.find(key);
     if (it == offsets.end())
-      it = offsets.emplace(std::move(key), SharingOffsets(p.rules[g], p.parts[g])).first;
+      it = offsets
+               .emplace(std::move(key),
+                        SharingOffsets(p.rules[g], p.parts[g],
+                                       static_cast<uint32_t>(p.index_classes.size())))
+               .first;
     p.sharing[g] = it->second;
   }
   // 3. Whole tensors, grouped by their holders, largest first to the least loaded holder.

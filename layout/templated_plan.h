@@ -75,7 +75,7 @@ struct TemplatedPlan {
   void ForEachSharing(uint32_t g, uint32_t index, Fn&& fn) const {
     const uint32_t rep = PartRep(rules[g], index);
     for (uint32_t f : sharing[g])
-      if (rep + f < parts[g]) fn(rep + f);
+      if (static_cast<uint64_t>(rep) + f < parts[g]) fn(rep + f);
   }
 
   int world_size() const { return static_cast<int>(rank_template.size()); }

@@ -195,7 +195,8 @@ Result<pb::Manifest> PartialManifest(const pb::Manifest& m, const TemplatedPlan&
       if (plan.whole_writer[g] >= 0) need[plan.whole_writer[g]].insert({g, key(Box::Whole(shape))});
       continue;
     }
-    for (uint32_t i : PartsMeeting(shape, rule, plan.parts[g], box)) {
+    for (uint32_t i : PartsMeeting(shape, rule, plan.parts[g], box,
+                                   static_cast<uint32_t>(plan.index_classes.size()))) {
       const int w = plan.SplitWriter(g, i);
       if (w < 0) continue;
       for (const Box& b : PartBoxes(shape, rule, i, plan.parts[g]))

@@ -560,6 +560,17 @@ TEST(LayoutTemplate, CutsDescribeFsdp2OverTensorParallelismExactly) {
   t.rules = {norm};
   t.parts = 6;
   ASSERT_TRUE(DecodeTemplate(EncodeTemplate(t)).ok());
+  // A template that claims 4e9 parts (a damaged MANIFEST's) costs a plan its ranks only.
+  LayoutTemplate huge = t;
+  huge.parts = 4000000000u;
+  huge.rules[0].cuts = {{0, R::kCeil, 2, 2}};
+  ASSERT_TRUE(DecodeTemplate(EncodeTemplate(huge)).ok());
+  std::string why;
+  auto plan = MakeTemplatedPlan({huge}, {0, 0}, {0, 1}, {1, 2}, nullptr, &why);
+  ASSERT_TRUE(plan.has_value()) << why;
+  EXPECT_EQ(plan->sharing[0], (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(PartsMeeting({5}, huge.rules[0], huge.parts, Box{{0}, {5}}, 2),
+            (std::vector<uint32_t>{0}));
   t.rules[0].cuts[0].stride = 4;  // 4 x 3 places in 6 parts
   auto st = DecodeTemplate(EncodeTemplate(t));
   ASSERT_FALSE(st.ok());
