@@ -358,6 +358,7 @@ struct Run {
   bool fsdp = false;  // --fully-sharded
   int world = 0, load_world = 0;
   int distinct = 0, load_distinct = 0;  // rank r holds distinct layout r % distinct
+  size_t templates = 0;                 // distinct templates of a templated plan
   size_t entries = 0;                   // (rank, shard) pairs of the whole job
   std::vector<std::string> layouts;     // encoded distinct layouts, for the general restore
   Gathered gathered;
@@ -593,6 +594,7 @@ Status TimeSavePlans(Run& run) {
   uint64_t unique_bytes = 0;
   double writer_share = 0;
   if (persist_plan->templated) {
+    run.templates = persist_plan->templated->templates.size();
     distinct_layouts = persist_plan->templated->class_ranks.size();
     unique_boxes = pieces = index.pieces;
     unique_bytes = index.bytes;
@@ -634,6 +636,7 @@ Status TimeSavePlans(Run& run) {
   if (run.fsdp) run.j["fully_sharded"] = true;
   if (run.new_mode()) run.j["mode"] = a.mode;
   run.j["plan_path"] = persist_plan->Path();
+  if (persist_plan->templated) run.j["templates"] = run.templates;
   return Status::OK();
 }
 

@@ -449,9 +449,16 @@ std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int ra
     out.layout_template.tensors = layout.tensors;
     return out;
   };
-  for (bool cuts : {false, true})
-    for (auto [n, i] : tries)
-      if (auto out = attempt(n, i, cuts)) return out;
+  for (auto [n, i] : tries)
+    if (auto out = attempt(n, i, false)) return out;
+  // With cuts, the fewest parts first: at n = world a cut rule can also describe a
+  // pipeline stage's layout, its stage a digit no cut uses, so that every part would be
+  // "shared" with the other stages' indices (which do not hold it) and each plan would
+  // walk them; the smallest n that fits keeps the stage out of the index.
+  std::stable_sort(tries.begin(), tries.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto [n, i] : tries)
+    if (auto out = attempt(n, i, true)) return out;
   return std::nullopt;
 }
 

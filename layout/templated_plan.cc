@@ -226,6 +226,7 @@ void CountSplitParts(TemplatedPlan& p) {
       // Only the first class holding this part (of the indices sharing it, ascending)
       // counts it: the first class of its smallest index listing g, when there is one.
       uint32_t first = UINT32_MAX;
+      if (p.sharing[g].size() == 1 && p.index_classes[i].size() == 1) first = c;  // alone
       auto first_of = [&](uint32_t j) {
         if (first != UINT32_MAX || j >= p.index_classes.size()) return;
         for (uint32_t c2 : p.index_classes[j])
@@ -234,7 +235,7 @@ void CountSplitParts(TemplatedPlan& p) {
             break;
           }
       };
-      first_of(PartRep(p.rules[g], i));
+      if (first == UINT32_MAX) first_of(PartRep(p.rules[g], i));
       if (first == UINT32_MAX && p.sharing[g].size() > 1) p.ForEachSharing(g, i, first_of);
       if (first != c) continue;
       const int w = p.SplitWriter(g, i);
@@ -318,13 +319,33 @@ int TemplatedPlan::SplitWriter(uint32_t g, uint32_t index) const {
     }
     return -1;
   }
+  // The classes holding the part, in order (kept while few: one pass instead of two).
+  constexpr size_t kFew = 64;
+  uint32_t few[kFew];
+  size_t nfew = 0;
+  bool many = false;
   uint64_t h = 0;
   ForEachSharing(g, index, [&](uint32_t i) {
     if (i >= index_classes.size()) return;
     for (uint32_t c : index_classes[i])
-      if (Lists(in_templates[g], class_template[c])) h += class_ranks[c].size();
+      if (Lists(in_templates[g], class_template[c])) {
+        h += class_ranks[c].size();
+        if (nfew < kFew)
+          few[nfew++] = c;
+        else
+          many = true;
+      }
   });
   if (h == 0) return -1;
+  if (!many) {
+    uint64_t k = (static_cast<uint64_t>(g) + PartRep(rules[g], index)) % h;
+    for (size_t x = 0; x < nfew; ++x) {
+      const uint32_t c = few[x];
+      if (k < class_ranks[c].size()) return static_cast<int>(class_ranks[c][k]);
+      k -= class_ranks[c].size();
+    }
+    return -1;
+  }
   uint64_t k = (static_cast<uint64_t>(g) + PartRep(rules[g], index)) % h;
   int out = -1;
   ForEachSharing(g, index, [&](uint32_t i) {

@@ -99,10 +99,18 @@ inline RankLayout Fsdp2OverTp(const std::vector<TpTensor>& model, int fsdp, int 
   return l;
 }
 // The job's layouts: `replicas` x fsdp x tp ranks (HSDP when replicas > 1).
-inline std::vector<RankLayout> Fsdp2OverTpJob(int fsdp, int tp, int replicas = 1) {
+// With `stages` > 1, pipeline stages outermost: stage k holds its own tensors ("s<k>.").
+inline std::vector<RankLayout> Fsdp2OverTpJob(int fsdp, int tp, int replicas = 1, int stages = 1) {
   std::vector<RankLayout> out;
-  for (int r = 0; r < replicas * fsdp * tp; ++r)
-    out.push_back(Fsdp2OverTp(TpModel(), fsdp, tp, (r / tp) % fsdp, r % tp));
+  const int per_stage = replicas * fsdp * tp;
+  for (int r = 0; r < stages * per_stage; ++r) {
+    std::vector<TpTensor> model = TpModel();
+    if (stages > 1)
+      for (TpTensor& t : model)
+        t.meta.name = "s" + std::to_string(r / per_stage) + "." + t.meta.name;
+    const int k = r % per_stage;
+    out.push_back(Fsdp2OverTp(model, fsdp, tp, (k / tp) % fsdp, k % tp));
+  }
   return out;
 }
 

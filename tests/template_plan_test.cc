@@ -579,10 +579,11 @@ TEST(LayoutTemplate, CutsDescribeFsdp2OverTensorParallelismExactly) {
 }
 
 TEST(TemplatedPlan, Fsdp2OverTensorParallelismWritesEveryBoxOnceWithTemplates) {
-  for (auto [fsdp, tp, replicas] : {std::tuple{3, 2, 1}, {2, 3, 1}, {4, 2, 1}, {3, 2, 2}}) {
+  for (auto [fsdp, tp, replicas, stages] :
+       {std::tuple{3, 2, 1, 1}, {2, 3, 1, 1}, {4, 2, 1, 1}, {3, 2, 2, 1}, {3, 2, 1, 3}}) {
     SCOPED_TRACE(std::to_string(fsdp) + " x " + std::to_string(tp) + " x " +
-                 std::to_string(replicas));
-    const std::vector<RankLayout> layouts = Fsdp2OverTpJob(fsdp, tp, replicas);
+                 std::to_string(replicas) + ", " + std::to_string(stages) + " stages");
+    const std::vector<RankLayout> layouts = Fsdp2OverTpJob(fsdp, tp, replicas, stages);
     Gathered g = Exchange(layouts);
     auto plan = PlanPersist(g.messages, g.templates, g.hashes, AlwaysTemplates());
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
