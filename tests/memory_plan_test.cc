@@ -306,7 +306,8 @@ TEST(MemoryPlanAlone, Fsdp2OverTensorParallelismPlansAsTheGeneralPlanner) {
   lost[1] = {1};
   ExpectSameAsGeneral({saved, saved, lost}, "3 x 2, a node lost");
   // Onto one rank of a 1 x 1 mesh (everything) and back onto 4 x 2 ranks.
-  std::vector<std::vector<int>> all(6, std::vector<int>{0});
+  std::vector<std::vector<int>> all(6);
+  for (std::vector<int>& h : all) h.push_back(0);  // (GCC 14 misreads a {0} fill as out of bounds)
   ExpectSameAsGeneral({saved, testing::Fsdp2OverTpJob(1, 1), all}, "3 x 2 -> 1");
   std::vector<std::vector<int>> onto8(6);
   for (int s = 0; s < 6; ++s) onto8[static_cast<size_t>(s)] = {s, s + 2};
