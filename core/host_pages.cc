@@ -54,13 +54,15 @@ bool RestoreWantsHugePages(RestoreHugePages setting) {
 void PopulatePages(std::byte* data, uint64_t lo, uint64_t hi, bool write) {
   if (data == nullptr || hi <= lo) return;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t first = (reinterpret_cast<uintptr_t>(data) + lo) / page * page;
+  const uint64_t begin = reinterpret_cast<uintptr_t>(data) + lo;
   const uint64_t end = reinterpret_cast<uintptr_t>(data) + hi;
+  const uint64_t first = begin / page * page;
   if (::madvise(reinterpret_cast<void*>(first), end - first,
                 write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
     return;
+  // One byte of each page, inside the range (the first page's may begin before it).
   for (uint64_t a = first; a < end; a += page) {
-    volatile std::byte* p = reinterpret_cast<std::byte*>(std::max(a, end - hi + lo));
+    volatile std::byte* p = reinterpret_cast<std::byte*>(std::max(a, begin));
     if (write)
       *p = *p;
     else

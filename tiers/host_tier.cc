@@ -212,23 +212,36 @@ Status HostTier::EnsureRoom(uint64_t bytes) {
   return Status::OK();
 }
 
-Result<std::vector<VersionInfo>> HostTier::Scan(FileSystem* fs, const std::string& dir,
-                                                std::vector<std::string>* problems) {
+namespace {
+
+// Calls fn(header path, slot, its decoded header or why not) for each slot header in `dir`
+// (this user's own files only; nothing opened for writing, no lock).
+template <typename Fn>
+Status ForEachSlotHeader(FileSystem* fs, const std::string& dir, Fn&& fn) {
   CAIRN_ASSIGN_OR_RETURN(auto names, fs->ListDir(dir));
-  std::vector<VersionInfo> out;
   for (const std::string& n : names) {
-    int k = SlotIndexOf(n);
+    const int k = SlotIndexOf(n);
     if (k < 0 || n.size() < 4 || n.compare(n.size() - 4, 4, ".hdr") != 0) continue;
     const std::string path = JoinPath(dir, n);
     auto bytes = ReadOwnFile(fs, path, kMaxSlotHeaderBytes);
-    Result<SlotHeader> h =
-        bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status());
-    if (!h.ok()) {
-      if (problems) problems->push_back(path + ": " + h.status().message());
-      continue;
-    }
-    out.push_back(InfoOf(*h, k));
+    fn(path, k, bytes.ok() ? DecodeSlotHeader(*bytes) : Result<SlotHeader>(bytes.status()));
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<VersionInfo>> HostTier::Scan(FileSystem* fs, const std::string& dir,
+                                                std::vector<std::string>* problems) {
+  std::vector<VersionInfo> out;
+  CAIRN_RETURN_IF_ERROR(
+      ForEachSlotHeader(fs, dir, [&](const std::string& path, int k, Result<SlotHeader> h) {
+        if (!h.ok()) {
+          if (problems) problems->push_back(path + ": " + h.status().message());
+          return;
+        }
+        out.push_back(InfoOf(*h, k));
+      }));
   std::sort(out.begin(), out.end(),
             [](const VersionInfo& a, const VersionInfo& b) { return a.step > b.step; });
   return out;
@@ -239,22 +252,18 @@ Result<std::optional<std::pair<int64_t, std::string>>> HostTier::NewestBlob(File
                                                                             std::string_view name) {
   using Out = std::optional<std::pair<int64_t, std::string>>;
   if (!fs->Exists(dir)) return Out();
-  CAIRN_ASSIGN_OR_RETURN(auto names, fs->ListDir(dir));
   std::optional<SlotHeader> newest;
   std::string newest_path;
-  for (const std::string& n : names) {
-    if (SlotIndexOf(n) < 0 || n.size() < 4 || n.compare(n.size() - 4, 4, ".hdr") != 0) continue;
-    const std::string path = JoinPath(dir, n);
-    auto bytes = ReadOwnFile(fs, path, kMaxSlotHeaderBytes);
-    if (!bytes.ok()) continue;  // as Open does: such a version is not listed
-    Result<SlotHeader> h = DecodeSlotHeader(*bytes);
-    if (!h.ok() || !IsRestorable(h->state)) continue;
-    if (!newest || h->step > newest->step ||
-        (h->step == newest->step && h->created_wall_ns > newest->created_wall_ns)) {
-      newest = std::move(*h);
-      newest_path = path.substr(0, path.size() - 4);
-    }
-  }
+  CAIRN_RETURN_IF_ERROR(
+      ForEachSlotHeader(fs, dir, [&](const std::string& path, int, Result<SlotHeader> h) {
+        // (as Open does: an unreadable header's version is not listed)
+        if (!h.ok() || !IsRestorable(h->state)) return;
+        if (!newest || h->step > newest->step ||
+            (h->step == newest->step && h->created_wall_ns > newest->created_wall_ns)) {
+          newest = std::move(*h);
+          newest_path = path.substr(0, path.size() - 4);
+        }
+      }));
   if (!newest) return Out();
   auto b = std::find_if(newest->blobs.begin(), newest->blobs.end(),
                         [&](const SlotBlob& x) { return x.name == name; });
