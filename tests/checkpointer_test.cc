@@ -582,6 +582,13 @@ TEST_F(CheckpointerTest, APfsStepIsReadWithoutAJob) {
   EXPECT_NE(bad.message().find(data_file), std::string::npos) << bad.message();
 }
 
+// `n` bytes of anonymous memory never touched.
+uint8_t* FreshMapping(size_t n) {
+  void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(m, MAP_FAILED);
+  return static_cast<uint8_t*>(m);
+}
+
 std::string VmFlagsOf(const void* p) {
   return testing::SmapsLine(p, "VmFlags:");
 }
@@ -598,11 +605,7 @@ TEST_F(CheckpointerTest, FreshHostTargetsAreAskedForHugePagesAndUsedOnesAreLeftA
     return std::vector<ShardSpec>{
         ShardSpec::Whole({"w", DType::kU8, {static_cast<int64_t>(kBytes)}}, data)};
   };
-  auto fresh_map = [] {
-    void* m = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    EXPECT_NE(m, MAP_FAILED);
-    return static_cast<uint8_t*>(m);
-  };
+  auto fresh_map = [] { return FreshMapping(kBytes); };
   uint8_t* fresh = fresh_map();
   uint8_t* used = fresh_map();
   uint8_t* fresh_off = fresh_map();
@@ -679,11 +682,7 @@ TEST_F(CheckpointerTest, APreparedRestoreReadsTheNewestBlobAndFaultsTargetsIn) {
   absent = NewestHeldBlob(elsewhere, "layout");
   ASSERT_TRUE(absent.ok() && !absent->has_value());
 
-  auto fresh_map = [] {
-    void* m = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    EXPECT_NE(m, MAP_FAILED);
-    return static_cast<uint8_t*>(m);
-  };
+  auto fresh_map = [] { return FreshMapping(kBytes); };
   uint8_t* fresh = fresh_map();
   uint8_t* used = fresh_map();
   FillPattern(used, kBytes, 3);

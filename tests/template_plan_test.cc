@@ -433,6 +433,30 @@ SavedStep Save(const std::vector<RankLayout>& layouts) {
   return s;
 }
 
+// Every target element is in exactly one saved box of a partial manifest, and every box
+// listed meets some target.
+void ExpectCoversTargetsOnce(const pb::Manifest& part,
+                             const std::vector<std::pair<std::string, Box>>& want) {
+  auto saved_of = [](const pb::SavedBox& b) {
+    return Box{{b.offsets().begin(), b.offsets().end()}, {b.lengths().begin(), b.lengths().end()}};
+  };
+  for (const auto& [name, box] : want) {
+    int64_t covered = 0;
+    for (const pb::SavedBox& b : part.boxes()) {
+      if (part.tensors(static_cast<int>(b.tensor())).name() != name) continue;
+      if (auto in = Intersect(saved_of(b), box)) covered += in->numel();
+    }
+    EXPECT_EQ(covered, box.numel()) << name << " " << box.ToString();
+  }
+  for (const pb::SavedBox& b : part.boxes()) {
+    bool meets = false;
+    for (const auto& [name, box] : want)
+      meets = meets || (part.tensors(static_cast<int>(b.tensor())).name() == name &&
+                        Intersect(saved_of(b), box).has_value());
+    EXPECT_TRUE(meets) << saved_of(b).ToString();
+  }
+}
+
 TEST(StepIndex, ExpandingTheManifestGivesTheFormatOneManifest) {
   const LayoutTemplate t = Uniform(Model(), {K::kFlat, R::kCeil, 0}, 8);
   std::vector<RankLayout> layouts;
@@ -479,29 +503,10 @@ TEST(StepIndex, ARankReadsOnlyTheIndexFilesOfThePartsItsTargetsMeet) {
           },
           &index_bytes);
       ASSERT_TRUE(part.ok()) << part.status().ToString();
-      // Every target element is in exactly one saved box of the partial manifest, and
-      // every box listed meets some target.
-      for (const auto& [name, box] : want) {
-        int64_t covered = 0;
-        for (const pb::SavedBox& b : part->boxes()) {
-          if (part->tensors(static_cast<int>(b.tensor())).name() != name) continue;
-          Box saved{{b.offsets().begin(), b.offsets().end()},
-                    {b.lengths().begin(), b.lengths().end()}};
-          if (auto in = Intersect(saved, box)) covered += in->numel();
-        }
-        EXPECT_EQ(covered, box.numel()) << name << " " << box.ToString();
-      }
-      for (const pb::SavedBox& b : part->boxes()) {
-        Box saved{{b.offsets().begin(), b.offsets().end()},
-                  {b.lengths().begin(), b.lengths().end()}};
-        bool meets = false;
-        for (const auto& [name, box] : want)
-          meets = meets || (part->tensors(static_cast<int>(b.tensor())).name() == name &&
-                            Intersect(saved, box).has_value());
-        EXPECT_TRUE(meets);
+      ExpectCoversTargetsOnce(*part, want);
+      for (const pb::SavedBox& b : part->boxes())
         EXPECT_EQ(part->files(static_cast<int>(b.file())),
                   DataFileName(static_cast<int>(b.writer())));
-      }
       // Its own blobs, in its data file.
       ASSERT_EQ(part->blobs_size(), 1);
       EXPECT_EQ(part->files(static_cast<int>(part->blobs(0).file())),
@@ -613,26 +618,7 @@ TEST(StepIndex, Fsdp2OverTensorParallelismRestoresOntoAnotherMeshFromTheIndexFil
           s.manifest, want, static_cast<int>(r),
           [&](int w) -> Result<std::string> { return s.index_files.at(w); }, nullptr);
       ASSERT_TRUE(part.ok()) << part.status().ToString();
-      // Every target element in exactly one saved box listed; every box listed meets one.
-      for (const auto& [name, box] : want) {
-        int64_t covered = 0;
-        for (const pb::SavedBox& b : part->boxes()) {
-          if (part->tensors(static_cast<int>(b.tensor())).name() != name) continue;
-          Box saved{{b.offsets().begin(), b.offsets().end()},
-                    {b.lengths().begin(), b.lengths().end()}};
-          if (auto in = Intersect(saved, box)) covered += in->numel();
-        }
-        EXPECT_EQ(covered, box.numel()) << name << " " << box.ToString();
-      }
-      for (const pb::SavedBox& b : part->boxes()) {
-        Box saved{{b.offsets().begin(), b.offsets().end()},
-                  {b.lengths().begin(), b.lengths().end()}};
-        bool meets = false;
-        for (const auto& [name, box] : want)
-          meets = meets || (part->tensors(static_cast<int>(b.tensor())).name() == name &&
-                            Intersect(saved, box).has_value());
-        EXPECT_TRUE(meets) << saved.ToString();
-      }
+      ExpectCoversTargetsOnce(*part, want);
     }
   }
 }
