@@ -156,6 +156,42 @@ std::optional<SplitRule> FitCuts(const Shape& shape, const Box& box, uint32_t n,
   return std::nullopt;
 }
 
+// The parts [first, last] of `parts` under a one-cut `rule` whose elements may meet `box`
+// (a box of a tensor of `shape`): by flat range or along the chunked dimension, found by
+// binary search. nullopt when none can. For kWhole: {0, 0}.
+std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
+                                                              const SplitRule& rule, uint32_t parts,
+                                                              const Box& box) {
+  if (box.empty() || box.ndim() != shape.size()) return std::nullopt;
+  int64_t extent = 0, lo = 0, hi = 0;  // the box's hull [lo, hi) in the index space cut
+  switch (rule.kind) {
+    case SplitRule::Kind::kWhole:
+      return std::pair<uint32_t, uint32_t>{0, 0};
+    case SplitRule::Kind::kCuts:
+      return std::nullopt;
+    case SplitRule::Kind::kFlat: {
+      extent = NumElements(shape);
+      int64_t stride = 1;
+      for (size_t d = shape.size(); d-- > 0;) {
+        lo += box.offsets[d] * stride;
+        hi += (box.offsets[d] + box.lengths[d] - 1) * stride;
+        stride *= shape[d];
+      }
+      hi += 1;
+      break;
+    }
+    case SplitRule::Kind::kChunk:
+      if (rule.dim >= shape.size()) return std::nullopt;
+      extent = shape[rule.dim];
+      lo = box.offsets[rule.dim];
+      hi = lo + box.lengths[rule.dim];
+      break;
+  }
+  auto [first, end] = PartsMeetingRange(extent, rule.round, parts, lo, hi);
+  if (end == first) return std::nullopt;
+  return std::pair<uint32_t, uint32_t>{first, end - 1};
+}
+
 bool SameBoxes(const std::vector<Box>& a, const RankLayout& l, size_t begin, size_t end) {
   if (a.size() != end - begin) return false;
   for (size_t k = 0; k < a.size(); ++k)
@@ -299,39 +335,6 @@ uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index,
     }
   }
   return 0;
-}
-
-std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
-                                                              const SplitRule& rule, uint32_t parts,
-                                                              const Box& box) {
-  if (box.empty() || box.ndim() != shape.size()) return std::nullopt;
-  int64_t extent = 0, lo = 0, hi = 0;  // the box's hull [lo, hi) in the index space cut
-  switch (rule.kind) {
-    case SplitRule::Kind::kWhole:
-      return std::pair<uint32_t, uint32_t>{0, 0};
-    case SplitRule::Kind::kCuts:
-      return std::nullopt;
-    case SplitRule::Kind::kFlat: {
-      extent = NumElements(shape);
-      int64_t stride = 1;
-      for (size_t d = shape.size(); d-- > 0;) {
-        lo += box.offsets[d] * stride;
-        hi += (box.offsets[d] + box.lengths[d] - 1) * stride;
-        stride *= shape[d];
-      }
-      hi += 1;
-      break;
-    }
-    case SplitRule::Kind::kChunk:
-      if (rule.dim >= shape.size()) return std::nullopt;
-      extent = shape[rule.dim];
-      lo = box.offsets[rule.dim];
-      hi = lo + box.lengths[rule.dim];
-      break;
-  }
-  auto [first, end] = PartsMeetingRange(extent, rule.round, parts, lo, hi);
-  if (end == first) return std::nullopt;
-  return std::pair<uint32_t, uint32_t>{first, end - 1};
 }
 
 std::vector<uint32_t> PartsMeeting(const Shape& shape, const SplitRule& rule, uint32_t parts,

@@ -87,13 +87,6 @@ std::vector<Box> PartBoxes(const Shape& shape, const SplitRule& rule, uint32_t i
 // The number of elements of that part (the whole tensor's for kWhole), without making boxes.
 uint64_t PartElements(const Shape& shape, const SplitRule& rule, uint32_t index, uint32_t parts);
 
-// The parts [first, last] of `parts` under `rule` whose elements may meet `box` (a box of
-// a tensor of `shape`): by flat range or along the chunked dimension, found by binary
-// search. nullopt when none can. For kWhole: {0, 0}. Not for kCuts (nullopt).
-std::optional<std::pair<uint32_t, uint32_t>> PartsOverlapping(const Shape& shape,
-                                                              const SplitRule& rule, uint32_t parts,
-                                                              const Box& box);
-
 // The parts whose elements may meet `box`, each named by its PartRep, ascending, those
 // below `limit` only (a plan passes its number of indices: no rank holds a part past
 // them): every rule, kCuts included (per cut, the digits whose chunk meets the box).
