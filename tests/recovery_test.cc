@@ -108,34 +108,70 @@ std::vector<std::vector<Box>> RandomLayout(std::mt19937_64& rng, const Shape& sh
   return out;
 }
 
-// The boxes each of `world` ranks holds under a layout template (layout/layout_template.h):
-// every tensor split by a random rule into d parts (d = world or a divisor of it), rank r
-// holding part r % d or r / (world / d): FSDP, ZeRO-3, DTensor Shard, tensor parallel
-// inside data parallel.
+// The boxes each of `world` ranks holds under layout templates (layout/layout_template.h):
+// the ranks split into pipeline stages (a random divisor of `world`; tensor i held by the
+// ranks of stage i % stages only), every tensor split by a random rule into d parts (d the
+// stage's ranks or a divisor of them), a stage's rank r holding part r % d or r / (q / d):
+// FSDP, ZeRO-3, DTensor Shard, tensor parallel inside data parallel; and since issue 37
+// cuts: a chunk of a chunk, each by a digit of the index (FSDP2 over tensor parallelism),
+// or one digit only (the part replicated over the other: a TP-replicated norm).
+// *cut_rules counts the tensors split by cuts (their parts > 1).
 std::vector<std::vector<std::pair<size_t, Box>>> TemplateLayouts(std::mt19937_64& rng,
                                                                  const std::vector<Tensor>& tensors,
-                                                                 int world) {
-  std::vector<int> divisors;
-  for (int d = 1; d <= world; ++d)
-    if (world % d == 0) divisors.push_back(d);
-  const int d = rng() % 2 ? world : divisors[rng() % divisors.size()];
+                                                                 int world, int* cut_rules) {
+  auto divisors_of = [](int n, int most) {
+    std::vector<int> out;
+    for (int d = 1; d <= std::min(n, most); ++d)
+      if (n % d == 0) out.push_back(d);
+    return out;
+  };
+  const auto stage_counts = divisors_of(world, static_cast<int>(tensors.size()));
+  const int stages = rng() % 2 ? 1 : stage_counts[rng() % stage_counts.size()];
+  const int q = world / stages;  // ranks per stage
+  const auto divisors = divisors_of(q, q);
+  const int d = rng() % 2 ? q : divisors[rng() % divisors.size()];
+  const auto factors = divisors_of(d, d);
   const bool blocked = rng() % 2;
   std::vector<std::vector<std::pair<size_t, Box>>> out(static_cast<size_t>(world));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Shape& shape = tensors[i].meta.global_shape;
     using K = SplitRule::Kind;
     using R = SplitRule::Round;
-    const uint8_t dim = static_cast<uint8_t>(rng() % shape.size());
+    auto dim = [&] { return static_cast<uint8_t>(rng() % shape.size()); };
+    auto round = [&] { return rng() % 2 ? R::kCeil : R::kFloor; };
+    const uint8_t dim0 = dim();
     const SplitRule rules[] = {{K::kWhole, R::kCeil, 0},
                                {K::kFlat, R::kCeil, 0},
                                {K::kFlat, R::kFloor, 0},
-                               {K::kChunk, R::kCeil, dim},
-                               {K::kChunk, R::kFloor, dim}};
-    const SplitRule rule = rules[rng() % std::size(rules)];
-    for (int r = 0; r < world; ++r) {
-      const auto index = static_cast<uint32_t>(blocked ? r / (world / d) : r % d);
+                               {K::kChunk, R::kCeil, dim0},
+                               {K::kChunk, R::kFloor, dim0}};
+    SplitRule rule = rules[rng() % std::size(rules)];
+    if (rng() % 2) {
+      // Cuts: the lower digit (count a) and the upper one (count d / a), each on a random
+      // dimension (the same one twice is a chunk of a chunk along it), both or one of them.
+      const uint32_t a = static_cast<uint32_t>(factors[rng() % factors.size()]);
+      const SplitRule::Cut lower{dim(), round(), 1, a},
+          upper{dim(), round(), a, static_cast<uint32_t>(d) / a};
+      rule = {K::kCuts, R::kCeil, 0};
+      switch (rng() % 3) {
+        case 0:
+          rule.cuts = {lower, upper};
+          break;
+        case 1:
+          rule.cuts = {upper};
+          break;
+        default:
+          rule.cuts = {lower};
+          break;
+      }
+      EXPECT_TRUE(CheckCuts(rule, shape.size(), static_cast<uint32_t>(d)).ok()) << rule.ToString();
+      *cut_rules += d > 1;
+    }
+    const int stage = static_cast<int>(i) % stages;
+    for (int lr = 0; lr < q; ++lr) {
+      const auto index = static_cast<uint32_t>(blocked ? lr / (q / d) : lr % d);
       for (Box& b : PartBoxes(shape, rule, index, static_cast<uint32_t>(d)))
-        out[static_cast<size_t>(r)].push_back({i, std::move(b)});
+        out[static_cast<size_t>(stage * q + lr)].push_back({i, std::move(b)});
     }
   }
   return out;
@@ -301,7 +337,8 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
   SCOPED_TRACE("seed " + std::to_string(seed));
   const DType dtypes[] = {DType::kF64, DType::kF32, DType::kBF16,  DType::kI64,
                           DType::kI16, DType::kU8,  DType::kF8E4M3};
-  int resharded = 0, with_peers = 0, fallbacks = 0, pfs_cases = 0, alone = 0, alone_with_peers = 0;
+  int resharded = 0, with_peers = 0, fallbacks = 0, pfs_cases = 0, alone = 0, alone_with_peers = 0,
+      cut_rules = 0, alone_with_cuts = 0;
   constexpr int kCases = 220;
   for (int c = 0; c < kCases; ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -326,9 +363,10 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
     // Every other case saves and restores layout templates (fully sharded jobs): memory
     // restores of those are planned by each rank alone (layout/memory_plan.h).
     const bool templates = c % 2 == 1;
+    const int cut_rules_before = cut_rules;
     if (templates) {
-      saved = TemplateLayouts(rng, tensors, saved_world);
-      wanted = TemplateLayouts(rng, tensors, world);
+      saved = TemplateLayouts(rng, tensors, saved_world, &cut_rules);
+      wanted = TemplateLayouts(rng, tensors, world, &cut_rules);
     }
     for (size_t i = 0; i < tensors.size() && !templates; ++i) {
       auto s = RandomLayout(rng, tensors[i].meta.global_shape, saved_world);
@@ -443,12 +481,15 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
     if (!on_pfs && results[0].report->plan.starts_with("templated")) {
       ++alone;
       alone_with_peers += with_peers > with_peers_before;
+      alone_with_cuts += cut_rules > cut_rules_before;
     }
   }
   std::printf(
       "%d cases (%d from the PFS): %d rank restores resharded, %d received from peers, "
-      "%d fell back; %d memory cases planned alone from templates (%d with peers)\n",
-      kCases, pfs_cases, resharded, with_peers, fallbacks, alone, alone_with_peers);
+      "%d fell back; %d memory cases planned alone from templates (%d with peers, %d with "
+      "cuts; %d tensors split by cuts in all)\n",
+      kCases, pfs_cases, resharded, with_peers, fallbacks, alone, alone_with_peers, alone_with_cuts,
+      cut_rules);
   // The cases really exercised what they claim to.
   EXPECT_GT(resharded, kCases / 2);
   EXPECT_GT(with_peers, kCases / 2);
@@ -456,6 +497,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
   EXPECT_GT(pfs_cases, kCases / 5);
   EXPECT_GT(alone, kCases / 5);
   EXPECT_GT(alone_with_peers, kCases / 10);
+  EXPECT_GT(alone_with_cuts, kCases / 20);
 }
 
 TEST(Recovery, ErrorsNameTheTensorStepAndRankBeforeWritingAnyTarget) {
