@@ -190,6 +190,7 @@ void Checkpointer::Impl::OpenPersister() {
   pc.writer.direct = o.persist_direct;
   pc.writer.chunk_bytes = o.chunk_bytes;
   pc.planner.align_bytes = o.chunk_bytes;
+  pc.planner.cut_template_min_layouts = static_cast<uint32_t>(o.cut_template_min_layouts);
   CapturePipeline* pipeline = pipeline_.get();
   // Drains hold back while a capture is copying (they would slow the copy a fence may be
   // waiting for), but never more than 50 ms per chunk, so they always progress.

@@ -357,6 +357,12 @@ std::vector<Setting> MakeSettings() {
           "nothing else wants; drains may crawl on a busy host) or normal"),
       Bytes("CAIRN_PERSIST_RATE", CAIRN_FIELD(persist_rate),
             "cap on each rank's PFS write rate in bytes/s (K/M/G suffix; 0: unlimited)"),
+      Int("CAIRN_CUT_TEMPLATE_MIN_LAYOUTS", nullptr, CAIRN_FIELD(cut_template_min_layouts), 0,
+          1 << 30,
+          "a drain plans from layout templates with cuts (multi-dimensional sharding: FSDP2 "
+          "over tensor parallelism) when its job has at least this many distinct layouts; below, "
+          "the general planner takes milliseconds and a resharding restore reads less (a "
+          "template writes a part several ranks hold whole)"),
       Choice<RestoreHugePages>(
           "CAIRN_RESTORE_HUGE_PAGES", CAIRN_FIELD(restore_huge_pages),
           {{"auto", RestoreHugePages::kAuto},

@@ -193,7 +193,8 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
               {"CAIRN_PERSIST_PRIORITY", "low"},
               {"CAIRN_PERSIST_RATE", "200M"},
               {"CAIRN_REPLICATE_PRIORITY", "idle"},
-              {"CAIRN_RESTORE_HUGE_PAGES", "0"}};
+              {"CAIRN_RESTORE_HUGE_PAGES", "0"},
+              {"CAIRN_CUT_TEMPLATE_MIN_LAYOUTS", "0"}};
   auto o = Options::FromEnvironment(env.fn());
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->rank, 5);
@@ -212,6 +213,7 @@ TEST(Options, TorchrunVariablesAndCairnOverrides) {
   EXPECT_EQ(o->persist_rate, 200ull << 20);
   EXPECT_EQ(o->replicate_priority, BackgroundPriority::kIdle);
   EXPECT_EQ(o->restore_huge_pages, RestoreHugePages::kOff);
+  EXPECT_EQ(o->cut_template_min_layouts, 0);
   env.vars["CAIRN_RANK"] = "6";
   env.vars["CAIRN_NODE"] = "3";
   env.vars["CAIRN_JOB_ID"] = "mine";

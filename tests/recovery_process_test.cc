@@ -272,23 +272,22 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
   }
 }
 
-// A fully sharded job (every layout distinct) is persisted through the templated plan: no
-// rank gathers the others' boxes, and the step is written in format 2 (a MANIFEST without
-// boxes, an index file per writer). From memory, with a node lost, onto its own layout and
-// onto others, every rank plans its own part from the templates; from the PFS alone, each
-// rank reads the index files it needs; a bad index file makes the restore skip the step
-// for the older one. Every restore is bit-exact.
-TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromMemoryAndThePfs) {
-  TempDir root("rfsdp");
-  const std::string job = testing::UniqueJobId("fsdp");
+// Trains `layout` on 2 nodes x 2 ranks in two runs (steps 1..3, then 4..5; 3 and 5
+// flushed), each run's drains planned from layout templates, and checks that step 5 is in
+// format 2 (a MANIFEST without boxes, an index file per writer) with every byte written
+// once: expanded, the boxes of each tensor add up. *step5: its directory.
+void TrainTemplated(const TempDir& root, const std::string& job, const std::string& layout,
+                    const std::vector<std::pair<std::string, std::string>>& env,
+                    std::string* step5) {
   const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
   FileSystem* fs = DefaultFileSystem();
-  // Two runs: steps 1..3 (3 flushed), then 4..5 (5 flushed).
   for (auto [first, last] : {std::pair{"1", "3"}, std::pair{"4", "5"}}) {
     const std::string train = root.path() + "/train" + first;
     ASSERT_TRUE(fs->MakeDirs(train, 0700).ok());
-    auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "flat", kRows, first, last},
-                                       train, {{"CAIRN_PERSIST_EVERY", "0"}}));
+    auto run_env = env;
+    run_env.push_back({"CAIRN_PERSIST_EVERY", "0"});
+    auto l = LocalLauncher::Start(
+        Spec(root, job, 2, 2, {"train", layout, kRows, first, last}, train, run_env));
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
     l->reset();
@@ -297,15 +296,14 @@ TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromMemo
                 "committed " + std::string(last) + " plan templated")
           << Logs(train, 4);
   }
-  // Format 2 on disk; expanded, every byte written once: the boxes of each tensor add up.
-  const std::string step5 = JoinPath(job_dir, StepDirName(5));
-  auto raw = ReadManifestFile(fs, step5);
+  *step5 = JoinPath(job_dir, StepDirName(5));
+  auto raw = ReadManifestFile(fs, *step5);
   ASSERT_TRUE(raw.ok()) << raw.status().ToString();
   EXPECT_EQ(raw->format_version(), 2u);
   EXPECT_EQ(raw->boxes_size(), 0);
   for (int r = 0; r < 4; ++r)
-    EXPECT_TRUE(fs->Exists(JoinPath(step5, "data/" + std::to_string(r) + ".idx")));
-  auto m = ReadManifest(fs, step5);
+    EXPECT_TRUE(fs->Exists(JoinPath(*step5, "data/" + std::to_string(r) + ".idx")));
+  auto m = ReadManifest(fs, *step5);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   std::vector<int64_t> covered(static_cast<size_t>(m->tensors_size()), 0);
   for (const auto& b : m->boxes()) {
@@ -318,6 +316,40 @@ TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromMemo
     for (int64_t e : m->tensors(t).shape()) n *= e;
     EXPECT_EQ(covered[static_cast<size_t>(t)], n) << m->tensors(t).name();
   }
+}
+
+// Rank 1's index file of step 5 is damaged: every rank skips step 5 for step 3, and the
+// log names the file.
+void ExpectDamagedIndexFallsBack(const TempDir& root, const std::string& job,
+                                 const std::string& step5, const std::string& layout) {
+  FileSystem* fs = DefaultFileSystem();
+  const std::string idx = JoinPath(step5, "data/1.idx");
+  auto bytes = ReadWholeFile(fs, idx, 1 << 20);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomic(fs, idx, *bytes).ok());
+  auto got = RunRestore(root, job, 2, 2, layout, 3, "damaged-" + layout);
+  ASSERT_EQ(got.size(), 4u);
+  for (const Restored& x : got) {
+    EXPECT_EQ(x.step, 3);
+    EXPECT_EQ(x.tier, "pfs");
+    EXPECT_EQ(x.skipped, 1u);
+  }
+  const std::string log = Logs(root.path() + "/damaged-" + layout, 4);
+  EXPECT_NE(log.find("data/1.idx"), std::string::npos) << log;
+}
+
+// A fully sharded job (every layout distinct) is persisted through the templated plan: no
+// rank gathers the others' boxes, and the step is written in format 2. From memory, with a
+// node lost, onto its own layout and onto others, every rank plans its own part from the
+// templates; from the PFS alone, each rank reads the index files it needs; a bad index file
+// makes the restore skip the step for the older one. Every restore is bit-exact.
+TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromMemoryAndThePfs) {
+  TempDir root("rfsdp");
+  const std::string job = testing::UniqueJobId("fsdp");
+  FileSystem* fs = DefaultFileSystem();
+  std::string step5;
+  ASSERT_NO_FATAL_FAILURE(TrainTemplated(root, job, "flat", {}, &step5));
   // Node 1's memory is lost: its ranks get their bytes from their partners' replicas; then
   // tp2 x dp2 and the last dimension halved, from memory (every rank sends and receives).
   ASSERT_TRUE(fs->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
@@ -356,21 +388,38 @@ TEST(RecoveryProcesses, FullyShardedJobIsPlannedFromTemplatesAndRestoresFromMemo
       }
     }
   }
-  // Rank 1's index file of step 5 is damaged: every rank skips step 5 for step 3.
-  const std::string idx = JoinPath(step5, "data/1.idx");
-  auto bytes = ReadWholeFile(fs, idx, 1 << 20);
-  ASSERT_TRUE(bytes.ok());
-  (*bytes)[bytes->size() / 2] ^= 0x40;
-  ASSERT_TRUE(WriteFileAtomic(fs, idx, *bytes).ok());
-  auto got = RunRestore(root, job, 2, 2, "flat", 3, "fsdp-damaged");
-  ASSERT_EQ(got.size(), 4u);
-  for (const Restored& x : got) {
-    EXPECT_EQ(x.step, 3);
-    EXPECT_EQ(x.tier, "pfs");
-    EXPECT_EQ(x.skipped, 1u);
+  ExpectDamagedIndexFallsBack(root, job, step5, "flat");
+}
+
+// FSDP2 over tensor parallelism (DTensor sharding on two dimensions; vectors replicated
+// over the TP pair) is persisted through templates with cuts (format 2; the threshold of
+// distinct layouts lowered to this 4-rank job). From the PFS alone it restores bit-exact
+// onto its own layout (each rank reading exactly its own part), onto flat ranges and onto
+// tp2, reading at most 1.6x what it needs (issue 37's bound); a bad index file makes the
+// restore skip the step for the older one.
+TEST(RecoveryProcesses, Fsdp2OverTensorParallelismIsPersistedFromCutTemplatesAndRestoresFromPfs) {
+  TempDir root("rf2tp");
+  const std::string job = testing::UniqueJobId("f2tp");
+  FileSystem* fs = DefaultFileSystem();
+  std::string step5;
+  ASSERT_NO_FATAL_FAILURE(
+      TrainTemplated(root, job, "fsdp2tp", {{"CAIRN_CUT_TEMPLATE_MIN_LAYOUTS", "0"}}, &step5));
+  ASSERT_TRUE(fs->RemoveAll(root.path() + "/host").ok());
+  for (const std::string layout : {"fsdp2tp", "flat", "tp2"}) {
+    auto got = RunRestore(root, job, 2, 2, layout, 5, "f2tp-" + layout);
+    ASSERT_EQ(got.size(), 4u);
+    for (const Restored& x : got) {
+      EXPECT_EQ(x.step, 5) << layout;
+      EXPECT_EQ(x.tier, "pfs") << layout;
+      EXPECT_GE(x.pfs, x.needed) << layout;
+      EXPECT_LE(static_cast<double>(x.pfs), 1.6 * static_cast<double>(x.needed)) << layout;
+      if (layout == "fsdp2tp") {
+        EXPECT_EQ(x.pfs, x.needed);
+        EXPECT_EQ(x.resharded, 0);
+      }
+    }
   }
-  const std::string log = Logs(root.path() + "/fsdp-damaged", 4);
-  EXPECT_NE(log.find("data/1.idx"), std::string::npos) << log;
+  ExpectDamagedIndexFallsBack(root, job, step5, "fsdp2tp");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // restored without holding the whole model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -30,6 +31,10 @@ class ModelState {
   //          world/K data-parallel replicas)
   //   col2   the last dimension split in 2 (matrices only), rank r holds half r % 2
   //   flat   each tensor's flat elements split evenly over the world (ZeRO-3 / FSDP)
+  //   fsdp2tp  FSDP2 over 2-way tensor parallelism (an even world): the last dimension
+  //          chunked by rank % 2, then dimension 0 of that chunked by rank / 2 over world / 2
+  //          (DTensor [Shard(0), Shard(1)]); a vector chunked by rank / 2 only (replicated
+  //          over the TP pair)
   // Empty when the layout name is unknown.
   std::vector<std::pair<size_t, Box>> Layout(const std::string& layout, int rank, int world) const {
     std::vector<std::pair<size_t, Box>> out;
@@ -51,6 +56,16 @@ class ModelState {
           whole.lengths[d] = rank % 2 ? s[d] - s[d] / 2 : s[d] / 2;
         }
         out.push_back({i, whole});
+      } else if (layout == "fsdp2tp") {
+        auto chunk = [](int64_t n, int64_t parts, int64_t i, int64_t* off, int64_t* len) {
+          const int64_t c = (n + parts - 1) / parts;  // torch.chunk: ceil, the last shorter
+          *off = std::min(n, c * i);
+          *len = std::min(c, n - *off);
+        };
+        const size_t last = s.size() - 1;
+        if (s.size() >= 2) chunk(s[last], 2, rank % 2, &whole.offsets[last], &whole.lengths[last]);
+        chunk(whole.lengths[0], world / 2, rank / 2, &whole.offsets[0], &whole.lengths[0]);
+        if (!whole.empty()) out.push_back({i, whole});
       } else if (layout == "flat") {
         const int64_t n = NumElements(s);
         auto boxes = FlatRangeToBoxes(s, n * rank / world, n * (rank + 1) / world);

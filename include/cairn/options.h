@@ -92,8 +92,9 @@ struct Options {
   int persist_every = 10;   // persist every k-th saved version (0: only flush())
   int keep_on_pfs = 3;      // committed steps kept on the PFS
   int persist_threads = 4;  // writer threads per rank
-  bool persist_direct = false;  // O_DIRECT writes
-  uint64_t persist_rate = 0;    // bytes/s cap per rank (0: unlimited)
+  bool persist_direct = false;        // O_DIRECT writes
+  uint64_t persist_rate = 0;          // bytes/s cap per rank (0: unlimited)
+  int cut_template_min_layouts = 64;  // distinct layouts from which templates with cuts plan
   BackgroundPriority persist_priority = BackgroundPriority::kLow;       // of the drain threads
   BackgroundPriority replicate_priority = BackgroundPriority::kNormal;  // of replication's
   RestoreHugePages restore_huge_pages = RestoreHugePages::kAuto;        // for fresh host targets
