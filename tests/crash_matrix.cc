@@ -4,13 +4,15 @@
 // complete, bit-exact.
 //
 //   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128]
-//                [--nodes 2] [--replicas 1] [--placement ring|group] [--layout tp2|flat]
+//                [--nodes 2] [--replicas 1] [--placement ring|group]
+//                [--layout tp2|flat|fsdp2tp]
 //                [--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] [--keep]
 //                [--netns] [--volume] [--cuts PERCENT]
 //
 // The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel
 // NODES (or, --layout flat, fully sharded: every rank a flat range of every tensor, so the
-// persister plans from layout templates and commits MANIFEST format 2), a version every
+// persister plans from layout templates and commits MANIFEST format 2; or --layout fsdp2tp,
+// FSDP2 over 2-way tensor parallelism, planned from templates with cuts), a version every
 // iteration, replication to REPLICAS other nodes,
 // CAIRN_PERSIST_EVERY=4, a flush at the end. Every `every` steps each rank waits for the version to
 // be captured and replicated and prints "complete <step>"; each rank prints the newest persisted
@@ -171,6 +173,9 @@ class Matrix {
              {"CAIRN_CHUNK_BYTES", "64K"},
              {"CAIRN_LOG_LEVEL", "1"},
              {"UCX_TLS", "tcp"}};
+    // fsdp2tp: a layout per rank, far fewer than the 64 from which a drain plans from
+    // templates with cuts by default.
+    if (cfg_.layout == "fsdp2tp") s.env.push_back({"CAIRN_CUT_TEMPLATE_MIN_LAYOUTS", "0"});
     return s;
   }
   std::string Mount(int node) const { return root_.path() + "/m" + std::to_string(node); }
@@ -598,8 +603,9 @@ int main(int argc, char** argv) {
       c.erasure_m = std::atoi(next());
     } else if (a == "--layout") {
       c.layout = next();
-      if (c.layout != "tp2" && c.layout != "flat") {
-        std::fprintf(stderr, "crash_matrix: --layout is tp2 or flat, not %s\n", c.layout.c_str());
+      if (c.layout != "tp2" && c.layout != "flat" && c.layout != "fsdp2tp") {
+        std::fprintf(stderr, "crash_matrix: --layout is tp2, flat or fsdp2tp, not %s\n",
+                     c.layout.c_str());
         return 2;
       }
     } else if (a == "--keep") {
@@ -611,13 +617,14 @@ int main(int argc, char** argv) {
     } else if (a == "--cuts") {
       c.cuts = std::atoi(next());
     } else {
-      std::fprintf(stderr,
-                   "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
-                   "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
-                   "[--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] "
-                   "[--layout tp2|flat] [--keep] [--netns] [--volume] [--cuts PERCENT]\n(see the "
-                   "comment at the top of "
-                   "tests/crash_matrix.cc)\n");
+      std::fprintf(
+          stderr,
+          "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
+          "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
+          "[--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] "
+          "[--layout tp2|flat|fsdp2tp] [--keep] [--netns] [--volume] [--cuts PERCENT]\n(see the "
+          "comment at the top of "
+          "tests/crash_matrix.cc)\n");
       return a == "--help" ? 0 : 2;
     }
   }
