@@ -152,18 +152,11 @@ std::vector<std::vector<std::pair<size_t, Box>>> TemplateLayouts(std::mt19937_64
       const uint32_t a = static_cast<uint32_t>(factors[rng() % factors.size()]);
       const SplitRule::Cut lower{dim(), round(), 1, a},
           upper{dim(), round(), a, static_cast<uint32_t>(d) / a};
-      rule = {K::kCuts, R::kCeil, 0};
-      switch (rng() % 3) {
-        case 0:
-          rule.cuts = {lower, upper};
-          break;
-        case 1:
-          rule.cuts = {upper};
-          break;
-        default:
-          rule.cuts = {lower};
-          break;
-      }
+      rule = SplitRule{};
+      rule.kind = K::kCuts;
+      const uint64_t which = rng() % 3;  // both digits, the upper one only, the lower one only
+      if (which != 1) rule.cuts.push_back(lower);
+      if (which != 2) rule.cuts.push_back(upper);
       EXPECT_TRUE(CheckCuts(rule, shape.size(), static_cast<uint32_t>(d)).ok()) << rule.ToString();
       *cut_rules += d > 1;
     }
