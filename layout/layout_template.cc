@@ -386,7 +386,8 @@ RankLayout ExpandTemplate(const LayoutTemplate& t, uint32_t index) {
   return out;
 }
 
-std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world) {
+std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world,
+                                                uint32_t parts) {
   if (world < 1 || rank < 0 || rank >= world) return std::nullopt;
   // Each tensor's shards must be consecutive, in the order of the tensors.
   const size_t nt = layout.tensors.size();
@@ -417,6 +418,7 @@ std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int ra
     tries.push_back({static_cast<uint32_t>(d), a});
     if (b != a) tries.push_back({static_cast<uint32_t>(d), b});
   }
+  if (parts != 0) std::erase_if(tries, [&](const auto& t) { return t.first != parts; });
   std::vector<std::vector<SplitRule>> candidates(nt);
   for (size_t t = 0; t < nt; ++t) candidates[t] = Candidates(layout.tensors[t].global_shape.size());
   auto attempt = [&](uint32_t n, uint32_t i, bool cuts) -> std::optional<RecognizedLayout> {

@@ -110,8 +110,13 @@ struct RecognizedLayout {
 // by a digit of the index (its upper places first), or two (the lower digit first, on a
 // dimension other than 0 first: tensor parallelism inside FSDP2). One rank's boxes may
 // fit several such rules (index 0 fits every digit): the save plan settles each tensor
-// on the rule every rank's boxes fit (MakeTemplatedPlan).
-std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world);
+// on the rule every rank's boxes fit (MakeTemplatedPlan). One rank's boxes may also fit
+// two part counts (the last, shorter part of ceil chunks of n is often a floor chunk of
+// some larger divisor): with `parts` non-zero only that n is tried (MakeTemplatedPlan
+// describes such a rank again with the part count the other ranks holding its tensors
+// use).
+std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world,
+                                                uint32_t parts = 0);
 
 std::string EncodeTemplate(const LayoutTemplate& t);
 // Corruption saying what is wrong (names, dtypes, shapes, rules checked).

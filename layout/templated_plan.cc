@@ -103,6 +103,77 @@ bool ClassifyRanks(TemplatedPlan& p, std::string* why) {
   return true;
 }
 
+// 0. One part count per tensor. A rank whose boxes fit two part counts may have been
+// described with another than the other ranks holding its tensors use (the last, shorter
+// part of ceil chunks of 800 is often part 3999 of floor chunks of 4000: recognition tries
+// the larger count first): each template whose split tensors are split into more or fewer
+// parts elsewhere is described again, rank by rank, with the count the most ranks listing
+// those tensors use (RecognizeLayout with `parts`), and the templates no rank names any
+// more are dropped. False, saying why, when a rank cannot be described so; the plan
+// then stays general. Runs only where counts differ, so an agreeing job pays one pass.
+bool ReconcileParts(TemplatedPlan& p, std::string* why) {
+  const size_t world = p.rank_template.size();
+  for (size_t r = 0; r < world; ++r)
+    if (p.rank_template[r] >= p.templates.size()) return true;  // ClassifyRanks says why
+  std::vector<uint64_t> ranks_of(p.templates.size(), 0);
+  for (uint32_t t : p.rank_template) ++ranks_of[t];
+  // Per tensor name, the ranks listing it under each part count.
+  std::unordered_map<std::string, std::map<uint32_t, uint64_t>> counts;
+  for (size_t t = 0; t < p.templates.size(); ++t) {
+    const LayoutTemplate& lt = p.templates[t];
+    for (size_t k = 0; k < lt.tensors.size(); ++k)
+      if (lt.rules[k].split()) counts[lt.tensors[k].name][lt.parts] += ranks_of[t];
+  }
+  auto majority = [&](const std::map<uint32_t, uint64_t>& c) {
+    return std::max_element(c.begin(), c.end(),
+                            [](const auto& a, const auto& b) { return a.second < b.second; })
+        ->first;
+  };
+  // The templates to describe again, and the count each should use.
+  std::vector<uint32_t> wanted(p.templates.size(), 0);
+  bool any = false;
+  for (size_t t = 0; t < p.templates.size(); ++t) {
+    const LayoutTemplate& lt = p.templates[t];
+    for (size_t k = 0; k < lt.tensors.size() && wanted[t] == 0; ++k) {
+      if (!lt.rules[k].split()) continue;
+      const auto& c = counts[lt.tensors[k].name];
+      if (c.size() > 1 && majority(c) != lt.parts) wanted[t] = majority(c);
+    }
+    any = any || wanted[t] != 0;
+  }
+  if (!any) return true;
+  std::vector<LayoutTemplate> kept;
+  std::unordered_map<std::string, uint32_t> by_encoding;
+  std::vector<int64_t> renumbered(p.templates.size(), -1);
+  auto keep = [&](LayoutTemplate t) {
+    auto [it, fresh] = by_encoding.emplace(EncodeTemplate(t), static_cast<uint32_t>(kept.size()));
+    if (fresh) kept.push_back(std::move(t));
+    return it->second;
+  };
+  for (size_t r = 0; r < world; ++r) {
+    const uint32_t t = p.rank_template[r];
+    if (wanted[t] == 0) {
+      if (renumbered[t] < 0) renumbered[t] = keep(p.templates[t]);
+      p.rank_template[r] = static_cast<uint32_t>(renumbered[t]);
+      continue;
+    }
+    auto rec = RecognizeLayout(ExpandTemplate(p.templates[t], p.rank_index[r]), static_cast<int>(r),
+                               static_cast<int>(world), wanted[t]);
+    if (!rec) {
+      *why = "rank " + std::to_string(r) + "'s layout is part " + std::to_string(p.rank_index[r]) +
+             " of " + std::to_string(p.templates[t].parts) +
+             " where the other ranks holding its tensors cut them into " +
+             std::to_string(wanted[t]) + ", and no template of " + std::to_string(wanted[t]) +
+             " parts describes it";
+      return false;
+    }
+    p.rank_template[r] = keep(std::move(rec->layout_template));
+    p.rank_index[r] = rec->index;
+  }
+  p.templates = std::move(kept);
+  return true;
+}
+
 // 2b. Each tensor whose templates name different rules: the first of them (in template
 // order) that gives every class listing it the boxes its own template's rule gives.
 bool SettleRules(TemplatedPlan& p, const std::vector<uint32_t>& conflicts, std::string* why) {
@@ -262,7 +333,7 @@ std::optional<TemplatedPlan> MakeTemplatedPlan(std::vector<LayoutTemplate> templ
     return std::nullopt;
   }
   std::vector<uint32_t> conflicts;
-  if (!CatalogueTensors(p, &conflicts, why) || !ClassifyRanks(p, why) ||
+  if (!ReconcileParts(p, why) || !CatalogueTensors(p, &conflicts, why) || !ClassifyRanks(p, why) ||
       !SettleRules(p, conflicts, why))
     return std::nullopt;
   // The indices sharing each part (one offset, 0, unless a rule's cuts leave digits unused).

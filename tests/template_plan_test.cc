@@ -604,6 +604,41 @@ TEST(TemplatedPlan, Fsdp2OverTensorParallelismWritesEveryBoxOnceWithTemplates) {
   }
 }
 
+// Two pipeline stages of 4 ranks, each tensor of a stage cut in ceil chunks of 4: the last
+// rank's rows are also a floor chunk of 8 (the job's size), and recognition, trying the
+// larger count first, names it part 7 of 8. The plan describes it again as part 3 of 4, as
+// its stage's other ranks are (a restore onto 8,000 ranks of bench/plan --mode pp-fsdp went
+// job-wide for this), and plans from templates what the general planner plans.
+TEST(TemplatedPlan, ARankWhosePartAlsoFitsAnotherPartCountIsDescribedAsItsStage) {
+  std::vector<RankLayout> layouts(8);
+  for (int r = 0; r < 8; ++r) {
+    RankLayout& l = layouts[static_cast<size_t>(r)];
+    for (auto [name, rows] : {std::pair{"a", 7}, std::pair{"b", 14}}) {
+      TensorMeta m{"stage" + std::to_string(r / 4) + "." + name, DType::kF32, {rows}};
+      for (Box& b :
+           PartBoxes(m.global_shape, {K::kChunk, R::kCeil, 0}, static_cast<uint32_t>(r % 4), 4))
+        l.shards.push_back({static_cast<uint32_t>(l.tensors.size()), std::move(b)});
+      l.tensors.push_back(std::move(m));
+    }
+  }
+  auto last = RecognizeLayout(layouts[7], 7, 8);
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->layout_template.parts, 8u);  // the ambiguity
+  auto as_stage = RecognizeLayout(layouts[7], 7, 8, 4);
+  ASSERT_TRUE(as_stage.has_value());
+  EXPECT_EQ(as_stage->index, 3u);
+  Gathered g = Exchange(layouts);
+  auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(plan->templated.has_value()) << plan->why_general;
+  const TemplatedPlan& tp = *plan->templated;
+  for (size_t r = 0; r < 8; ++r) {
+    EXPECT_EQ(tp.templates[tp.rank_template[r]].parts, 4u) << "rank " << r;
+    EXPECT_EQ(tp.rank_index[r], r % 4) << "rank " << r;
+  }
+  ExpectSameJobAsGeneralPlan(*plan, layouts);
+}
+
 TEST(StepIndex, Fsdp2OverTensorParallelismRestoresOntoAnotherMeshFromTheIndexFiles) {
   SavedStep s = Save(Fsdp2OverTpJob(3, 2));
   // Onto 2 x 3, 4 x 2 and 1 x 1 (one rank: everything).
