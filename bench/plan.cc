@@ -239,22 +239,61 @@ struct MemoryRestore {
   uint64_t general_layout_bytes = 0;  // the general path's layout gather alone, per rank
 };
 
-Status MemoryRestores(const Args& a, int world, int n, bool lost, MemoryRestore* out) {
-  using namespace cairn::restore_internal;
-  constexpr int kPerNode = 8;
-  auto gone = [&](int r) { return lost && r >= kPerNode && r < 2 * kPerNode; };
-  TemplatedMemoryStep step;
-  step.step = 1000;
-  step.chunk_bytes = 4ull << 20;
-  step.holders.resize(static_cast<size_t>(world));
+constexpr int kMemoryPerNode = 8;
+
+// Who holds each of `world` sources' versions when `n` ranks restore: source s is held by
+// ranks s mod n and (s + 8) mod n (its ring partner on the next node); with `lost`, node 1
+// (ranks 8..15) lost its memory and restarted empty.
+Result<std::vector<std::vector<int>>> MemoryHolders(int world, int n, bool lost) {
+  auto gone = [&](int r) { return lost && r >= kMemoryPerNode && r < 2 * kMemoryPerNode; };
+  std::vector<std::vector<int>> holders(static_cast<size_t>(world));
   for (int s = 0; s < world; ++s) {
-    auto& h = step.holders[static_cast<size_t>(s)];
-    for (int x : {s % n, (s + kPerNode) % n})
+    auto& h = holders[static_cast<size_t>(s)];
+    for (int x : {s % n, (s + kMemoryPerNode) % n})
       if (!gone(x)) h.push_back(x);
     std::sort(h.begin(), h.end());
     h.erase(std::unique(h.begin(), h.end()), h.end());
     if (h.empty()) return Status::Internal("source " + std::to_string(s) + " held nowhere");
   }
+  return holders;
+}
+
+// The sampled ranks plan alone (out->plan_s: the slowest median): with a lost node, a lost
+// rank, its partner and one untouched; otherwise the first, middle and last. A lost rank
+// must receive everything, and with `only_partner` (no part held by several sources: its
+// version's bytes are nowhere else) all from its partner.
+Status TimeMemoryPlans(const Args& a, const TemplatedMemoryStep& step, int n, bool lost,
+                       bool only_partner, MemoryRestore* out) {
+  using namespace cairn::restore_internal;
+  const int k = kMemoryPerNode;
+  const std::vector<int> sample =
+      lost ? std::vector<int>{k % n, (2 * k) % n, 0} : std::vector<int>{0, n / 2, n - 1};
+  for (int r : sample) {
+    std::vector<double> t;
+    RankLoad load;
+    for (int rep = 0; rep < a.repeats; ++rep) {
+      const int64_t t0 = NowNanos();
+      CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, PlanMemoryAlone(step, r));
+      load = ForRank(mp.plan, mp.cat, r);
+      t.push_back(NanosToSeconds(NowNanos() - t0));
+    }
+    std::sort(t.begin(), t.end());
+    out->plan_s = std::max(out->plan_s, t[t.size() / 2]);
+    if (load.gets.empty()) return Status::Internal("rank " + std::to_string(r) + " gets nothing");
+    if (lost && r >= k && r < 2 * k)
+      for (const RankLoad::Get& g : load.gets)
+        if (g.how != RankLoad::How::kRecv || (only_partner && g.from != (r + k) % n))
+          return Status::Internal("lost rank " + std::to_string(r) + " not fed by its partner");
+  }
+  return Status::OK();
+}
+
+Status MemoryRestores(const Args& a, int world, int n, bool lost, MemoryRestore* out) {
+  using namespace cairn::restore_internal;
+  TemplatedMemoryStep step;
+  step.step = 1000;
+  step.chunk_bytes = 4ull << 20;
+  CAIRN_ASSIGN_OR_RETURN(step.holders, MemoryHolders(world, n, lost));
   // Gather 1 (each rank's references) and gather 2 (each template once), as sent.
   auto tmpl = [&](int world_of) -> Result<std::string> {
     auto rec = RecognizeLayout(FlatLayout(a, a.layers_per_stage, world_of, 0), 0, world_of);
@@ -320,29 +359,7 @@ Status MemoryRestores(const Args& a, int world, int n, bool lost, MemoryRestore*
   }
   std::sort(cat_t.begin(), cat_t.end());
   out->catalog_s = cat_t[cat_t.size() / 2];
-  // The sampled ranks: with a lost node, a lost rank, its partner and one untouched;
-  // otherwise the first, middle and last.
-  const std::vector<int> sample = lost ? std::vector<int>{kPerNode % n, (2 * kPerNode) % n, 0}
-                                       : std::vector<int>{0, n / 2, n - 1};
-  for (int r : sample) {
-    std::vector<double> t;
-    RankLoad load;
-    for (int rep = 0; rep < a.repeats; ++rep) {
-      const int64_t t0 = NowNanos();
-      CAIRN_ASSIGN_OR_RETURN(MemoryPlanAlone mp, PlanMemoryAlone(step, r));
-      load = ForRank(mp.plan, mp.cat, r);
-      t.push_back(NanosToSeconds(NowNanos() - t0));
-    }
-    std::sort(t.begin(), t.end());
-    out->plan_s = std::max(out->plan_s, t[t.size() / 2]);
-    if (load.gets.empty()) return Status::Internal("rank " + std::to_string(r) + " gets nothing");
-    // A lost rank receives everything from its partner, which sends it.
-    if (lost && gone(r))
-      for (const RankLoad::Get& g : load.gets)
-        if (g.how != RankLoad::How::kRecv || g.from != (r + kPerNode) % n)
-          return Status::Internal("lost rank " + std::to_string(r) + " not fed by its partner");
-  }
-  return Status::OK();
+  return TimeMemoryPlans(a, step, n, lost, true, out);
 }
 
 using cairn::bench::Round;
@@ -683,6 +700,96 @@ Status TimeAgreement(Run& run) {
   return Status::OK();
 }
 
+// A memory restore of a step of the FSDP2 modes (pp-fsdp, pp-fsdp-tp, hsdp), planned by each
+// rank alone, onto the saving job (`same`, node 1 lost) or onto the loading job: the saved
+// side's templates are the save's (the same gathers), the loading job's are recognised
+// from its layouts, as each restoring rank recognises its own (not timed). catalog_s:
+// building the saved and the target plans from the templates, as every rank does.
+Status FsdpModeMemoryRestores(const Run& run, bool same, MemoryRestore* out) {
+  using namespace cairn::restore_internal;
+  const Args& a = run.a;
+  const TemplatedPlan& saved = *run.persist_plan->templated;
+  const int world = run.world, n = same ? run.world : run.load_world;
+  TemplatedMemoryStep step;
+  step.step = 1000;
+  step.chunk_bytes = 4ull << 20;
+  CAIRN_ASSIGN_OR_RETURN(step.holders, MemoryHolders(world, n, same));
+  // The target side: each rank's template and index.
+  std::vector<LayoutTemplate> templates = saved.templates;
+  std::vector<uint32_t> which = saved.rank_template, index = saved.rank_index;
+  std::vector<uint64_t> hashes = saved.layout_hashes;
+  std::vector<std::string> encoded;
+  for (const LayoutTemplate& t : saved.templates) encoded.push_back(EncodeTemplate(t));
+  if (!same) {
+    templates.clear();
+    encoded.clear();
+    const int nd = run.load_distinct;
+    std::map<uint64_t, uint32_t> by_hash;
+    std::vector<uint32_t> kt(static_cast<size_t>(nd)), ki(static_cast<size_t>(nd));
+    std::vector<uint64_t> kh(static_cast<size_t>(nd));
+    for (int k = 0; k < nd; ++k) {
+      auto rec = RecognizeLayout(run.LoadLayoutOf(k), k, n);
+      if (!rec) return Status::Internal("loading layout " + std::to_string(k) + " is no template");
+      std::string enc = EncodeTemplate(rec->layout_template);
+      const uint64_t h = TemplateHash(enc);
+      auto [it, fresh] = by_hash.emplace(h, static_cast<uint32_t>(templates.size()));
+      if (fresh) {
+        templates.push_back(std::move(rec->layout_template));
+        encoded.push_back(std::move(enc));
+      }
+      kt[static_cast<size_t>(k)] = it->second;
+      ki[static_cast<size_t>(k)] = rec->index;
+      kh[static_cast<size_t>(k)] = TemplatedLayoutHash(h, rec->index);
+    }
+    which.clear();
+    index.clear();
+    hashes.clear();
+    for (int r = 0; r < n; ++r) {
+      const size_t k = static_cast<size_t>(r % nd);
+      which.push_back(kt[k]);
+      index.push_back(ki[k]);
+      hashes.push_back(kh[k]);
+    }
+  }
+  // What the gathers bring each rank: every rank's references (its target; the saved
+  // versions it is the first holder of), then each template once.
+  std::vector<LayoutRefs> refs(static_cast<size_t>(n));
+  for (int x = 0; x < n; ++x)
+    refs[static_cast<size_t>(x)].target = {
+        true, TemplateHash(encoded[which[static_cast<size_t>(x)]]), index[static_cast<size_t>(x)]};
+  for (int s = 0; s < world; ++s)
+    refs[static_cast<size_t>(step.holders[static_cast<size_t>(s)].front())].saved.push_back(
+        {s,
+         {true,
+          TemplateHash(
+              EncodeTemplate(saved.templates[saved.rank_template[static_cast<size_t>(s)]])),
+          saved.rank_index[static_cast<size_t>(s)]},
+         step.chunk_bytes,
+         40});
+  for (const LayoutRefs& r : refs) out->gather_bytes += EncodeLayoutRefs(r).size() + 5;
+  std::vector<std::string> all = encoded;
+  if (!same)
+    for (const LayoutTemplate& t : saved.templates) all.push_back(EncodeTemplate(t));
+  out->gather_bytes += EncodeTemplateList(all).size() + static_cast<uint64_t>(n) * 9;
+  out->gather_bytes += static_cast<uint64_t>(n) * ((saved.tensors.size() + 7) / 8 + 5);
+  std::vector<double> cat_t;
+  for (int rep = 0; rep < a.repeats; ++rep) {
+    const int64_t t0 = NowNanos();
+    std::string why;
+    auto sp = MakeTemplatedPlan(saved.templates, saved.rank_template, saved.rank_index,
+                                saved.layout_hashes, nullptr, &why);
+    if (!sp) return Status::Internal("the saved plan: " + why);
+    auto tp = MakeTemplatedPlan(templates, which, index, hashes, nullptr, &why);
+    if (!tp) return Status::Internal("the target plan: " + why);
+    cat_t.push_back(NanosToSeconds(NowNanos() - t0));
+    step.saved = std::move(*sp);
+    step.targets = std::move(*tp);
+  }
+  out->catalog_s = Median(cat_t);
+  // HSDP's replicas and FSDP2 over TP's TP-replicated parts have other holders.
+  return TimeMemoryPlans(a, step, n, same, a.mode == "pp-fsdp", out);
+}
+
 // Restores of a templated (format 2) step: every rank decodes the MANIFEST and rebuilds
 // the plan (catalog_s), then plans its own reads (load_plan_s); and memory restores planned
 // by each rank alone.
@@ -771,12 +878,16 @@ Status TimeTemplatedRestores(Run& run) {
   // every saved tensor is some rank's target).
   const uint64_t bits =
       static_cast<uint64_t>(load_world) * ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
-  // (Memory restores are simulated for the fully sharded job only: one template, source s
-  // at index s.)
+  // Memory restores are simulated for the fully sharded job (one template, source s at
+  // index s) and the FSDP2 modes (the save's templates; the loading job's recognised).
   MemoryRestore mem_same, mem_other;
   if (run.fsdp) {
     st = MemoryRestores(a, world, world, true, &mem_same);
     if (st.ok()) st = MemoryRestores(a, world, load_world, false, &mem_other);
+    if (!st.ok()) return st.WithContext("memory restore");
+  } else if (run.new_mode()) {
+    st = FsdpModeMemoryRestores(run, true, &mem_same);
+    if (st.ok()) st = FsdpModeMemoryRestores(run, false, &mem_other);
     if (!st.ok()) return st.WithContext("memory restore");
   }
   run.j["load_ranks"] = load_world;
@@ -788,7 +899,7 @@ Status TimeTemplatedRestores(Run& run) {
                                     std::max(other.index_bytes, same.index_bytes) + bits;
   run.j["load_read_over_needed"] =
       Round(static_cast<double>(other.read) / static_cast<double>(other.needed), 4);
-  if (!run.fsdp) {
+  if (!run.fsdp && !run.new_mode()) {
     run.j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
     return Status::OK();
   }
@@ -797,7 +908,7 @@ Status TimeTemplatedRestores(Run& run) {
   run.j["memory_plan_other_layout_s"] = Round(mem_other.plan_s, 4);
   run.j["memory_restore_metadata_bytes"] =
       run.inventory_bytes + std::max(mem_same.gather_bytes, mem_other.gather_bytes) + bits;
-  run.j["memory_general_layout_bytes"] = mem_other.general_layout_bytes;
+  if (run.fsdp) run.j["memory_general_layout_bytes"] = mem_other.general_layout_bytes;
   run.j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
   return Status::OK();
 }
