@@ -113,8 +113,10 @@ bool ClassifyRanks(TemplatedPlan& p, std::string* why) {
 // then stays general. Runs only where counts differ, so an agreeing job pays one pass.
 bool ReconcileParts(TemplatedPlan& p, std::string* why) {
   const size_t world = p.rank_template.size();
-  for (size_t r = 0; r < world; ++r)
-    if (p.rank_template[r] >= p.templates.size()) return true;  // ClassifyRanks says why
+  for (size_t r = 0; r < world; ++r)  // (ClassifyRanks says what is wrong)
+    if (p.rank_template[r] >= p.templates.size() ||
+        p.rank_index[r] >= p.templates[p.rank_template[r]].parts)
+      return true;
   std::vector<uint64_t> ranks_of(p.templates.size(), 0);
   for (uint32_t t : p.rank_template) ++ranks_of[t];
   // Per tensor name, the ranks listing it under each part count.
