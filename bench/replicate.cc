@@ -9,7 +9,12 @@
 //           followed by a flush (remote completion).
 //   perftest  UCX's own ucx_perftest -t tag_bw, 64 MiB messages, as many as the size
 //           needs (at least 2): its server run by rank 1, its client by rank 0, with the
-//           ranks' UCX_* settings, on the same links (--no-perftest leaves it out).
+//           ranks' UCX_* settings, on the same links (--no-perftest leaves it out); and
+//           again over tcp with -e, its endpoints made with peer error handling as
+//           cairn's are there (so that a dead peer is reported, not waited for): UCX then
+//           moves large messages at 0.55-0.6 of the rate between two processes of this
+//           machine (perftest_err_gbps; over sm,self UCX has no such mode and cairn's
+//           endpoints go without it, as the plain arm does).
 //   cairn   rank 0 saves a version of that size; the time from the OFFER to the holder's
 //           acknowledgement (bytes verified, persisted, replica published) is taken from
 //           cairn's stats.
@@ -26,7 +31,8 @@
 // Prints a table and one JSON line per transport; the last line holds them all,
 // `replicate_vs_raw`, the lowest replicate/raw ratio over the transports at the largest
 // size (and `replicate_vs_raw_all_sizes`, the lowest over every size), and
-// `replicate_vs_perftest`, the lowest replicate/ucx_perftest ratio at the largest size.
+// `replicate_vs_perftest`, the lowest replicate/ucx_perftest ratio at the largest size, and
+// `replicate_vs_perftest_err` the same against ucx_perftest -e.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -74,23 +80,28 @@ std::string PerftestPort() {
 }
 
 // Starts the server (rank 1); its pid, or -1.
-pid_t StartPerftestServer() {
+pid_t StartPerftestServer(bool errors) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int null = ::open("/dev/null", O_WRONLY);
     if (null >= 0) ::dup2(null, 1);
     const std::string port = PerftestPort();
-    ::execlp("ucx_perftest", "ucx_perftest", "-p", port.c_str(), static_cast<char*>(nullptr));
+    if (errors)
+      ::execlp("ucx_perftest", "ucx_perftest", "-p", port.c_str(), "-e",
+               static_cast<char*>(nullptr));
+    else
+      ::execlp("ucx_perftest", "ucx_perftest", "-p", port.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   return pid;
 }
 
-// Runs the client (rank 0) against `host`; the overall bandwidth in GB/s (10^9 bytes),
-// or -1 (its output on stderr).
-double RunPerftestClient(const std::string& host, uint64_t iters) {
+// Runs the client (rank 0) against `host` (`errors`: -e, peer error handling); the overall
+// bandwidth in GB/s (10^9 bytes), or -1 (its output on stderr).
+double RunPerftestClient(const std::string& host, uint64_t iters, bool errors) {
   const std::string cmd = "ucx_perftest " + host + " -p " + PerftestPort() + " -t tag_bw -s " +
-                          std::to_string(kChunk) + " -n " + std::to_string(iters) + " 2>&1";
+                          std::to_string(kChunk) + " -n " + std::to_string(iters) +
+                          (errors ? " -e" : "") + " 2>&1";
   for (int attempt = 0; attempt < 20; ++attempt) {  // the server may not listen yet
     FILE* p = ::popen(cmd.c_str(), "r");
     if (!p) return -1;
@@ -112,7 +123,11 @@ double RunPerftestClient(const std::string& host, uint64_t iters) {
 }
 
 // One rank of the pair. Prints "RESULT size raw_gbps replicate_gbps ack_ms" on rank 0.
-int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) {
+// `perftest_errors`: also the ucx_perftest -e arm (tcp: cairn's endpoints have peer error
+// handling there; over sm,self UCX offers none, cairn's endpoints go without, and so does
+// the plain arm).
+int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
+          bool perftest_errors) {
   auto o = Options::FromEnvironment();
   if (!o.ok()) return 1;
   Logger log("bench rank " + std::to_string(o->rank), LogLevel::kWarning);
@@ -194,12 +209,12 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
     rkey = std::move(*k);
   }
   // ucx_perftest over the same bytes (rounded up to whole 64 MiB messages).
-  auto perftest_once = [&](uint64_t size) -> double {
+  auto perftest_once = [&](uint64_t size, bool errors) -> double {
     if (perftest_host.empty()) return 0;
     ++seq;
     const uint64_t iters = std::max<uint64_t>(2, CeilDiv(size, kChunk));
     if (o->rank == 1) {
-      const pid_t server = StartPerftestServer();
+      const pid_t server = StartPerftestServer(errors);
       if (server < 0) return -1;
       if (!(*comm)->Send(0, MakeTag(kChannels.replication.ready, 1, seq), "r", 1).ok()) return -1;
       const bool done = (*comm)->Recv(0, MakeTag(kChannels.replication.ack, 0, seq), 300).ok();
@@ -209,7 +224,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
       return done ? 0 : -1;
     }
     if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 120).ok()) return -1;
-    const double gbps = RunPerftestClient(perftest_host, iters);
+    const double gbps = RunPerftestClient(perftest_host, iters, errors);
     if (!(*comm)->Send(1, MakeTag(kChannels.replication.ack, 0, seq), "d", 1).ok()) return -1;
     return gbps;
   };
@@ -239,7 +254,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
   std::string report;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const uint64_t size = sizes[i];
-    std::vector<double> raw_s, put_s, push_ms, ack_ms, perftest_gbps;
+    std::vector<double> raw_s, put_s, push_ms, ack_ms, perftest_gbps, perftest_err_gbps;
     std::vector<ShardSpec> shards = {
         ShardSpec::Whole({"state", DType::kU8, {static_cast<int64_t>(size)}}, buf)};
     // Rank 1 saves the same steps, as every rank of a job must (the step agreement waits
@@ -250,8 +265,9 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
     for (int rep = 0; rep < warmups + 5; ++rep) {
       const double r = raw_once(size);
       const double pt = put_once(size);
-      const double pf = perftest_once(size);
-      if (r < 0 || pt < 0 || pf < 0) return 1;
+      const double pf = perftest_once(size, false);
+      const double pfe = perftest_errors ? perftest_once(size, true) : 0;
+      if (r < 0 || pt < 0 || pf < 0 || pfe < 0) return 1;
       if (o->rank == 1) {
         if (!c.save(++step, tiny).ok() || !c.wait_captured().ok()) return 1;
         if (Group* g = c.group(); !g->Barrier().ok()) return 1;  // rank 0's cairn push
@@ -269,6 +285,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
         raw_s.push_back(r);
         put_s.push_back(pt);
         perftest_gbps.push_back(pf);
+        perftest_err_gbps.push_back(pfe);
         push_ms.push_back(st.replication.push_ms);
         ack_ms.push_back(st.replication.ack_ms);
       }
@@ -277,10 +294,10 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
       char line[256];
       const double tag_gbps = static_cast<double>(size) / Median(raw_s) / 1e9;
       const double put_gbps = static_cast<double>(size) / Median(put_s) / 1e9;
-      std::snprintf(line, sizeof line, "RESULT %llu %.4f %.4f %.3f %.4f %.4f %.4f\n",
+      std::snprintf(line, sizeof line, "RESULT %llu %.4f %.4f %.3f %.4f %.4f %.4f %.4f\n",
                     static_cast<unsigned long long>(size), std::max(tag_gbps, put_gbps),
                     static_cast<double>(size) / (Median(push_ms) / 1e3) / 1e9, Median(ack_ms),
-                    tag_gbps, put_gbps, Median(perftest_gbps));
+                    tag_gbps, put_gbps, Median(perftest_gbps), Median(perftest_err_gbps));
       report += line;
     }
   }
@@ -294,7 +311,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host) 
 
 int main(int argc, char** argv) {
   std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm", perftest_host;
-  bool child = false, netns = false, no_perftest = false;
+  bool child = false, netns = false, no_perftest = false, perftest_errors = false;
   CLI::App app(
       "Replication of a captured version to another node's memory over UCX against raw UCX "
       "transfers of the same bytes between the same processes (tagged sends and puts + "
@@ -313,9 +330,11 @@ int main(int argc, char** argv) {
                "same UCX_* settings, 64 MiB messages; needs ucx-utils)");
   app.add_option("--perftest-host", perftest_host, "internal: where rank 1 listens")->group("");
   app.add_flag("--child", child, "internal: one of the two ranks")->group("");
+  app.add_flag("--perftest-errors", perftest_errors, "internal: the ucx_perftest -e arm too")
+      ->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   const std::vector<uint64_t> sizes = cairn::bench::ParseSizes(sizes_arg);
-  if (child) return Child(sizes, perftest_host);
+  if (child) return Child(sizes, perftest_host, perftest_errors);
   if (!no_perftest && std::system("command -v ucx_perftest >/dev/null 2>&1") != 0) {
     std::fprintf(stderr,
                  "replicate: no ucx_perftest here (Debian ucx-utils); --no-perftest "
@@ -344,7 +363,7 @@ int main(int argc, char** argv) {
   const std::string root = tmpl;
   nlohmann::ordered_json json_all = {{"bench", "replicate"}};
   using cairn::bench::Round;
-  double lowest = 1e9, lowest_all = 1e9, lowest_pf = 1e9;
+  double lowest = 1e9, lowest_all = 1e9, lowest_pf = 1e9, lowest_pfe = 1e9;
   std::vector<std::string> lines;
   for (const std::string& t : SplitList(transports_arg)) {
     const std::string tls = t == "shm" ? "sm,self" : t;
@@ -357,6 +376,7 @@ int main(int argc, char** argv) {
     if (!no_perftest)
       spec.argv.insert(spec.argv.end(),
                        {"--perftest-host", cluster ? cluster->address(1) : "127.0.0.1"});
+    if (!no_perftest && t == "tcp") spec.argv.push_back("--perftest-errors");
     spec.output_dir = root;
     spec.env = {{"CAIRN_JOB_ID", "bench-" + t + "-" + std::to_string(::getpid())},
                 {"CAIRN_HOST_ROOT", root + "/host"},
@@ -383,19 +403,20 @@ int main(int argc, char** argv) {
     }
     std::ifstream f(root + "/rank-0.log");
     std::string line;
-    double raw = 0, rep = 0, ack = 0, tag = 0, put = 0, pf = 0;
+    double raw = 0, rep = 0, ack = 0, tag = 0, put = 0, pf = 0, pfe = 0;
     const std::string where = cluster ? t + "_netns" : t;
     std::string per_size;
     while (std::getline(f, line)) {
       unsigned long long size = 0;
-      if (std::sscanf(line.c_str(), "RESULT %llu %lf %lf %lf %lf %lf %lf", &size, &raw, &rep, &ack,
-                      &tag, &put, &pf) != 7)
+      if (std::sscanf(line.c_str(), "RESULT %llu %lf %lf %lf %lf %lf %lf %lf", &size, &raw, &rep,
+                      &ack, &tag, &put, &pf, &pfe) != 8)
         continue;
       std::printf(
-          "%-10s %5llu MiB  raw UCX tag %5.2f / put+flush %5.2f GB/s  ucx_perftest %5.2f GB/s  "
-          "cairn replication %5.2f GB/s (%.2f of the best raw, %.2f of ucx_perftest)  ack %.1f "
-          "ms\n",
-          where.c_str(), size >> 20, tag, put, pf, rep, rep / raw, pf > 0 ? rep / pf : 0, ack);
+          "%-10s %5llu MiB  raw UCX tag %5.2f / put+flush %5.2f GB/s  ucx_perftest %5.2f (-e "
+          "%5.2f) GB/s  cairn replication %5.2f GB/s (%.2f of the best raw, %.2f of "
+          "ucx_perftest, %.2f of ucx_perftest -e; 0: not run)  ack %.1f ms\n",
+          where.c_str(), size >> 20, tag, put, pf, pfe, rep, rep / raw, pf > 0 ? rep / pf : 0,
+          pfe > 0 ? rep / pfe : 0, ack);
       lowest_all = std::min(lowest_all, rep / raw);
       nlohmann::ordered_json j{{"transport", where},
                                {"bytes", size},
@@ -407,6 +428,10 @@ int main(int argc, char** argv) {
       if (pf > 0) {
         j["perftest_gbps"] = Round(pf, 3);
         j["replicate_vs_perftest"] = Round(rep / pf, 3);
+      }
+      if (pfe > 0) {
+        j["perftest_err_gbps"] = Round(pfe, 3);
+        j["replicate_vs_perftest_err"] = Round(rep / pfe, 3);
       }
       lines.push_back(j.dump());
     }
@@ -420,11 +445,17 @@ int main(int argc, char** argv) {
       json_all[where]["replicate_vs_perftest"] = Round(rep / pf, 3);
       lowest_pf = std::min(lowest_pf, rep / pf);
     }
+    if (pfe > 0) {
+      json_all[where]["perftest_err_gbps"] = Round(pfe, 3);
+      json_all[where]["replicate_vs_perftest_err"] = Round(rep / pfe, 3);
+      lowest_pfe = std::min(lowest_pfe, rep / pfe);
+    }
   }
   (void)DefaultFileSystem()->RemoveAll(root);
   json_all["replicate_vs_raw"] = Round(lowest, 3);
   json_all["replicate_vs_raw_all_sizes"] = Round(lowest_all, 3);
   if (lowest_pf < 1e9) json_all["replicate_vs_perftest"] = Round(lowest_pf, 3);
+  if (lowest_pfe < 1e9) json_all["replicate_vs_perftest_err"] = Round(lowest_pfe, 3);
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   std::printf("%s\n", json_all.dump().c_str());
   return 0;
