@@ -718,8 +718,9 @@ Status FsdpModeMemoryRestores(const Run& run, bool same, MemoryRestore* out) {
   std::vector<LayoutTemplate> templates = saved.templates;
   std::vector<uint32_t> which = saved.rank_template, index = saved.rank_index;
   std::vector<uint64_t> hashes = saved.layout_hashes;
-  std::vector<std::string> encoded;
-  for (const LayoutTemplate& t : saved.templates) encoded.push_back(EncodeTemplate(t));
+  std::vector<std::string> saved_encoded;  // each saved template once
+  for (const LayoutTemplate& t : saved.templates) saved_encoded.push_back(EncodeTemplate(t));
+  std::vector<std::string> encoded = saved_encoded;
   if (!same) {
     templates.clear();
     encoded.clear();
@@ -760,16 +761,13 @@ Status FsdpModeMemoryRestores(const Run& run, bool same, MemoryRestore* out) {
   for (int s = 0; s < world; ++s)
     refs[static_cast<size_t>(step.holders[static_cast<size_t>(s)].front())].saved.push_back(
         {s,
-         {true,
-          TemplateHash(
-              EncodeTemplate(saved.templates[saved.rank_template[static_cast<size_t>(s)]])),
+         {true, TemplateHash(saved_encoded[saved.rank_template[static_cast<size_t>(s)]]),
           saved.rank_index[static_cast<size_t>(s)]},
          step.chunk_bytes,
          40});
   for (const LayoutRefs& r : refs) out->gather_bytes += EncodeLayoutRefs(r).size() + 5;
   std::vector<std::string> all = encoded;
-  if (!same)
-    for (const LayoutTemplate& t : saved.templates) all.push_back(EncodeTemplate(t));
+  if (!same) all.insert(all.end(), saved_encoded.begin(), saved_encoded.end());
   out->gather_bytes += EncodeTemplateList(all).size() + static_cast<uint64_t>(n) * 9;
   out->gather_bytes += static_cast<uint64_t>(n) * ((saved.tensors.size() + 7) / 8 + 5);
   std::vector<double> cat_t;

@@ -139,7 +139,8 @@ bool ReconcileParts(TemplatedPlan& p, std::string* why) {
     for (size_t k = 0; k < lt.tensors.size() && wanted[t] == 0; ++k) {
       if (!lt.rules[k].split()) continue;
       const auto& c = counts[lt.tensors[k].name];
-      if (c.size() > 1 && majority(c) != lt.parts) wanted[t] = majority(c);
+      if (c.size() < 2) continue;
+      if (const uint32_t m = majority(c); m != lt.parts) wanted[t] = m;
     }
     any = any || wanted[t] != 0;
   }
