@@ -106,6 +106,10 @@ class ParityStore {
   // The parity bytes of a published record, checked against its checksum (Corruption
   // naming the file otherwise).
   Result<std::vector<std::byte>> ReadParity(const ParityRecord& r);
+  // The same bytes, checked the same way, in a read-only mapping of the record's file (its
+  // first parity_bytes bytes, unmapped when the last copy of the pointer goes): what a
+  // rebuild sends from, with no copy into fresh memory.
+  Result<std::shared_ptr<const std::byte>> MapParity(const ParityRecord& r);
 
   // Unfinished records (for tests and stats).
   size_t accumulating() const;
