@@ -319,10 +319,9 @@ Status MemoryRestores(const Args& a, int world, int n, bool lost, MemoryRestore*
       EncodeTemplateList(saved_t == target_t ? std::vector<std::string>{saved_t}
                                              : std::vector<std::string>{saved_t, target_t});
   out->gather_bytes += lists.size() + static_cast<uint64_t>(n) * 9;  // others send none
-  // The check that every saved tensor is some rank's target: a bit per tensor per rank.
-  auto saved_layout = DecodeTemplate(saved_t);
-  if (!saved_layout.ok()) return saved_layout.status();
-  out->gather_bytes += static_cast<uint64_t>(n) * ((saved_layout->tensors.size() + 7) / 8 + 5);
+  // The check that every saved tensor is some rank's target: the targets' templates list
+  // them, so the last gather carries each rank's status alone (its frame).
+  out->gather_bytes += static_cast<uint64_t>(n) * 5;
   out->general_layout_bytes =
       static_cast<uint64_t>(n) * EncodeRankLayout(FlatLayout(a, a.layers_per_stage, n, 0)).size();
   // Every rank: decode the references and templates, build the two plans.
@@ -769,7 +768,7 @@ Status FsdpModeMemoryRestores(const Run& run, bool same, MemoryRestore* out) {
   std::vector<std::string> all = encoded;
   if (!same) all.insert(all.end(), saved_encoded.begin(), saved_encoded.end());
   out->gather_bytes += EncodeTemplateList(all).size() + static_cast<uint64_t>(n) * 9;
-  out->gather_bytes += static_cast<uint64_t>(n) * ((saved.tensors.size() + 7) / 8 + 5);
+  out->gather_bytes += static_cast<uint64_t>(n) * 5;  // the statuses (as above)
   std::vector<double> cat_t;
   for (int rep = 0; rep < a.repeats; ++rep) {
     const int64_t t0 = NowNanos();
@@ -905,7 +904,7 @@ Status TimeTemplatedRestores(Run& run) {
   run.j["memory_plan_lost_node_s"] = Round(mem_same.plan_s, 4);
   run.j["memory_plan_other_layout_s"] = Round(mem_other.plan_s, 4);
   run.j["memory_restore_metadata_bytes"] =
-      run.inventory_bytes + std::max(mem_same.gather_bytes, mem_other.gather_bytes) + bits;
+      run.inventory_bytes + std::max(mem_same.gather_bytes, mem_other.gather_bytes);
   if (run.fsdp) run.j["memory_general_layout_bytes"] = mem_other.general_layout_bytes;
   run.j["max_rss_mb"] = Round(static_cast<double>(cairn::bench::MaxRssKb()) / 1024, 1);
   return Status::OK();
