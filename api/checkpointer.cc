@@ -426,7 +426,6 @@ Result<RestoreReport> Checkpointer::Impl::Restore(std::span<const ShardSpec> tar
     renv.log = &log_;
     renv.who = Who();
     renv.timeout_s = options_.op_timeout_s;
-    renv.huge_pages = RestoreWantsHugePages(options_.restore_huge_pages);
     auto rebuilt = RebuildLost(renv);
     if (!rebuilt.ok()) {
       log_.Warning(Who() +

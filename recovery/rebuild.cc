@@ -1,9 +1,6 @@
 #include "recovery/rebuild.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -12,43 +9,12 @@
 #include <thread>
 
 #include "core/clock.h"
-#include "core/host_pages.h"
 #include "core/trace.h"
+#include "recovery/restore_transfer.h"
 #include "wire/codec.h"
 
 namespace cairn {
 namespace {
-
-// Anonymous memory the received pieces of a version land in: one mapping, its pages made
-// in one call (2 MiB huge pages where asked, else MADV_POPULATE_WRITE) rather than a fault
-// per 4 KiB page in the middle of the transfers (the rebuild of 64 MiB received 192 MiB and
-// spent a fifth of its transfer time in page faults).
-class Scratch {
- public:
-  static Result<std::unique_ptr<Scratch>> Make(uint64_t n, bool huge_pages) {
-    auto s = std::unique_ptr<Scratch>(new Scratch);
-    if (n == 0) return s;
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      return Status::FromErrno(
-          errno, "mapping " + std::to_string(n) + " bytes for the pieces of a rebuild");
-    s->data_ = static_cast<std::byte*>(p);
-    s->size_ = n;
-    if (!huge_pages || AdviseHugePagesIfFresh(p, n) == 0) PopulatePages(s->data_, 0, n, true);
-    return s;
-  }
-  ~Scratch() {
-    if (data_) ::munmap(data_, size_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  std::byte* data() const { return data_; }
-
- private:
-  Scratch() = default;
-  std::byte* data_ = nullptr;
-  uint64_t size_ = 0;
-};
 
 // A record and the rank that holds it.
 struct Held {
@@ -364,7 +330,9 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   // (a data piece shorter than its stripe ends in zeros).
   struct Incoming {
     const RebuildTarget* target;
-    std::unique_ptr<Scratch> scratch;
+    // The received pieces, in one mapping whose pages are made in one call (a fault per 4 KiB
+    // page of 192 MiB of pieces was a fifth of a 64 MiB rebuild's transfer time).
+    std::unique_ptr<restore_internal::StagingBuffer> scratch;
     std::vector<std::vector<std::byte*>> pieces;  // [stripe][received], in the scratch
     std::string header;
     // The slot the version is decoded into, reserved and its pages made on a thread of its
@@ -412,14 +380,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     });
     uint64_t total = 0;
     for (const auto& stripe : t.stripes) total += stripe.index.size() * stripe.len;
-    auto scratch = Scratch::Make(total, env.huge_pages);
-    if (!scratch.ok()) {
-      report.error =
-          "rebuild of step " + std::to_string(plan.step) + ": " + scratch.status().message();
-      if (env.log) env.log->Warning(env.who + ": " + report.error);
-      continue;  // the sends above still complete; this version is not rebuilt
-    }
-    in.scratch = std::move(*scratch);
+    in.scratch = std::make_unique<restore_internal::StagingBuffer>(total, /*populate=*/true);
     // Not zeroed: the transfer fills each piece, up to its length (the tail is zeroed below).
     std::byte* next = in.scratch->data();
     for (const auto& stripe : t.stripes) {

@@ -107,7 +107,6 @@ struct RebuildEnv {
   const Logger* log = nullptr;
   std::string who;
   double timeout_s = 60;
-  bool huge_pages = false;  // the received pieces in 2 MiB pages (RestoreWantsHugePages)
 };
 
 struct RebuildReport {

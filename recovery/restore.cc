@@ -537,13 +537,10 @@ Result<bool> Restorer::PlanMemoryFromTemplates(const std::vector<Inventory>& inv
   }
   std::vector<std::string> names;
   for (const TensorMeta& t : ts.saved.tensors) names.push_back(t.name);
-  // The tensors some rank's targets name: those the templates of the ranks' targets list.
-  std::vector<bool> used(ts.targets.templates.size(), false);
-  for (uint32_t t : ts.targets.rank_template) used[t] = true;
+  // The tensors some rank's targets name: the target plan's (its templates are those the
+  // ranks' targets name, MemoryStepFromRefs).
   std::unordered_set<std::string_view> targeted;
-  for (size_t t = 0; t < used.size(); ++t)
-    if (used[t])
-      for (const TensorMeta& m : ts.targets.templates[t].tensors) targeted.insert(m.name);
+  for (const TensorMeta& m : ts.targets.tensors) targeted.insert(m.name);
   // (A Corruption here is an error: memory versions that fail verification are skipped
   // after the transfer.)
   CAIRN_RETURN_IF_ERROR(

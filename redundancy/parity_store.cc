@@ -363,18 +363,13 @@ Result<std::shared_ptr<const std::byte>> ParityStore::MapParity(const ParityReco
   if (n > 0) {
     // Populated in the same call: one system call, not a fault per page in the checksum.
     void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd(), 0);
-    if (p == MAP_FAILED) return Status::IOError("mmap of " + path + ": " + std::strerror(errno));
+    if (p == MAP_FAILED) return Status::FromErrno(errno, "mapping " + path);
     bytes.reset(static_cast<const std::byte*>(p),
                 [n](const std::byte* q) { ::munmap(const_cast<std::byte*>(q), n); });
   }
   if (Checksum(bytes.get(), n) != r.parity_checksum)
     return Status::Corruption("parity " + path + " does not match its checksum");
   return bytes;
-}
-
-Result<std::vector<std::byte>> ParityStore::ReadParity(const ParityRecord& r) {
-  CAIRN_ASSIGN_OR_RETURN(auto bytes, MapParity(r));
-  return std::vector<std::byte>(bytes.get(), bytes.get() + r.parity_bytes);
 }
 
 size_t ParityStore::accumulating() const {

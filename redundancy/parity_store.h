@@ -11,7 +11,7 @@
 //                                    its slot header (tiers/FORMAT.md), all under a checksum.
 // A record without a meta file that decodes is not a record: List() skips it, and opening
 // the store removes what a killed process left half made. A damaged parity file is found by
-// its checksum when read (ReadParity). The newest `keep` records of each (stripe, row) are
+// its checksum when read (MapParity). The newest `keep` records of each (stripe, row) are
 // newer than the step the job agreed on (the newest a sender announced) are kept, and that
 // step itself; publishing a record removes the others. An unfinished record holds pieces
 // whose senders were told they are kept, so it is dropped only once the job agreed on a newer
@@ -104,11 +104,9 @@ class ParityStore {
   // warning.
   std::vector<ParityRecord> List();
   // The parity bytes of a published record, checked against its checksum (Corruption
-  // naming the file otherwise).
-  Result<std::vector<std::byte>> ReadParity(const ParityRecord& r);
-  // The same bytes, checked the same way, in a read-only mapping of the record's file (its
-  // first parity_bytes bytes, unmapped when the last copy of the pointer goes): what a
-  // rebuild sends from, with no copy into fresh memory.
+  // naming the file otherwise), in a read-only mapping of the record's file (its first
+  // parity_bytes bytes, unmapped when the last copy of the pointer goes): what a rebuild
+  // sends from, with no copy into fresh memory.
   Result<std::shared_ptr<const std::byte>> MapParity(const ParityRecord& r);
 
   // Unfinished records (for tests and stats).
