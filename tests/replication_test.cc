@@ -233,24 +233,38 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
   ASSERT_GE(steps.size(), 600u) << log0;
   ASSERT_GT(steps_before_kill, 5u);
   // The training loop kept its pace: no iteration of rank 0 waited on the dead partner.
+  // Against the loop's own pace before the kill (sanitizer builds copy far slower), with a
+  // floor of 250 ms that leaves room for what the restarted partner's start costs this loop
+  // on a 2-core machine (its 3 x 40 MiB slots pre-faulted while the fence copies 32 MiB):
+  // under ctest -j2 in the Debian 13 root, stalls of 103 to 157 ms after the restart failed
+  // a floor of 100 ms on the code before and after issue 31 alike (tests/RELIABILITY.md).
+  // A wait on the dead partner lasts up to the 3 s replication timeout, or repeats on every
+  // save while the partner is gone (about 70 of them over the dead second); a machine that
+  // is busy with other tests stalls one iteration now and then: CI saw single stalls of 524
+  // and 457 ms hundreds of steps after the restart, replication long since resumed. So: no
+  // stall reaches a third of the timeout (or twice the bound), and at most two pass the bound.
+  double before = 0;
+  for (size_t i = 5; i < steps_before_kill; ++i) before = std::max(before, steps[i].stall_ms);
+  const double bound = std::max(250.0, 3 * before + 20);
   double worst = 0;
   int64_t worst_step = 0;
-  for (size_t i = steps_before_kill; i < steps.size(); ++i)
+  std::string over;
+  int over_bound = 0;
+  for (size_t i = steps_before_kill; i < steps.size(); ++i) {
     if (steps[i].stall_ms > worst) {
       worst = steps[i].stall_ms;
       worst_step = steps[i].step;
     }
-  // Against the loop's own pace before the kill (sanitizer builds copy far slower). A wait
-  // on the dead partner would last up to the 3 s replication timeout; the floor of 250 ms
-  // (12x below it) leaves room for what the restarted partner's start costs this loop on
-  // a 2-core machine (its 3 x 40 MiB slots pre-faulted while the fence copies 32 MiB): under
-  // ctest -j2 in the Debian 13 root, stalls of 103 to 157 ms after the restart failed the
-  // floor of 100 ms on the code before and after issue 31 alike (tests/RELIABILITY.md).
-  double before = 0;
-  for (size_t i = 5; i < steps_before_kill; ++i) before = std::max(before, steps[i].stall_ms);
-  EXPECT_LT(worst, std::max(250.0, 3 * before + 20))
-      << "rank 0 stalled at step " << worst_step << " while its partner was dead or restarting "
-      << "(worst stall before the kill: " << before << " ms)";
+    if (steps[i].stall_ms >= bound) {
+      ++over_bound;
+      over += " step " + std::to_string(steps[i].step) + ": " + std::to_string(steps[i].stall_ms) +
+              " ms;";
+    }
+  }
+  EXPECT_LT(worst, std::max(1000.0, 2 * bound))
+      << "rank 0 stalled at step " << worst_step << " while its partner was dead or restarting";
+  EXPECT_LE(over_bound, 2) << "rank 0 stalled past " << bound << " ms (worst stall before "
+                           << "the kill: " << before << " ms) at" << over;
   // Failures were counted, and versions replicated again after the restart.
   const StepLine at_kill = steps[steps_before_kill - 1];
   // What the kill and the restart looked like from both ranks, short enough to be read whole.
