@@ -3,7 +3,7 @@
 # Python 3.13, PyTorch 2.6) from this Debian 12 machine, in a Debian 13 root made with
 # debootstrap. The root (and its installed packages) is cached in CAIRN_DEBIAN13_ROOT
 # between runs on one machine; the tracked files are copied in fresh each run, into
-# /cairn, built in /cairn/build (RelWithDebInfo, warnings are errors) by the same
+# /cairn, built in /cairn/build (RelWithDebInfo, or CAIRN_BUILD_TYPE; warnings are errors) by the same
 # scripts/test.sh as on Debian 12, which installs what the root lacks from Debian 13.
 #
 #   bash scripts/debian13.sh                 # everything
@@ -41,7 +41,7 @@ echo "debian13: building and testing in $root/cairn ($(chroot "$root" sh -c '. /
 # and the names of those that passed then are handed back to the checkout's .ci-flaky.log.
 rm -f "$root/cairn/.ci-flaky.log"
 chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/var/tmp \
-  CI="${CI:-}" CAIRN_CI_STAGE=debian13 \
+  CI="${CI:-}" CAIRN_CI_STAGE=debian13 CAIRN_BUILD_TYPE="${CAIRN_BUILD_TYPE:-RelWithDebInfo}" \
   USE_LIBUV=0 bash -c 'cd /cairn && bash scripts/test.sh "$@"' test.sh "$@"
 if [ -s "$root/cairn/.ci-flaky.log" ]; then
   cat "$root/cairn/.ci-flaky.log" >>"${CAIRN_FLAKY_LOG:-$PWD/.ci-flaky.log}"

@@ -54,7 +54,8 @@ if ((demo)); then
   fi
   cmake --build "$build" --target cairn_cli
 else
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
+  # CAIRN_BUILD_TYPE: RelWithDebInfo unless set (CI's Debian 13 stage builds Release).
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${CAIRN_BUILD_TYPE:-RelWithDebInfo}" -DCAIRN_WERROR=ON \
     -DCAIRN_BUILD_TESTS=ON -DCAIRN_BUILD_BENCH=ON -DCAIRN_WITH_PYTHON=ON >/dev/null
   cmake --build "$build"
 fi
