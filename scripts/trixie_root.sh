@@ -55,12 +55,20 @@ trixie_root_make() {
 }
 
 trixie_mounted=()
+trixie_root=""
 trixie_root_unmount() {
-  local i
+  local i m
   for ((i = ${#trixie_mounted[@]} - 1; i >= 0; i--)); do
     umount -l "${trixie_mounted[$i]}" 2>/dev/null || true
   done
   trixie_mounted=()
+  # And what the run mounted inside the root itself: iproute2 makes /run/netns a bind
+  # mount of itself at its first `ip netns` there (the namespace tests, which skip).
+  if [ -n "$trixie_root" ]; then
+    for m in $(awk -v r="$trixie_root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
+      umount -l "$m" 2>/dev/null || true
+    done
+  fi
 }
 
 trixie_root_mount() {
@@ -69,6 +77,7 @@ trixie_root_mount() {
     echo "something is still mounted under $root (another run?); unmount it first" >&2
     exit 2
   fi
+  trixie_root="$root"
   trap trixie_root_unmount EXIT
   _trixie_mount_at "$root/proc" -t proc proc
   _trixie_mount_at "$root/sys" -t sysfs sys  # UCX's tcp transport reads the interfaces there
