@@ -20,13 +20,18 @@ trixie_root_lock() {
   fi
   # We hold the lock, so whatever is mounted under ROOT belongs to a run that died without
   # its EXIT trap (SIGKILL, a lost session): take it down, deepest first.
-  local stale
-  stale=$(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r)
-  if [ -n "$stale" ]; then
+  if grep -q " $root/" /proc/mounts; then
     echo "$root: unmounting what a killed run left mounted"
-    local m
-    for m in $stale; do umount -l "$m" 2>/dev/null || true; done
+    _trixie_unmount_under "$root"
   fi
+}
+
+# Lazily unmounts everything mounted under ROOT, deepest first.
+_trixie_unmount_under() {
+  local m
+  for m in $(awk -v r="$1/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
 }
 
 trixie_root_make() {
@@ -57,18 +62,14 @@ trixie_root_make() {
 trixie_mounted=()
 trixie_root=""
 trixie_root_unmount() {
-  local i m
+  local i
   for ((i = ${#trixie_mounted[@]} - 1; i >= 0; i--)); do
     umount -l "${trixie_mounted[$i]}" 2>/dev/null || true
   done
   trixie_mounted=()
   # And what the run mounted inside the root itself: iproute2 makes /run/netns a bind
   # mount of itself at its first `ip netns` there (the namespace tests, which skip).
-  if [ -n "$trixie_root" ]; then
-    for m in $(awk -v r="$trixie_root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
-      umount -l "$m" 2>/dev/null || true
-    done
-  fi
+  if [ -n "$trixie_root" ]; then _trixie_unmount_under "$trixie_root"; fi
 }
 
 trixie_root_mount() {
