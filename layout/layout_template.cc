@@ -20,6 +20,10 @@ std::pair<int64_t, int64_t> PartRange(int64_t extent, SplitRule::Round round, ui
   const __int128 e = extent, i = index, n = parts;
   if (round == SplitRule::Round::kFloor)
     return {static_cast<int64_t>(e * i / n), static_cast<int64_t>(e * (i + 1) / n)};
+  if (round == SplitRule::Round::kTrunc) {
+    const __int128 per = e / n;
+    return {static_cast<int64_t>(per * i), static_cast<int64_t>(per * (i + 1))};
+  }
   const __int128 per = (e + n - 1) / n;
   const __int128 b = std::min(e, per * i);
   return {static_cast<int64_t>(b), static_cast<int64_t>(std::min(e, b + per))};
@@ -35,6 +39,10 @@ std::vector<SplitRule> Candidates(size_t ndim) {
     out.push_back({K::kChunk, R::kCeil, static_cast<uint8_t>(d)});
     out.push_back({K::kChunk, R::kFloor, static_cast<uint8_t>(d)});
   }
+  // Truncated chunks last: where n divides the extent they are ceil chunks, and index 0's
+  // part is also a floor chunk (SettleRules picks the rule every rank fits).
+  for (size_t d = 0; d < ndim && d < 256; ++d)
+    out.push_back({K::kChunk, R::kTrunc, static_cast<uint8_t>(d)});
   return out;
 }
 
@@ -216,8 +224,10 @@ std::string SplitRule::ToString() const {
     case Kind::kFlat:
       return round == Round::kCeil ? "flat/ceil" : "flat/floor";
     case Kind::kChunk:
-      return std::string(round == Round::kCeil ? "chunk/ceil" : "chunk/floor") + " dim " +
-             std::to_string(dim);
+      return std::string(round == Round::kCeil    ? "chunk/ceil"
+                         : round == Round::kFloor ? "chunk/floor"
+                                                  : "chunk/trunc") +
+             " dim " + std::to_string(dim);
   }
   return "?";
 }
@@ -516,9 +526,9 @@ Result<LayoutTemplate> DecodeTemplate(std::string_view bytes) {
     const int i = static_cast<int>(k);
     const uint32_t kind = w.rule_kind(i), round = w.rule_round(i), dim = w.rule_dim(i);
     const uint32_t cuts = with_cuts ? w.rule_cuts(i) : 0;
-    if (kind > 3 || round > 1 || (kind == 2 && dim >= m.global_shape.size()) ||
-        (kind != 2 && dim != 0) || (kind == 3) != (cuts > 0) || cuts > 4 ||
-        static_cast<int64_t>(cuts) > ncuts - next_cut)
+    if (kind > 3 || round > 2 || (round == 2 && kind != 2) ||
+        (kind == 2 && dim >= m.global_shape.size()) || (kind != 2 && dim != 0) ||
+        (kind == 3) != (cuts > 0) || cuts > 4 || static_cast<int64_t>(cuts) > ncuts - next_cut)
       return Bad("tensor '" + m.name + "' has a bad split rule");
     t.rules[k] = {static_cast<SplitRule::Kind>(kind),
                   static_cast<SplitRule::Round>(round),

@@ -10,6 +10,10 @@
 //   chunk (ceil, d)   the chunk i of n along dimension d, ceil(D / n) long (torch.chunk,
 //                     DTensor Shard(d));
 //   chunk (floor, d)  [D*i/n, D*(i+1)/n) along d;
+//   chunk (trunc, d)  [(D/n)*i, (D/n)*(i+1)) along d: every part floor(D / n) long and the
+//                     last D mod n held by no part (a split that drops the remainder, as
+//                     `D // n` slicing does where n does not divide D; the bytes no rank
+//                     holds are not saved, and a restore needing them says so);
 //   cuts              chunks of chunks, each by a digit of i (multi-dimensional sharding:
 //                     FSDP2 over tensor parallelism): cut c takes the chunk
 //                     (i / stride_c) % count_c (ceil or floor) along dim_c of what the cuts
@@ -37,7 +41,7 @@ namespace cairn {
 
 struct SplitRule {
   enum class Kind : uint8_t { kWhole = 0, kFlat = 1, kChunk = 2, kCuts = 3 };
-  enum class Round : uint8_t { kCeil = 0, kFloor = 1 };
+  enum class Round : uint8_t { kCeil = 0, kFloor = 1, kTrunc = 2 };  // kTrunc: kChunk only
   struct Cut {
     uint8_t dim = 0;
     Round round = Round::kCeil;
@@ -105,16 +109,15 @@ struct RecognizedLayout {
 // when it is none. Tries n = world with index = rank first (FSDP), then each divisor d of
 // world, largest first, with index rank % d (tensor parallel inside data parallel, HSDP)
 // and rank / (world / d); per tensor the rules whole, flat (ceil, floor), chunk (ceil,
-// floor; dimension 0 first). The first n and index every tensor agrees on wins. Only when
-// no (n, index) fits that way are the same tries made again with kCuts rules too: one cut
-// by a digit of the index (its upper places first), or two (the lower digit first, on a
-// dimension other than 0 first: tensor parallelism inside FSDP2). One rank's boxes may
-// fit several such rules (index 0 fits every digit): the save plan settles each tensor
-// on the rule every rank's boxes fit (MakeTemplatedPlan). One rank's boxes may also fit
-// two part counts (the last, shorter part of ceil chunks of n is often a floor chunk of
-// some larger divisor): with `parts` non-zero only that n is tried (MakeTemplatedPlan
-// describes such a rank again with the part count the other ranks holding its tensors
-// use).
+// floor; dimension 0 first; then trunc). The first n and index every tensor agrees on wins. Only
+// when no (n, index) fits that way are the same tries made again with kCuts rules too: one cut by a
+// digit of the index (its upper places first), or two (the lower digit first, on a dimension other
+// than 0 first: tensor parallelism inside FSDP2). One rank's boxes may fit several such rules
+// (index 0 fits every digit): the save plan settles each tensor on the rule every rank's boxes fit
+// (MakeTemplatedPlan). One rank's boxes may also fit two part counts (the last, shorter part of
+// ceil chunks of n is often a floor chunk of some larger divisor): with `parts` non-zero only that
+// n is tried (MakeTemplatedPlan describes such a rank again with the part count the other ranks
+// holding its tensors use).
 std::optional<RecognizedLayout> RecognizeLayout(const RankLayout& layout, int rank, int world,
                                                 uint32_t parts = 0);
 

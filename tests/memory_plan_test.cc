@@ -322,6 +322,25 @@ TEST(MemoryPlanAlone, ReplicatedPartsAreHeldByEveryReplicasHolders) {
   ExpectSameAsGeneral({saved, saved, Ring(6, 1)}, "hsdp -> hsdp");
 }
 
+TEST(MemoryPlanAlone, TruncatedChunksPlanAsTheGeneralPlanner) {
+  // Rows split 4 ways dropping the remainder (embed's 37 rows: 36 held), a node lost, and
+  // onto 2 ways (the same 36 rows, in halves); the cube is whole.
+  const SplitRule trunc{K::kChunk, R::kTrunc, 0};
+  const auto saved = Layouts(Uniform(trunc, 4, {"cube"}), 4);
+  Job lost{saved, saved, Ring(4, 2)};
+  lost.holders[1] = {3};
+  ExpectSameAsGeneral(lost, "trunc 4 -> the same, rank 1's memory lost");
+  ExpectSameAsGeneral({saved, Layouts(Uniform(trunc, 2, {"cube"}), 2), {{0}, {1}, {0}, {1}}},
+                      "trunc 4 -> trunc 2");
+  // A target of embed's last row, which no rank held: an error naming the tensor.
+  Job whole{saved, Layouts(Uniform(kFlatCeil, 1), 1, [](int) { return 0u; }), {{0}, {0}, {0}, {0}}};
+  auto mp = PlanMemoryAlone(StepOf(whole), 0);
+  ASSERT_FALSE(mp.ok());
+  EXPECT_NE(mp.status().message().find("'embed'"), std::string::npos) << mp.status().ToString();
+  EXPECT_NE(mp.status().message().find("not fully covered"), std::string::npos)
+      << mp.status().ToString();
+}
+
 TEST(MemoryPlanAlone, ErrorsNameTheTensorAndTheUncoveredBox) {
   Job job{Layouts(Uniform(kFlatCeil, 4), 4), Layouts(Uniform(kFlatCeil, 4), 4), Ring(4, 1)};
   job.holders[2] = {};  // nobody holds source 2 any more

@@ -116,9 +116,10 @@ void ExpectSameJobAsGeneralPlan(PersistPlan& plan, const std::vector<RankLayout>
 
 TEST(LayoutTemplate, EveryRuleIsRecognisedExactly) {
   const std::vector<TensorMeta> model = Model();
-  const std::vector<SplitRule> rules = {{K::kFlat, R::kCeil, 0},  {K::kFlat, R::kFloor, 0},
-                                        {K::kChunk, R::kCeil, 0}, {K::kChunk, R::kFloor, 0},
-                                        {K::kChunk, R::kCeil, 1}, {K::kChunk, R::kFloor, 1}};
+  const std::vector<SplitRule> rules = {{K::kFlat, R::kCeil, 0},   {K::kFlat, R::kFloor, 0},
+                                        {K::kChunk, R::kCeil, 0},  {K::kChunk, R::kFloor, 0},
+                                        {K::kChunk, R::kCeil, 1},  {K::kChunk, R::kFloor, 1},
+                                        {K::kChunk, R::kTrunc, 0}, {K::kChunk, R::kTrunc, 1}};
   int checked = 0;
   for (int world : {1, 2, 3, 4, 6, 7, 12}) {
     // n = world (FSDP), and n a divisor with index rank % n (TP inside DP).
@@ -167,6 +168,52 @@ TEST(LayoutTemplate, PartsCoverEachTensorOnceAndCountTheirElements) {
         EXPECT_EQ(total, static_cast<uint64_t>(NumElements(m.global_shape)))
             << m.name << " " << rule.ToString() << " / " << n;
       }
+}
+
+// Truncated chunks: every part floor(D / n) rows, disjoint, in order; the last D mod n rows
+// in no part, and no part meets a box of them.
+TEST(LayoutTemplate, TruncatedChunksLeaveTheRemainderToNoPart) {
+  for (const TensorMeta& m : Model()) {
+    if (m.global_shape.empty()) continue;
+    for (uint8_t dim = 0; dim < std::min<size_t>(2, m.global_shape.size()); ++dim)
+      for (uint32_t n : {1u, 2u, 3u, 7u, 40u}) {
+        const SplitRule rule{K::kChunk, R::kTrunc, dim};
+        SCOPED_TRACE(m.name + " " + rule.ToString() + " / " + std::to_string(n));
+        const int64_t extent = m.global_shape[dim], per = extent / n;
+        const uint64_t rest = static_cast<uint64_t>(NumElements(m.global_shape) / extent);
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+          const std::vector<Box> boxes = PartBoxes(m.global_shape, rule, i, n);
+          EXPECT_EQ(PartElements(m.global_shape, rule, i, n), static_cast<uint64_t>(per) * rest);
+          if (per == 0) {
+            EXPECT_TRUE(boxes.empty());
+            continue;
+          }
+          ASSERT_EQ(boxes.size(), 1u);
+          EXPECT_EQ(boxes[0].offsets[dim], per * i);
+          EXPECT_EQ(boxes[0].lengths[dim], per);
+          EXPECT_EQ(PartsMeeting(m.global_shape, rule, n, boxes[0]), std::vector<uint32_t>{i});
+          total += static_cast<uint64_t>(boxes[0].numel());
+        }
+        EXPECT_EQ(total, static_cast<uint64_t>(per) * n * rest);
+        if (per * n < extent) {
+          Box tail = Box::Whole(m.global_shape);
+          tail.offsets[dim] = per * n;
+          tail.lengths[dim] = extent - per * n;
+          EXPECT_TRUE(PartsMeeting(m.global_shape, rule, n, tail).empty());
+        }
+        // Every part meets the whole tensor, when it has rows.
+        EXPECT_EQ(PartsMeeting(m.global_shape, rule, n, Box::Whole(m.global_shape)).size(),
+                  per > 0 ? n : 0u);
+      }
+  }
+  // The MANIFEST's template keeps the rule; only chunks truncate.
+  LayoutTemplate t = Uniform(Model(), {K::kChunk, R::kTrunc, 0}, 4);
+  auto back = DecodeTemplate(EncodeTemplate(t));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, t);
+  t.rules[0] = {K::kFlat, R::kTrunc, 0};
+  EXPECT_FALSE(DecodeTemplate(EncodeTemplate(t)).ok());
 }
 
 TEST(LayoutTemplate, OtherLayoutsAreNotTemplates) {
@@ -604,6 +651,53 @@ TEST(TemplatedPlan, Fsdp2OverTensorParallelismWritesEveryBoxOnceWithTemplates) {
   }
 }
 
+// Tensor parallelism that drops the remainder (bench/plan's irregular Megatron layout: each
+// of tp ranks holds D / tp rows or columns of a split tensor, no rank the last D mod tp) over
+// pipeline stages; `tp` of the loading job may differ.
+std::vector<RankLayout> TruncatedTpJob(int tp, int stages) {
+  std::vector<RankLayout> layouts(static_cast<size_t>(tp * stages));
+  for (int r = 0; r < tp * stages; ++r) {
+    RankLayout& l = layouts[static_cast<size_t>(r)];
+    const std::string stage = "stage" + std::to_string(r / tp) + ".";
+    for (auto [name, shape, dim] :
+         {std::tuple{"qkv", Shape{37, 6}, 0}, {"proj", Shape{6, 23}, 1}, {"norm", Shape{6}, -1}}) {
+      Box b = Box::Whole(shape);
+      if (dim >= 0) {
+        const int64_t per = shape[static_cast<size_t>(dim)] / tp;
+        b.offsets[static_cast<size_t>(dim)] = per * (r % tp);
+        b.lengths[static_cast<size_t>(dim)] = per;
+      }
+      l.shards.push_back({static_cast<uint32_t>(l.tensors.size()), b});
+      l.tensors.push_back({stage + name, DType::kF32, shape});
+    }
+  }
+  return layouts;
+}
+
+// Planned from templates (rank 0's rows are also a floor chunk, the others' only truncated
+// ones: the plan settles on truncation), as the general planner plans it, the rows no rank
+// holds written by none.
+TEST(TemplatedPlan, TensorParallelismDroppingTheRemainderIsPlannedFromTemplates) {
+  for (auto [tp, stages] : {std::pair{3, 1}, {5, 2}, {7, 3}}) {
+    SCOPED_TRACE(std::to_string(tp) + " x " + std::to_string(stages));
+    const std::vector<RankLayout> layouts = TruncatedTpJob(tp, stages);
+    Gathered g = Exchange(layouts);
+    auto plan = PlanPersist(g.messages, g.templates, g.hashes);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_TRUE(plan->templated.has_value()) << plan->why_general;
+    const TemplatedPlan& t = *plan->templated;
+    for (size_t k = 0; k < t.tensors.size(); ++k) {
+      if (!t.rules[k].split()) continue;
+      EXPECT_EQ(t.rules[k].round, R::kTrunc) << t.tensors[k].name;
+    }
+    ExpectSameJobAsGeneralPlan(*plan, layouts);
+    // qkv's 37 - 37 / tp * tp rows and proj's columns are not written.
+    const uint64_t held =
+        static_cast<uint64_t>(stages) * (37 / tp * tp * 6 + 6 * (23 / tp * tp) + 6) * sizeof(float);
+    EXPECT_EQ(plan->Full().unique_bytes, held);
+  }
+}
+
 // Two pipeline stages of 4 ranks, each tensor of a stage cut in ceil chunks of 4: the last
 // rank's rows are also a floor chunk of 8 (the job's size), and recognition, trying the
 // larger count first, names it part 7 of 8. The plan describes it again as part 3 of 4, as
@@ -656,6 +750,44 @@ TEST(StepIndex, Fsdp2OverTensorParallelismRestoresOntoAnotherMeshFromTheIndexFil
       ExpectCoversTargetsOnce(*part, want);
     }
   }
+}
+
+TEST(StepIndex, TensorParallelismDroppingTheRemainderRestoresWhatWasSaved) {
+  SavedStep s = Save(TruncatedTpJob(5, 2));
+  auto read = [&](const std::vector<std::pair<std::string, Box>>& want, int r) {
+    return PartialManifest(
+        s.manifest, want, r, [&](int w) -> Result<std::string> { return s.index_files.at(w); },
+        nullptr);
+  };
+  // Onto its own layout, and onto 7-way TP (of qkv's 37 rows 0-34 saved, 35 wanted; of
+  // proj's 23 columns 0-19 saved and 21 wanted: the targets take what was saved).
+  for (int tp : {5, 7}) {
+    const std::vector<RankLayout> targets = TruncatedTpJob(tp, 2);
+    for (size_t r = 0; r < targets.size(); ++r) {
+      SCOPED_TRACE(std::to_string(r) + " of " + std::to_string(tp));
+      std::vector<std::pair<std::string, Box>> want;
+      for (const auto& e : targets[r].shards) {
+        Box b = e.box;
+        // What the saving job holds of it: qkv's first 35 rows, proj's first 20 columns.
+        const std::string& name = targets[r].tensors[e.tensor].name;
+        const size_t dim = name.ends_with("qkv") ? 0 : 1;
+        const int64_t end = name.ends_with("qkv") ? 35 : name.ends_with("proj") ? 20 : 6;
+        if (name.ends_with("norm")) {
+          want.push_back({name, b});
+          continue;
+        }
+        b.lengths[dim] = std::min(b.offsets[dim] + b.lengths[dim], end) - b.offsets[dim];
+        if (b.lengths[dim] > 0) want.push_back({name, b});
+      }
+      auto part = read(want, static_cast<int>(r));
+      ASSERT_TRUE(part.ok()) << part.status().ToString();
+      ExpectCoversTargetsOnce(*part, want);
+    }
+  }
+  // A target of the rows no rank held finds nothing saved there.
+  auto part = read({{"stage1.qkv", Box{{35, 0}, {2, 6}}}}, 0);
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  EXPECT_EQ(part->boxes_size(), 0);
 }
 
 TEST(StepIndex, ABadIndexFileOrManifestIsAnErrorNamingIt) {
