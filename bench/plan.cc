@@ -47,6 +47,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -816,7 +817,11 @@ Status TimeTemplatedRestores(Run& run) {
   struct Solo {
     double s = 0;
     uint64_t index_bytes = 0, read = 0, needed = 0;
+    uint64_t targeted_bytes = 0;  // its part of the check that every tensor is targeted
   };
+  std::unordered_map<std::string, uint32_t> saved_ids;
+  for (int k = 0; k < m->tensors_size(); ++k)
+    saved_ids.emplace(m->tensors(k).name(), static_cast<uint32_t>(k));
   // Rank r of the saving job (`same`) or of the loading job plans its restore.
   auto solo = [&](bool same_job, int r) -> Result<Solo> {
     Solo out;
@@ -844,6 +849,12 @@ Status TimeTemplatedRestores(Run& run) {
       t.push_back(NanosToSeconds(NowNanos() - t0));
       out.read = lp.pfs_bytes_to_read;
       out.needed = lp.unique_bytes_needed;
+      std::vector<uint32_t> named;
+      for (const TensorMeta& tm : target.tensors)
+        if (auto it = saved_ids.find(tm.name); it != saved_ids.end()) named.push_back(it->second);
+      std::sort(named.begin(), named.end());
+      out.targeted_bytes =
+          restore_internal::EncodeTargeted(named, static_cast<uint32_t>(m->tensors_size())).size();
       if (mine.gets.size() != lp.spans.size() || lp.pfs_bytes_to_read < lp.unique_bytes_needed)
         return Status::Internal("rank " + std::to_string(r) + " does not read all it needs");
     }
@@ -857,6 +868,7 @@ Status TimeTemplatedRestores(Run& run) {
       CAIRN_ASSIGN_OR_RETURN(Solo x, solo(same_job, r));
       w->s = std::max(w->s, x.s);
       w->index_bytes = std::max(w->index_bytes, x.index_bytes);
+      w->targeted_bytes = std::max(w->targeted_bytes, x.targeted_bytes);
       if (x.needed > 0 &&
           (w->needed == 0 || static_cast<double>(x.read) / static_cast<double>(x.needed) >
                                  static_cast<double>(w->read) / static_cast<double>(w->needed)))
@@ -871,10 +883,10 @@ Status TimeTemplatedRestores(Run& run) {
     return st;
   }
   // What a restoring rank receives or reads: every rank's inventory, the MANIFEST, the
-  // index files it reads, and one bit per saved tensor from every rank (the check that
-  // every saved tensor is some rank's target).
+  // index files it reads, and every rank's saved tensors its targets name (the check that
+  // every saved tensor is some rank's target; each as large as the largest sampled).
   const uint64_t bits =
-      static_cast<uint64_t>(load_world) * ((static_cast<uint64_t>(m->tensors_size()) + 7) / 8 + 8);
+      static_cast<uint64_t>(load_world) * std::max(other.targeted_bytes, same.targeted_bytes);
   // Memory restores are simulated for the fully sharded job (one template, source s at
   // index s) and the FSDP2 modes (the save's templates; the loading job's recognised).
   MemoryRestore mem_same, mem_other;

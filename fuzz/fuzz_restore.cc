@@ -1,6 +1,6 @@
 // libFuzzer target: what ranks send each other during a restore (recovery/restore.cc) and a
 // persist round (persist/persister.cc) and the step agreement (snapshot/step_agreement.cc).
-// The first byte picks the message (mod 10):
+// The first byte picks the message (mod 11):
 //   0  a rank's restore inventory            1  its catalog part with shard tables (the
 //   2  a status-framed restore message          second byte is the saved job's world size)
 //   3  a persist round's offer               4  rank 0's outcome of a persist round
@@ -10,6 +10,7 @@
 //      read back after crashes)
 //   9  a rank's rebuild inventory (recovery/rebuild.h; decoded, then planned as the
 //      holdings of two ranks)
+//   10 the saved tensors a restoring rank's targets name (the second byte: how many were saved)
 // Must decode or fail cleanly: no crash, no huge allocation.
 #include <cstdint>
 #include <string_view>
@@ -23,8 +24,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const std::string_view b(reinterpret_cast<const char*>(data) + 2, size - 2);
-  const int kind = data[0] % 10;
-  if (kind == 8) {
+  const int kind = data[0] % 11;
+  if (kind == 10) {
+    (void)cairn::DecodeRestoreMessageForFuzzing(5, b, data[1]);
+  } else if (kind == 8) {
     (void)cairn::DecodeParityRecord(b, "a parity record");
   } else if (kind == 9) {
     auto h = cairn::DecodeRebuildHoldings(b, "rank 1");

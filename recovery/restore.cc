@@ -336,15 +336,18 @@ Result<bool> Restorer::CheckAlone(ChosenStep& p, Status st,
   const bool known =
       targeted && std::all_of(saved_names.begin(), saved_names.end(),
                               [&](const std::string& n) { return targeted->contains(n); });
-  // Otherwise: one bit per saved tensor this rank's targets name.
+  // Otherwise: the saved tensors this rank's targets name (runs of their indices).
+  const auto count = static_cast<uint32_t>(saved_names.size());
   std::string named;
   if (!known) {
-    std::unordered_map<std::string_view, size_t> ids;
-    for (size_t i = 0; i < saved_names.size(); ++i) ids.emplace(saved_names[i], i);
-    named.assign((saved_names.size() + 7) / 8, '\0');
+    std::unordered_map<std::string_view, uint32_t> ids;
+    for (uint32_t i = 0; i < count; ++i) ids.emplace(saved_names[i], i);
+    std::vector<uint32_t> mine;
     for (const ShardSpec& t : targets_)
-      if (auto it = ids.find(t.meta.name); it != ids.end())
-        named[it->second / 8] = static_cast<char>(named[it->second / 8] | (1 << (it->second % 8)));
+      if (auto it = ids.find(t.meta.name); it != ids.end()) mine.push_back(it->second);
+    std::sort(mine.begin(), mine.end());
+    mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+    named = EncodeTargeted(mine, count);
   }
   auto all = GatherChecked(env_.group, st, named);
   if (!all.ok()) {
@@ -353,17 +356,22 @@ Result<bool> Restorer::CheckAlone(ChosenStep& p, Status st,
     return false;
   }
   if (options_.partial || known) return true;
-  std::vector<std::string> missing;
-  size_t count = 0;
-  for (size_t i = 0; i < saved_names.size(); ++i) {
-    bool any = false;
-    for (const std::string& bits : *all)
-      any = any || (i / 8 < bits.size() && (bits[i / 8] >> (i % 8)) & 1);
-    if (any) continue;
-    if (count++ < 5) missing.push_back(saved_names[i]);
+  // How many ranks name each index, from the runs' starts and ends.
+  std::vector<int64_t> starts(static_cast<size_t>(count) + 1, 0);
+  for (size_t r = 0; r < all->size(); ++r) {
+    CAIRN_ASSIGN_OR_RETURN(auto runs, DecodeTargeted((*all)[r], count, static_cast<int>(r)));
+    for (auto [b, e] : runs) ++starts[b], --starts[e];
   }
-  if (count == 0) return true;
-  return Unrestored(p, missing, count);
+  std::vector<std::string> missing;
+  size_t unnamed = 0;
+  int64_t naming = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    naming += starts[i];
+    if (naming > 0) continue;
+    if (unnamed++ < 5) missing.push_back(saved_names[i]);
+  }
+  if (unnamed == 0) return true;
+  return Unrestored(p, missing, unnamed);
 }
 
 Status Restorer::Unrestored(const ChosenStep& p, const std::vector<std::string>& names,

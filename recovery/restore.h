@@ -110,7 +110,8 @@ struct RestoreEnv {
 // 0 is a rank's inventory (held versions, PFS steps), 1 a rank's shard tables (of a job of
 // `saved_world` ranks), 2 the (status, payload) frame every restore message travels in,
 // holding an inventory, 3 a rank's layout references (memory restores planned from
-// templates), 4 a list of encoded templates. OK when the bytes decode, the status a frame carries,
+// templates), 4 a list of encoded templates, 5 the saved tensors a rank's targets name (of
+// `saved_world` saved tensors). OK when the bytes decode, the status a frame carries,
 // Corruption / InvalidArgument otherwise.
 Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t saved_world);
 

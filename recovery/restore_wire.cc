@@ -77,6 +77,63 @@ Result<LayoutRefs> DecodeLayoutRefs(std::string_view b) {
   return refs;
 }
 
+std::string EncodeTargeted(const std::vector<uint32_t>& ascending, uint32_t count) {
+  wire::TargetedTensors w;
+  uint32_t end = 0;  // of the run before
+  for (size_t k = 0; k < ascending.size();) {
+    size_t j = k + 1;
+    while (j < ascending.size() && ascending[j] == ascending[j - 1] + 1) ++j;
+    w.add_gaps(ascending[k] - end);
+    w.add_lengths(static_cast<uint32_t>(j - k));
+    end = ascending[j - 1] + 1;
+    k = j;
+  }
+  // A run costs two varints of at least a byte each.
+  if (static_cast<uint64_t>(w.gaps_size()) * 2 > (static_cast<uint64_t>(count) + 7) / 8) {
+    std::string bits((count + 7) / 8, '\0');
+    for (uint32_t i : ascending) bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
+    w.Clear();
+    w.set_bitmap(std::move(bits));
+  }
+  return wire::Encode(w);
+}
+
+Result<std::vector<std::pair<uint32_t, uint32_t>>> DecodeTargeted(std::string_view bytes,
+                                                                  uint32_t count, int rank) {
+  const std::string who = "targeted tensors of rank " + std::to_string(rank);
+  CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::TargetedTensors>(bytes, who));
+  std::vector<std::pair<uint32_t, uint32_t>> runs;
+  if (!w.bitmap().empty()) {
+    if (w.gaps_size() > 0 || w.lengths_size() > 0 || w.bitmap().size() != (count + 7) / 8)
+      return Status::Corruption("bad " + who + ": a bitmap of " +
+                                std::to_string(w.bitmap().size()) + " bytes for " +
+                                std::to_string(count) + " tensors");
+    if (count % 8 != 0 && static_cast<uint8_t>(w.bitmap().back()) >> (count % 8) != 0)
+      return Status::Corruption("bad " + who + ": a bit past the " + std::to_string(count) +
+                                " tensors");
+    for (uint32_t i = 0; i < count; ++i) {
+      if (!((static_cast<uint8_t>(w.bitmap()[i / 8]) >> (i % 8)) & 1)) continue;
+      if (!runs.empty() && runs.back().second == i)
+        ++runs.back().second;
+      else
+        runs.push_back({i, i + 1});
+    }
+    return runs;
+  }
+  if (w.gaps_size() != w.lengths_size())
+    return Status::Corruption("bad " + who + ": gaps and lengths of different counts");
+  uint64_t end = 0;
+  for (int k = 0; k < w.gaps_size(); ++k) {
+    const uint64_t b = end + w.gaps(k), e = b + w.lengths(k);
+    if (w.lengths(k) == 0 || e > count)
+      return Status::Corruption("bad " + who + ": a run of indices [" + std::to_string(b) + ", " +
+                                std::to_string(e) + ") of " + std::to_string(count) + " tensors");
+    runs.push_back({static_cast<uint32_t>(b), static_cast<uint32_t>(e)});
+    end = e;
+  }
+  return runs;
+}
+
 std::string EncodeTemplateList(const std::vector<std::string>& encoded) {
   wire::TemplateList w;
   for (const std::string& e : encoded) w.add_templates(e);
@@ -247,6 +304,7 @@ Status DecodeRestoreMessageForFuzzing(int kind, std::string_view bytes, uint32_t
     return payload.ok() ? restore_internal::DecodeInventory(*payload).status() : payload.status();
   }
   if (kind == 3) return restore_internal::DecodeLayoutRefs(bytes).status();
+  if (kind == 5) return restore_internal::DecodeTargeted(bytes, saved_world, 1).status();
   if (kind == 4) {
     // A list of templates, each decoded as the restore decodes them.
     auto list = restore_internal::DecodeTemplateList(bytes);

@@ -68,6 +68,16 @@ Result<wire::CatalogPart> DecodeCatalogPart(std::string_view bytes, int rank);
 std::string EncodeLayoutRefs(const LayoutRefs& refs);
 Result<LayoutRefs> DecodeLayoutRefs(std::string_view b);
 
+// The saved tensors a rank's targets name (`ascending` indices below `count`), for the
+// check that every saved tensor is some rank's target: as runs of consecutive indices (a
+// pipeline stage's tensors: a few bytes where a bitmap of 10,000 saved tensors is 1.25 KB,
+// and every rank receives every rank's), as a bitmap where that is shorter.
+std::string EncodeTargeted(const std::vector<uint32_t>& ascending, uint32_t count);
+// The runs [begin, end) rank `rank`'s message names, ascending; Corruption naming the rank
+// when an index reaches `count` or the bytes are no such message.
+Result<std::vector<std::pair<uint32_t, uint32_t>>> DecodeTargeted(std::string_view bytes,
+                                                                  uint32_t count, int rank);
+
 // The second gather: the encoded templates this rank is the first to name.
 std::string EncodeTemplateList(const std::vector<std::string>& encoded);
 Result<std::vector<std::string>> DecodeTemplateList(std::string_view b);

@@ -27,6 +27,7 @@
 #include "persist/manifest.h"
 #include "persist/writer.h"
 #include "recovery/restore.h"
+#include "recovery/restore_wire.h"
 #include "snapshot/copy_engine.h"
 #include "testing/in_process_job.h"
 #include "tests/test_util.h"
@@ -115,10 +116,13 @@ std::vector<std::vector<Box>> RandomLayout(std::mt19937_64& rng, const Shape& sh
 // FSDP, ZeRO-3, DTensor Shard, tensor parallel inside data parallel; and since issue 37
 // cuts: a chunk of a chunk, each by a digit of the index (FSDP2 over tensor parallelism),
 // or one digit only (the part replicated over the other: a TP-replicated norm).
-// *cut_rules counts the tensors split by cuts (their parts > 1).
+// *cut_rules counts the tensors split by cuts (their parts > 1). Truncated chunks (the
+// remainder held by no rank) only where `held` is given: (*held)[i] is then the box of
+// tensor i the ranks hold together (the whole tensor unless truncated).
 std::vector<std::vector<std::pair<size_t, Box>>> TemplateLayouts(std::mt19937_64& rng,
                                                                  const std::vector<Tensor>& tensors,
-                                                                 int world, int* cut_rules) {
+                                                                 int world, int* cut_rules,
+                                                                 std::vector<Box>* held = nullptr) {
   auto divisors_of = [](int n, int most) {
     std::vector<int> out;
     for (int d = 1; d <= std::min(n, most); ++d)
@@ -140,12 +144,14 @@ std::vector<std::vector<std::pair<size_t, Box>>> TemplateLayouts(std::mt19937_64
     auto dim = [&] { return static_cast<uint8_t>(rng() % shape.size()); };
     auto round = [&] { return rng() % 2 ? R::kCeil : R::kFloor; };
     const uint8_t dim0 = dim();
-    const SplitRule rules[] = {{K::kWhole, R::kCeil, 0},
-                               {K::kFlat, R::kCeil, 0},
-                               {K::kFlat, R::kFloor, 0},
-                               {K::kChunk, R::kCeil, dim0},
-                               {K::kChunk, R::kFloor, dim0}};
-    SplitRule rule = rules[rng() % std::size(rules)];
+    const SplitRule rules[] = {{K::kWhole, R::kCeil, 0},     {K::kFlat, R::kCeil, 0},
+                               {K::kFlat, R::kFloor, 0},     {K::kChunk, R::kCeil, dim0},
+                               {K::kChunk, R::kFloor, dim0}, {K::kChunk, R::kTrunc, dim0}};
+    SplitRule rule = rules[rng() % (std::size(rules) - (held ? 0 : 1))];
+    if (held) {
+      held->push_back(Box::Whole(shape));
+      if (rule.round == R::kTrunc) held->back().lengths[dim0] = shape[dim0] / d * d;
+    }
     if (rng() % 2) {
       // Cuts: the lower digit (count a) and the upper one (count d / a), each on a random
       // dimension (the same one twice is a chunk of a chunk along it), both or one of them.
@@ -355,7 +361,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
   const DType dtypes[] = {DType::kF64, DType::kF32, DType::kBF16,  DType::kI64,
                           DType::kI16, DType::kU8,  DType::kF8E4M3};
   int resharded = 0, with_peers = 0, fallbacks = 0, pfs_cases = 0, alone = 0, alone_with_peers = 0,
-      cut_rules = 0, alone_with_cuts = 0;
+      cut_rules = 0, alone_with_cuts = 0, truncated = 0, alone_truncated = 0;
   constexpr int kCases = 220;
   for (int c = 0; c < kCases; ++c) {
     SCOPED_TRACE("case " + std::to_string(c));
@@ -381,9 +387,21 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
     // restores of those are planned by each rank alone (layout/memory_plan.h).
     const bool templates = c % 2 == 1;
     const int cut_rules_before = cut_rules;
+    bool dropped = false;  // the saving job held no part of some tensor's last rows
     if (templates) {
-      saved = TemplateLayouts(rng, tensors, saved_world, &cut_rules);
+      std::vector<Box> held;
+      saved = TemplateLayouts(rng, tensors, saved_world, &cut_rules, &held);
       wanted = TemplateLayouts(rng, tensors, world, &cut_rules);
+      // Where the saving job dropped a remainder (truncated chunks), the targets take only
+      // what it held.
+      for (auto& rank_targets : wanted) {
+        std::vector<std::pair<size_t, Box>> kept;
+        for (auto& [ti, box] : rank_targets)
+          if (auto in = Intersect(box, held[ti])) kept.push_back({ti, *in});
+        rank_targets = std::move(kept);
+      }
+      for (size_t i = 0; i < tensors.size(); ++i)
+        dropped = dropped || !(held[i] == Box::Whole(tensors[i].meta.global_shape));
     }
     for (size_t i = 0; i < tensors.size() && !templates; ++i) {
       auto s = RandomLayout(rng, tensors[i].meta.global_shape, saved_world);
@@ -499,14 +517,17 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
       ++alone;
       alone_with_peers += with_peers > with_peers_before;
       alone_with_cuts += cut_rules > cut_rules_before;
+      alone_truncated += dropped;
     }
+    truncated += dropped;
   }
   std::printf(
       "%d cases (%d from the PFS): %d rank restores resharded, %d received from peers, "
       "%d fell back; %d memory cases planned alone from templates (%d with peers, %d with "
-      "cuts; %d tensors split by cuts in all)\n",
+      "cuts; %d tensors split by cuts in all); %d saved with a remainder held by no rank (%d "
+      "planned alone)\n",
       kCases, pfs_cases, resharded, with_peers, fallbacks, alone, alone_with_peers, alone_with_cuts,
-      cut_rules);
+      cut_rules, truncated, alone_truncated);
   // The cases really exercised what they claim to.
   EXPECT_GT(resharded, kCases / 2);
   EXPECT_GT(with_peers, kCases / 2);
@@ -515,6 +536,7 @@ TEST(Recovery, PropertyRandomLayoutsRestoreBitExactFromMemoryReplicasAndThePfs) 
   EXPECT_GT(alone, kCases / 5);
   EXPECT_GT(alone_with_peers, kCases / 10);
   EXPECT_GT(alone_with_cuts, kCases / 20);
+  EXPECT_GT(truncated, kCases / 40);
 }
 
 TEST(Recovery, ErrorsNameTheTensorStepAndRankBeforeWritingAnyTarget) {
@@ -728,6 +750,45 @@ TEST(Recovery, GarbledShardTablesFromPeersAreRefused) {
     EXPECT_EQ(st.code(), StatusCode::kCorruption) << what << ": " << st.ToString();
   }
   EXPECT_FALSE(DecodeRestoreMessageForFuzzing(0, "short", 4).ok());
+}
+
+// The check that every saved tensor is some rank's target gathers, from every rank, the
+// saved tensors its targets name: runs of indices where they are consecutive (a pipeline
+// stage's: bytes, where a bitmap of 10,000 tensors from each of 10,000 ranks was 12.5 MB
+// into every rank), a bitmap where that is shorter; what a peer sent is checked.
+TEST(Recovery, TargetedTensorsTravelAsRunsOrABitmapAndGarbledOnesAreRefused) {
+  using restore_internal::DecodeTargeted;
+  using restore_internal::EncodeTargeted;
+  using Runs = std::vector<std::pair<uint32_t, uint32_t>>;
+  auto round_trip = [](const std::vector<uint32_t>& ids, uint32_t count) {
+    auto runs = DecodeTargeted(EncodeTargeted(ids, count), count, 3);
+    EXPECT_TRUE(runs.ok()) << runs.status().ToString();
+    return runs.ok() ? *runs : Runs{};
+  };
+  std::vector<uint32_t> stage;
+  for (uint32_t i = 3000; i < 4000; ++i) stage.push_back(i);
+  EXPECT_LT(EncodeTargeted(stage, 10000).size(), 24u);
+  EXPECT_EQ(round_trip(stage, 10000), (Runs{{3000, 4000}}));
+  EXPECT_EQ(round_trip({0, 1, 2, 9, 20, 21, 29}, 30), (Runs{{0, 3}, {9, 10}, {20, 22}, {29, 30}}));
+  EXPECT_EQ(round_trip({}, 30), Runs{});
+  std::vector<uint32_t> evens;
+  for (uint32_t i = 0; i < 10000; i += 2) evens.push_back(i);
+  const std::string bitmap = EncodeTargeted(evens, 10000);
+  EXPECT_LT(bitmap.size(), 1250u + 32);
+  const Runs got = round_trip(evens, 10000);
+  ASSERT_EQ(got.size(), 5000u);
+  EXPECT_EQ(got[4999], (std::pair<uint32_t, uint32_t>{9998, 9999}));
+  // Garbled: an index past the saved tensors, a bitmap of another count, cut short.
+  const std::vector<std::pair<std::string, Status>> bad = {
+      {"a run past the end", DecodeTargeted(EncodeTargeted({5, 6, 7}, 1000), 7, 3).status()},
+      {"a bit past the end", DecodeTargeted(EncodeTargeted({5, 7}, 8), 7, 3).status()},
+      {"bitmap size", DecodeTargeted(bitmap, 20000, 3).status()},
+      {"cut short", DecodeTargeted(bitmap.substr(0, 100), 10000, 3).status()},
+      {"fuzz entry", DecodeRestoreMessageForFuzzing(5, EncodeTargeted({1, 2, 3}, 1000), 2)}};
+  for (const auto& [what, st] : bad) {
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << what << ": " << st.ToString();
+    EXPECT_NE(st.message().find("rank"), std::string::npos) << what << ": " << st.ToString();
+  }
 }
 
 }  // namespace
