@@ -5,14 +5,16 @@
 //
 //   crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] [--rows 128]
 //                [--nodes 2] [--replicas 1] [--placement ring|group]
-//                [--layout tp2|flat|fsdp2tp]
+//                [--layout tp2|flat|fsdp2tp|tpdrop]
 //                [--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] [--keep]
 //                [--netns] [--volume] [--cuts PERCENT]
 //
 // The job is tests/recovery_child.cc's `matrix` mode: tensor parallel 2 x data parallel
 // NODES (or, --layout flat, fully sharded: every rank a flat range of every tensor, so the
 // persister plans from layout templates and commits MANIFEST format 2; or --layout fsdp2tp,
-// FSDP2 over 2-way tensor parallelism, planned from templates with cuts), a version every
+// FSDP2 over 2-way tensor parallelism, planned from templates with cuts; or --layout tpdrop,
+// dimension 0 split over every rank dropping the remainder, planned from templates with
+// truncated chunks: with --nodes 3, 6 ranks leave rows of two tensors to no rank), a version every
 // iteration, replication to REPLICAS other nodes,
 // CAIRN_PERSIST_EVERY=4, a flush at the end. Every `every` steps each rank waits for the version to
 // be captured and replicated and prints "complete <step>"; each rank prints the newest persisted
@@ -603,8 +605,9 @@ int main(int argc, char** argv) {
       c.erasure_m = std::atoi(next());
     } else if (a == "--layout") {
       c.layout = next();
-      if (c.layout != "tp2" && c.layout != "flat" && c.layout != "fsdp2tp") {
-        std::fprintf(stderr, "crash_matrix: --layout is tp2, flat or fsdp2tp, not %s\n",
+      if (c.layout != "tp2" && c.layout != "flat" && c.layout != "fsdp2tp" &&
+          c.layout != "tpdrop") {
+        std::fprintf(stderr, "crash_matrix: --layout is tp2, flat, fsdp2tp or tpdrop, not %s\n",
                      c.layout.c_str());
         return 2;
       }
@@ -617,14 +620,14 @@ int main(int argc, char** argv) {
     } else if (a == "--cuts") {
       c.cuts = std::atoi(next());
     } else {
-      std::fprintf(
-          stderr,
-          "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
-          "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
-          "[--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] "
-          "[--layout tp2|flat|fsdp2tp] [--keep] [--netns] [--volume] [--cuts PERCENT]\n(see the "
-          "comment at the top of "
-          "tests/crash_matrix.cc)\n");
+      std::fprintf(stderr,
+                   "usage: crash_matrix [--trials 200] [--seed S] [--steps 24] [--every 3] "
+                   "[--rows 128] [--nodes 2] [--replicas 1] [--placement ring|group] "
+                   "[--redundancy replica|xor|rs] [--erasure-k 2] [--erasure-m 1] "
+                   "[--layout tp2|flat|fsdp2tp|tpdrop] [--keep] [--netns] [--volume] [--cuts "
+                   "PERCENT]\n(see the "
+                   "comment at the top of "
+                   "tests/crash_matrix.cc)\n");
       return a == "--help" ? 0 : 2;
     }
   }

@@ -422,5 +422,60 @@ TEST(RecoveryProcesses, Fsdp2OverTensorParallelismIsPersistedFromCutTemplatesAnd
   ExpectDamagedIndexFallsBack(root, job, step5, "fsdp2tp");
 }
 
+// Tensor parallelism over 3 ranks that drops the remainder (each rank D / 3 rows of every
+// tensor, the last D mod 3 rows held by no rank; bench/plan's irregular Megatron case) is
+// persisted through templates (truncated chunks, format 2), the rows no rank held written
+// by none; from memory with a node lost each rank plans its own part, and from the PFS
+// alone each reads exactly its own part; every restore is bit-exact.
+TEST(RecoveryProcesses, TensorParallelismDroppingTheRemainderIsPersistedFromTemplates) {
+  TempDir root("rtpdrop");
+  const std::string job = testing::UniqueJobId("tpdrop");
+  FileSystem* fs = DefaultFileSystem();
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(fs->MakeDirs(train, 0700).ok());
+  auto l = LocalLauncher::Start(Spec(root, job, 3, 1, {"train", "tpdrop", kRows, "1", "3"}, train,
+                                     {{"CAIRN_PERSIST_EVERY", "0"}}));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 3);
+  l->reset();
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(LastLine(train, r, "committed "), "committed 3 plan templated") << Logs(train, 3);
+  const std::string step3 = JoinPath(PfsJobDir(root.path() + "/pfs", job), StepDirName(3));
+  auto raw = ReadManifestFile(fs, step3);
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  EXPECT_EQ(raw->format_version(), 2u);
+  auto m = ReadManifest(fs, step3);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  std::map<std::string, int64_t> covered;
+  for (const auto& b : m->boxes()) {
+    int64_t n = 1;
+    for (int64_t e : b.lengths()) n *= e;
+    covered[m->tensors(static_cast<int>(b.tensor())).name()] += n;
+  }
+  // kRows = 8192: embed's 65,536 rows and layers.0.w's 32,768 leave 1 and 2 rows to no rank.
+  EXPECT_EQ(covered["embed.weight"], (8 * 8192 / 3 * 3) * 64);
+  EXPECT_EQ(covered["layers.0.w"], (4 * 8192 / 3 * 3) * 96);
+  EXPECT_EQ(covered["layers.1.w"], 96 * 2 * 8192);
+  // Node 1's memory lost: rank 1 gets its part from its partner's replica.
+  ASSERT_TRUE(fs->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
+  auto got = RunRestore(root, job, 3, 1, "tpdrop", 3, "tpdrop-mem");
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(got[r].step, 3) << "rank " << r;
+    EXPECT_EQ(got[r].plan, "alone") << "rank " << r;
+    EXPECT_EQ(got[r].tier, r == 1 ? "peer" : "host") << "rank " << r;
+    EXPECT_EQ(got[r].pfs, 0u) << "rank " << r;
+  }
+  ASSERT_TRUE(fs->RemoveAll(root.path() + "/host").ok());
+  got = RunRestore(root, job, 3, 1, "tpdrop", 3, "tpdrop-pfs");
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(got[r].step, 3) << "rank " << r;
+    EXPECT_EQ(got[r].tier, "pfs") << "rank " << r;
+    EXPECT_EQ(got[r].pfs, got[r].needed) << "rank " << r;
+    EXPECT_EQ(got[r].resharded, 0) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace cairn

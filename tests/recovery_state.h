@@ -35,6 +35,9 @@ class ModelState {
   //          chunked by rank % 2, then dimension 0 of that chunked by rank / 2 over world / 2
   //          (DTensor [Shard(0), Shard(1)]); a vector chunked by rank / 2 only (replicated
   //          over the TP pair)
+  //   tpdrop dimension 0 split over the world dropping the remainder: rank r holds rows
+  //          [r * (D / world), (r + 1) * (D / world)), the last D mod world rows no rank
+  //          (bench/plan's irregular Megatron layout: truncated chunks of layout templates)
   // Empty when the layout name is unknown.
   std::vector<std::pair<size_t, Box>> Layout(const std::string& layout, int rank, int world) const {
     std::vector<std::pair<size_t, Box>> out;
@@ -43,6 +46,11 @@ class ModelState {
       Box whole = Box::Whole(s);
       if (layout == "dp" || s.empty()) {
         out.push_back({i, whole});
+      } else if (layout == "tpdrop") {
+        const int64_t per = s[0] / world;
+        whole.offsets[0] = per * rank;
+        whole.lengths[0] = per;
+        if (!whole.empty()) out.push_back({i, whole});
       } else if (layout.rfind("tp", 0) == 0) {
         const int64_t k = std::stoll(layout.substr(2));
         const int64_t part = rank % k;
