@@ -45,6 +45,7 @@
 #include "api/channels.h"
 #include "cairn/options.h"
 #include "core/filesystem.h"
+#include "transport/rendezvous.h"
 #include "transport/ucx_comm.h"
 #include "transport/ucx_group.h"
 
@@ -98,6 +99,8 @@ Status PoseAsRankOne(Options& o, const std::string& dir) {
   o.connect_all_max = 0;
   o.rendezvous_dir = FlagPath(dir);
   CAIRN_RETURN_IF_ERROR(DefaultFileSystem()->MakeDirs(o.rendezvous_dir, 0700));
+  // A token of its own, as that directory's rank 0 would have made it.
+  CAIRN_RETURN_IF_ERROR(LoadOrCreateJobToken(o.rendezvous_dir).status());
   CAIRN_ASSIGN_OR_RETURN(std::string addr, ReadWholeFile(DefaultFileSystem(), addr_file, 1 << 20));
   return WriteFileAtomic(DefaultFileSystem(), JoinPath(o.rendezvous_dir, "rank-0.addr"), addr);
 }

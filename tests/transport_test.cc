@@ -86,6 +86,8 @@ TEST_P(LazyRestart, AKilledRanksStaleAddressFileIsRetriedNotTrusted) {
   testing::TempDir pfs("stale");
   const std::string job = testing::UniqueJobId("stale");
   const std::string file = pfs.path() + "/" + job + "/rendezvous/rank-1.addr";
+  // The predecessor is rank 1 alone: the token rank 0 would have made.
+  ASSERT_TRUE(LoadOrCreateJobToken(pfs.path() + "/" + job + "/rendezvous").ok());
   const pid_t old = fork();
   ASSERT_GE(old, 0);
   if (old == 0) {
@@ -141,6 +143,8 @@ TEST(Bootstrap, AStaleAddressWhosePortAProbeListenerNowHoldsIsRetriedNotACrash) 
   testing::TempDir pfs("staleport");
   const std::string job = testing::UniqueJobId("staleport");
   const std::string file = pfs.path() + "/" + job + "/rendezvous/rank-1.addr";
+  // The predecessor is rank 1 alone: the token rank 0 would have made.
+  ASSERT_TRUE(LoadOrCreateJobToken(pfs.path() + "/" + job + "/rendezvous").ok());
   const pid_t old = fork();
   ASSERT_GE(old, 0);
   if (old == 0) {
@@ -393,6 +397,57 @@ TEST(Bootstrap, TokenIsPrivateAndStable) {
   auto c = LoadOrCreateJobToken(dir.path() + "/rdv");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("0600"), std::string::npos);
+}
+
+// Only rank 0 makes the job token; the other ranks read it and, until it is there, their
+// bootstrap tries again until the connect timeout. (Two clients of a GlusterFS volume
+// racing to link a token file each made could each read their own: the ranks then refused
+// each other's hellos, NetworkedPfs.AStepCommittedThroughOneNodesMountIsSeen... once.)
+TEST(Bootstrap, OnlyRankZeroMakesTheJobTokenAndTheOthersWaitForIt) {
+  testing::TempDir dir("token1");
+  const std::string rdv = dir.path() + "/rdv";
+  Rendezvous one(DefaultFileSystem(), rdv, 1, 2);
+  auto early = one.LoadOrCreateToken();
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), StatusCode::kNotFound) << early.status().ToString();
+  EXPECT_NE(early.status().message().find("rank 0 makes it"), std::string::npos);
+  EXPECT_TRUE(one.JoinAgain(early.status()));
+  EXPECT_FALSE(DefaultFileSystem()->Exists(rdv + "/token"));
+  Rendezvous zero(DefaultFileSystem(), rdv, 0, 2);
+  auto made = zero.LoadOrCreateToken();
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  auto read = one.LoadOrCreateToken();
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, *made);
+
+  // Rank 1 starts 0.5 s before rank 0: it waits for the token, and the two connect.
+  testing::TempDir pfs("token1job");
+  Options o1 = RankZeroAlone(pfs, "token1job", 2);
+  o1.rank = 1;
+  o1.connect_timeout_s = 30;
+  Options o0 = o1;
+  o0.rank = 0;
+  Logger log("test", LogLevel::kError);
+  Result<std::unique_ptr<UcxComm>> c1 = Status::Internal("not run");
+  const int64_t t0 = NowNanos();
+  double t1 = 0;
+  std::thread first([&] {
+    c1 = UcxComm::Connect(o1, &log);
+    t1 = NanosToSeconds(NowNanos() - t0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(DefaultFileSystem()->Exists(o1.RendezvousDir() + "/token"));
+  auto c0 = UcxComm::Connect(o0, &log);
+  const double t0s = NanosToSeconds(NowNanos() - t0);
+  first.join();
+  std::printf("rank 0 connected after %.2f s, rank 1 after %.2f s\n", t0s, t1);
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  EXPECT_GE(t1, 0.5);  // it waited for rank 0
+  // Each closes while the other does (a comm's shutdown waits for its peer's goodbye).
+  std::thread close([&] { c1->reset(); });
+  c0->reset();
+  close.join();
 }
 
 // The rendezvous trusts only what this user made: its directory, the token and every

@@ -31,6 +31,10 @@ class AddressBook {
   // Publishes this rank's `address` with a fresh nonce and returns the job token (or
   // `token_override` when it is not empty: tests play an intruder with it).
   virtual Result<Joined> Join(std::string_view address, const std::string& token_override) = 0;
+  // Whether a Join that failed so is worth trying again until the connect timeout: a
+  // networked filesystem's client reconnecting (ENOTCONN, ESTALE, ETIMEDOUT), or what the
+  // book waits for (the job token rank 0 has not made yet).
+  virtual bool JoinAgain(const Status& st) const { return TransientFsError(st); }
   // Rank `peer`'s address and nonce: NotFound until it has published; another error, naming
   // where it looked, when what it published is malformed.
   virtual Status Read(int peer, std::string* address, std::string* nonce) = 0;

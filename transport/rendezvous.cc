@@ -63,6 +63,8 @@ Result<std::string> Rendezvous::LoadOrCreateToken() {
       return Status::FailedPrecondition("job token: " + read.status().message() +
                                         " (it must be a 0600 file of this user)");
     if (read.status().code() != StatusCode::kNotFound) return read.status();
+    if (rank_ != 0)
+      return Status::NotFound("job token " + path + " is not there yet (rank 0 makes it)");
     // Create it atomically: a complete temporary file hard-linked into place, so racing
     // ranks all end up reading the one that won.
     CAIRN_ASSIGN_OR_RETURN(std::string token, RandomHex(kTokenHexBytes / 2));

@@ -27,9 +27,13 @@ class Rendezvous final : public AddressBook {
   Rendezvous(FileSystem* fs, std::string dir, int rank, int world)
       : fs_(fs), dir_(std::move(dir)), rank_(rank), world_(world) {}
 
-  // The job token, created (0600, atomically: racing ranks all read the winner's) when the
-  // directory has none. FailedPrecondition when the file is not this user's 0600 file (a
-  // link included: checked on the file opened).
+  // The job token. Rank 0 creates it (0600, atomically: a complete file linked into place)
+  // when the directory has none; the other ranks only read it, NotFound until rank 0 has
+  // made it (JoinAgain: Join is tried again until the connect timeout). One creator, so
+  // that no two ranks each read the token they made themselves, as two clients of a
+  // networked filesystem racing to link the file both could (seen on GlusterFS: the ranks
+  // then refused each other's hellos). FailedPrecondition when the file is not this user's
+  // 0600 file (a link included: checked on the file opened).
   Result<std::string> LoadOrCreateToken();
   // Creates the directory (0700) without a token (a token given by the caller).
   // FailedPrecondition when it, as found, is not this user's alone (core/trusted_path.h).
@@ -44,6 +48,10 @@ class Rendezvous final : public AddressBook {
   void Withdraw() override;
   // The token (LoadOrCreateToken, or the override after MakeDir), then Publish.
   Result<Joined> Join(std::string_view address, const std::string& token_override) override;
+  // Also the token not made yet (NotFound: the only NotFound Join returns).
+  bool JoinAgain(const Status& st) const override {
+    return TransientFsError(st) || st.code() == StatusCode::kNotFound;
+  }
 
   const std::string& dir() const { return dir_; }
   const std::string& where() const override { return dir_; }

@@ -1099,12 +1099,13 @@ Status UcxComm::Connected(int peer, const std::string& address, bool may_fall_ba
 Status UcxComm::Bootstrap(Lock& lk,
                           const std::string& token_override) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
   // A rendezvous on a networked filesystem whose client is reconnecting (a job restarted
-  // right after a link came back) answers ENOTCONN for a few seconds: tried again until
-  // the connect timeout, as a peer that has not appeared yet is waited for.
+  // right after a link came back) answers ENOTCONN for a few seconds, and a rank other than
+  // 0 finds no job token until rank 0 has made it: tried again until the connect timeout,
+  // as a peer that has not appeared yet is waited for.
   const int64_t join_deadline = NowNanos() + static_cast<int64_t>(options_.connect_timeout_s * 1e9);
   auto joined_or = book_->Join(address_, token_override);
   for (int64_t pause_ms = 100;
-       !joined_or.ok() && TransientFsError(joined_or.status()) && NowNanos() < join_deadline;
+       !joined_or.ok() && book_->JoinAgain(joined_or.status()) && NowNanos() < join_deadline;
        pause_ms = std::min<int64_t>(2 * pause_ms, 1000)) {
     if (log_ && pause_ms == 100)
       log_->Info("the rendezvous in " + book_->where() + " failed (" +
