@@ -420,34 +420,9 @@ TEST(Bootstrap, OnlyRankZeroMakesTheJobTokenAndTheOthersWaitForIt) {
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   EXPECT_EQ(*read, *made);
 
-  // Rank 1 starts 0.5 s before rank 0: it waits for the token, and the two connect.
-  testing::TempDir pfs("token1job");
-  Options o1 = RankZeroAlone(pfs, "token1job", 2);
-  o1.rank = 1;
-  o1.connect_timeout_s = 30;
-  Options o0 = o1;
-  o0.rank = 0;
-  Logger log("test", LogLevel::kError);
-  Result<std::unique_ptr<UcxComm>> c1 = Status::Internal("not run");
-  const int64_t t0 = NowNanos();
-  double t1 = 0;
-  std::thread first([&] {
-    c1 = UcxComm::Connect(o1, &log);
-    t1 = NanosToSeconds(NowNanos() - t0);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_FALSE(DefaultFileSystem()->Exists(o1.RendezvousDir() + "/token"));
-  auto c0 = UcxComm::Connect(o0, &log);
-  const double t0s = NanosToSeconds(NowNanos() - t0);
-  first.join();
-  std::printf("rank 0 connected after %.2f s, rank 1 after %.2f s\n", t0s, t1);
-  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
-  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
-  EXPECT_GE(t1, 0.5);  // it waited for rank 0
-  // Each closes while the other does (a comm's shutdown waits for its peer's goodbye).
-  std::thread close([&] { c1->reset(); });
-  c0->reset();
-  close.join();
+  // A job whose rank 0 starts 1 s late: rank 1 waits for the token, and the two connect
+  // and run their collectives (processes; group_child).
+  RunGroupChild("collectives", 2, "tcp", {{"GROUP_CHILD_LATE_RANKS", "0"}});
 }
 
 // The rendezvous trusts only what this user made: its directory, the token and every
