@@ -220,13 +220,9 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
   TempDir root("rjob");
   const std::string job = testing::UniqueJobId("wholejob");
   const std::string train = root.path() + "/train";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
   // 4 ranks save steps 1..6 in a tp2 x dp2 layout; step 6 is flushed to the PFS.
-  auto l = LocalLauncher::Start(Spec(root, job, 2, 2, {"train", "tp2", kRows, "1", "6"}, train,
-                                     {{"CAIRN_PERSIST_EVERY", "0"}}));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
-  l->reset();
+  ASSERT_NO_FATAL_FAILURE(
+      RunTrain(root, job, 2, 2, "tp2", 1, 6, train, {{"CAIRN_PERSIST_EVERY", "0"}}));
   // tp2 x dp2 holds data-parallel replicas: the general planner cuts and balances them.
   for (int r = 0; r < 4; ++r)
     EXPECT_EQ(LastLine(train, r, "committed "), "committed 6 plan general");
@@ -276,24 +272,30 @@ TEST(RecoveryProcesses, ReshardsFromMemoryThenFromThePfsOntoOtherWorldSizes) {
 // flushed), each run's drains planned from layout templates, and checks that step 5 is in
 // format 2 (a MANIFEST without boxes, an index file per writer) with every byte written
 // once: expanded, the boxes of each tensor add up. *step5: its directory.
+// The elements of each tensor a (format-1 shaped) MANIFEST's boxes hold, by name.
+std::map<std::string, int64_t> SavedElements(const pb::Manifest& m) {
+  std::map<std::string, int64_t> out;
+  for (const auto& b : m.boxes()) {
+    int64_t n = 1;
+    for (int64_t e : b.lengths()) n *= e;
+    out[m.tensors(static_cast<int>(b.tensor())).name()] += n;
+  }
+  return out;
+}
+
 void TrainTemplated(const TempDir& root, const std::string& job, const std::string& layout,
                     const std::vector<std::pair<std::string, std::string>>& env,
                     std::string* step5) {
   const std::string job_dir = PfsJobDir(root.path() + "/pfs", job);
   FileSystem* fs = DefaultFileSystem();
-  for (auto [first, last] : {std::pair{"1", "3"}, std::pair{"4", "5"}}) {
-    const std::string train = root.path() + "/train" + first;
-    ASSERT_TRUE(fs->MakeDirs(train, 0700).ok());
+  for (auto [first, last] : {std::pair{1, 3}, std::pair{4, 5}}) {
+    const std::string train = root.path() + "/train" + std::to_string(first);
     auto run_env = env;
     run_env.push_back({"CAIRN_PERSIST_EVERY", "0"});
-    auto l = LocalLauncher::Start(
-        Spec(root, job, 2, 2, {"train", layout, kRows, first, last}, train, run_env));
-    ASSERT_TRUE(l.ok()) << l.status().ToString();
-    ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 4);
-    l->reset();
+    ASSERT_NO_FATAL_FAILURE(RunTrain(root, job, 2, 2, layout, first, last, train, run_env));
     for (int r = 0; r < 4; ++r)
       EXPECT_EQ(LastLine(train, r, "committed "),
-                "committed " + std::string(last) + " plan templated")
+                "committed " + std::to_string(last) + " plan templated")
           << Logs(train, 4);
   }
   *step5 = JoinPath(job_dir, StepDirName(5));
@@ -305,16 +307,12 @@ void TrainTemplated(const TempDir& root, const std::string& job, const std::stri
     EXPECT_TRUE(fs->Exists(JoinPath(*step5, "data/" + std::to_string(r) + ".idx")));
   auto m = ReadManifest(fs, *step5);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  std::vector<int64_t> covered(static_cast<size_t>(m->tensors_size()), 0);
-  for (const auto& b : m->boxes()) {
-    int64_t n = 1;
-    for (int64_t e : b.lengths()) n *= e;
-    covered[b.tensor()] += n;
-  }
+  const std::map<std::string, int64_t> covered = SavedElements(*m);
   for (int t = 0; t < m->tensors_size(); ++t) {
     int64_t n = 1;
     for (int64_t e : m->tensors(t).shape()) n *= e;
-    EXPECT_EQ(covered[static_cast<size_t>(t)], n) << m->tensors(t).name();
+    const auto it = covered.find(m->tensors(t).name());
+    EXPECT_EQ(it == covered.end() ? 0 : it->second, n) << m->tensors(t).name();
   }
 }
 
@@ -432,12 +430,8 @@ TEST(RecoveryProcesses, TensorParallelismDroppingTheRemainderIsPersistedFromTemp
   const std::string job = testing::UniqueJobId("tpdrop");
   FileSystem* fs = DefaultFileSystem();
   const std::string train = root.path() + "/train";
-  ASSERT_TRUE(fs->MakeDirs(train, 0700).ok());
-  auto l = LocalLauncher::Start(Spec(root, job, 3, 1, {"train", "tpdrop", kRows, "1", "3"}, train,
-                                     {{"CAIRN_PERSIST_EVERY", "0"}}));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(train, 3);
-  l->reset();
+  ASSERT_NO_FATAL_FAILURE(
+      RunTrain(root, job, 3, 1, "tpdrop", 1, 3, train, {{"CAIRN_PERSIST_EVERY", "0"}}));
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(LastLine(train, r, "committed "), "committed 3 plan templated") << Logs(train, 3);
   const std::string step3 = JoinPath(PfsJobDir(root.path() + "/pfs", job), StepDirName(3));
@@ -446,12 +440,7 @@ TEST(RecoveryProcesses, TensorParallelismDroppingTheRemainderIsPersistedFromTemp
   EXPECT_EQ(raw->format_version(), 2u);
   auto m = ReadManifest(fs, step3);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  std::map<std::string, int64_t> covered;
-  for (const auto& b : m->boxes()) {
-    int64_t n = 1;
-    for (int64_t e : b.lengths()) n *= e;
-    covered[m->tensors(static_cast<int>(b.tensor())).name()] += n;
-  }
+  std::map<std::string, int64_t> covered = SavedElements(*m);
   // kRows = 8192: embed's 65,536 rows and layers.0.w's 32,768 leave 1 and 2 rows to no rank.
   EXPECT_EQ(covered["embed.weight"], (8 * 8192 / 3 * 3) * 64);
   EXPECT_EQ(covered["layers.0.w"], (4 * 8192 / 3 * 3) * 96);

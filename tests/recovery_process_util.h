@@ -56,7 +56,7 @@ struct Restored {
   int resharded = -1;
   size_t skipped = 0;
   std::string plan;
-  int blobs = -1;  // whose blobs the rank got
+  int blobs = -1;        // whose blobs the rank got
   int64_t rebuilt = -1;  // the step rebuilt from parity for this rank before the restore
 };
 inline Restored ParseRestored(const std::string& line) {
@@ -95,6 +95,20 @@ inline LaunchSpec Spec(const TempDir& root, const std::string& job, int nodes, i
     if (!replaced) spec.env.push_back(e);
   }
   return spec;
+}
+
+// Runs `train LAYOUT` of steps first..last on nodes x per_node ranks, their logs in `dir`
+// (made here), and waits for every rank (a fatal failure naming the logs otherwise: call
+// it under ASSERT_NO_FATAL_FAILURE).
+inline void RunTrain(const TempDir& root, const std::string& job, int nodes, int per_node,
+                     const std::string& layout, int64_t first, int64_t last, const std::string& dir,
+                     std::vector<std::pair<std::string, std::string>> env = {}) {
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(dir, 0700).ok());
+  auto l = LocalLauncher::Start(Spec(
+      root, job, nodes, per_node,
+      {"train", layout, kRows, std::to_string(first), std::to_string(last)}, dir, std::move(env)));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_TRUE((*l)->WaitAll(240)) << Logs(dir, nodes * per_node);
 }
 
 // Runs `restore LAYOUT` on nodes x per_node ranks (a state of `rows`, as saved); every
