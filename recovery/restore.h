@@ -79,8 +79,13 @@ class RestoreTransport {
                       uint64_t* ticket = nullptr) = 0;
   // Waits until the send `ticket` completed (its buffer may be reused).
   virtual Status WaitSend(uint64_t ticket, double timeout_s) = 0;
-  // Posts a receive of exactly the message `peer` sends with `seq`.
-  virtual Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) = 0;
+  // Posts a receive of exactly the message `peer` sends with `seq`. `ticket` (optional)
+  // receives a handle for WaitRecv.
+  virtual Status PostRecv(int peer, uint32_t seq, void* buf, size_t n,
+                          uint64_t* ticket = nullptr) = 0;
+  // Waits until the receive `ticket` completed and its sender proved itself (its buffer
+  // holds the message); after an error, Finish gives up the rest and returns it.
+  virtual Status WaitRecv(uint64_t ticket, double timeout_s) = 0;
   // Lets started transfers advance while the caller waits for something else.
   virtual void Progress() {}
   // Completes every send and receive started, each within `timeout_s` of the one before;

@@ -24,9 +24,17 @@ class UcxRestoreTransport final : public RestoreTransport {
     sends_.erase(it);
     return st;
   }
-  Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) override {
+  Status PostRecv(int peer, uint32_t seq, void* buf, size_t n, uint64_t* ticket) override {
     recvs_.push_back(comm_->StartRecv(peer, MakeTag(channel_, peer, seq), buf, n));
+    if (ticket) *ticket = recvs_.size();
     return recvs_.back().status;
+  }
+  Status WaitRecv(uint64_t ticket, double timeout_s) override {
+    if (ticket == 0 || ticket > recvs_.size()) return Status::OK();
+    if (!failed_.ok()) return failed_;
+    Status st = comm_->FinishRecv(recvs_[ticket - 1], timeout_s);  // Finish's later: OK at once
+    if (!st.ok()) failed_ = st;
+    return st;
   }
   void Progress() override { comm_->Progress(); }
   Status Finish(double timeout_s) override {
@@ -34,10 +42,11 @@ class UcxRestoreTransport final : public RestoreTransport {
     // restore going), but once one failed the others are given up together, at once: a
     // link cut in the middle of a restore cost the timeout, then a second of cancelling,
     // once per piece still on the wire (LinkFlap.ARestoreCutMidTransfer...).
-    Status first;
+    Status first = failed_;
+    failed_ = Status::OK();
     for (auto& r : recvs_) {
-      first = comm_->FinishRecv(r, timeout_s);
       if (!first.ok()) break;
+      first = comm_->FinishRecv(r, timeout_s);
     }
     if (first.ok())
       for (auto& [id, s] : sends_) {
@@ -61,6 +70,7 @@ class UcxRestoreTransport final : public RestoreTransport {
   uint64_t next_ = 1;
   std::map<uint64_t, UcxComm::PendingSend> sends_;
   std::vector<UcxComm::PendingRecv> recvs_;
+  Status failed_;  // the first WaitRecv that failed since the last Finish
 };
 
 }  // namespace

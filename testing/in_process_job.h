@@ -107,16 +107,21 @@ class MailTransport final : public RestoreTransport {
     return Status::OK();
   }
   Status WaitSend(uint64_t, double) override { return Status::OK(); }
-  Status PostRecv(int peer, uint32_t seq, void* buf, size_t n) override {
-    recvs_.push_back({peer, seq, buf, n});
+  Status PostRecv(int peer, uint32_t seq, void* buf, size_t n, uint64_t* ticket) override {
+    recvs_.push_back({peer, seq, buf, n, false});
+    if (ticket) *ticket = recvs_.size();
     return Status::OK();
+  }
+  Status WaitRecv(uint64_t ticket, double) override {
+    if (ticket == 0 || ticket > recvs_.size()) return Status::OK();
+    return Take(recvs_[ticket - 1]);
   }
   Status Finish(double) override {
     Status st;
-    for (const Recv& r : recvs_)
-      if (!job_->Take(r.peer, rank_, r.seq, r.buf, r.n) && st.ok())
-        st = Status::Unavailable("no message " + std::to_string(r.seq) + " from rank " +
-                                 std::to_string(r.peer));
+    for (Recv& r : recvs_) {
+      Status one = Take(r);
+      if (!one.ok() && st.ok()) st = one;
+    }
     recvs_.clear();
     return st;
   }
@@ -127,7 +132,16 @@ class MailTransport final : public RestoreTransport {
     uint32_t seq;
     void* buf;
     size_t n;
+    bool taken;
   };
+  Status Take(Recv& r) {
+    if (r.taken) return Status::OK();
+    r.taken = true;
+    if (!job_->Take(r.peer, rank_, r.seq, r.buf, r.n))
+      return Status::Unavailable("no message " + std::to_string(r.seq) + " from rank " +
+                                 std::to_string(r.peer));
+    return Status::OK();
+  }
   InProcessJob* job_;
   int rank_;
   std::vector<Recv> recvs_;
