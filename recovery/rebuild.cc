@@ -6,7 +6,6 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include "core/clock.h"
 #include "core/trace.h"
@@ -29,13 +28,25 @@ bool SameStripe(const RebuildHoldings::Record& a, const RebuildHoldings::Record&
 }
 
 // The rebuild of `r` at step `t`, its transfers appended to *transfers (seq from *seq);
-// false when the live ranks' pieces do not suffice.
+// false when the live ranks' pieces do not suffice. Each stripe's decoder is the live rank
+// among its d providers with the fewest stripes to decode so far (*load).
 bool PlanTarget(int r, int64_t t, const std::set<int>& lost, const std::vector<Held>& records,
-                RebuildTarget* out, std::vector<RebuildTransfer>* transfers, uint32_t* seq) {
+                std::map<int, int>* load, RebuildTarget* out,
+                std::vector<RebuildTransfer>* transfers, uint32_t* seq) {
   RebuildTarget target;
   target.source = r;
   std::vector<RebuildTransfer> mine;
   uint32_t next = *seq;
+  // The seqs of a transfer of `bytes` (one per chunk) from `next`; false when they run out.
+  bool seqs_left = true;
+  auto reserve = [&](uint64_t bytes) {
+    const uint32_t first = next;
+    if (RebuildChunks(bytes) >= UINT32_MAX - uint64_t{next})
+      seqs_left = false;
+    else
+      next += static_cast<uint32_t>(RebuildChunks(bytes));
+    return first;
+  };
   bool have_scheme = false;
   for (int j = 0; !have_scheme || j < target.scheme.data(); ++j) {
     // The first record naming r as piece j of a stripe at step t: the reference, and every
@@ -62,49 +73,76 @@ bool PlanTarget(int r, int64_t t, const std::set<int>& lost, const std::vector<H
     stripe.j = j;
     stripe.len = ref->parity_bytes;
     // The other members' own versions first, then parity rows, d in all.
-    for (int i = 0; i < d && static_cast<int>(stripe.index.size()) < d; ++i) {
+    std::vector<RebuildTransfer> shares;
+    for (int i = 0; i < d && static_cast<int>(shares.size()) < d; ++i) {
       const int q = ref->sources[static_cast<size_t>(i)];
       if (i == j || lost.contains(q)) continue;
       RebuildTransfer x;
       x.kind = RebuildTransfer::Kind::kData;
       x.sender = q;
-      x.rebuilder = r;
-      x.seq = next++;
       x.piece = i;
       x.data_bytes = ref->data_bytes[static_cast<size_t>(i)];
       x.offset = PieceOf(x.data_bytes, d, i).offset;
       x.bytes = PieceOf(x.data_bytes, d, i).length;
       x.key = ref->key;
       stripe.index.push_back(i);
-      stripe.seq.push_back(x.seq);
-      mine.push_back(x);
+      shares.push_back(x);
     }
+    std::optional<RebuildTransfer> header;  // the lost rank's slot header, from a parity holder
     for (const auto& [row, h] : rows) {
-      if (static_cast<int>(stripe.index.size()) >= d) break;
+      if (static_cast<int>(shares.size()) >= d) break;
       RebuildTransfer x;
       x.kind = RebuildTransfer::Kind::kParity;
       x.sender = h.holder;
-      x.rebuilder = r;
-      x.seq = next++;
       x.key = h.rec->key;
       x.bytes = h.rec->parity_bytes;
       stripe.index.push_back(d + row);
-      stripe.seq.push_back(x.seq);
-      mine.push_back(x);
-      if (target.header_bytes == 0 && target.header_seq == 0) {
-        RebuildTransfer hx = x;
-        hx.kind = RebuildTransfer::Kind::kHeader;
-        hx.seq = next++;
-        hx.piece = j;
-        hx.bytes = h.rec->header_bytes[static_cast<size_t>(j)];
-        target.header_seq = hx.seq;
-        target.header_bytes = hx.bytes;
-        mine.push_back(hx);
+      shares.push_back(x);
+      if (!header && target.header_bytes == 0) {
+        header = x;
+        header->kind = RebuildTransfer::Kind::kHeader;
+        header->receiver = r;
+        header->piece = j;
+        header->bytes = h.rec->header_bytes[static_cast<size_t>(j)];
       }
     }
-    if (static_cast<int>(stripe.index.size()) < d || target.header_bytes == 0) return false;
+    if (static_cast<int>(shares.size()) < d) return false;
+    // The decoder: the provider with the fewest stripes so far (the first of them on a tie).
+    int decoder = shares[0].sender;
+    for (const RebuildTransfer& x : shares)
+      if ((*load)[x.sender] < (*load)[decoder]) decoder = x.sender;
+    ++(*load)[decoder];
+    stripe.decoder = decoder;
+    for (RebuildTransfer& x : shares) {
+      x.receiver = decoder;  // the decoder's own share is read where it lies, not sent
+      x.seq = reserve(x.bytes);
+      stripe.seq.push_back(x.seq);
+    }
+    if (header) {
+      header->seq = reserve(header->bytes);
+      target.header_seq = header->seq;
+      target.header_bytes = header->bytes;
+      mine.push_back(*header);
+    }
+    mine.insert(mine.end(), shares.begin(), shares.end());
+    // The decoded piece, from the decoder to the lost rank (none for an empty piece).
+    const PieceRange piece = PieceOf(target.data_bytes, d, j);
+    if (piece.length > 0) {
+      RebuildTransfer dx;
+      dx.kind = RebuildTransfer::Kind::kDecoded;
+      dx.sender = decoder;
+      dx.receiver = r;
+      dx.seq = reserve(piece.length);
+      dx.piece = j;
+      dx.data_bytes = target.data_bytes;
+      dx.offset = piece.offset;
+      dx.bytes = piece.length;
+      stripe.decoded_seq = dx.seq;
+      mine.push_back(dx);
+    }
     target.stripes.push_back(std::move(stripe));
   }
+  if (target.header_bytes == 0 || !seqs_left) return false;
   *out = std::move(target);
   transfers->insert(transfers->end(), mine.begin(), mine.end());
   *seq = next;
@@ -194,10 +232,11 @@ RebuildPlan PlanRebuild(const std::vector<RebuildHoldings>& all) {
     std::vector<RebuildTarget> targets;
     std::vector<RebuildTransfer> transfers;
     uint32_t seq = 1;
+    std::map<int, int> load;
     bool ok = true;
     for (int r : lost) {
       RebuildTarget target;
-      if (!PlanTarget(r, t, lost, records, &target, &transfers, &seq)) {
+      if (!PlanTarget(r, t, lost, records, &load, &target, &transfers, &seq)) {
         ok = false;
         if (first) plan.not_rebuildable.push_back(r);
         continue;
@@ -263,24 +302,21 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   }
   report.step = plan.step;
   report.lost = plan.lost;
-  // 3. transfer: this rank's sends, then its receives
+  // 3. gather: this rank's shares to their stripes' decoders, the pieces of the stripes it
+  // decodes from the others, and the headers and pieces of the versions it rebuilds
   phase.reset();
   phase.emplace("rebuild transfers", "restore");
   std::unique_ptr<HostTier::View> pinned;
   Status pin_error;
   bool pinned_tried = false;
-  std::vector<std::vector<std::byte>> keep;              // bytes being sent, alive until Finish
   std::vector<std::shared_ptr<const std::byte>> mapped;  // parity being sent, the same
   auto find_record = [&](const ParityKey& key) -> const ParityRecord* {
     for (const ParityRecord& p : records)
       if (p.key == key) return &p;
     return nullptr;
   };
-  Status send_error;
-  for (const RebuildTransfer& x : plan.transfers) {
-    if (x.sender != env.rank) continue;
-    const void* buf = nullptr;
-    Status why;
+  // Where this rank's share `x` (data, parity or header) lies, or null and why not.
+  auto share = [&](const RebuildTransfer& x, Status* why) -> const std::byte* {
     if (x.kind == RebuildTransfer::Kind::kData) {
       if (!pinned_tried) {
         pinned_tried = true;
@@ -290,138 +326,253 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
         else
           pin_error = p.status();
       }
-      if (!pinned)
-        why = pin_error;
-      else if (pinned->header().data_bytes != x.data_bytes)
-        why =
+      if (!pinned) {
+        *why = pin_error;
+        return nullptr;
+      }
+      if (pinned->header().data_bytes != x.data_bytes) {
+        *why =
             Status::Corruption("this rank's version of step " + std::to_string(plan.step) +
                                " has " + std::to_string(pinned->header().data_bytes) +
                                " bytes, the parity was made from " + std::to_string(x.data_bytes));
-      else
-        buf = pinned->data() + x.offset;
-    } else {
-      const ParityRecord* rec = find_record(x.key);
-      if (!rec) {
-        why = Status::NotFound("parity record gone");
-      } else if (x.kind == RebuildTransfer::Kind::kParity) {
-        auto bytes = env.parity->MapParity(*rec);
-        if (bytes.ok()) {
-          mapped.push_back(std::move(*bytes));
-          buf = mapped.back().get();
-        } else {
-          why = bytes.status();
-        }
-      } else {
-        buf = rec->pieces[static_cast<size_t>(x.piece)].header.data();  // `records` outlives Finish
+        return nullptr;
       }
+      return pinned->data() + x.offset;
     }
+    const ParityRecord* rec = find_record(x.key);
+    if (!rec) {
+      *why = Status::NotFound("parity record gone");
+      return nullptr;
+    }
+    if (x.kind == RebuildTransfer::Kind::kParity) {
+      auto bytes = env.parity->MapParity(*rec);
+      if (!bytes.ok()) {
+        *why = bytes.status();
+        return nullptr;
+      }
+      mapped.push_back(std::move(*bytes));
+      return mapped.back().get();
+    }
+    // `records` outlives Finish
+    return reinterpret_cast<const std::byte*>(
+        rec->pieces[static_cast<size_t>(x.piece)].header.data());
+  };
+  Status send_error;
+  std::vector<std::byte> zeros;  // what is sent for a share or piece that cannot be had
+  std::set<uint32_t> zeroed;     // the transfers sent as zeros (said once each)
+  // Sends chunks [first_chunk, first_chunk + chunks) of `x` from `buf`, or zeros (and says
+  // why) without one.
+  auto send_chunks = [&](const RebuildTransfer& x, const std::byte* buf, const Status& why,
+                         uint64_t first_chunk, uint64_t chunks) {
     if (!buf) {
-      // The rebuilder waits for these bytes: zeros, which fail its verification.
-      if (env.log)
-        env.log->Warning(env.who + ": rebuild of rank " + std::to_string(x.rebuilder) + "'s step " +
-                         std::to_string(plan.step) + ": sending zeros: " + why.message());
-      keep.emplace_back(x.bytes);
-      buf = keep.back().data();
+      // The receiver waits for these bytes: zeros, which fail the rebuilder's verification.
+      if (env.log && zeroed.insert(x.seq).second)
+        env.log->Warning(env.who + ": rebuild of step " + std::to_string(plan.step) +
+                         ": sending rank " + std::to_string(x.receiver) +
+                         " zeros: " + why.message());
+      if (zeros.empty()) zeros.resize(kRebuildChunkBytes);  // once: sends may be reading it
     }
-    Status st = env.transport->Send(x.rebuilder, x.seq, buf, x.bytes);
-    if (!st.ok() && send_error.ok()) send_error = st;
+    for (uint64_t c = first_chunk; c < first_chunk + chunks; ++c) {
+      const uint64_t at = c * kRebuildChunkBytes;
+      const uint64_t n = std::min(kRebuildChunkBytes, x.bytes - std::min(x.bytes, at));
+      Status st = env.transport->Send(x.receiver, x.seq + static_cast<uint32_t>(c),
+                                      buf ? buf + at : zeros.data(), n);
+      if (!st.ok() && send_error.ok()) send_error = st;
+    }
+  };
+  // This rank's shares for other decoders (and headers for rebuilders), sent chunk by chunk
+  // a few chunks ahead of its own decoding below: all at once, they would queue on its link
+  // before the pieces it decodes, which the rebuilder waits for.
+  struct Outgoing {
+    const RebuildTransfer* x;
+    const std::byte* buf;
+    Status why;
+  };
+  std::vector<Outgoing> outgoing;
+  for (const RebuildTransfer& x : plan.transfers) {
+    if (x.sender != env.rank || x.receiver == env.rank || x.kind == RebuildTransfer::Kind::kDecoded)
+      continue;
+    Outgoing o{&x, nullptr, Status()};
+    o.buf = share(x, &o.why);
+    outgoing.push_back(o);
   }
-  // The pieces of the versions this rank rebuilds, each stripe's in buffers of its length
-  // (a data piece shorter than its stripe ends in zeros).
+  uint64_t sent_upto = 0;  // chunks [0, sent_upto) of every outgoing share are sent
+  auto send_ahead = [&](uint64_t upto) {
+    for (const Outgoing& o : outgoing) {
+      const uint64_t chunks = RebuildChunks(o.x->bytes);
+      if (sent_upto < chunks)
+        send_chunks(*o.x, o.buf, o.why, sent_upto, std::min(upto, chunks) - sent_upto);
+    }
+    sent_upto = std::max(sent_upto, upto);
+  };
+  send_ahead(kRebuildSendAhead);
+  std::map<uint32_t, const RebuildTransfer*> by_seq;
+  for (const RebuildTransfer& x : plan.transfers) by_seq[x.seq] = &x;
+  Status recv_error;
+  // Posts the receives of chunks [0, RebuildChunks(n)) of `x` into `buf`; their tickets.
+  auto post = [&](const RebuildTransfer& x, std::byte* buf, uint64_t n) {
+    std::vector<uint64_t> tickets;
+    for (uint64_t c = 0; c < RebuildChunks(n); ++c) {
+      const uint64_t at = c * kRebuildChunkBytes;
+      uint64_t ticket = 0;
+      Status st =
+          env.transport->PostRecv(x.sender, x.seq + static_cast<uint32_t>(c), buf + at,
+                                  std::min(kRebuildChunkBytes, n - std::min(n, at)), &ticket);
+      if (!st.ok() && recv_error.ok()) recv_error = st;
+      tickets.push_back(ticket);
+    }
+    return tickets;
+  };
+  // The stripes this rank decodes: each share in a buffer of the stripe's length (a data
+  // piece shorter than its stripe ends in zeros), in one mapping whose pages are made in one
+  // call (a fault per 4 KiB page of the pieces was a fifth of a 64 MiB rebuild's transfer
+  // time), and the decoded piece after them.
+  struct Decoding {
+    const RebuildTarget* target;
+    const RebuildTarget::Stripe* stripe;
+    std::unique_ptr<restore_internal::StagingBuffer> scratch;
+    std::vector<std::byte*> shares;
+    std::vector<std::vector<uint64_t>> tickets;  // per share, per chunk (none: its own)
+    std::byte* out = nullptr;
+    Status error;  // why this rank's own share, or the decoding, failed
+  };
+  std::vector<Decoding> decoding;
+  for (const RebuildTarget& t : plan.targets)
+    for (const auto& stripe : t.stripes) {
+      if (stripe.decoder != env.rank) continue;
+      Decoding dec{&t, &stripe, nullptr, {}, {}, nullptr, Status()};
+      const uint64_t n = stripe.index.size() + 1;
+      dec.scratch = std::make_unique<restore_internal::StagingBuffer>(n * stripe.len,
+                                                                      /*populate=*/true);
+      for (size_t i = 0; i < stripe.index.size(); ++i) {
+        std::byte* buf = dec.scratch->data() + i * stripe.len;
+        dec.shares.push_back(buf);
+        const RebuildTransfer& x = *by_seq.at(stripe.seq[i]);
+        const uint64_t len = std::min(x.bytes, stripe.len);
+        if (len < stripe.len) std::memset(buf + len, 0, stripe.len - len);
+        if (x.sender != env.rank) {
+          dec.tickets.push_back(post(x, buf, len));
+          continue;
+        }
+        dec.tickets.emplace_back();
+        Status why;
+        const std::byte* mine_at = share(x, &why);
+        if (mine_at)
+          std::memcpy(buf, mine_at, len);
+        else if (dec.error.ok())
+          dec.error = why;
+      }
+      dec.out = dec.scratch->data() + stripe.index.size() * stripe.len;
+      decoding.push_back(std::move(dec));
+    }
+  // The versions this rank rebuilds.
   struct Incoming {
     const RebuildTarget* target;
-    // The received pieces, in one mapping whose pages are made in one call (a fault per 4 KiB
-    // page of 192 MiB of pieces was a fifth of a 64 MiB rebuild's transfer time).
-    std::unique_ptr<restore_internal::StagingBuffer> scratch;
-    std::vector<std::vector<std::byte*>> pieces;  // [stripe][received], in the scratch
     std::string header;
-    // The slot the version is decoded into, reserved and its pages made on a thread of its
-    // own while the pieces arrive (a fresh slot of 64 MiB took 25-30 ms to fault in, which
-    // the transfers, waiting on the network, leave room for).
-    std::thread preparing;
     HostTier* tier = nullptr;
     int slot = -1;
     Result<std::byte*> mem = Status::Internal("slot not prepared");
-    // Joins the thread; the slot, if it was reserved, stays reserved (Commit or Abort).
-    void Join() {
-      if (preparing.joinable()) preparing.join();
-    }
+    std::vector<std::byte> sink;  // receives the pieces when no slot could be had
     ~Incoming() {
-      Join();
       if (tier && slot >= 0) tier->Abort(slot);
     }
   };
-  std::vector<std::unique_ptr<Incoming>> incoming;  // (not moved: a thread holds each)
+  // (One per rank: a lost rank is rebuilt by the rank of its number.) Its slot is reserved
+  // and its pages made (a fresh slot of 64 MiB took 25-30 ms to fault in) while the
+  // decoders gather their first chunks, then the pieces are received in place.
+  std::vector<std::unique_ptr<Incoming>> incoming;
   for (const RebuildTarget& t : plan.targets) {
     if (t.source != env.rank) continue;
-    auto inp = std::make_unique<Incoming>();
-    Incoming& in = *inp;
+    incoming.push_back(std::make_unique<Incoming>());
+    Incoming& in = *incoming.back();
     in.target = &t;
     in.header.resize(t.header_bytes);
-    in.preparing = std::thread([&env, &in, step = plan.step] {
-      const RebuildTarget& t = *in.target;
-      auto tier = env.store->TierFor(t.source);
-      if (!tier.ok()) {
-        in.mem = tier.status();
-        return;
-      }
-      auto slot = (*tier)->Reserve(step, FullPolicy::kSkip);
-      if (!slot.ok()) {
-        in.mem = slot.status();
-        return;
-      }
+    (void)post(*by_seq.at(t.header_seq), reinterpret_cast<std::byte*>(in.header.data()),
+               in.header.size());
+    auto tier = env.store->TierFor(t.source);
+    auto slot = tier.ok() ? (*tier)->Reserve(plan.step, FullPolicy::kSkip) : tier.status();
+    if (slot.ok()) {
       in.tier = *tier;
       in.slot = *slot;
       // What the CAPTURING header names until the version is published with the one sent.
       SlotHeader base;
       base.rank = static_cast<uint32_t>(t.source);
       base.world_size = static_cast<uint32_t>(env.world_size);
-      in.mem = in.tier->Prepare(in.slot, step, t.data_bytes, base);
-    });
-    uint64_t total = 0;
-    for (const auto& stripe : t.stripes) total += stripe.index.size() * stripe.len;
-    in.scratch = std::make_unique<restore_internal::StagingBuffer>(total, /*populate=*/true);
-    // Not zeroed: the transfer fills each piece, up to its length (the tail is zeroed below).
-    std::byte* next = in.scratch->data();
+      in.mem = in.tier->Prepare(in.slot, plan.step, t.data_bytes, base);
+    } else {
+      in.mem = slot.status();
+    }
+    std::byte* data = nullptr;
+    if (in.mem.ok()) {
+      data = *in.mem;
+    } else {
+      in.sink.resize(t.data_bytes);
+      data = in.sink.data();
+    }
     for (const auto& stripe : t.stripes) {
-      in.pieces.emplace_back();
-      for (size_t i = 0; i < stripe.index.size(); ++i, next += stripe.len)
-        in.pieces.back().push_back(next);
+      if (stripe.decoded_seq == 0) continue;
+      const RebuildTransfer& dx = *by_seq.at(stripe.decoded_seq);
+      (void)post(dx, data + dx.offset, dx.bytes);
     }
-    incoming.push_back(std::move(inp));
   }
-  std::map<uint32_t, const RebuildTransfer*> by_seq;
-  for (const RebuildTransfer& x : plan.transfers) by_seq[x.seq] = &x;
-  Status recv_error;
-  for (auto& inp : incoming) {
-    Incoming& in = *inp;
-    const RebuildTarget& t = *in.target;
-    for (size_t s = 0; s < t.stripes.size(); ++s) {
-      const auto& stripe = t.stripes[s];
-      for (size_t i = 0; i < stripe.index.size(); ++i) {
-        const RebuildTransfer& x = *by_seq.at(stripe.seq[i]);
-        std::byte* buf = in.pieces[s][i];
-        if (x.bytes < stripe.len) std::memset(buf + x.bytes, 0, stripe.len - x.bytes);
-        Status st = env.transport->PostRecv(x.sender, x.seq, buf, std::min(x.bytes, stripe.len));
-        if (!st.ok() && recv_error.ok()) recv_error = st;
+  // 4. decode and forward, chunk by chunk as the shares arrive (the chunks of this rank's
+  // stripes in turn)
+  std::map<std::pair<int, int>, ErasureCode> codes;
+  Status wait_error;
+  for (uint64_t c = 0;; ++c) {
+    send_ahead(c + kRebuildSendAhead);
+    bool any = false;
+    for (Decoding& dec : decoding) {
+      const RebuildTarget& t = *dec.target;
+      const auto& stripe = *dec.stripe;
+      if (c >= RebuildChunks(stripe.len) || !wait_error.ok()) continue;
+      any = true;
+      const uint64_t at = c * kRebuildChunkBytes;
+      const uint64_t n = std::min(kRebuildChunkBytes, stripe.len - std::min(stripe.len, at));
+      for (const auto& tickets : dec.tickets)
+        if (c < tickets.size() && wait_error.ok())
+          wait_error = env.transport->WaitRecv(tickets[c], env.timeout_s);
+      if (!wait_error.ok()) break;
+      Status& st = dec.error;
+      if (st.ok()) {
+        auto it = codes.find({t.scheme.k, t.scheme.m});
+        if (it == codes.end()) {
+          auto code = ErasureCode::Make(t.scheme);
+          if (code.ok())
+            it = codes.emplace(std::make_pair(t.scheme.k, t.scheme.m), std::move(*code)).first;
+          else
+            st = code.status();
+        }
+        if (st.ok()) {
+          std::vector<const std::byte*> pieces(static_cast<size_t>(t.scheme.k), nullptr);
+          for (size_t i = 0; i < stripe.index.size(); ++i)
+            pieces[static_cast<size_t>(stripe.index[i])] = dec.shares[i] + at;
+          std::vector<std::byte*> out(static_cast<size_t>(t.scheme.data()), nullptr);
+          out[static_cast<size_t>(stripe.j)] = dec.out + at;
+          st = it->second.Decode(pieces, n, out);
+        }
       }
+      if (stripe.decoded_seq == 0) continue;
+      const RebuildTransfer& dx = *by_seq.at(stripe.decoded_seq);
+      if (c < RebuildChunks(dx.bytes)) send_chunks(dx, st.ok() ? dec.out : nullptr, st, c, 1);
     }
-    const RebuildTransfer& hx = *by_seq.at(t.header_seq);
-    Status st = env.transport->PostRecv(hx.sender, hx.seq, in.header.data(), in.header.size());
-    if (!st.ok() && recv_error.ok()) recv_error = st;
+    if (!any || !wait_error.ok()) break;
   }
+  send_ahead(UINT64_MAX);  // the rest (every chunk, after a failed wait too: others wait)
   Status done = env.transport->Finish(env.timeout_s);
+  if (done.ok()) done = wait_error;
   if (!send_error.ok()) done = send_error;
   if (!recv_error.ok()) done = recv_error;
   if (!done.ok()) {
     report.error = "rebuild transfers of step " + std::to_string(plan.step) + ": " + done.message();
-    if (env.log && !incoming.empty()) env.log->Warning(env.who + ": " + report.error);
+    if (env.log && !(incoming.empty() && decoding.empty()))
+      env.log->Warning(env.who + ": " + report.error);
     report.seconds = NanosToSeconds(NowNanos() - t0);
     return report;
   }
-  // 4. decode, verify, publish
+  // 5. verify and publish
   phase.reset();
-  phase.emplace("rebuild decode verify publish", "restore");
+  phase.emplace("rebuild verify publish", "restore");
   for (auto& inp : incoming) {
     Incoming& in = *inp;
     const RebuildTarget& t = *in.target;
@@ -430,12 +581,11 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
                      " not rebuilt from parity (" + t.scheme.Describe() + "): " + why.message();
       if (env.log) env.log->Warning(env.who + ": " + report.error);
     };
-    auto code = ErasureCode::Make(t.scheme);
-    if (!code.ok()) {
-      fail(code.status());
+    Status st = in.mem.status();
+    if (!st.ok()) {
+      fail(st);
       continue;
     }
-    // The header first: the version is decoded straight into the slot it is published in.
     auto header = DecodeSlotHeader(in.header);
     if (!header.ok()) {
       fail(header.status());
@@ -447,40 +597,10 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
       continue;
     }
     // Published like a replica: the restore that follows finds it in this rank's memory.
-    in.Join();
-    Status st = in.mem.status();
-    if (!st.ok()) {
-      fail(st);
-      continue;
-    }
-    HostTier* ht = in.tier;
-    const int slot = in.slot;
-    std::byte* const data = *in.mem;
-    const int d = t.scheme.data();
-    std::vector<std::byte> tail;  // a stripe's piece longer than what is left of the version
-    for (size_t s = 0; s < t.stripes.size() && st.ok(); ++s) {
-      const auto& stripe = t.stripes[s];
-      std::vector<const std::byte*> pieces(static_cast<size_t>(t.scheme.k), nullptr);
-      for (size_t i = 0; i < stripe.index.size(); ++i)
-        pieces[static_cast<size_t>(stripe.index[i])] = in.pieces[s][i];
-      const PieceRange r = PieceOf(t.data_bytes, d, stripe.j);
-      std::byte* dst = nullptr;
-      if (r.length == stripe.len) {
-        dst = data + r.offset;
-      } else {
-        tail.resize(stripe.len);
-        dst = tail.data();
-      }
-      std::vector<std::byte*> out(static_cast<size_t>(d), nullptr);
-      out[static_cast<size_t>(stripe.j)] = dst;
-      st = code->Decode(pieces, stripe.len, out);
-      if (st.ok() && dst == tail.data() && r.length > 0)
-        std::memcpy(data + r.offset, tail.data(), r.length);
-    }
-    if (st.ok()) st = ReplicaStore::Verify(*header, data);
+    st = ReplicaStore::Verify(*header, *in.mem);
     if (st.ok()) {
-      ht->MarkCopied(slot);
-      st = ht->Commit(slot, *header);
+      in.tier->MarkCopied(in.slot);
+      st = in.tier->Commit(in.slot, *header);
     }
     if (!st.ok()) {
       fail(st);  // ~Incoming aborts the slot

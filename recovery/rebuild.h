@@ -10,11 +10,18 @@
 //      for which every rank that lacks it ("lost") can be decoded is rebuilt: for each of a
 //      lost rank's d data pieces, d pieces of its stripe held by live ranks (the other
 //      members' own versions first, then parity rows);
-//   3. transfer: the members send their pieces and the parity holders their parity (and one
-//      of them the lost rank's slot header) to the lost rank's rebuilder, the rank of the
-//      same number in this job;
-//   4. the rebuilder decodes every piece, checks the version against its slot header's
-//      checksums, and publishes it in its replica store (ReplicaStore::TierFor(lost rank)).
+//   3. gather: each stripe a lost rank has a piece in is decoded by one live rank among the
+//      d that hold its pieces (the one with the fewest stripes to decode so far), and the
+//      others send it their pieces or parity; one parity holder sends the lost rank's slot
+//      header to the lost rank's rebuilder, the rank of the same number in this job;
+//   4. decode and forward, overlapping 3 chunk by chunk (kRebuildChunkBytes): each decoder
+//      decodes its lost piece and sends it, its own length, to the rebuilder, which receives
+//      it in place in the slot it publishes: the
+//      rebuilder's link carries the lost bytes once (as a replica restore's does), where
+//      receiving every piece would carry them d times, and the decoding is spread over the
+//      survivors;
+//   5. the rebuilder checks the version against its slot header's checksums and publishes it
+//      in its replica store (ReplicaStore::TierFor(lost rank)).
 // A version that does not verify is not published (the restore then goes to an older step
 // or the PFS) and the report says why. Ranks of a job whose size differs from the saving
 // job's rebuild nothing (the saving job's sets no longer exist): the PFS serves them.
@@ -52,24 +59,39 @@ struct RebuildHoldings {
 std::string EncodeRebuildHoldings(const RebuildHoldings& h);
 Result<RebuildHoldings> DecodeRebuildHoldings(std::string_view bytes, const std::string& from);
 
-// One message of a rebuild: `bytes` bytes from `sender` to `rebuilder` under `seq`.
+// A rebuild's transfers travel in messages of at most this many bytes: a decoder decodes
+// and forwards a stripe chunk by chunk as its shares arrive, so the rebuilder's link carries
+// the first decoded bytes while the survivors still gather the rest.
+inline constexpr uint64_t kRebuildChunkBytes = uint64_t{256} << 10;
+// How many chunks ahead of its own decoding a rank sends its shares to the other decoders.
+inline constexpr uint64_t kRebuildSendAhead = 2;
+// The messages a transfer of `bytes` is cut into (one for an empty one).
+inline uint64_t RebuildChunks(uint64_t bytes) {
+  return bytes == 0 ? 1 : (bytes - 1) / kRebuildChunkBytes + 1;
+}
+
+// One transfer of a rebuild: `bytes` bytes from `sender` to `receiver`, chunk c of them
+// (RebuildChunks) under seq + c. A share whose sender is its receiver (the decoder's own)
+// is read in place, not sent.
 struct RebuildTransfer {
-  enum class Kind { kData, kParity, kHeader };
+  enum class Kind { kData, kParity, kHeader, kDecoded };
   Kind kind = Kind::kData;
   int sender = -1;
-  int rebuilder = -1;
+  int receiver = -1;  // kData, kParity: the stripe's decoder; kHeader, kDecoded: the rebuilder
   uint32_t seq = 0;
   uint64_t bytes = 0;
   // kData: the sender's own version's data piece `piece` (PieceOf(data_bytes, d, piece));
-  // kParity / kHeader: the sender's record `key` (kHeader: the header of its piece `piece`).
+  // kParity / kHeader: the sender's record `key` (kHeader: the header of its piece `piece`);
+  // kDecoded: the lost rank's piece `piece`, at `offset` of its `data_bytes`.
   int piece = 0;
   ParityKey key;
   uint64_t data_bytes = 0;
-  uint64_t offset = 0;  // kData: where the piece starts in the sender's version
+  uint64_t offset = 0;  // kData, kDecoded: where the piece starts in the version
 };
 
-// The rebuild of one lost rank: for each of its d data pieces, where in its stripe each
-// of the d pieces received goes (index among the stripe's d + m) and how long the stripe is.
+// The rebuild of one lost rank: for each of its d data pieces, the rank that decodes it,
+// where in its stripe each of the d shares it gathers goes (index among the stripe's d + m)
+// and how long the stripe is.
 struct RebuildTarget {
   int source = -1;  // the lost rank (and its rebuilder)
   ErasureScheme scheme;
@@ -77,8 +99,10 @@ struct RebuildTarget {
   struct Stripe {
     int j = 0;               // the lost rank's piece
     uint64_t len = 0;        // the stripe's length (its parity's)
-    std::vector<int> index;  // per received piece: its index in the stripe (0..d+m-1)
+    int decoder = -1;        // the live rank that gathers the shares and decodes piece j
+    std::vector<int> index;  // per share: its index in the stripe (0..d+m-1)
     std::vector<uint32_t> seq;
+    uint32_t decoded_seq = 0;  // the decoded piece's message to the rebuilder (0: empty piece)
   };
   std::vector<Stripe> stripes;
   uint32_t header_seq = 0;

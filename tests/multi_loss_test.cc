@@ -38,6 +38,9 @@ using namespace testing::recovery;
 
 constexpr int kNodes = 8, kPerNode = 2, kWorld = kNodes * kPerNode;
 constexpr const char* kSmallRows = "512";  // about 1.2 MiB of state in all
+// Versions of 1.8 MB a rank: with xor over 4 ranks, pieces of 0.6 MB, so a rebuild sends
+// each in 3 chunks (kRebuildChunkBytes), the last one short.
+constexpr const char* kChunkedRows = "2048";
 constexpr int kLast = 4;
 
 struct Config {
@@ -189,7 +192,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, MultiNodeLoss,
                          [](const auto& info) { return Name(info.param); });
 
 // A damaged piece is found and the version falls back: 4 one-rank nodes protect each other
-// with xor (k = 4) and save steps 1..kLast, the last flushed to the PFS. Node 0 is wiped;
+// with xor (k = 4) and save steps 1..kLast (pieces of several rebuild chunks each), the last
+// flushed to the PFS. Node 0 is wiped;
 // with the survivors intact rank 0 is rebuilt from parity (the control). Then, with one
 // survivor's parity of that step damaged (a byte flipped in each of node 1's parity files
 // of step kLast), and separately with a survivor's own data damaged (a byte flipped in each
@@ -207,8 +211,9 @@ TEST(DamagedPieces, AreFoundByTheirChecksumsAndTheVersionFallsBack) {
                                                                 {"CAIRN_REDUNDANCY", "xor"},
                                                                 {"CAIRN_ERASURE_K", "4"},
                                                                 {"CAIRN_ERASURE_M", "1"}};
-  auto l = LocalLauncher::Start(Spec(
-      root, job, nodes, 1, {"train", "flat", kSmallRows, "1", std::to_string(kLast)}, train, env));
+  auto l = LocalLauncher::Start(Spec(root, job, nodes, 1,
+                                     {"train", "flat", kChunkedRows, "1", std::to_string(kLast)},
+                                     train, env));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_TRUE((*l)->WaitAll(300)) << Logs(train, nodes);
   l->reset();
@@ -258,7 +263,7 @@ TEST(DamagedPieces, AreFoundByTheirChecksumsAndTheVersionFallsBack) {
     }
     for (const std::string& f : flipped)
       std::printf("%s: flipped a byte of %s\n", tag.c_str(), f.c_str());
-    auto got = RunRestore(root, job, nodes, 1, "flat", kLast, "damaged-" + tag, env, kSmallRows);
+    auto got = RunRestore(root, job, nodes, 1, "flat", kLast, "damaged-" + tag, env, kChunkedRows);
     ASSERT_EQ(got.size(), static_cast<size_t>(nodes));
     for (int r = 0; r < nodes; ++r) EXPECT_EQ(got[static_cast<size_t>(r)].step, kLast) << r;
     if (damage == Damage::kNone) {

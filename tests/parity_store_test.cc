@@ -276,9 +276,32 @@ TEST(RebuildPlan, DecodesALostRankFromTheSurvivorsPiecesAndParity) {
   EXPECT_EQ(t.source, 2);
   ASSERT_EQ(t.stripes.size(), 2u);  // rank 2's pieces 0 and 1
   for (const auto& stripe : t.stripes) EXPECT_EQ(stripe.index.size(), 2u);
+  // Each stripe is decoded by a survivor holding one of its shares, the two stripes by
+  // different survivors; rank 2 receives its own bytes once (the decoded pieces and its
+  // header), not every piece of its stripes.
+  ASSERT_NE(t.stripes[0].decoder, t.stripes[1].decoder);
+  uint64_t to_lost = 0;
   for (const RebuildTransfer& x : plan.transfers) {
-    EXPECT_EQ(x.rebuilder, 2);
     EXPECT_NE(x.sender, 2);
+    if (x.receiver == 2) {
+      EXPECT_TRUE(x.kind == RebuildTransfer::Kind::kDecoded ||
+                  x.kind == RebuildTransfer::Kind::kHeader);
+      if (x.kind == RebuildTransfer::Kind::kDecoded) to_lost += x.bytes;
+    } else {
+      EXPECT_TRUE(x.kind == RebuildTransfer::Kind::kData ||
+                  x.kind == RebuildTransfer::Kind::kParity);
+    }
+  }
+  EXPECT_EQ(to_lost, 100u);
+  for (const auto& stripe : t.stripes) {
+    bool holds_a_share = false;
+    for (uint32_t seq : stripe.seq)
+      for (const RebuildTransfer& x : plan.transfers)
+        if (x.seq == seq) {
+          EXPECT_EQ(x.receiver, stripe.decoder);
+          holds_a_share |= x.sender == stripe.decoder;
+        }
+    EXPECT_TRUE(holds_a_share) << "the decoder reads its own share in place";
   }
   // Every rank holding step 6 itself: nothing to rebuild.
   all[2].own_steps = {6};
