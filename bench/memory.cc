@@ -31,7 +31,12 @@
 //
 //   memory [--schemes replica,xor,rs] [--bytes 16M] [--steps 200] [--iteration-ms 25]
 //          [--slots 4] [--persist-every 10] [--dir /var/tmp] [--rounds 5] [--seed S]
-//          [--host-memory-x X]
+//          [--host-memory-x X] [--netns [--link-rate RATE]]
+// With --netns every node runs in a network namespace of its own (a cluster on this machine,
+// scripts/netns_cluster.sh: a veth link each to a bridge, UCX over tcp on it), and with
+// --link-rate (tc tbf, e.g. 1gbit) every node's link is limited to that rate both ways, as a
+// node's network link is on a cluster: a restore's transfers then wait on the links, not on
+// this machine's two cores.
 // With --host-memory-x, every node gets CAIRN_HOST_MEMORY = X times its state (and
 // CAIRN_SLOT_BYTES = --bytes): a scheme reports the slots cairn derived and whether its
 // fullest node stayed within the budget (peak_node_bytes, within_host_memory), or that
@@ -71,6 +76,7 @@
 #include "core/filesystem.h"
 #include "redundancy/erasure.h"
 #include "redundancy/host_memory.h"
+#include "testing/netns_cluster.h"
 
 using namespace cairn;
 using cairn::bench::Buffer;
@@ -113,6 +119,8 @@ struct Args {
   uint64_t seed = 0;
   double host_memory_x = 0;    // CAIRN_HOST_MEMORY as a multiple of a node's state (0: unset)
   int kills = 3;               // runs per scheme, each killed at a random step
+  bool netns = false;          // every node in a network namespace of its own
+  std::string link_rate;       // with netns: every node link's rate (tc tbf), "" for none
   std::string mode;            // child: train or restore
   bool data_parallel = false;  // child: every rank holds the whole state
 };
@@ -352,11 +360,21 @@ int main(int argc, char** argv) {
                  "CAIRN_HOST_MEMORY per node as a multiple of its state (CAIRN_SLOT_BYTES = "
                  "--bytes; --slots is then the most slots): the budget each scheme must keep to")
       ->check(CLI::Range(1.0, 64.0));
+  app.add_flag("--netns", a.netns,
+               "every node in a network namespace of its own, on a bridge (scripts/"
+               "netns_cluster.sh; needs root), UCX over tcp");
+  app.add_option("--link-rate", a.link_rate,
+                 "with --netns: every node's link limited to this rate both ways (tc tbf: "
+                 "1gbit, 500mbit)");
   app.add_option("--child", a.mode, "internal: a rank, in this mode")->group("");
   app.add_flag("--data-parallel", a.data_parallel, "internal: the child's state")->group("");
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   a.bytes = std::max<uint64_t>(a.bytes / (kTensors * 4096) * (kTensors * 4096), 1 << 16);
   if (!a.mode.empty()) return Child(a);
+  if (!a.link_rate.empty() && !a.netns) {
+    std::fprintf(stderr, "memory: --link-rate needs --netns\n");
+    return 2;
+  }
   if (a.seed == 0) a.seed = static_cast<uint64_t>(WallNanos());
   std::mt19937_64 rng(a.seed);
 
@@ -373,6 +391,31 @@ int main(int argc, char** argv) {
                                 {"steps", a.steps},  {"iteration_ms", a.iteration_ms},
                                 {"slots", a.slots},  {"persist_every", a.persist_every},
                                 {"seed", a.seed}};
+  std::unique_ptr<cairn::testing::NetnsCluster> cluster;
+  if (a.netns) {
+    int nodes = 0;
+    for (const Scheme& sc : all)
+      if (std::find(wanted.begin(), wanted.end(), sc.name) != wanted.end())
+        nodes = std::max(nodes, sc.nodes);
+    const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
+    const std::string why = cairn::testing::NetnsCluster::Unavailable(script);
+    if (!why.empty()) {
+      std::fprintf(stderr, "memory: --netns: %s\n", why.c_str());
+      return 2;
+    }
+    auto c = cairn::testing::NetnsCluster::Up(script, "bmem-" + std::to_string(::getpid()), nodes,
+                                              a.link_rate);
+    if (!c.ok()) {
+      std::fprintf(stderr, "memory: --netns: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    cluster = std::move(*c);
+    out["netns"] = true;
+    out["link_rate"] = a.link_rate.empty() ? "none" : a.link_rate;
+  }
+  // (/proc/self/exe would name `ip` inside a namespace: the binary's own path instead)
+  char self[4096] = {};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
   std::map<std::string, double> restore_s;
   for (const Scheme& sc : all) {
     if (std::find(wanted.begin(), wanted.end(), sc.name) == wanted.end()) continue;
@@ -430,7 +473,7 @@ int main(int argc, char** argv) {
       auto spec = [&](const std::string& mode, const std::string& out_dir) {
         LaunchSpec s;
         s.nodes = sc.nodes;
-        s.argv = {"/proc/self/exe",
+        s.argv = {self,
                   "--child",
                   mode,
                   "--bytes",
@@ -452,6 +495,11 @@ int main(int argc, char** argv) {
           s.env.push_back({"CAIRN_HOST_MEMORY", std::to_string(budget)});
         }
         s.env.insert(s.env.end(), sc.env.begin(), sc.env.end());
+        if (cluster) {
+          for (int n = 0; n < sc.nodes; ++n) s.node_prefix.push_back(cluster->node_prefix(n));
+          s.env.push_back({"UCX_TLS", "tcp"});
+          s.env.push_back({"UCX_NET_DEVICES", "eth0"});
+        }
         return s;
       };
       const std::string train_dir = root + "/train", restore_dir = root + "/restore";
