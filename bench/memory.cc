@@ -542,7 +542,10 @@ int main(int argc, char** argv) {
       }
       // Node 0 lost; a new job restores.
       (void)DefaultFileSystem()->RemoveAll(host_job + "/node-0");
-      auto rl = LocalLauncher::Start(spec("restore", restore_dir));
+      // (At info, the ranks' logs say what each rebuilt, printed below when one read the PFS.)
+      LaunchSpec restore_spec = spec("restore", restore_dir);
+      restore_spec.env.push_back({"CAIRN_LOG_LEVEL", "info"});
+      auto rl = LocalLauncher::Start(restore_spec);
       if (!rl.ok() || !(*rl)->WaitAll(600)) {
         for (int r = 0; r < sc.nodes; ++r) {
           std::ifstream f(restore_dir + "/rank-" + std::to_string(r) + ".log");
@@ -574,13 +577,14 @@ int main(int argc, char** argv) {
         }
       }
       if (!this_from_memory) {
-        // Why the lost node did not come back from memory: every rank's warnings.
+        // Why the lost node did not come back from memory: every rank's warnings, and what
+        // the rebuild did (a step older than the PFS's newest is rebuilt, then not chosen).
         from_memory = false;
         for (int r = 0; r < sc.nodes; ++r) {
           std::ifstream f(restore_dir + "/rank-" + std::to_string(r) + ".log");
           for (std::string line; std::getline(f, line);)
             if (line.find("warning") != std::string::npos ||
-                line.find("error") != std::string::npos)
+                line.find("error") != std::string::npos || line.find("rebuil") != std::string::npos)
               std::fprintf(stderr, "memory: %s restore (kill %zu), rank %d: %s\n", sc.name.c_str(),
                            lost.size() + 1, r, line.c_str());
         }
