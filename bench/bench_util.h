@@ -27,6 +27,14 @@
 
 namespace cairn::bench {
 
+// This program's own path, to launch it again as a rank ("" when unreadable). Not
+// /proc/self/exe: inside a network namespace that names the `ip` that runs it.
+inline std::string SelfPath() {
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
+}
+
 // This process's peak resident memory so far, in KiB (getrusage's ru_maxrss).
 inline long MaxRssKb() {
   struct rusage u {};

@@ -172,12 +172,10 @@ int main(int argc, char** argv) {
   double replicate_gbps = 0;
   {
     const std::string job = "compare-" + std::to_string(::getpid());
-    char self[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
+    const std::string self = cairn::bench::SelfPath();
+    if (self.empty()) return 1;
     LaunchSpec spec;
-    spec.argv = {std::string(self, static_cast<size_t>(n)), "--partner", "--iters",
-                 std::to_string(iters)};
+    spec.argv = {self, "--partner", "--iters", std::to_string(iters)};
     spec.output_dir = pfs;
     spec.env = {{"RANK", "1"},           {"WORLD_SIZE", "2"},   {"GROUP_RANK", "1"},
                 {"CAIRN_NODE", "1"},     {"CAIRN_JOB_ID", job}, {"CAIRN_HOST_ROOT", host_root},

@@ -68,6 +68,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_netns.h"
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
 #include "cli/args.h"
@@ -76,7 +77,6 @@
 #include "core/filesystem.h"
 #include "redundancy/erasure.h"
 #include "redundancy/host_memory.h"
-#include "testing/netns_cluster.h"
 
 using namespace cairn;
 using cairn::bench::Buffer;
@@ -397,25 +397,14 @@ int main(int argc, char** argv) {
     for (const Scheme& sc : all)
       if (std::find(wanted.begin(), wanted.end(), sc.name) != wanted.end())
         nodes = std::max(nodes, sc.nodes);
-    const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
-    const std::string why = cairn::testing::NetnsCluster::Unavailable(script);
-    if (!why.empty()) {
-      std::fprintf(stderr, "memory: --netns: %s\n", why.c_str());
-      return 2;
-    }
-    auto c = cairn::testing::NetnsCluster::Up(script, "bmem-" + std::to_string(::getpid()), nodes,
-                                              a.link_rate);
-    if (!c.ok()) {
-      std::fprintf(stderr, "memory: --netns: %s\n", c.status().ToString().c_str());
-      return 1;
-    }
-    cluster = std::move(*c);
+    int rc = 0;
+    cluster = cairn::bench::UpCluster("memory", "bmem", nodes, a.link_rate, &rc);
+    if (!cluster) return rc;
     out["netns"] = true;
     out["link_rate"] = a.link_rate.empty() ? "none" : a.link_rate;
   }
-  // (/proc/self/exe would name `ip` inside a namespace: the binary's own path instead)
-  char self[4096] = {};
-  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
+  const std::string self = cairn::bench::SelfPath();
+  if (self.empty()) return 1;
   std::map<std::string, double> restore_s;
   for (const Scheme& sc : all) {
     if (std::find(wanted.begin(), wanted.end(), sc.name) == wanted.end()) continue;
@@ -496,9 +485,8 @@ int main(int argc, char** argv) {
         }
         s.env.insert(s.env.end(), sc.env.begin(), sc.env.end());
         if (cluster) {
-          for (int n = 0; n < sc.nodes; ++n) s.node_prefix.push_back(cluster->node_prefix(n));
+          cairn::bench::PlaceInCluster(*cluster, &s);
           s.env.push_back({"UCX_TLS", "tcp"});
-          s.env.push_back({"UCX_NET_DEVICES", "eth0"});
         }
         return s;
       };

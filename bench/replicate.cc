@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "api/channels.h"
+#include "bench/bench_netns.h"
 #include "bench/bench_util.h"
 #include "cairn/checkpointer.h"
 #include "cli/args.h"
@@ -62,7 +63,6 @@
 #include "core/arith.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
-#include "testing/netns_cluster.h"
 #include "transport/ucx_comm.h"
 
 using namespace cairn;
@@ -352,18 +352,9 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<cairn::testing::NetnsCluster> cluster;
   if (netns) {
-    const std::string script = std::string(CAIRN_SOURCE_DIR) + "/scripts/netns_cluster.sh";
-    const std::string why = cairn::testing::NetnsCluster::Unavailable(script);
-    if (!why.empty()) {
-      std::fprintf(stderr, "replicate: --netns: %s\n", why.c_str());
-      return 2;
-    }
-    auto c = cairn::testing::NetnsCluster::Up(script, "brep-" + std::to_string(::getpid()), 2);
-    if (!c.ok()) {
-      std::fprintf(stderr, "replicate: --netns: %s\n", c.status().ToString().c_str());
-      return 1;
-    }
-    cluster = std::move(*c);
+    int rc = 0;
+    cluster = cairn::bench::UpCluster("replicate", "brep", 2, "", &rc);
+    if (!cluster) return rc;
     transports_arg = "tcp";
   }
 
@@ -378,9 +369,8 @@ int main(int argc, char** argv) {
     const std::string tls = t == "shm" ? "sm,self" : t;
     LaunchSpec spec;
     spec.nodes = 2;
-    // (/proc/self/exe would name `ip` inside a namespace: the binary's own path instead)
-    char self[4096] = {};
-    if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 1;
+    const std::string self = cairn::bench::SelfPath();
+    if (self.empty()) return 1;
     spec.argv = {self, "--child", "--sizes", sizes_arg};
     if (!no_perftest)
       spec.argv.insert(spec.argv.end(),
@@ -393,10 +383,7 @@ int main(int argc, char** argv) {
                 {"CAIRN_PERSIST_EVERY", "0"},
                 {"CAIRN_BENCH_PERFTEST_PORT", std::to_string(20000 + ::getpid() % 20000)},
                 {"UCX_TLS", tls}};
-    if (cluster) {
-      spec.node_prefix = {cluster->node_prefix(0), cluster->node_prefix(1)};
-      spec.env.push_back({"UCX_NET_DEVICES", "eth0"});
-    }
+    if (cluster) cairn::bench::PlaceInCluster(*cluster, &spec);
     (void)DefaultFileSystem()->RemoveAll(root + "/rank-0.log");
     (void)DefaultFileSystem()->RemoveAll(root + "/rank-1.log");
     auto l = LocalLauncher::Start(spec);
