@@ -536,7 +536,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     for (Decoding& dec : decoding) {
       const RebuildTarget& t = *dec.target;
       const auto& stripe = *dec.stripe;
-      if (c >= RebuildChunks(stripe.len) || !wait_error.ok()) continue;
+      if (c >= RebuildChunks(stripe.len)) continue;
       any = true;
       const uint64_t at = c * kRebuildChunkBytes;
       const uint64_t n = std::min(kRebuildChunkBytes, stripe.len - std::min(stripe.len, at));

@@ -16,10 +16,9 @@
 //      header to the lost rank's rebuilder, the rank of the same number in this job;
 //   4. decode and forward, overlapping 3 chunk by chunk (kRebuildChunkBytes): each decoder
 //      decodes its lost piece and sends it, its own length, to the rebuilder, which receives
-//      it in place in the slot it publishes: the
-//      rebuilder's link carries the lost bytes once (as a replica restore's does), where
-//      receiving every piece would carry them d times, and the decoding is spread over the
-//      survivors;
+//      it in place in the slot it publishes: the rebuilder's link carries the lost bytes
+//      once (as a replica restore's does), where receiving every piece would carry them d
+//      times, and the decoding is spread over the survivors;
 //   5. the rebuilder checks the version against its slot header's checksums and publishes it
 //      in its replica store (ReplicaStore::TierFor(lost rank)).
 // A version that does not verify is not published (the restore then goes to an older step
