@@ -211,19 +211,31 @@ void DrainThroughAStorageFault(const StorageFault& f) {
   for (int n : {0, 1})
     ASSERT_TRUE(testing::NetnsCluster::Writable(PfsJobDir(mnt[n], job)))
         << "node " << n << ClientLogs(bricks);
-  // Both name the same step once their caches of LATEST's name (1 s) are out of date (in
-  // one ASan run of the frozen case, node 1's mount read the step before node 0's newest
-  // right after both answered again).
+  // Both name the same step once their caches of LATEST's name (1 s) are out of date, and
+  // go on naming it for longer than that cache (a rename the killed ranks had sent may
+  // still land): in one ASan run of the frozen case node 1's mount read the step before
+  // node 0's newest right after both answered again, and in another both read step 100
+  // at once while the restore a moment later found 102.
+  constexpr auto kStable = std::chrono::milliseconds(2500);
   Result<int64_t> latest0 = Status::NotFound(""), latest1 = Status::NotFound("");
-  for (int tries = 0; tries < 50; ++tries) {
+  int64_t agreed = -1;  // the step both name, -1 while they differ
+  auto agreed_since = std::chrono::steady_clock::now();
+  const auto give_up = agreed_since + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < give_up) {
     latest0 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[0], job));
     latest1 = ReadLatest(DefaultFileSystem(), PfsJobDir(mnt[1], job));
-    if (latest0.ok() && latest1.ok() && *latest0 == *latest1) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (latest0.ok() && latest1.ok() && *latest0 == *latest1) {
+      if (agreed != *latest0) agreed = *latest0, agreed_since = now;
+      if (now - agreed_since >= kStable) break;
+    } else {
+      agreed = -1;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   ASSERT_TRUE(latest0.ok()) << latest0.status().ToString();
   ASSERT_TRUE(latest1.ok()) << latest1.status().ToString();
-  EXPECT_EQ(*latest0, *latest1) << "10 s after both mounts answered" << ClientLogs(bricks);
+  EXPECT_EQ(*latest0, *latest1) << "20 s after both mounts answered" << ClientLogs(bricks);
   EXPECT_GT(*latest0, persisted_before);
 
   // Every node's memory is gone; the job restores from the volume, each rank through its
