@@ -29,9 +29,14 @@
 // rounds of each.
 // ack_latency_ms is the holder's part: from the last byte sent to its acknowledgement.
 // With --netns the two ranks run in two network namespaces of a cluster on this machine
-// (scripts/netns_cluster.sh: a veth link each to a bridge), over tcp only.
+// (scripts/netns_cluster.sh: a veth link each to a bridge), over tcp only; with --link-rate
+// (tc tbf, e.g. 4gbit) each node's link is limited to that rate both ways, as a node's
+// network link is on a cluster, and every arm (raw, ucx_perftest, cairn) then waits on the
+// links rather than on this machine's two cores, which otherwise carry both nodes' TCP and
+// veth paths and both ranks.
 //
-//   replicate [--sizes 256M,1G] [--transports tcp,shm] [--netns] [--no-perftest]
+//   replicate [--sizes 256M,1G] [--transports tcp,shm] [--netns [--link-rate RATE]]
+//             [--no-perftest]
 //
 // Prints a table and one JSON line per transport; the last line holds them all,
 // `replicate_vs_raw`, the lowest replicate/raw ratio over the transports at the largest
@@ -319,7 +324,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm", perftest_host;
+  std::string sizes_arg = "256M,1G", transports_arg = "tcp,shm", perftest_host, link_rate;
   bool child = false, netns = false, no_perftest = false, perftest_errors = false;
   CLI::App app(
       "Replication of a captured version to another node's memory over UCX against raw UCX "
@@ -334,6 +339,8 @@ int main(int argc, char** argv) {
   app.add_flag("--netns", netns,
                "run the two ranks in two network namespaces of their own, on a switch "
                "(scripts/netns_cluster.sh; needs root), over tcp only");
+  app.add_option("--link-rate", link_rate,
+                 "with --netns: every node link's rate both ways (tc tbf, e.g. 4gbit)");
   app.add_flag("--no-perftest", no_perftest,
                "leave out the ucx_perftest arm (tag_bw between the same two places, with the "
                "same UCX_* settings, 64 MiB messages; needs ucx-utils)");
@@ -350,10 +357,14 @@ int main(int argc, char** argv) {
                  "leaves that arm out\n");
     return 2;
   }
+  if (!link_rate.empty() && !netns) {
+    std::fprintf(stderr, "replicate: --link-rate needs --netns\n");
+    return 2;
+  }
   std::unique_ptr<cairn::testing::NetnsCluster> cluster;
   if (netns) {
     int rc = 0;
-    cluster = cairn::bench::UpCluster("replicate", "brep", 2, "", &rc);
+    cluster = cairn::bench::UpCluster("replicate", "brep", 2, link_rate, &rc);
     if (!cluster) return rc;
     transports_arg = "tcp";
   }
@@ -362,6 +373,7 @@ int main(int argc, char** argv) {
   if (!::mkdtemp(tmpl)) return 1;
   const std::string root = tmpl;
   nlohmann::ordered_json json_all = {{"bench", "replicate"}};
+  if (netns) json_all["link_rate"] = link_rate.empty() ? "none" : link_rate;
   using cairn::bench::Round;
   double lowest = 1e9, lowest_all = 1e9, lowest_pf = 1e9, lowest_pfe = 1e9, lowest_pfw = 1e9;
   std::vector<std::string> lines;
