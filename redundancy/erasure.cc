@@ -1,6 +1,5 @@
 #include "redundancy/erasure.h"
 
-#include <immintrin.h>
 #include <isa-l/erasure_code.h>
 
 #include <algorithm>
@@ -69,60 +68,6 @@ void XorInto(std::byte* parity, const std::byte* piece, uint64_t n) {
     XorIntoAvx2(parity, piece, n);
   else
     XorIntoBaseline(parity, piece, n);
-}
-
-// Multiplying by a constant c of GF(2^8) (ISA-L's polynomial, 0x11d) is linear over GF(2),
-// so one GF2P8AFFINEQB applies it to 32 bytes at once: the instruction computes output bit
-// i of every byte as the parity of (byte 7 - i of the matrix) AND (the input byte), so that
-// byte is the mask of the input bits j whose product c * 2^j has bit i set. ISA-L 2.30
-// (Debian's) multiplies through two 16-entry lookup tables per coefficient (two shuffles,
-// shifts and masks per vector); with GFNI a multiply-add is one instruction and an XOR.
-uint64_t GfniMatrix(unsigned char c) {
-  uint64_t m = 0;
-  for (int i = 0; i < 8; ++i) {
-    unsigned row = 0;
-    for (int j = 0; j < 8; ++j)
-      if ((gf_mul(c, static_cast<unsigned char>(1u << j)) >> i) & 1u) row |= 1u << j;
-    m |= uint64_t{row} << (8 * (7 - i));
-  }
-  return m;
-}
-
-bool HaveGfni() {
-  static const bool yes = __builtin_cpu_supports("gfni") && __builtin_cpu_supports("avx2");
-  return yes;
-}
-
-// out = c * piece (add: out ^= c * piece) for the c of `matrix`, 32 bytes at `at`.
-[[gnu::always_inline]] __attribute__((target("gfni,avx2"))) inline void GfniStep(
-    __m256i matrix, const std::byte* piece, std::byte* out, bool add) {
-  __m256i v = _mm256_gf2p8affine_epi64_epi8(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(piece)), matrix, 0);
-  auto* d = reinterpret_cast<__m256i*>(out);
-  if (add) v = _mm256_xor_si256(v, _mm256_loadu_si256(d));
-  _mm256_storeu_si256(d, v);
-}
-
-// out = c * piece (add: out ^= c * piece) for the c of `matrix`, 128 bytes a step; the last
-// bytes through a zero-padded vector.
-__attribute__((target("gfni,avx2"))) void GfniMulInto(uint64_t matrix, const std::byte* piece,
-                                                      uint64_t n, std::byte* out, bool add) {
-  const __m256i a = _mm256_set1_epi64x(static_cast<long long>(matrix));
-  uint64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    GfniStep(a, piece + i, out + i, add);
-    GfniStep(a, piece + i + 32, out + i + 32, add);
-    GfniStep(a, piece + i + 64, out + i + 64, add);
-    GfniStep(a, piece + i + 96, out + i + 96, add);
-  }
-  for (; i + 32 <= n; i += 32) GfniStep(a, piece + i, out + i, add);
-  if (i < n) {
-    alignas(32) std::byte in[32] = {}, res[32] = {};
-    std::memcpy(in, piece + i, n - i);
-    if (add) std::memcpy(res, out + i, n - i);
-    GfniStep(a, in, res, add);
-    std::memcpy(out + i, res, n - i);
-  }
 }
 
 }  // namespace
@@ -206,7 +151,6 @@ Result<ErasureCode> ErasureCode::Make(const ErasureScheme& s) {
       std::vector<unsigned char> c(32);
       ec_init_tables(1, 1, parity_rows + p * d + j, c.data());
       code.cell_tables_.push_back(std::move(c));
-      code.gfni_.push_back(GfniMatrix(parity_rows[p * d + j]));
     }
   }
   return code;
@@ -216,10 +160,6 @@ void ErasureCode::AddToParity(int j, int p, const std::byte* piece, uint64_t n,
                               std::byte* parity) const {
   if (Coefficient(j, p) == 1) {  // XOR parity, parity row 0, piece 0
     XorInto(parity, piece, n);
-    return;
-  }
-  if (HaveGfni()) {
-    GfniMulInto(gfni_[static_cast<size_t>(p * scheme_.data() + j)], piece, n, parity, true);
     return;
   }
   auto* tables = const_cast<unsigned char*>(row_tables_[static_cast<size_t>(p)].data());
@@ -236,10 +176,6 @@ void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
   const int d = scheme_.data();
   if (Coefficient(j, p) == 1) {
     std::memcpy(parity, piece, n);
-    return;
-  }
-  if (HaveGfni()) {
-    GfniMulInto(gfni_[static_cast<size_t>(p * d + j)], piece, n, parity, false);
     return;
   }
   auto* tables = const_cast<unsigned char*>(cell_tables_[static_cast<size_t>(p * d + j)].data());
@@ -335,17 +271,6 @@ Status ErasureCode::Decode(std::span<const std::byte* const> pieces, uint64_t le
     ec_encode_data(n, d, rows, tables.data(), src.data(), dst.data());
   }
   return Status::OK();
-}
-
-void GfMulInto(unsigned char c, const std::byte* piece, uint64_t n, std::byte* out, bool add) {
-  if (HaveGfni()) {
-    GfniMulInto(GfniMatrix(c), piece, n, out, add);
-    return;
-  }
-  for (uint64_t i = 0; i < n; ++i) {
-    const auto v = static_cast<std::byte>(gf_mul(c, static_cast<unsigned char>(piece[i])));
-    out[i] = add ? out[i] ^ v : v;
-  }
 }
 
 }  // namespace cairn

@@ -19,8 +19,7 @@
 // with a Cauchy matrix (every d x d submatrix of [I; C] is invertible) scaled so that its
 // first parity row is all ones and every parity row starts with 1 (a coefficient of 1 is a
 // plain XOR: rs's row 0 costs what XOR parity costs); both computed by Intel ISA-L
-// (ec_encode_data and friends; runtime dispatch to SSE, AVX2 or AVX-512), XOR by cairn, and a
-// parity holder's multiply-adds by cairn with GFNI where the CPU has it (GfMulInto).
+// (ec_encode_data and friends; runtime dispatch to SSE, AVX2 or AVX-512), XOR by cairn.
 // Thread-safety: an ErasureCode is immutable after Make(); its methods may run concurrently.
 #pragma once
 
@@ -108,12 +107,6 @@ class ErasureCode {
   std::vector<unsigned char> parity_tables_;
   std::vector<std::vector<unsigned char>> row_tables_;
   std::vector<std::vector<unsigned char>> cell_tables_;  // per (p, j): one coefficient
-  std::vector<uint64_t> gfni_;  // per (p, j): the coefficient as a GF2P8AFFINEQB matrix
 };
-
-// out = c * piece over GF(2^8) (add: out ^= c * piece), byte by byte, `n` bytes: what
-// AddToParity and SetParity run for a coefficient other than 1 where the CPU has GFNI
-// (elsewhere a plain loop here, ISA-L's tables there). For tests.
-void GfMulInto(unsigned char c, const std::byte* piece, uint64_t n, std::byte* out, bool add);
 
 }  // namespace cairn

@@ -5,7 +5,6 @@
 // members, every member's version comes back byte for byte from the survivors' pieces,
 // with versions of different sizes (short pieces counted as zeros) and empty ones.
 #include <gtest/gtest.h>
-#include <isa-l/erasure_code.h>
 
 #include <algorithm>
 #include <bit>
@@ -249,31 +248,6 @@ TEST(ErasureCode, LongPiecesComeBackAcrossTheDecodersBlocks) {
         for (int j = first; j < first + lost; ++j)
           EXPECT_EQ(back[static_cast<size_t>(j)], data[static_cast<size_t>(j)])
               << scheme.Describe() << ": piece " << j << " of " << lost << " lost";
-      }
-    }
-  }
-}
-
-// A holder's multiply-add (GFNI where the CPU has it) against ISA-L's own GF(2^8)
-// multiplication, for every coefficient, set and add, and lengths that end inside the
-// 128-byte step, the 32-byte vector and the byte tail; the bytes around the range untouched.
-TEST(ErasureCode, AMultiplyAddByEveryCoefficientEqualsISALsByteForByte) {
-  std::mt19937_64 rng(11);
-  for (const uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{31}, uint64_t{32}, uint64_t{127},
-                           uint64_t{128}, uint64_t{161}, uint64_t{4096 + 7}}) {
-    const std::vector<std::byte> piece = Random(n, rng);
-    const std::vector<std::byte> before = Random(n + 2, rng);  // a guard byte either side
-    for (int c = 0; c < 256; ++c) {
-      for (const bool add : {false, true}) {
-        std::vector<std::byte> out = before;
-        GfMulInto(static_cast<unsigned char>(c), piece.data(), n, out.data() + 1, add);
-        std::vector<std::byte> want = before;
-        for (uint64_t i = 0; i < n; ++i) {
-          const auto v = static_cast<std::byte>(
-              gf_mul(static_cast<unsigned char>(c), static_cast<unsigned char>(piece[i])));
-          want[i + 1] = add ? want[i + 1] ^ v : v;
-        }
-        ASSERT_EQ(out, want) << "c " << c << " n " << n << (add ? " add" : " set");
       }
     }
   }
