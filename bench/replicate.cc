@@ -351,14 +351,14 @@ int main(int argc, char** argv) {
   if (auto rc = cairn::cli::Parse(app, argc, argv)) return *rc;
   const std::vector<uint64_t> sizes = cairn::bench::ParseSizes(sizes_arg);
   if (child) return Child(sizes, perftest_host, perftest_errors);
+  if (!link_rate.empty() && !netns) {
+    std::fprintf(stderr, "replicate: --link-rate needs --netns\n");
+    return 2;
+  }
   if (!no_perftest && std::system("command -v ucx_perftest >/dev/null 2>&1") != 0) {
     std::fprintf(stderr,
                  "replicate: no ucx_perftest here (Debian ucx-utils); --no-perftest "
                  "leaves that arm out\n");
-    return 2;
-  }
-  if (!link_rate.empty() && !netns) {
-    std::fprintf(stderr, "replicate: --link-rate needs --netns\n");
     return 2;
   }
   std::unique_ptr<cairn::testing::NetnsCluster> cluster;

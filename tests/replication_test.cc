@@ -261,10 +261,10 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
               " ms;";
     }
   }
-  // On a failure, printed: what both ranks logged around the worst stall (its steps, and every line
-  // that is no step's: warnings, the partner's restart), to tell a wait on the partner from
-  // a machine that descheduled the loop (a 3.06 s stall hundreds of steps after the
-  // restart, under the whole ASan suite, 2026-11-29).
+  // On a failure, printed: what both ranks logged around the worst stall (its steps, and
+  // every line that is no step's: warnings, the partner's restart), to tell a wait on the
+  // partner from a machine that descheduled the loop (a 3.06 s stall hundreds of steps
+  // after the restart, under the whole ASan suite, 2026-11-29).
   auto around = [&] {
     // Rank 0's lines from its step worst - 5 to worst + 3 (warnings in between included),
     // and rank 1's last 15 (it saved its 60 steps long before and waits for the end).
