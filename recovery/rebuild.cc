@@ -424,58 +424,89 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     return tickets;
   };
   // The stripes this rank decodes: its own share read where it lies when it fills the
-  // stripe, every other share in a buffer of the stripe's length (a data piece shorter than
-  // its stripe ends in zeros), in one mapping whose pages are made in one call (a fault per
-  // 4 KiB page of the pieces was a fifth of a 64 MiB rebuild's transfer time), and the
-  // decoded piece after them.
+  // stripe; every other share received chunk by chunk into a ring of kRebuildRing chunks
+  // (a chunk's slot takes the next chunk once that one is decoded, so a survivor's memory
+  // for a rebuild does not grow with the state: whole shares took d x the lost piece), all
+  // rings in one mapping whose pages are made in one call (a fault per 4 KiB page of the
+  // pieces was a fifth of a 64 MiB rebuild's transfer time), the decoded chunks' ring after
+  // them.
   struct Decoding {
     const RebuildTarget* target;
     const RebuildTarget::Stripe* stripe;
     std::unique_ptr<restore_internal::StagingBuffer> scratch;
-    std::vector<const std::byte*> shares;
-    std::vector<std::vector<uint64_t>> tickets;  // per share, per chunk (none: its own)
-    std::byte* out = nullptr;
-    Status error;  // why this rank's own share, or the decoding, failed
+    uint64_t chunks = 0;                         // RebuildChunks(stripe->len)
+    uint64_t ring = 0;                           // chunks each ring holds (all of them: no wrap)
+    std::vector<const RebuildTransfer*> x;       // per share: its transfer
+    std::vector<const std::byte*> whole;         // per share: the share where it lies, or null
+    std::vector<std::byte*> rings;               // per share without `whole`: its ring
+    std::vector<std::vector<uint64_t>> tickets;  // per share, per chunk (0: not received)
+    size_t own = 0;                              // this rank's share (index), if it has one
+    const std::byte* own_at = nullptr;           // ... where it lies (null: unreadable)
+    std::byte* out = nullptr;                    // the decoded chunks' ring
+    std::vector<uint64_t> out_tickets;           // per ring slot: the send of its chunk
+    uint64_t posted = 0;  // receives of chunks [0, posted) of every received share are posted
+    Status error;         // why this rank's own share, or the decoding, failed
+    uint64_t At(uint64_t c) const { return (c % ring) * kRebuildChunkBytes; }
   };
   std::vector<Decoding> decoding;
+  // Posts the receives of the chunks [dec.posted, upto) of every share `dec` receives, into
+  // their rings (or, with `sink`, into it: what is left after a failure, so that the
+  // senders' messages are taken as before and not left waiting).
+  auto post_upto = [&](Decoding& dec, uint64_t upto, std::byte* sink) {
+    for (; dec.posted < std::min(upto, dec.chunks); ++dec.posted) {
+      const uint64_t c = dec.posted, at = c * kRebuildChunkBytes;
+      for (size_t i = 0; i < dec.x.size(); ++i) {
+        const RebuildTransfer& x = *dec.x[i];
+        if (x.sender == env.rank || c >= RebuildChunks(x.bytes)) continue;
+        const uint64_t n = std::min(kRebuildChunkBytes, x.bytes - std::min(x.bytes, at));
+        uint64_t ticket = 0;
+        Status st = env.transport->PostRecv(x.sender, x.seq + static_cast<uint32_t>(c),
+                                            sink ? sink : dec.rings[i] + dec.At(c), n, &ticket);
+        if (!st.ok() && recv_error.ok()) recv_error = st;
+        dec.tickets[i][c] = ticket;
+      }
+    }
+  };
   for (const RebuildTarget& t : plan.targets)
     for (const auto& stripe : t.stripes) {
       if (stripe.decoder != env.rank) continue;
-      Decoding dec{&t, &stripe, nullptr, {}, {}, nullptr, Status()};
-      // This rank's own share: where it lies, or null (and why) when it cannot be read.
-      size_t own = stripe.index.size();
-      const std::byte* own_at = nullptr;
-      for (size_t i = 0; i < stripe.index.size(); ++i)
-        if (by_seq.at(stripe.seq[i])->sender == env.rank) {
-          own = i;
-          own_at = share(*by_seq.at(stripe.seq[i]), &dec.error);
+      Decoding dec{};
+      dec.target = &t;
+      dec.stripe = &stripe;
+      dec.chunks = RebuildChunks(stripe.len);
+      dec.ring = std::min<uint64_t>(dec.chunks, kRebuildRing);
+      const uint64_t ring_bytes =
+          dec.ring == dec.chunks ? stripe.len : dec.ring * kRebuildChunkBytes;
+      dec.own = stripe.index.size();
+      uint64_t buffers = 1;  // the decoded chunks'
+      for (size_t i = 0; i < stripe.index.size(); ++i) {
+        const RebuildTransfer& x = *by_seq.at(stripe.seq[i]);
+        dec.x.push_back(&x);
+        dec.tickets.emplace_back(dec.chunks, 0);
+        dec.whole.push_back(nullptr);
+        if (x.sender == env.rank) {
+          dec.own = i;
+          dec.own_at = share(x, &dec.error);
+          // Read in place when it covers the stripe (a shorter piece is padded with zeros).
+          if (x.bytes >= stripe.len) {
+            dec.whole.back() = dec.own_at;
+            continue;
+          }
         }
-      const bool own_in_place =
-          own < stripe.index.size() && by_seq.at(stripe.seq[own])->bytes >= stripe.len;
-      const uint64_t buffers = stripe.index.size() - (own_in_place ? 1 : 0) + 1;
-      dec.scratch = std::make_unique<restore_internal::StagingBuffer>(buffers * stripe.len,
+        ++buffers;
+      }
+      dec.scratch = std::make_unique<restore_internal::StagingBuffer>(buffers * ring_bytes,
                                                                       /*populate=*/true);
       std::byte* next = dec.scratch->data();
       for (size_t i = 0; i < stripe.index.size(); ++i) {
-        const RebuildTransfer& x = *by_seq.at(stripe.seq[i]);
-        dec.tickets.emplace_back();
-        if (i == own && own_in_place) {
-          dec.shares.push_back(own_at);
-          continue;
-        }
-        std::byte* buf = next;
-        next += stripe.len;
-        dec.shares.push_back(buf);
-        const uint64_t len = std::min(x.bytes, stripe.len);
-        if (len < stripe.len) std::memset(buf + len, 0, stripe.len - len);
-        if (i != own)
-          dec.tickets.back() = post(x, buf, len);
-        else if (own_at)
-          std::memcpy(buf, own_at, len);
+        dec.rings.push_back(dec.whole[i] ? nullptr : next);
+        if (!dec.whole[i]) next += ring_bytes;
       }
       dec.out = next;
+      dec.out_tickets.assign(dec.ring, 0);
       decoding.push_back(std::move(dec));
     }
+  for (Decoding& dec : decoding) post_upto(dec, dec.ring, nullptr);
   // The versions this rank rebuilds.
   struct Incoming {
     const RebuildTarget* target;
@@ -530,19 +561,24 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   // stripes in turn)
   std::map<std::pair<int, int>, ErasureCode> codes;
   Status wait_error;
+  std::vector<std::byte> sink;  // after a failed wait: the chunks no ring takes any more
   for (uint64_t c = 0;; ++c) {
     send_ahead(c + kRebuildSendAhead);
     bool any = false;
     for (Decoding& dec : decoding) {
       const RebuildTarget& t = *dec.target;
       const auto& stripe = *dec.stripe;
-      if (c >= RebuildChunks(stripe.len)) continue;
+      if (c >= dec.chunks) continue;
       any = true;
       const uint64_t at = c * kRebuildChunkBytes;
       const uint64_t n = std::min(kRebuildChunkBytes, stripe.len - std::min(stripe.len, at));
       for (const auto& tickets : dec.tickets)
-        if (c < tickets.size() && wait_error.ok())
+        if (tickets[c] != 0 && wait_error.ok())
           wait_error = env.transport->WaitRecv(tickets[c], env.timeout_s);
+      // The decoded chunk's slot is free once the chunk it held last has left.
+      uint64_t& sent = dec.out_tickets[c % dec.ring];
+      if (sent != 0 && wait_error.ok()) wait_error = env.transport->WaitSend(sent, env.timeout_s);
+      sent = 0;
       if (!wait_error.ok()) break;
       Status& st = dec.error;
       if (st.ok()) {
@@ -556,18 +592,45 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
         }
         if (st.ok()) {
           std::vector<const std::byte*> pieces(static_cast<size_t>(t.scheme.k), nullptr);
-          for (size_t i = 0; i < stripe.index.size(); ++i)
-            pieces[static_cast<size_t>(stripe.index[i])] = dec.shares[i] + at;
+          for (size_t i = 0; i < stripe.index.size(); ++i) {
+            const std::byte* p = dec.whole[i] ? dec.whole[i] + at : dec.rings[i] + dec.At(c);
+            if (!dec.whole[i]) {
+              // A share shorter than its stripe: its bytes (this rank's own copied in), then
+              // zeros.
+              std::byte* slot = dec.rings[i] + dec.At(c);
+              const uint64_t len = dec.x[i]->bytes, have = std::min(n, len - std::min(len, at));
+              if (i == dec.own) std::memcpy(slot, dec.own_at + at, have);
+              if (have < n) std::memset(slot + have, 0, n - have);
+            }
+            pieces[static_cast<size_t>(stripe.index[i])] = p;
+          }
           std::vector<std::byte*> out(static_cast<size_t>(t.scheme.data()), nullptr);
-          out[static_cast<size_t>(stripe.j)] = dec.out + at;
+          out[static_cast<size_t>(stripe.j)] = dec.out + dec.At(c);
           st = it->second.Decode(pieces, n, out);
         }
       }
-      if (stripe.decoded_seq == 0) continue;
-      const RebuildTransfer& dx = *by_seq.at(stripe.decoded_seq);
-      if (c < RebuildChunks(dx.bytes)) send_chunks(dx, st.ok() ? dec.out : nullptr, st, c, 1);
+      if (stripe.decoded_seq != 0) {
+        const RebuildTransfer& dx = *by_seq.at(stripe.decoded_seq);
+        if (c < RebuildChunks(dx.bytes)) {
+          if (st.ok()) {
+            const uint64_t m = std::min(kRebuildChunkBytes, dx.bytes - std::min(dx.bytes, at));
+            Status s = env.transport->Send(dx.receiver, dx.seq + static_cast<uint32_t>(c),
+                                           dec.out + dec.At(c), m, &sent);
+            if (!s.ok() && send_error.ok()) send_error = s;
+          } else {
+            send_chunks(dx, nullptr, st, c, 1);  // zeros (and why), which fail verification
+          }
+        }
+      }
+      // Chunk c is decoded: its slots take chunk c + ring.
+      post_upto(dec, c + 1 + dec.ring, nullptr);
     }
     if (!any || !wait_error.ok()) break;
+  }
+  if (!wait_error.ok()) {
+    // The chunks not yet posted are taken into a sink (Finish gives them up with the rest).
+    sink.resize(kRebuildChunkBytes);
+    for (Decoding& dec : decoding) post_upto(dec, UINT64_MAX, sink.data());
   }
   send_ahead(UINT64_MAX);  // the rest (every chunk, after a failed wait too: others wait)
   Status done = env.transport->Finish(env.timeout_s);

@@ -18,7 +18,9 @@
 //      decodes its lost piece and sends it, its own length, to the rebuilder, which receives
 //      it in place in the slot it publishes: the rebuilder's link carries the lost bytes
 //      once (as a replica restore's does), where receiving every piece would carry them d
-//      times, and the decoding is spread over the survivors;
+//      times, and the decoding is spread over the survivors; a decoder holds a few chunks
+//      of each share at a time (kRebuildRing), not whole shares, so the memory a rebuild
+//      takes on a survivor does not grow with the state;
 //   5. the rebuilder checks the version against its slot header's checksums and publishes it
 //      in its replica store (ReplicaStore::TierFor(lost rank)).
 // A version that does not verify is not published (the restore then goes to an older step
@@ -64,6 +66,9 @@ Result<RebuildHoldings> DecodeRebuildHoldings(std::string_view bytes, const std:
 inline constexpr uint64_t kRebuildChunkBytes = uint64_t{256} << 10;
 // How many chunks ahead of its own decoding a rank sends its shares to the other decoders.
 inline constexpr uint64_t kRebuildSendAhead = 2;
+// A decoder receives each share into a ring of this many chunks (the one it decodes and
+// those its senders may have sent ahead), and decodes into one as long.
+inline constexpr uint64_t kRebuildRing = kRebuildSendAhead + 1;
 // The messages a transfer of `bytes` is cut into (one for an empty one).
 inline uint64_t RebuildChunks(uint64_t bytes) {
   return bytes == 0 ? 1 : (bytes - 1) / kRebuildChunkBytes + 1;

@@ -38,9 +38,10 @@ using namespace testing::recovery;
 
 constexpr int kNodes = 8, kPerNode = 2, kWorld = kNodes * kPerNode;
 constexpr const char* kSmallRows = "512";  // about 1.2 MiB of state in all
-// Versions of 1.8 MB a rank: with xor over 4 ranks, pieces of 0.6 MB, so a rebuild sends
-// each in 3 chunks (kRebuildChunkBytes), the last one short.
-constexpr const char* kChunkedRows = "2048";
+// Versions of 3.6 MB a rank: with xor over 4 ranks, pieces of 1.2 MB, so a rebuild sends
+// each in 5 chunks (kRebuildChunkBytes), the last one short, and a decoder's rings
+// (kRebuildRing chunks) take each share's chunks in turn.
+constexpr const char* kChunkedRows = "4096";
 constexpr int kLast = 4;
 
 struct Config {
