@@ -360,6 +360,14 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   Status send_error;
   std::vector<std::byte> zeros;  // what is sent for a share or piece that cannot be had
   std::set<uint32_t> zeroed;     // the transfers sent as zeros (said once each)
+  // Sends chunk `c` of `x` from `src` (where that chunk's bytes lie); `ticket` (optional)
+  // for WaitSend.
+  auto send_one = [&](const RebuildTransfer& x, uint64_t c, const std::byte* src,
+                      uint64_t* ticket) {
+    Status st = env.transport->Send(x.receiver, x.seq + static_cast<uint32_t>(c), src,
+                                    RebuildChunkLen(x.bytes, c), ticket);
+    if (!st.ok() && send_error.ok()) send_error = st;
+  };
   // Sends chunks [first_chunk, first_chunk + chunks) of `x` from `buf`, or zeros (and says
   // why) without one.
   auto send_chunks = [&](const RebuildTransfer& x, const std::byte* buf, const Status& why,
@@ -372,13 +380,8 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
                          " zeros: " + why.message());
       if (zeros.empty()) zeros.resize(kRebuildChunkBytes);  // once: sends may be reading it
     }
-    for (uint64_t c = first_chunk; c < first_chunk + chunks; ++c) {
-      const uint64_t at = c * kRebuildChunkBytes;
-      const uint64_t n = std::min(kRebuildChunkBytes, x.bytes - std::min(x.bytes, at));
-      Status st = env.transport->Send(x.receiver, x.seq + static_cast<uint32_t>(c),
-                                      buf ? buf + at : zeros.data(), n);
-      if (!st.ok() && send_error.ok()) send_error = st;
-    }
+    for (uint64_t c = first_chunk; c < first_chunk + chunks; ++c)
+      send_one(x, c, buf ? buf + c * kRebuildChunkBytes : zeros.data(), nullptr);
   };
   // This rank's shares for other decoders (and headers for rebuilders), sent chunk by chunk
   // a few chunks ahead of its own decoding below: all at once, they would queue on its link
@@ -409,19 +412,19 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   std::map<uint32_t, const RebuildTransfer*> by_seq;
   for (const RebuildTransfer& x : plan.transfers) by_seq[x.seq] = &x;
   Status recv_error;
-  // Posts the receives of chunks [0, RebuildChunks(n)) of `x` into `buf`; their tickets.
-  auto post = [&](const RebuildTransfer& x, std::byte* buf, uint64_t n) {
-    std::vector<uint64_t> tickets;
-    for (uint64_t c = 0; c < RebuildChunks(n); ++c) {
-      const uint64_t at = c * kRebuildChunkBytes;
-      uint64_t ticket = 0;
-      Status st =
-          env.transport->PostRecv(x.sender, x.seq + static_cast<uint32_t>(c), buf + at,
-                                  std::min(kRebuildChunkBytes, n - std::min(n, at)), &ticket);
-      if (!st.ok() && recv_error.ok()) recv_error = st;
-      tickets.push_back(ticket);
-    }
-    return tickets;
+  // Posts the receive of chunk `c` of `x` into `dst` (where that chunk's bytes go); its
+  // ticket.
+  auto post_one = [&](const RebuildTransfer& x, uint64_t c, std::byte* dst) {
+    uint64_t ticket = 0;
+    Status st = env.transport->PostRecv(x.sender, x.seq + static_cast<uint32_t>(c), dst,
+                                        RebuildChunkLen(x.bytes, c), &ticket);
+    if (!st.ok() && recv_error.ok()) recv_error = st;
+    return ticket;
+  };
+  // Posts the receives of every chunk of `x` into `buf`.
+  auto post = [&](const RebuildTransfer& x, std::byte* buf) {
+    for (uint64_t c = 0; c < RebuildChunks(x.bytes); ++c)
+      (void)post_one(x, c, buf + c * kRebuildChunkBytes);
   };
   // The stripes this rank decodes: its own share read where it lies when it fills the
   // stripe; every other share received chunk by chunk into a ring of kRebuildRing chunks
@@ -454,16 +457,11 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
   // senders' messages are taken as before and not left waiting).
   auto post_upto = [&](Decoding& dec, uint64_t upto, std::byte* sink) {
     for (; dec.posted < std::min(upto, dec.chunks); ++dec.posted) {
-      const uint64_t c = dec.posted, at = c * kRebuildChunkBytes;
+      const uint64_t c = dec.posted;
       for (size_t i = 0; i < dec.x.size(); ++i) {
         const RebuildTransfer& x = *dec.x[i];
         if (x.sender == env.rank || c >= RebuildChunks(x.bytes)) continue;
-        const uint64_t n = std::min(kRebuildChunkBytes, x.bytes - std::min(x.bytes, at));
-        uint64_t ticket = 0;
-        Status st = env.transport->PostRecv(x.sender, x.seq + static_cast<uint32_t>(c),
-                                            sink ? sink : dec.rings[i] + dec.At(c), n, &ticket);
-        if (!st.ok() && recv_error.ok()) recv_error = st;
-        dec.tickets[i][c] = ticket;
+        dec.tickets[i][c] = post_one(x, c, sink ? sink : dec.rings[i] + dec.At(c));
       }
     }
   };
@@ -529,8 +527,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     Incoming& in = *incoming.back();
     in.target = &t;
     in.header.resize(t.header_bytes);
-    (void)post(*by_seq.at(t.header_seq), reinterpret_cast<std::byte*>(in.header.data()),
-               in.header.size());
+    post(*by_seq.at(t.header_seq), reinterpret_cast<std::byte*>(in.header.data()));
     auto tier = env.store->TierFor(t.source);
     auto slot = tier.ok() ? (*tier)->Reserve(plan.step, FullPolicy::kSkip) : tier.status();
     if (slot.ok()) {
@@ -554,7 +551,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
     for (const auto& stripe : t.stripes) {
       if (stripe.decoded_seq == 0) continue;
       const RebuildTransfer& dx = *by_seq.at(stripe.decoded_seq);
-      (void)post(dx, data + dx.offset, dx.bytes);
+      post(dx, data + dx.offset);
     }
   }
   // 4. decode and forward, chunk by chunk as the shares arrive (the chunks of this rank's
@@ -570,8 +567,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
       const auto& stripe = *dec.stripe;
       if (c >= dec.chunks) continue;
       any = true;
-      const uint64_t at = c * kRebuildChunkBytes;
-      const uint64_t n = std::min(kRebuildChunkBytes, stripe.len - std::min(stripe.len, at));
+      const uint64_t at = c * kRebuildChunkBytes, n = RebuildChunkLen(stripe.len, c);
       for (const auto& tickets : dec.tickets)
         if (tickets[c] != 0 && wait_error.ok())
           wait_error = env.transport->WaitRecv(tickets[c], env.timeout_s);
@@ -598,7 +594,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
               // A share shorter than its stripe: its bytes (this rank's own copied in), then
               // zeros.
               std::byte* slot = dec.rings[i] + dec.At(c);
-              const uint64_t len = dec.x[i]->bytes, have = std::min(n, len - std::min(len, at));
+              const uint64_t have = std::min(n, RebuildChunkLen(dec.x[i]->bytes, c));
               if (i == dec.own) std::memcpy(slot, dec.own_at + at, have);
               if (have < n) std::memset(slot + have, 0, n - have);
             }
@@ -613,10 +609,7 @@ Result<RebuildReport> RebuildLost(const RebuildEnv& env) {
         const RebuildTransfer& dx = *by_seq.at(stripe.decoded_seq);
         if (c < RebuildChunks(dx.bytes)) {
           if (st.ok()) {
-            const uint64_t m = std::min(kRebuildChunkBytes, dx.bytes - std::min(dx.bytes, at));
-            Status s = env.transport->Send(dx.receiver, dx.seq + static_cast<uint32_t>(c),
-                                           dec.out + dec.At(c), m, &sent);
-            if (!s.ok() && send_error.ok()) send_error = s;
+            send_one(dx, c, dec.out + dec.At(c), &sent);
           } else {
             send_chunks(dx, nullptr, st, c, 1);  // zeros (and why), which fail verification
           }

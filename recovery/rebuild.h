@@ -29,6 +29,7 @@
 // Thread-safety: one call at a time per rank.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -72,6 +73,11 @@ inline constexpr uint64_t kRebuildRing = kRebuildSendAhead + 1;
 // The messages a transfer of `bytes` is cut into (one for an empty one).
 inline uint64_t RebuildChunks(uint64_t bytes) {
   return bytes == 0 ? 1 : (bytes - 1) / kRebuildChunkBytes + 1;
+}
+// The bytes of chunk `c` of a transfer of `bytes` (0 past its end).
+inline uint64_t RebuildChunkLen(uint64_t bytes, uint64_t c) {
+  const uint64_t at = c * kRebuildChunkBytes;
+  return std::min(kRebuildChunkBytes, bytes - std::min(bytes, at));
 }
 
 // One transfer of a rebuild: `bytes` bytes from `sender` to `receiver`, chunk c of them
