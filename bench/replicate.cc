@@ -28,6 +28,10 @@
 // slots faults in its pages: a job's steady state reuses them), then the median of 5
 // rounds of each.
 // ack_latency_ms is the holder's part: from the last byte sent to its acknowledgement.
+// With CAIRN_TRACE set, rank 0's trace holds a span per round of each reference arm ("bench
+// raw tag", "bench raw put", "bench ucx_perftest[ -e[ whole]]", a ucx_perftest one from its
+// client's start to its exit) beside cairn's own ("replicate push"), on the monotonic clock
+// that `perf record -k CLOCK_MONOTONIC` stamps its samples with: a profile can be cut by arm.
 // With --netns the two ranks run in two network namespaces of a cluster on this machine
 // (scripts/netns_cluster.sh: a veth link each to a bridge), over tcp only; with --link-rate
 // (tc tbf, e.g. 4gbit) each node's link is limited to that rate both ways, as a node's
@@ -69,6 +73,7 @@
 #include "core/arith.h"
 #include "core/clock.h"
 #include "core/filesystem.h"
+#include "core/trace.h"
 #include "transport/ucx_comm.h"
 
 using namespace cairn;
@@ -196,6 +201,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
     for (auto& x : ss)
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
     if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ack, 1, seq), 120).ok()) return -1;
+    Trace::Record("bench raw tag", "bench", t0, NowNanos());
     return NanosToSeconds(NowNanos() - t0);
   };
   // put + flush into rank 1's registered buffer.
@@ -240,7 +246,12 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
       return done ? 0 : -1;
     }
     if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ready, 1, seq), 120).ok()) return -1;
+    const int64_t t0 = NowNanos();
     const double gbps = RunPerftestClient(perftest_host, iters, errors, whole ? size : kChunk);
+    Trace::Record(whole    ? "bench ucx_perftest -e whole"
+                  : errors ? "bench ucx_perftest -e"
+                           : "bench ucx_perftest",
+                  "bench", t0, NowNanos());
     if (!(*comm)->Send(1, MakeTag(kChannels.replication.ack, 0, seq), "d", 1).ok()) return -1;
     return gbps;
   };
@@ -263,6 +274,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
     if (!(*comm)->Flush(1, 120).ok()) return -1;
     const double t = NanosToSeconds(NowNanos() - t0);
+    Trace::Record("bench raw put", "bench", t0, NowNanos());
     if (!(*comm)->Send(1, MakeTag(kChannels.replication.ack, 0, seq), "d", 1).ok()) return -1;
     return t;
   };
