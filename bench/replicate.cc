@@ -201,8 +201,9 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
     for (auto& x : ss)
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
     if (!(*comm)->Recv(1, MakeTag(kChannels.replication.ack, 1, seq), 120).ok()) return -1;
-    Trace::Record("bench raw tag", "bench", t0, NowNanos());
-    return NanosToSeconds(NowNanos() - t0);
+    const int64_t t1 = NowNanos();
+    Trace::Record("bench raw tag", "bench", t0, t1);
+    return NanosToSeconds(t1 - t0);
   };
   // put + flush into rank 1's registered buffer.
   std::unique_ptr<UcxComm::MemRegion> region;
@@ -273,10 +274,10 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
     for (auto& x : ps)
       if (!(*comm)->FinishSend(x, 120).ok()) return -1;
     if (!(*comm)->Flush(1, 120).ok()) return -1;
-    const double t = NanosToSeconds(NowNanos() - t0);
-    Trace::Record("bench raw put", "bench", t0, NowNanos());
+    const int64_t t1 = NowNanos();
+    Trace::Record("bench raw put", "bench", t0, t1);
     if (!(*comm)->Send(1, MakeTag(kChannels.replication.ack, 0, seq), "d", 1).ok()) return -1;
-    return t;
+    return NanosToSeconds(t1 - t0);
   };
   int64_t step = 0;
   std::string report;
