@@ -198,11 +198,16 @@ TEST_P(ReplicationTest, KilledPartnerNeverStallsAndReplicationResumesAfterRestar
   auto l = LocalLauncher::Start(spec);
   ASSERT_TRUE(l.ok());
   // Kill once rank 0 is well under way (by its log, not by the clock: sanitizer builds
-  // are many times slower).
+  // are many times slower) and rank 1 has acknowledged a replica: the check right after the
+  // kill needs a complete one, and 40 steps do not always take a first push to its end on a
+  // slow machine (a slot's first use there costs about 2.5 s per GiB).
   size_t steps_before_kill = 0;
-  for (int i = 0; i < 2400 && steps_before_kill < 40; ++i) {
+  uint64_t replicated_before_kill = 0;
+  for (int i = 0; i < 2400 && (steps_before_kill < 40 || replicated_before_kill < 1); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    steps_before_kill = Steps(ReadLog(root.path(), 0)).size();
+    const std::vector<StepLine> s = Steps(ReadLog(root.path(), 0));
+    steps_before_kill = s.size();
+    replicated_before_kill = s.empty() ? 0 : s.back().replicated;
   }
   ASSERT_TRUE((*l)->Signal(1, SIGKILL).ok());
   EXPECT_EQ((*l)->WaitRank(1), 128 + SIGKILL);
