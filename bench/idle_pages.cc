@@ -4,13 +4,13 @@
 // DAMON sampling pages) pages left alone for tens of seconds lose what made them fast to
 // reach, and the next pass over them pays a trap per page again, as a first use does.
 //
-// One region of --bytes, a file of /dev/shm mapped shared as a host slot is. For each idle
-// time: the region is written by user space and read by the kernel (pwrite into a tmpfs
-// file, the copy a TCP send makes from user memory) right after a full pass (the warm
-// reference), then again after sleeping that long. The two arms alternate, so the ratio is
-// taken in the same minute. Prints a line per idle time, then one JSON line.
+// One region of --bytes, a file of /dev/shm mapped, allocated and pre-faulted as a host
+// tier does it (MappedFile). For each idle time: the region is written by user space and
+// read by the kernel (written into a tmpfs file: the copy a TCP send makes from user
+// memory) right after a full pass (the warm reference), then again after sleeping that
+// long. The two arms alternate, so the ratio is taken in the same minute. Prints a line per
+// idle time, then one JSON line.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -27,54 +28,42 @@
 #include "bench/bench_util.h"
 #include "cli/args.h"
 #include "core/clock.h"
+#include "core/filesystem.h"
+#include "tiers/mapped_file.h"
 
 namespace {
 
 using cairn::NanosToSeconds;
 using cairn::NowNanos;
-
-// A tmpfs file of `n` bytes mapped shared (created and unlinked at once), or nullptr.
-std::byte* MapShm(uint64_t n, int* fd_out, const char* what) {
-  char path[] = "/dev/shm/cairn-bench-idle-XXXXXX";
-  const int fd = ::mkstemp(path);
-  if (fd < 0) return nullptr;
-  ::unlink(path);
-  if (::posix_fallocate(fd, 0, static_cast<off_t>(n)) != 0) {
-    std::fprintf(stderr, "idle_pages: no room for the %s in /dev/shm\n", what);
-    ::close(fd);
-    return nullptr;
-  }
-  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (p == MAP_FAILED) {
-    ::close(fd);
-    return nullptr;
-  }
-  *fd_out = fd;
-  return static_cast<std::byte*>(p);
-}
+using cairn::bench::Round;
 
 struct Pass {
   double write_gbps = 0;
   double kernel_read_gbps = 0;
 };
 
-Pass Touch(std::byte* region, uint64_t n, int sink, int fill) {
+// A user-space write of the whole region, then a kernel read of it (written into `sink`).
+Pass Touch(std::byte* region, uint64_t n, cairn::File& sink, int fill) {
   Pass p;
   int64_t t0 = NowNanos();
   std::memset(region, fill, n);
   p.write_gbps = static_cast<double>(n) / NanosToSeconds(NowNanos() - t0) / 1e9;
   t0 = NowNanos();
   for (uint64_t done = 0; done < n;) {
-    const ssize_t k = ::pwrite(sink, region + done, std::min<uint64_t>(n - done, 1 << 20),
-                               static_cast<off_t>(done));
-    if (k <= 0) {
-      std::perror("idle_pages: pwrite");
+    const uint64_t k = std::min<uint64_t>(n - done, 1 << 20);
+    if (cairn::Status st = sink.WriteAt(region + done, k, done); !st.ok()) {
+      std::fprintf(stderr, "idle_pages: %s\n", st.ToString().c_str());
       std::exit(1);
     }
-    done += static_cast<uint64_t>(k);
+    done += k;
   }
   p.kernel_read_gbps = static_cast<double>(n) / NanosToSeconds(NowNanos() - t0) / 1e9;
   return p;
+}
+
+int Fail(const cairn::Status& st) {
+  std::fprintf(stderr, "idle_pages: %s\n", st.ToString().c_str());
+  return 1;
 }
 
 }  // namespace
@@ -103,24 +92,37 @@ int main(int argc, char** argv) {
     idle.push_back(static_cast<int>(s));
   }
 
-  int region_fd = -1, sink_fd = -1;
-  std::byte* region = MapShm(n, &region_fd, "region");
-  std::byte* sink_map = MapShm(n, &sink_fd, "sink");
-  if (region == nullptr || sink_map == nullptr) return 1;
-  ::munmap(sink_map, n);  // the sink is written through its descriptor only
+  // The region is a host slot's file, mapped as a tier maps it; the sink a plain file
+  // beside it. Both are unlinked at once: the mapping and the descriptor keep them.
+  char dir_tmpl[] = "/dev/shm/cairn-bench-idle-XXXXXX";
+  if (::mkdtemp(dir_tmpl) == nullptr) {
+    std::perror("idle_pages: mkdtemp in /dev/shm");
+    return 1;
+  }
+  const std::string dir = dir_tmpl;
+  cairn::FileSystem* fs = cairn::DefaultFileSystem();
+  auto slot = cairn::MappedFile::Open(fs, dir + "/slot");
+  auto sink = fs->OpenFile(dir + "/sink", O_RDWR | O_CREAT | O_EXCL, 0600);
+  (void)fs->RemoveAll(dir);
+  if (!slot.ok()) return Fail(slot.status());
+  if (!sink.ok()) return Fail(sink.status());
+  if (cairn::Status st = (*slot)->Resize(n); !st.ok()) return Fail(st);
+  if (cairn::Status st = (*slot)->Prefault(); !st.ok()) return Fail(st);
+  if (cairn::Status st = sink->Allocate(n); !st.ok()) return Fail(st);
+  std::byte* region = (*slot)->data();
 
   // First use, then a pass so that the warm reference is warm.
-  const Pass first = Touch(region, n, sink_fd, 1);
-  (void)Touch(region, n, sink_fd, 2);
+  const Pass first = Touch(region, n, *sink, 1);
+  (void)Touch(region, n, *sink, 2);
   std::printf("first use: write %.2f GB/s, kernel read %.2f GB/s\n", first.write_gbps,
               first.kernel_read_gbps);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double worst_write = 1e9, worst_read = 1e9;
   int fill = 3;
   for (int s : idle) {
-    const Pass warm = Touch(region, n, sink_fd, fill++);
+    const Pass warm = Touch(region, n, *sink, fill++);
     std::this_thread::sleep_for(std::chrono::seconds(s));
-    const Pass after = Touch(region, n, sink_fd, fill++);
+    const Pass after = Touch(region, n, *sink, fill++);
     const double w = after.write_gbps / warm.write_gbps;
     const double r = after.kernel_read_gbps / warm.kernel_read_gbps;
     worst_write = std::min(worst_write, w);
@@ -130,17 +132,12 @@ int main(int argc, char** argv) {
         "%.2f)\n",
         s, after.write_gbps, warm.write_gbps, w, after.kernel_read_gbps, warm.kernel_read_gbps, r);
     std::fflush(stdout);
-    using cairn::bench::Round;
     rows.push_back({{"idle_s", s},
                     {"write_gbps", Round(after.write_gbps, 2)},
                     {"warm_write_gbps", Round(warm.write_gbps, 2)},
                     {"kernel_read_gbps", Round(after.kernel_read_gbps, 2)},
                     {"warm_kernel_read_gbps", Round(warm.kernel_read_gbps, 2)}});
   }
-  ::munmap(region, n);
-  ::close(region_fd);
-  ::close(sink_fd);
-  using cairn::bench::Round;
   nlohmann::ordered_json j{{"bench", "idle_pages"},
                            {"bytes", n},
                            {"first_use_write_gbps", Round(first.write_gbps, 2)},

@@ -300,6 +300,7 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
     // 4 KiB state of its own, so that its pushes take nothing measurable from rank 0's.
     std::vector<ShardSpec> tiny = {ShardSpec::Whole({"tiny", DType::kU8, {4096}}, buf)};
     const int warmups = 1;
+    const int saves = o->slots + 1;  // a round's cairn saves; the last one counts
     for (int rep = 0; rep < warmups + 5; ++rep) {
       if (raw_once(size) < 0) return 1;  // the raw loop's warm-up
       const double r = raw_once(size);
@@ -308,7 +309,6 @@ int Child(const std::vector<uint64_t>& sizes, const std::string& perftest_host,
       const double pfe = perftest_errors ? perftest_once(size, true) : 0;
       const double pfw = perftest_errors ? perftest_once(size, true, true) : 0;
       if (r < 0 || pt < 0 || pf < 0 || pfe < 0 || pfw < 0) return 1;
-      const int saves = o->slots + 1;
       if (o->rank == 1) {
         for (int k = 0; k < saves; ++k)
           if (!c.save(++step, tiny).ok() || !c.wait_captured().ok()) return 1;
