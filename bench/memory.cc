@@ -44,7 +44,8 @@
 // Every rank also saves a blob of its own (its rank and the step), checked at the restore.
 // Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
 // (the peak over the runs, and at that peak, per byte of state: own_slots, replicas,
-// parity), skipped (over the runs), kills, steps_lost, steps_lost_max, lost_node_restore_s,
+// parity), skipped (saves skipped, summed over the ranks and runs; each rank that skipped
+// prints its skipped steps and its log's warning, which names what held each slot), kills, steps_lost, steps_lost_max, lost_node_restore_s,
 // from_memory, save_ms_mean, iteration_overhead, rebuilt_step (xor, rs: the last run's),
 // encode_gbps, isal_gbps and encode_vs_isal (xor, rs); and
 // lost_node_restore_xor_over_replica.
@@ -535,9 +536,22 @@ int main(int argc, char** argv) {
         auto saved = Lines(train_dir, r, "SAVED ");
         long long step = 0, us = 0;
         unsigned long long sk = 0;
+        std::string skipped_steps;
+        unsigned long long before = 0;
         for (const std::string& line : saved)
-          if (std::sscanf(line.c_str(), "%lld skipped %llu save_us %lld", &step, &sk, &us) == 3)
+          if (std::sscanf(line.c_str(), "%lld skipped %llu save_us %lld", &step, &sk, &us) == 3) {
             save_us.push_back(static_cast<double>(us));
+            if (sk > before) skipped_steps += " " + std::to_string(step);
+            before = sk;
+          }
+        // Which steps a rank skipped, and why (the log warns at the first skip).
+        if (sk > 0) {
+          std::fprintf(stderr, "memory: %s run %d, rank %d skipped steps%s\n", sc.name.c_str(),
+                       kill + 1, r, skipped_steps.c_str());
+          for (const std::string& w : Lines(train_dir, r, ""))
+            if (w.find(" skipped: ") != std::string::npos)
+              std::fprintf(stderr, "  %s\n", w.c_str());
+        }
         newest = newest < 0 ? step : std::min<int64_t>(newest, step);
         skipped += sk;
       }

@@ -355,8 +355,21 @@ int HostTier::PickLocked() const {
 
 std::string HostTier::WhyFullLocked(const std::string& what) const {
   const bool keeping = KeepingLocked();
+  const int newest = NewestLocked();
+  // Each slot's use, so that a log says which stage held the slots (a drain, a push, the
+  // version the job keeps).
+  std::string each;
+  for (const Slot& s : slots_) {
+    each += each.empty() ? ": " : "; ";
+    if (s.use == Use::kCaptured)
+      each += "step " + std::to_string(s.header->step);
+    else
+      each += s.use == Use::kEmpty ? "empty" : "capturing";
+    if (s.pins > 0) each += " pinned";
+    if (ProtectedLocked(s, newest, keeping)) each += keeping ? " kept" : " newest";
+  }
   return what + " (all " + std::to_string(slots_.size()) + " slots are capturing, pinned or hold " +
-         (keeping ? "a version the job keeps" : "the newest version") + ")";
+         (keeping ? "a version the job keeps" : "the newest version") + each + ")";
 }
 
 Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
