@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "core/checksum.h"
@@ -23,6 +24,7 @@ namespace {
 struct Offer {
   uint64_t newest_mark = 0;
   std::map<int64_t, uint64_t> held;  // step -> layout hash
+  std::set<int64_t> kept;            // of those held, the steps the job keeps (HostTier::Keep)
 };
 
 std::string EncodeOffer(const Offer& o) {
@@ -32,6 +34,7 @@ std::string EncodeOffer(const Offer& o) {
     auto* h = w.add_held();
     h->set_step(step);
     h->set_layout_hash(hash);
+    h->set_kept(o.kept.count(step) > 0);
   }
   return wire::Encode(w);
 }
@@ -40,21 +43,33 @@ Result<Offer> DecodeOffer(std::string_view b) {
   CAIRN_ASSIGN_OR_RETURN(auto w, wire::Decode<wire::PersistOffer>(b, "persist offer"));
   Offer o;
   o.newest_mark = w.newest_mark();
-  for (const auto& h : w.held()) o.held[h.step()] = h.layout_hash();
+  for (const auto& h : w.held()) {
+    o.held[h.step()] = h.layout_hash();
+    if (h.kept()) o.kept.insert(h.step());
+  }
   return o;
 }
 
-// The step a round persists: `marked` (the consumed mark's version, -1 if none) if every
-// rank holds it, else the newest version every rank holds; nullopt if there is none.
-std::optional<int64_t> ChooseStep(const std::vector<Offer>& offers, int64_t marked) {
-  auto everywhere = [&](int64_t st) {
+// The step a round persists. With `prefer_kept` (a periodic mark), the newest version every
+// rank holds and keeps for the job, if newer than `committed`: the step agreement keeps it
+// in its slot anyway, so draining it takes no slot of its own (a drain of another version
+// pins a third one beside the agreed version and the one being made redundant, and a
+// capture during the drain then finds none). Else `marked` (the consumed mark's version,
+// -1 if none) if every rank holds it, else the newest version every rank holds; nullopt if
+// there is none.
+std::optional<int64_t> ChooseStep(const std::vector<Offer>& offers, int64_t marked,
+                                  bool prefer_kept = false, int64_t committed = -1) {
+  auto everywhere = [&](int64_t st, bool kept) {
     for (const Offer& o : offers)
-      if (!o.held.count(st)) return false;
+      if (!o.held.count(st) || (kept && !o.kept.count(st))) return false;
     return true;
   };
-  if (marked >= 0 && everywhere(marked)) return marked;
+  if (prefer_kept)
+    for (auto it = offers[0].kept.rbegin(); it != offers[0].kept.rend() && *it > committed; ++it)
+      if (everywhere(*it, true)) return *it;
+  if (marked >= 0 && everywhere(marked, false)) return marked;
   for (auto it = offers[0].held.rbegin(); it != offers[0].held.rend(); ++it)
-    if (everywhere(it->first)) return it->first;
+    if (everywhere(it->first, false)) return it->first;
   return std::nullopt;
 }
 
@@ -82,7 +97,7 @@ Status DecodePersistMessageForFuzzing(int kind, std::string_view bytes) {
     auto o = DecodeOffer(bytes);
     if (!o.ok()) return o.status();
     // What a round does with offers: must not crash on any decoded one.
-    (void)ChooseStep({*o, *o}, o->held.empty() ? -1 : o->held.begin()->first);
+    (void)ChooseStep({*o, *o}, o->held.empty() ? -1 : o->held.begin()->first, true);
     return Status::OK();
   }
   bool left = false;
@@ -117,7 +132,7 @@ void Persister::OnSave(uint64_t seq, int64_t step) {
   MutexLock lk(mu_);
   ++saves_;
   if (config_.every > 0 && saves_ % static_cast<uint64_t>(config_.every) == 0) {
-    marks_.push_back({++next_mark_, seq, step});
+    marks_.push_back({++next_mark_, seq, step, /*flush=*/false});
     cv_.NotifyAll();
   }
 }
@@ -125,7 +140,7 @@ void Persister::OnSave(uint64_t seq, int64_t step) {
 Result<int64_t> Persister::Flush(uint64_t seq, int64_t step) {
   MutexLock lk(mu_);
   const uint64_t id = ++next_mark_;
-  marks_.push_back({id, seq, step});
+  marks_.push_back({id, seq, step, /*flush=*/true});
   cv_.NotifyAll();
   cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return consumed_ >= id; });
   // The round that consumed this mark is the first one whose consumed id reaches it.
@@ -180,9 +195,16 @@ std::string Persister::OfferHeld(uint64_t newest,
       if (m.id == newest) marked_step = m.step;
   }
   const std::vector<VersionInfo> versions = tier_->Versions();
+  // The kept versions too: a periodic mark prefers them, and pinning one costs no slot (the
+  // job keeps it), but the agreement may let it go while the ranks agree on this round.
+  const std::vector<int64_t> kept = tier_->Kept();
   for (const VersionInfo& v : versions) {
-    if (v.step != versions.front().step && v.step != marked_step) continue;
-    if (auto view = tier_->Pin(v.step); view.ok()) (*pinned)[v.step] = std::move(*view);
+    const bool is_kept = std::find(kept.begin(), kept.end(), v.step) != kept.end();
+    if (v.step != versions.front().step && v.step != marked_step && !is_kept) continue;
+    if (auto view = tier_->Pin(v.step); view.ok()) {
+      (*pinned)[v.step] = std::move(*view);
+      if (is_kept) mine.kept.insert(v.step);
+    }
   }
   std::map<int64_t, HeldLayout> held;
   for (const VersionInfo& v : versions) {
@@ -236,7 +258,8 @@ void LogOffers(const Logger& log, const std::vector<Offer>& offers, uint64_t con
   std::string held;
   for (size_t r = 0; r < offers.size(); ++r) {
     held += " rank " + std::to_string(r) + " (mark " + std::to_string(offers[r].newest_mark) + "):";
-    for (const auto& [st, h] : offers[r].held) held += " " + std::to_string(st);
+    for (const auto& [st, h] : offers[r].held)
+      held += " " + std::to_string(st) + (offers[r].kept.count(st) ? " (kept)" : "");
   }
   log.Debug("persist round, marks up to " + std::to_string(consumed) + "; held:" + held);
 }
@@ -284,12 +307,16 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
   out.consumed = newest;
   for (const Offer& o : offers) out.consumed = std::min(out.consumed, o.newest_mark);
   int64_t marked = -1;
+  bool flush = false;
   {
     MutexLock lk(mu_);
     for (const Mark& m : marks_)
-      if (m.id == out.consumed) marked = m.step;
+      if (m.id == out.consumed) {
+        marked = m.step;
+        flush = m.flush;
+      }
   }
-  const std::optional<int64_t> step = ChooseStep(offers, marked);
+  const std::optional<int64_t> step = ChooseStep(offers, marked, !flush, last_committed_);
   if (log_->enabled(LogLevel::kDebug)) LogOffers(*log_, offers, out.consumed);
   if (!step) {
     std::string why;
@@ -312,12 +339,14 @@ Persister::Outcome Persister::Round(uint64_t newest, uint64_t seq) {
 
   const int64_t t0 = NowNanos();
   CAIRN_KILL_POINT("persist.agreed");
-  auto done = PersistStep(*step, view.get(), hashes, layout);
+  auto done = PersistStep(*step, std::move(view), hashes, layout);
   if (!done.ok())
     return fail(done.status().WithContext("persisting step " + std::to_string(*step)));
   last_committed_ = *step;
+  // (A capture may have reused the slot since its share was written: nothing to record.)
   Status st = tier_->SetState(*step, VersionState::kPersisted);
-  if (!st.ok()) log_->Warning("persist: step committed, but its slot header: " + st.ToString());
+  if (!st.ok() && st.code() != StatusCode::kNotFound)
+    log_->Warning("persist: step committed, but its slot header: " + st.ToString());
   MutexLock lk(mu_);
   ++stats_.rounds;
   ++stats_.persisted;
@@ -367,7 +396,7 @@ Status Persister::Replan(const std::vector<uint64_t>& hashes, const HeldLayout& 
   return Status::OK();
 }
 
-Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
+Result<int64_t> Persister::PersistStep(int64_t step, std::unique_ptr<HostTier::View> view,
                                        const std::vector<uint64_t>& hashes,
                                        const HeldLayout& my_layout) {
   const int me = group_->rank();
@@ -378,21 +407,25 @@ Result<int64_t> Persister::PersistStep(int64_t step, const HostTier::View* view,
   // 3. Write this rank's pieces and blobs.
   const std::string step_dir = JoinPath(config_.job_dir, StepDirName(step));
   LocationTable table;
-  table.status = view ? WriteShare(step_dir, *view, plan_->PiecesOf(me), &table)
-                      : Status::Unavailable("step " + std::to_string(step) +
-                                            " was replaced in the host tier by a newer capture "
-                                            "before it could be written");
-  if (table.status.ok() && plan_->templated) {
-    // Format 2: where the pieces lie goes to this rank's index file, not to rank 0.
-    const std::string index = EncodeWriterIndex(table.pieces);
-    table.status = WriteFileAtomic(fs_, JoinPath(step_dir, IndexFileName(me)), index);
-    table.indexed = true;
-    table.index_pieces = static_cast<uint32_t>(table.pieces.size());
-    table.index_bytes = index.size();
-    table.index_checksum = Checksum(index.data(), index.size());
-    table.pieces.clear();
+  {
+    TraceSpan write_span("persist write", "persist");
+    table.status = view ? WriteShare(step_dir, *view, plan_->PiecesOf(me), &table)
+                        : Status::Unavailable("step " + std::to_string(step) +
+                                              " was replaced in the host tier by a newer capture "
+                                              "before it could be written");
+    if (table.status.ok() && plan_->templated) {
+      // Format 2: where the pieces lie goes to this rank's index file, not to rank 0.
+      const std::string index = EncodeWriterIndex(table.pieces);
+      table.status = WriteFileAtomic(fs_, JoinPath(step_dir, IndexFileName(me)), index);
+      table.indexed = true;
+      table.index_pieces = static_cast<uint32_t>(table.pieces.size());
+      table.index_bytes = index.size();
+      table.index_checksum = Checksum(index.data(), index.size());
+      table.pieces.clear();
+    }
+    if (!table.status.ok()) table.status = table.status.WithContext("rank " + std::to_string(me));
   }
-  if (!table.status.ok()) table.status = table.status.WithContext("rank " + std::to_string(me));
+  view.reset();  // this rank's share is on the PFS, fsynced: the slot is free to reuse
 
   // 4. Gather the tables; rank 0 commits.
   CAIRN_ASSIGN_OR_RETURN(auto encoded, group_->AllGather(EncodeLocationTable(table)));

@@ -3,18 +3,24 @@
 // Every `every`-th save() (counted identically on every rank, skipped saves included) and
 // every flush() queue a *mark*. A background thread turns marks into *rounds*; a round is
 // collective over the Group, so every rank runs the same rounds in the same order:
-//   1. settle the captures queued so far, pin the newest version held and the one the
-//      newest mark asks for, and allgather (newest mark, held steps with their layout
-//      hashes). The round consumes the marks up to the smallest newest mark (the same on
-//      every rank) and persists that mark's step if every rank holds it, else the newest
-//      step every rank holds, unless it was already committed (a rank whose copy of it
-//      was reused meanwhile, possible only when the step is neither pinned one, makes the
-//      round fail; the next mark tries again);
+//   1. settle the captures queued so far, pin the newest version held, the one the
+//      newest mark asks for and those the job keeps (HostTier::Kept: the step agreement's
+//      agreed step and the one being made redundant), and allgather (newest mark, held
+//      steps with their layout hashes, which are kept). The round consumes the marks up
+//      to the smallest newest mark (the same on every rank). A periodic mark persists the
+//      newest step every rank keeps, if newer than the last committed: the agreement holds
+//      its slot anyway, so the drain takes no slot of its own (draining another version
+//      would pin a third slot beside the kept ones, and a capture during the drain would
+//      find none). Otherwise, and for flush(), the round persists the mark's step if every
+//      rank holds it, else the newest step every rank holds, unless it was already
+//      committed (a rank whose copy of it was reused meanwhile, possible only when the
+//      step is none of the pinned ones, makes the round fail; the next mark tries again);
 //   2. plan (SavePlanner), reusing the cached plan when every layout hash is unchanged
 //      (otherwise one more allgather carries the layouts);
 //   3. each rank writes its planned boxes and its blobs to step-<N>/data/<rank>.bin,
 //      checking the host slot's bytes against their checksums, fsyncs; writers hold
-//      back while a capture is copying (WriterOptions::yield);
+//      back while a capture is copying (WriterOptions::yield); the slot is unpinned
+//      once this rank's file is fsynced, before the commit;
 //   4. the location tables are gathered; rank 0 writes MANIFEST (temporary name, fsync,
 //      rename, directory fsync), then LATEST the same way, then collects garbage;
 //   5. rank 0 broadcasts the outcome; every rank records PERSISTED in the slot header, or
@@ -95,7 +101,8 @@ class Persister {
   struct Mark {
     uint64_t id = 0;
     uint64_t settle_seq = 0;
-    int64_t step = -1;  // the version this mark asks for (the same on every rank)
+    int64_t step = -1;   // the version this mark asks for (the same on every rank)
+    bool flush = false;  // flush() asks for exactly `step`; a periodic mark takes a kept one
   };
   struct Outcome {
     uint64_t consumed = 0;  // marks up to this id are done
@@ -116,7 +123,10 @@ class Persister {
       std::map<int64_t, std::unique_ptr<HostTier::View>>* pinned);
   // Steps 2-5 of a round for `step`: `view` pins this rank's copy (nullptr if it was lost
   // since the offer: the round then fails on every rank), `my_layout` is its layout.
-  Result<int64_t> PersistStep(int64_t step, const HostTier::View* view,
+  // The pin is released as soon as this rank's data file is written and fsynced: the
+  // commit that follows (the gather, rank 0's manifest and LATEST) waits on the slowest
+  // rank and on fsyncs, and a slot held through it is one a capture cannot take.
+  Result<int64_t> PersistStep(int64_t step, std::unique_ptr<HostTier::View> view,
                               const std::vector<uint64_t>& layout_hashes,
                               const HeldLayout& my_layout);
   // Re-plans from every rank's layout (the exchange in layout/templated_plan.h).

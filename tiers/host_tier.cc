@@ -329,6 +329,16 @@ std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
   return held;
 }
 
+std::vector<int64_t> HostTier::Kept() const {
+  MutexLock lk(mu_);
+  std::vector<int64_t> held;
+  for (const Slot& s : slots_)
+    if (KeptLocked(s)) held.push_back(s.header->step);
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  return held;
+}
+
 bool HostTier::KeepingLocked() const {
   for (const Slot& s : slots_)
     if (KeptLocked(s)) return true;

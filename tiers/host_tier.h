@@ -117,6 +117,8 @@ class HostTier {
   // decided together with keeping them (a step reported held cannot be reused after the
   // check). An empty `keep` restores the newest-version rule.
   std::vector<int64_t> Keep(const std::vector<int64_t>& keep, const std::vector<int64_t>& drop);
+  // The steps of the last Keep() held now (none while the newest-version rule applies).
+  std::vector<int64_t> Kept() const;
 
   // Records that the restorable version of `step` reached a stage (REPLICATED or
   // PERSISTED; both together read REPLICATED+PERSISTED) by republishing its header
