@@ -345,8 +345,8 @@ std::vector<Setting> MakeSettings() {
       Int("CAIRN_PERSIST_EVERY", nullptr, CAIRN_FIELD(persist_every), 0, 1 << 30,
           "persist every k-th saved version to <CAIRN_PFS_ROOT>/<job> (0: only on flush()); in "
           "a job of several ranks, the newest version the job keeps at that save (the agreed "
-          "one, or the one being made redundant: at most a few steps older), whose slot a drain "
-          "then shares, else the k-th itself"),
+          "one, or the one being made redundant, if newer than the last drained: usually 1-2 "
+          "steps older), whose slot a drain then shares, else the k-th itself"),
       Int("CAIRN_KEEP_ON_PFS", nullptr, CAIRN_FIELD(keep_on_pfs), 1, 1 << 20,
           "committed steps kept on the PFS; older ones are deleted"),
       Int("CAIRN_PERSIST_THREADS", nullptr, CAIRN_FIELD(persist_threads), 1, 64,
