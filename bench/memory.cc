@@ -45,9 +45,9 @@
 // Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
 // (the peak over the runs, and at that peak, per byte of state: own_slots, replicas,
 // parity), skipped (saves skipped, summed over the ranks and runs; each rank that skipped
-// prints its skipped steps and its log's warning, which names what held each slot), kills, steps_lost, steps_lost_max, lost_node_restore_s,
-// from_memory, save_ms_mean, iteration_overhead, rebuilt_step (xor, rs: the last run's),
-// encode_gbps, isal_gbps and encode_vs_isal (xor, rs); and
+// prints its skipped steps and its log's warning, which names what held each slot), kills,
+// steps_lost, steps_lost_max, lost_node_restore_s, from_memory, save_ms_mean, iteration_overhead,
+// rebuilt_step (xor, rs: the last run's), encode_gbps, isal_gbps and encode_vs_isal (xor, rs); and
 // lost_node_restore_xor_over_replica.
 #include <fcntl.h>
 #include <ftw.h>

@@ -58,7 +58,7 @@ Result<Offer> DecodeOffer(std::string_view b) {
 // -1 if none) if every rank holds it, else the newest version every rank holds; nullopt if
 // there is none.
 std::optional<int64_t> ChooseStep(const std::vector<Offer>& offers, int64_t marked,
-                                  bool prefer_kept = false, int64_t committed = -1) {
+                                  bool prefer_kept, int64_t committed) {
   auto everywhere = [&](int64_t st, bool kept) {
     for (const Offer& o : offers)
       if (!o.held.count(st) || (kept && !o.kept.count(st))) return false;
@@ -97,7 +97,7 @@ Status DecodePersistMessageForFuzzing(int kind, std::string_view bytes) {
     auto o = DecodeOffer(bytes);
     if (!o.ok()) return o.status();
     // What a round does with offers: must not crash on any decoded one.
-    (void)ChooseStep({*o, *o}, o->held.empty() ? -1 : o->held.begin()->first, true);
+    (void)ChooseStep({*o, *o}, o->held.empty() ? -1 : o->held.begin()->first, true, -1);
     return Status::OK();
   }
   bool left = false;

@@ -521,46 +521,63 @@ bool CaptureInto(HostTier& tier, int64_t step) {
   return true;
 }
 
+// A one-rank host tier of `slots` slots holding steps 1-3 (64 KiB each, CaptureInto), and
+// the config of a drain of it every `every` saves.
+struct OneRankDrain {
+  OneRankDrain(const std::string& tag, int slots, int every) : job(testing::UniqueJobId(tag)) {
+    HostTierConfig tc;
+    tc.dir = HostTier::RankDir(root.path() + "/host", job, 0, 0);
+    tc.slots = slots;
+    auto t = HostTier::Open(tc, DefaultFileSystem(), &log);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (t.ok()) tier = std::move(*t);
+    for (int64_t s = 1; s <= 3 && tier; ++s)
+      if (!CaptureInto(*tier, s)) tier.reset();
+    pc.job = job;
+    pc.job_dir = PfsJobDir(root.path() + "/pfs", job);
+    pc.every = every;
+    pc.writer.chunk_bytes = 64 << 10;
+  }
+  TempDir root{"persist"};
+  std::string job;
+  Logger log{"test", LogLevel::kError};
+  std::unique_ptr<HostTier> tier;  // null if it could not be opened and filled
+  PersistConfig pc;
+};
+
+// The stats once `p`'s first round has run (or after a minute).
+PersisterStats AfterFirstRound(const Persister& p) {
+  const int64_t deadline = NowNanos() + int64_t{60} * 1000 * 1000 * 1000;
+  while (p.stats().rounds == 0 && NowNanos() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return p.stats();
+}
+
 // The version a mark asks for is pinned from the offer on: a training loop that captures
 // two more versions while the ranks agree cannot take its slot, so the round writes it
 // instead of failing (this failed a CI run under ASan: "step 2 was replaced in the host
 // tier by a newer capture before it could be written").
 TEST(Persist, TheMarkedVersionIsHeldFromTheOfferUntilItIsWritten) {
-  TempDir root("persist");
-  const std::string job = testing::UniqueJobId("pin");
-  Logger log("test", LogLevel::kError);
-  HostTierConfig tc;
-  tc.dir = HostTier::RankDir(root.path() + "/host", job, 0, 0);
-  tc.slots = 3;
-  auto tier = HostTier::Open(tc, DefaultFileSystem(), &log);
-  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-  for (int64_t t = 1; t <= 3; ++t) ASSERT_TRUE(CaptureInto(**tier, t));
+  OneRankDrain d("pin", 3, 2);
+  ASSERT_TRUE(d.tier);
   // While the ranks agree on the round for the mark at step 2, the loop captures steps 4
   // and 5: step 4 takes step 1's slot, step 5 would take step 2's (3 is the pinned newest).
   std::vector<int64_t> captured;
   AgreeingSlowly group([&] {
     for (int64_t t = 4; t <= 5; ++t)
-      if (CaptureInto(**tier, t)) captured.push_back(t);
+      if (CaptureInto(*d.tier, t)) captured.push_back(t);
   });
-  PersistConfig pc;
-  pc.job = job;
-  pc.job_dir = PfsJobDir(root.path() + "/pfs", job);
-  pc.every = 2;
-  pc.writer.chunk_bytes = 64 << 10;
   PersisterStats st;
   {
-    Persister p(pc, tier->get(), &group, DefaultFileSystem(), &log, [](uint64_t) {});
+    Persister p(d.pc, d.tier.get(), &group, DefaultFileSystem(), &d.log, [](uint64_t) {});
     p.OnSave(1, 1);
     p.OnSave(2, 2);  // the mark
-    const int64_t deadline = NowNanos() + int64_t{60} * 1000 * 1000 * 1000;
-    while (p.stats().rounds == 0 && NowNanos() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    st = p.stats();
+    st = AfterFirstRound(p);
   }
   EXPECT_EQ(captured, std::vector<int64_t>{4}) << "step 5 took the marked version's slot";
   EXPECT_EQ(st.failed, 0u) << st.last_error;
   EXPECT_GE(st.persisted, 1u);
-  auto steps = StepDirs(pc.job_dir);
+  auto steps = StepDirs(d.pc.job_dir);
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.front(), 2);
 }
@@ -572,46 +589,31 @@ TEST(Persist, TheMarkedVersionIsHeldFromTheOfferUntilItIsWritten) {
 // (found by bench/memory: saves skipped one step after each drain on a machine whose
 // fsyncs take an iteration).
 TEST(Persist, TheDrainedVersionsSlotIsFreeOnceItsShareIsWritten) {
-  TempDir root("persist");
-  const std::string job = testing::UniqueJobId("unpin");
-  Logger log("test", LogLevel::kError);
-  HostTierConfig tc;
-  tc.dir = HostTier::RankDir(root.path() + "/host", job, 0, 0);
-  tc.slots = 2;
-  auto tier = HostTier::Open(tc, DefaultFileSystem(), &log);
-  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-  for (int64_t t = 1; t <= 3; ++t) ASSERT_TRUE(CaptureInto(**tier, t));
+  OneRankDrain d("unpin", 2, 3);
+  ASSERT_TRUE(d.tier);
   // While the round for the mark at step 3 commits, the loop captures steps 4 and 5: 4 takes
   // step 2's slot, 5 needs step 3's (4 is the newest).
   std::vector<int64_t> captured;
   AgreeingSlowly group({}, [&] {
     for (int64_t t = 4; t <= 5; ++t)
-      if (CaptureInto(**tier, t)) captured.push_back(t);
+      if (CaptureInto(*d.tier, t)) captured.push_back(t);
   });
-  PersistConfig pc;
-  pc.job = job;
-  pc.job_dir = PfsJobDir(root.path() + "/pfs", job);
-  pc.every = 3;
-  pc.writer.chunk_bytes = 64 << 10;
   PersisterStats st;
   {
-    Persister p(pc, tier->get(), &group, DefaultFileSystem(), &log, [](uint64_t) {});
+    Persister p(d.pc, d.tier.get(), &group, DefaultFileSystem(), &d.log, [](uint64_t) {});
     for (int64_t t = 1; t <= 3; ++t) p.OnSave(static_cast<uint64_t>(t), t);
-    const int64_t deadline = NowNanos() + int64_t{60} * 1000 * 1000 * 1000;
-    while (p.stats().rounds == 0 && NowNanos() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    st = p.stats();
+    st = AfterFirstRound(p);
   }
   EXPECT_EQ(captured, (std::vector<int64_t>{4, 5})) << "the drain held step 3's slot to the end";
   EXPECT_EQ(st.failed, 0u) << st.last_error;
   EXPECT_EQ(st.persisted, 1u);
-  auto steps = StepDirs(pc.job_dir);
+  auto steps = StepDirs(d.pc.job_dir);
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps.front(), 3);
   // What was written is step 3's bytes, though its slot now holds step 5's.
   auto data =
       ReadWholeFile(DefaultFileSystem(),
-                    JoinPath(JoinPath(pc.job_dir, StepDirName(3)), DataFileName(0)), 1 << 20);
+                    JoinPath(JoinPath(d.pc.job_dir, StepDirName(3)), DataFileName(0)), 1 << 20);
   ASSERT_TRUE(data.ok()) << data.status().ToString();
   ASSERT_GE(data->size(), size_t{64} << 10);
   EXPECT_EQ(std::count(data->begin(), data->begin() + (64 << 10), static_cast<char>(3)), 64 << 10);
@@ -623,33 +625,21 @@ TEST(Persist, TheDrainedVersionsSlotIsFreeOnceItsShareIsWritten) {
 // a skip one step after each drain where a drain outlasts an iteration). A periodic drain
 // takes the newest version the job keeps instead; flush() still persists the last save.
 TEST(Persist, APeriodicDrainTakesAKeptVersionAndFlushTheLastSaved) {
-  TempDir root("persist");
-  const std::string job = testing::UniqueJobId("kept");
-  Logger log("test", LogLevel::kError);
-  HostTierConfig tc;
-  tc.dir = HostTier::RankDir(root.path() + "/host", job, 0, 0);
-  tc.slots = 2;
-  auto tier = HostTier::Open(tc, DefaultFileSystem(), &log);
-  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-  for (int64_t t = 1; t <= 3; ++t) ASSERT_TRUE(CaptureInto(**tier, t));
-  (*tier)->Keep({2}, {});  // the job keeps step 2; step 3's slot takes the next capture
+  OneRankDrain d("kept", 2, 3);
+  ASSERT_TRUE(d.tier);
+  d.tier->Keep({2}, {});  // the job keeps step 2; step 3's slot takes the next capture
   testing::StuckFileSystem stuck(DefaultFileSystem());
   AgreeingSlowly group({});
-  PersistConfig pc;
-  pc.job = job;
-  pc.job_dir = PfsJobDir(root.path() + "/pfs", job);
-  pc.every = 3;
-  pc.writer.chunk_bytes = 64 << 10;
-  Persister p(pc, tier->get(), &group, &stuck, &log, [](uint64_t) {});
+  Persister p(d.pc, d.tier.get(), &group, &stuck, &d.log, [](uint64_t) {});
   for (int64_t t = 1; t <= 3; ++t) p.OnSave(static_cast<uint64_t>(t), t);
   while (!stuck.entered()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // The drain is stuck inside its write: a capture still finds a slot.
-  EXPECT_TRUE(CaptureInto(**tier, 4)) << "the drain pinned the slot captures take";
+  EXPECT_TRUE(CaptureInto(*d.tier, 4)) << "the drain pinned the slot captures take";
   stuck.Release();
   auto flushed = p.Flush(4, 4);
   ASSERT_TRUE(flushed.ok()) << flushed.status().ToString();
   EXPECT_EQ(*flushed, 4);
-  EXPECT_EQ(StepDirs(pc.job_dir), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(StepDirs(d.pc.job_dir), (std::vector<int64_t>{2, 4}));
   EXPECT_EQ(p.stats().failed, 0u) << p.stats().last_error;
 }
 

@@ -317,20 +317,20 @@ std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
                                     const std::vector<int64_t>& drop) {
   MutexLock lk(mu_);
   keep_ = keep;
-  std::vector<int64_t> held;
-  for (Slot& s : slots_) {
-    if (s.use != Use::kCaptured) continue;
-    if (KeptLocked(s)) held.push_back(s.header->step);
-    if (std::find(drop.begin(), drop.end(), s.header->step) != drop.end()) s.dropped = true;
-  }
-  std::sort(held.begin(), held.end());
-  held.erase(std::unique(held.begin(), held.end()), held.end());
+  for (Slot& s : slots_)
+    if (s.use == Use::kCaptured &&
+        std::find(drop.begin(), drop.end(), s.header->step) != drop.end())
+      s.dropped = true;
   cv_.NotifyAll();  // a slot may have become free for a blocked Reserve
-  return held;
+  return KeptStepsLocked();
 }
 
 std::vector<int64_t> HostTier::Kept() const {
   MutexLock lk(mu_);
+  return KeptStepsLocked();
+}
+
+std::vector<int64_t> HostTier::KeptStepsLocked() const {
   std::vector<int64_t> held;
   for (const Slot& s : slots_)
     if (KeptLocked(s)) held.push_back(s.header->step);

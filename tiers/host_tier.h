@@ -199,6 +199,8 @@ class HostTier {
   std::string WhyFullLocked(const std::string& what) const CAIRN_REQUIRES(mu_);
   // Whether slot `s` holds a restorable version of a step Keep keeps.
   bool KeptLocked(const Slot& s) const CAIRN_REQUIRES(mu_);
+  // The steps of keep_ held now, sorted, once each.
+  std::vector<int64_t> KeptStepsLocked() const CAIRN_REQUIRES(mu_);
   // Whether a capture may not take slot `s` for its version (the reuse rules above).
   bool ProtectedLocked(const Slot& s, int newest, bool keeping) const CAIRN_REQUIRES(mu_);
   std::string StepsHeldLocked() const CAIRN_REQUIRES(mu_);
