@@ -189,18 +189,29 @@ std::string Persister::OfferHeld(uint64_t newest,
   Offer mine;
   mine.newest_mark = newest;
   int64_t marked_step = -1;
+  bool flush = false;
   {
     MutexLock lk(mu_);
     for (const Mark& m : marks_)
-      if (m.id == newest) marked_step = m.step;
+      if (m.id == newest) {
+        marked_step = m.step;
+        flush = m.flush;
+      }
   }
   const std::vector<VersionInfo> versions = tier_->Versions();
   // The kept versions too: a periodic mark prefers them, and pinning one costs no slot (the
   // job keeps it), but the agreement may let it go while the ranks agree on this round.
   const std::vector<int64_t> kept = tier_->Kept();
+  // A periodic mark that will most likely take a kept version pins only those: pinning the
+  // newest too held a third slot while the ranks gathered their offers (a slow rank's late
+  // offer made the next save skip). Should the round take an unpinned version after all, it
+  // pins it once chosen, and fails (the next mark tries again) if a capture took its slot.
+  const bool kept_only = !flush && std::any_of(kept.begin(), kept.end(),
+                                               [&](int64_t st) { return st > last_committed_; });
   for (const VersionInfo& v : versions) {
     const bool is_kept = std::find(kept.begin(), kept.end(), v.step) != kept.end();
-    if (v.step != versions.front().step && v.step != marked_step && !is_kept) continue;
+    if (!is_kept && (kept_only || (v.step != versions.front().step && v.step != marked_step)))
+      continue;
     if (auto view = tier_->Pin(v.step); view.ok()) {
       (*pinned)[v.step] = std::move(*view);
       if (is_kept) mine.kept.insert(v.step);

@@ -128,6 +128,10 @@ void StepAgreement::OnReplicated(int64_t step) {
 }
 
 std::vector<int64_t> StepAgreement::KeepLocked(const std::vector<int64_t>& drop) {
+  return tier_->Keep(KeepSetLocked(), drop);
+}
+
+std::vector<int64_t> StepAgreement::KeepSetLocked() const {
   std::vector<int64_t> keep = round_keep_;
   // The agreed step stays kept after a failed round too, for good (no rank will agree on a
   // newer one): it is the one step every rank knows the others hold, and the one whose
@@ -144,7 +148,7 @@ std::vector<int64_t> StepAgreement::KeepLocked(const std::vector<int64_t>& drop)
     keep.push_back(promised_);
   std::sort(keep.begin(), keep.end());
   keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-  return tier_->Keep(keep, drop);
+  return keep;
 }
 
 AgreementStats StepAgreement::stats() const {
@@ -213,6 +217,18 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
         newest = std::max(newest, v.step);
     round_keep_.clear();
     if (newest >= 0) round_keep_.push_back(newest);
+    // While a drain pins a version the job no longer keeps (it took the agreed step, and
+    // the ranks agreed on a newer one since), keeping a third step would leave no slot to
+    // capture into: the round offers none, and the next one after the drain catches up.
+    // (On a 2-vCPU machine a drain outlasted the iteration and the save after it skipped.)
+    if (newest >= 0) {
+      const HostTier::Room room = tier_->RoomIfKept(KeepSetLocked());
+      if (room.free == 0 && room.pinned_unkept > 0) {
+        round_keep_.clear();
+        newest = -1;
+        ++stats_.held_back;
+      }
+    }
     const std::vector<int64_t> held = KeepLocked({});
     if (std::find(held.begin(), held.end(), newest) == held.end()) newest = -1;
     holding_since_ns_ = NowNanos();
@@ -267,6 +283,15 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     {
       MutexLock lk(mu_);
       round_keep_ = offer;
+      // As with named pushes: not while a drain's pin would leave no slot to capture into
+      // (the step a wait_replicated() succeeded for is kept anyway, and still offered).
+      const HostTier::Room room = tier_->RoomIfKept(KeepSetLocked());
+      if (room.free == 0 && room.pinned_unkept > 0 &&
+          std::erase_if(offer, [&](int64_t st) CAIRN_REQUIRES(mu_) { return st != promised_; }) >
+              0) {
+        round_keep_ = offer;
+        ++stats_.held_back;
+      }
       held = KeepLocked({});
       holding_since_ns_ = NowNanos();
     }

@@ -57,6 +57,7 @@ struct AgreementStats {
   int64_t agreed_step = -1;      // newest step every rank holds (-1: none yet)
   uint64_t not_held_by_all = 0;  // consumed saves whose step some rank does not hold
   uint64_t released = 0;         // rounds stuck so long that their offered steps were let go
+  uint64_t held_back = 0;        // rounds that offered no step: a drain pinned the free slot
   bool ended = false;            // a round failed: the tier keeps its newest version again
   std::string error;             // why it ended
 };
@@ -154,6 +155,8 @@ class StepAgreement {
   // Keeps the round's steps, the agreed one and the promised one (HostTier::Keep); returns
   // those held.
   std::vector<int64_t> KeepLocked(const std::vector<int64_t>& drop) CAIRN_REQUIRES(mu_);
+  // The steps KeepLocked keeps, sorted, once each.
+  std::vector<int64_t> KeepSetLocked() const CAIRN_REQUIRES(mu_);
 
   Group* group_;
   HostTier* tier_;

@@ -523,5 +523,63 @@ TEST_F(TwoRanks, ARoundThatWaitsWithSeveralSavesKeepsASlotFreeToCaptureInto) {
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{4, 3, 1}));
 }
 
+TEST_F(TwoRanks, NamedPushesWaitWhileADrainPinsAVersionTheJobNoLongerKeeps) {
+  // Three slots: a drain pins the agreed step 2 (it costs no slot: the job keeps it), then
+  // the ranks agree on 3, so the drain's pin holds a version the job no longer keeps. A
+  // round that kept 4 beside 3 while 4 is pushed would leave no slot for the next save (on
+  // a 2-vCPU machine a drain outlasted the iteration and that save was skipped): it offers
+  // nothing until the drain lets go, and then the job moves on.
+  for (int r = 0; r < 2; ++r) Reopen(r, 3);
+  Mutex mu;
+  std::vector<int64_t> named[2];
+  std::vector<std::string> full;  // a save tried while a step is pushed found no slot
+  for (int r = 0; r < 2; ++r) {
+    AgreementProtection p;
+    p.wait_tried = [](int64_t) {};
+    p.target = [this, r, &mu, &named, &full](int64_t step) {
+      // The training thread saves while the push runs.
+      auto slot = tiers_[r]->Reserve(step + 1, FullPolicy::kSkip);
+      MutexLock lk(mu);
+      named[r].push_back(step);
+      if (slot.ok())
+        tiers_[r]->Abort(*slot);
+      else
+        full.push_back("rank " + std::to_string(r) + ", step " + std::to_string(step) + ": " +
+                       slot.status().ToString());
+      EXPECT_TRUE(tiers_[r]->SetState(step, VersionState::kReplicated).ok());
+    };
+    agree_[r] = std::make_unique<StepAgreement>(
+        groups_[r].get(), tiers_[r].get(), &log_, [](uint64_t) {}, nullptr, 10.0, 30.0, p);
+  }
+  Step(1, false);
+  Step(2, false);
+  std::unique_ptr<HostTier::View> drain[2];
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(agree_[r]->stats().agreed_step, 2);
+    auto v = tiers_[r]->Pin(2);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    drain[r] = std::move(*v);
+  }
+  Step(3, false);  // slot of 1 free beside 2 (pinned) and 3: pushed and agreed
+  Step(4, false);  // 2 pinned, 3 agreed, 4 captured: keeping 4 would fill every slot
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agree_[r]->stats().agreed_step, 3) << r;
+    EXPECT_GE(agree_[r]->stats().held_back, 1u) << r;
+    EXPECT_TRUE(Capture(r, 5)) << "rank " << r << ": the save after the held-back step";
+    drain[r].reset();  // the drain's share is written
+  }
+  seq_[0] += 1;  // step 5 captured above on both ranks; recorded by Step below
+  seq_[1] += 1;
+  for (int r = 0; r < 2; ++r) agree_[r]->OnSave(seq_[r], 5);
+  ++saves_;
+  for (int r = 0; r < 2; ++r) WaitFor([&] { return agree_[r]->stats().agreed_saves >= saves_; });
+  Step(6, false);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(agree_[r]->stats().agreed_step, 6) << r;
+  MutexLock lk(mu);
+  EXPECT_TRUE(full.empty()) << full.front();
+  EXPECT_EQ(named[0], (std::vector<int64_t>{1, 2, 3, 5, 6}));
+  EXPECT_EQ(named[1], named[0]);
+}
+
 }  // namespace
 }  // namespace cairn

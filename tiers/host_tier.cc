@@ -330,6 +330,21 @@ std::vector<int64_t> HostTier::Kept() const {
   return KeptStepsLocked();
 }
 
+HostTier::Room HostTier::RoomIfKept(const std::vector<int64_t>& keep) const {
+  MutexLock lk(mu_);
+  Room room;
+  for (const Slot& s : slots_) {
+    const bool kept = s.use == Use::kCaptured &&
+                      std::find(keep.begin(), keep.end(), s.header->step) != keep.end();
+    if (kept) continue;
+    if (s.pins > 0)
+      ++room.pinned_unkept;
+    else
+      ++room.free;
+  }
+  return room;
+}
+
 std::vector<int64_t> HostTier::KeptStepsLocked() const {
   std::vector<int64_t> held;
   for (const Slot& s : slots_)

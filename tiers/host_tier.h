@@ -119,6 +119,16 @@ class HostTier {
   std::vector<int64_t> Keep(const std::vector<int64_t>& keep, const std::vector<int64_t>& drop);
   // The steps of the last Keep() held now (none while the newest-version rule applies).
   std::vector<int64_t> Kept() const;
+  // What keeping the versions of `keep` would leave a capture: `free`, the slots neither
+  // pinned nor holding one of `keep` (a slot being captured into counts: it is free again
+  // once its version is newer); `pinned_unkept`, the slots pinned (a drain, a push) whose
+  // version is not in `keep`. The step agreement holds back a step it would keep when
+  // keeping it leaves no free slot because a drain pins another.
+  struct Room {
+    int free = 0;
+    int pinned_unkept = 0;
+  };
+  Room RoomIfKept(const std::vector<int64_t>& keep) const;
 
   // Records that the restorable version of `step` reached a stage (REPLICATED or
   // PERSISTED; both together read REPLICATED+PERSISTED) by republishing its header
