@@ -283,15 +283,9 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
     {
       MutexLock lk(mu_);
       round_keep_ = offer;
-      // As with named pushes: not while a drain's pin would leave no slot to capture into
-      // (the step a wait_replicated() succeeded for is kept anyway, and still offered).
-      const HostTier::Room room = tier_->RoomIfKept(KeepSetLocked());
-      if (room.free == 0 && room.pinned_unkept > 0 &&
-          std::erase_if(offer, [&](int64_t st) CAIRN_REQUIRES(mu_) { return st != promised_; }) >
-              0) {
-        round_keep_ = offer;
-        ++stats_.held_back;
-      }
+      // (No hold-back here as for named pushes: a replica push pins an unkept version as a
+      // matter of course, and holding the round back then cost the crash matrices under
+      // ASan the step every rank saw replicated.)
       held = KeepLocked({});
       holding_since_ns_ = NowNanos();
     }
