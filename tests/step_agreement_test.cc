@@ -151,12 +151,21 @@ class TwoRanks : public ::testing::Test {
   // save; waits until the job agreed on it (as a round does within an iteration).
   void Step(int64_t step, bool skip_on_rank1) {
     for (int r = 0; r < 2; ++r) {
-      if (!(r == 1 && skip_on_rank1)) {
+      const bool captured = !(r == 1 && skip_on_rank1);
+      if (captured) {
         ASSERT_TRUE(Capture(r, step)) << "rank " << r;
       }
-      seq_[r] += (r == 1 && skip_on_rank1) ? 0 : 1;
-      agree_[r]->OnSave(seq_[r], step);
+      Record(r, step, captured);
     }
+    AwaitAgreed();
+  }
+  // Rank r records its save of `step` (captured there or skipped).
+  void Record(int r, int64_t step, bool captured) {
+    seq_[r] += captured ? 1 : 0;
+    agree_[r]->OnSave(seq_[r], step);
+  }
+  // Waits until both ranks consumed the save every rank just recorded.
+  void AwaitAgreed() {
     ++saves_;
     for (int r = 0; r < 2; ++r) {
       WaitFor([&] { return agree_[r]->stats().agreed_saves >= saves_; });
@@ -568,11 +577,8 @@ TEST_F(TwoRanks, NamedPushesWaitWhileADrainPinsAVersionTheJobNoLongerKeeps) {
     EXPECT_TRUE(Capture(r, 5)) << "rank " << r << ": the save after the held-back step";
     drain[r].reset();  // the drain's share is written
   }
-  seq_[0] += 1;  // step 5 captured above on both ranks; recorded by Step below
-  seq_[1] += 1;
-  for (int r = 0; r < 2; ++r) agree_[r]->OnSave(seq_[r], 5);
-  ++saves_;
-  for (int r = 0; r < 2; ++r) WaitFor([&] { return agree_[r]->stats().agreed_saves >= saves_; });
+  for (int r = 0; r < 2; ++r) Record(r, 5, true);  // step 5, captured above
+  AwaitAgreed();
   Step(6, false);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(agree_[r]->stats().agreed_step, 6) << r;
   MutexLock lk(mu);

@@ -304,9 +304,13 @@ std::string HostTier::StepsHeldLocked() const {
   return out;
 }
 
-bool HostTier::KeptLocked(const Slot& s) const {
+bool HostTier::HoldsOneOf(const Slot& s, const std::vector<int64_t>& steps) {
   return s.use == Use::kCaptured &&
-         std::find(keep_.begin(), keep_.end(), s.header->step) != keep_.end();
+         std::find(steps.begin(), steps.end(), s.header->step) != steps.end();
+}
+
+bool HostTier::KeptLocked(const Slot& s) const {
+  return HoldsOneOf(s, keep_);
 }
 
 bool HostTier::ProtectedLocked(const Slot& s, int newest, bool keeping) const {
@@ -318,9 +322,7 @@ std::vector<int64_t> HostTier::Keep(const std::vector<int64_t>& keep,
   MutexLock lk(mu_);
   keep_ = keep;
   for (Slot& s : slots_)
-    if (s.use == Use::kCaptured &&
-        std::find(drop.begin(), drop.end(), s.header->step) != drop.end())
-      s.dropped = true;
+    if (HoldsOneOf(s, drop)) s.dropped = true;
   cv_.NotifyAll();  // a slot may have become free for a blocked Reserve
   return KeptStepsLocked();
 }
@@ -334,9 +336,7 @@ HostTier::Room HostTier::RoomIfKept(const std::vector<int64_t>& keep) const {
   MutexLock lk(mu_);
   Room room;
   for (const Slot& s : slots_) {
-    const bool kept = s.use == Use::kCaptured &&
-                      std::find(keep.begin(), keep.end(), s.header->step) != keep.end();
-    if (kept) continue;
+    if (HoldsOneOf(s, keep)) continue;
     if (s.pins > 0)
       ++room.pinned_unkept;
     else

@@ -207,6 +207,8 @@ class HostTier {
   // Whether a step the job keeps is held: then it, not the newest, is what survives.
   bool KeepingLocked() const CAIRN_REQUIRES(mu_);
   std::string WhyFullLocked(const std::string& what) const CAIRN_REQUIRES(mu_);
+  // Whether slot `s` holds a restorable version of one of `steps` (caller holds mu_).
+  static bool HoldsOneOf(const Slot& s, const std::vector<int64_t>& steps);
   // Whether slot `s` holds a restorable version of a step Keep keeps.
   bool KeptLocked(const Slot& s) const CAIRN_REQUIRES(mu_);
   // The steps of keep_ held now, sorted, once each.
