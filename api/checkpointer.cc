@@ -267,9 +267,9 @@ Status Checkpointer::Impl::Open() {
     if (replicator_ && parity_) {
       // With parity, the agreed step is one every rank's parity covers: the survivors of a
       // lost node then keep a step its set can rebuild. (Replicas do without: each holder
-      // keeps several of its sources' versions, and waiting for their acknowledgements
-      // holds one more slot while saves outpace pushes: with 2 replicas and 3 slots, the
-      // fourth of four quick saves found none.)
+      // keeps the replicas of the steps its source keeps, which every replica offer names,
+      // and waiting for their acknowledgements holds one more slot while saves outpace
+      // pushes: with 2 replicas and 3 slots, the fourth of four quick saves found none.)
       Replicator* replicator = replicator_.get();
       std::atomic<bool>* cancel = &agree_cancel_;
       const double wait_s = options_.replicate_timeout_s + 1;

@@ -404,7 +404,10 @@ Status Replicator::PushToAll(int64_t step, const std::vector<int>& holders) {
   std::shared_ptr<const HostTier::View> view = std::move(*pinned);
   const bool blobs_only = BlobsOnly(view->header());
   std::optional<ReplicaOffer> replica;
-  if (!erasure_) replica = MakeReplicaOffer(view->header(), blobs_only);
+  // The steps this rank keeps: the holders keep their replicas (a holder keeping only the
+  // newest ones lost the agreed step's replica while another rank skipped its saves, and a
+  // lost node then had no step the survivors held: tests/RELIABILITY.md).
+  if (!erasure_) replica = MakeReplicaOffer(view->header(), blobs_only, local_->Kept());
   const uint64_t bytes = replica ? replica->bytes : view->header().data_bytes;  // per holder
   Status last = holders.empty() ? Status::FailedPrecondition("no replica holders") : Status::OK();
   for (int h : holders) {
@@ -542,19 +545,23 @@ Status Replicator::SendChunks(int holder, uint32_t offer,
   return first;
 }
 
-Replicator::ReplicaOffer Replicator::MakeReplicaOffer(const SlotHeader& h, bool blobs_only) {
+Replicator::ReplicaOffer Replicator::MakeReplicaOffer(const SlotHeader& h, bool blobs_only,
+                                                      const std::vector<int64_t>& keep_steps) {
   ReplicaOffer o;
+  wire::ReplicaOffer w;
   if (blobs_only) {
     uint64_t from = 0;
     const SlotHeader b = BlobsOnlyHeader(h, &from);
-    o.header = EncodeSlotHeader(b);
+    w.set_slot_header(EncodeSlotHeader(b));
     if (b.data_bytes > 0) o.ranges.emplace_back(from, b.data_bytes);
     o.bytes = b.data_bytes;
   } else {
-    o.header = EncodeSlotHeader(h);
+    w.set_slot_header(EncodeSlotHeader(h));
     o.ranges.emplace_back(0, h.data_bytes);
     o.bytes = h.data_bytes;
   }
+  for (int64_t k : keep_steps) w.add_keep_steps(k);
+  o.header = wire::Encode(w);
   return o;
 }
 
@@ -676,14 +683,20 @@ void Replicator::Reply(int src, uint32_t offer, Channel channel, const std::stri
   (void)comm_->FinishSend(s, timeout_s_);
 }
 
-Result<Replicator::Admitted> Replicator::Admit(int src, const std::string& header) {
+Result<Replicator::Admitted> Replicator::Admit(int src, const std::string& offer) {
   const auto& held = placement_.held_by(comm_->rank());
   if (std::find(held.begin(), held.end(), src) == held.end())
     return Status::FailedPrecondition("this rank does not hold replicas of rank " +
                                       std::to_string(src));
+  wire::ReplicaOffer w;
+  CAIRN_RETURN_IF_ERROR(wire::Decode(offer, &w, "replica offer"));
   Admitted a;
-  CAIRN_ASSIGN_OR_RETURN(a.header, DecodeSlotHeader(header));
+  CAIRN_ASSIGN_OR_RETURN(a.header, DecodeSlotHeader(w.slot_header()));
   CAIRN_ASSIGN_OR_RETURN(a.tier, store_->TierFor(src));
+  // `src` keeps these steps (the agreed one among them) from reuse: so do its replicas here,
+  // in place of the newest one (the newest-version rule again when none is held here).
+  const std::vector<int64_t> keep(w.keep_steps().begin(), w.keep_steps().end());
+  (void)a.tier->Keep(keep, {});
   CAIRN_ASSIGN_OR_RETURN(a.slot, a.tier->Reserve(a.header.step, FullPolicy::kSkip));
   SlotHeader base = a.header;
   auto mem = a.tier->Prepare(a.slot, a.header.step, a.header.data_bytes, base);

@@ -159,14 +159,16 @@ class Replicator {
   void RecordPush(int h, int64_t step, const Status& st, uint64_t epoch, int64_t t0,
                   uint64_t bytes);
   void ServiceLoop();
-  // What a replica push sends each of its holders alike: the offer's encoded header and the
-  // (offset, length) ranges of the version's data (all of it, or its blobs only).
+  // What a replica push sends each of its holders alike: the encoded offer (the header, and
+  // the steps this rank's tier keeps) and the (offset, length) ranges of the version's data
+  // (all of it, or its blobs only).
   struct ReplicaOffer {
     std::string header;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     uint64_t bytes = 0;  // their sum
   };
-  static ReplicaOffer MakeReplicaOffer(const SlotHeader& h, bool blobs_only);
+  static ReplicaOffer MakeReplicaOffer(const SlotHeader& h, bool blobs_only,
+                                       const std::vector<int64_t>& keep_steps);
   // Pushes the pinned version to `holder`: `replica` (built once for every holder), or,
   // when null, the parity pieces this holder keeps. Sends still in flight when it gives up
   // keep the pin (draining_).
@@ -209,9 +211,10 @@ class Replicator {
     int slot = -1;
     std::byte* data = nullptr;
   };
-  // Admission: this rank holds `src`'s replicas, the header decodes, a slot is free; the
-  // error is the refusal sent back.
-  Result<Admitted> Admit(int src, const std::string& header);
+  // Admission: this rank holds `src`'s replicas, the offer decodes, a slot is free (the
+  // replicas of the steps `src` keeps are not reused: HostTier::Keep); the error is the
+  // refusal sent back.
+  Result<Admitted> Admit(int src, const std::string& offer);
   // Receives the offer's bytes into the slot (a window of chunks posted, answered "ready"
   // first) and verifies them as they arrive; bytes a give-up leaves in flight are sunk.
   Status Receive(int src, uint32_t offer, const Admitted& a,

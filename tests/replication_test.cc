@@ -13,13 +13,17 @@
 #include <sstream>
 #include <thread>
 
+#include "api/channels.h"
 #include "cli/launcher.h"
+#include "core/checksum.h"
 #include "core/filesystem.h"
+#include "redundancy/placement.h"
 #include "redundancy/replica_store.h"
 #include "redundancy/replicator.h"
 #include "tests/crash_state.h"
 #include "tests/test_util.h"
 #include "tiers/host_tier.h"
+#include "transport/ucx_comm.h"
 
 namespace cairn {
 namespace {
@@ -354,6 +358,109 @@ TEST(ReplicatePriority, LowRunsEveryReplicationThreadAtNice10) {
     for (const char* t : {" cairn-repl-send:10 ", " cairn-repl-serv:10 ", " cairn-verify:10 "})
       EXPECT_NE(line.find(t), std::string::npos) << t << " in: " << line;
   }
+}
+
+// One rank of a two-rank job in this process (each a node of one rank), rank 1 holding
+// rank 0's replicas over UCX: its own tier, its replica store and its replicator.
+struct InProcessRank {
+  std::unique_ptr<UcxComm> comm;
+  std::unique_ptr<HostTier> tier;
+  std::unique_ptr<ReplicaStore> store;
+  std::unique_ptr<Replicator> replicator;
+};
+
+// Captures a version of `step` into `t`: one 1000-byte shard filled with `fill`.
+Status CaptureInto(HostTier& t, int64_t step, char fill) {
+  CAIRN_ASSIGN_OR_RETURN(int slot, t.Reserve(step, FullPolicy::kSkip));
+  std::vector<std::byte> bytes(1000, std::byte(fill));
+  SlotHeader h;
+  h.step = step;
+  h.chunk_bytes = 4096;
+  h.data_bytes = bytes.size();
+  h.shards.push_back({"w", DType::kU8, {1000}, Box{{0}, {1000}}, 0, 1000, 0, 1});
+  h.chunk_checksums = {Checksum(bytes.data(), bytes.size())};
+  auto base = t.Prepare(slot, step, h.data_bytes, h);
+  if (!base.ok()) {
+    t.Abort(slot);
+    return base.status();
+  }
+  std::memcpy(*base, bytes.data(), bytes.size());
+  t.MarkCopied(slot);
+  Status st = t.Commit(slot, h);
+  if (!st.ok()) t.Abort(slot);
+  return st;
+}
+
+// A holder keeps the replica of the step its source keeps (the agreed one) however many
+// newer versions come after it, in place of only the newest ones: while a rank on another
+// node skipped its saves, the agreement stayed on a step the other ranks' holders had already
+// reused, and a lost node had no step every rank held (the crash matrices under ASan,
+// tests/RELIABILITY.md). Rank 0 keeps step 2, then captures and replicates 3-9 (3 slots).
+TEST(ReplicaHolder, KeepsTheReplicaOfTheStepItsSourceKeepsWhileNewerOnesCome) {
+  testing::TempDir root("repl-keep");
+  const std::string job = testing::UniqueJobId("repl-keep");
+  const std::string host = root.path() + "/host";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(host, 0700).ok());
+  Logger log("test", LogLevel::kError);
+  InProcessRank ranks[2];
+  {
+    std::vector<std::thread> joining;
+    Status connected[2];
+    for (int r = 0; r < 2; ++r)
+      joining.emplace_back([&, r] {
+        Options o;
+        o.job_id = job;
+        o.pfs_root = root.path() + "/pfs";
+        o.rank = r;
+        o.world_size = 2;
+        o.local_world_size = 1;
+        o.node = r;
+        auto c = UcxComm::Connect(o, &log);
+        connected[r] = c.status();
+        if (c.ok()) ranks[r].comm = std::move(*c);
+      });
+    for (std::thread& t : joining) t.join();
+    for (const Status& st : connected) ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  for (int r = 0; r < 2; ++r) {
+    HostTierConfig c;
+    c.dir = HostTier::RankDir(host, job, r, r);
+    c.trust_top = host;
+    c.slots = 3;
+    auto tier = HostTier::Open(std::move(c), DefaultFileSystem(), &log);
+    ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+    ranks[r].tier = std::move(*tier);
+    ranks[r].store = std::make_unique<ReplicaStore>(host + "/" + job + "/node-" + std::to_string(r),
+                                                    DefaultFileSystem(), &log, 3, host);
+    auto placement = Placement::Make(2, 1, 1, PlacementStrategy::kRing);
+    ASSERT_TRUE(placement.ok()) << placement.status().ToString();
+    ranks[r].replicator = std::make_unique<Replicator>(
+        ranks[r].comm.get(), JobChannels{}.replication, std::move(*placement), ranks[r].tier.get(),
+        ranks[r].store.get(), &log, 20.0);
+  }
+  HostTier& own = *ranks[0].tier;
+  for (int64_t step = 1; step <= 9; ++step) {
+    ASSERT_TRUE(CaptureInto(own, step, static_cast<char>('a' + step)).ok()) << step;
+    // The job agreed on step 2: rank 0's tier keeps it (StepAgreement does this).
+    if (step == 2) {
+      ASSERT_EQ(own.Keep({2}, {}), std::vector<int64_t>{2});
+    }
+    ranks[0].replicator->Notify(step);
+    Status st = ranks[0].replicator->WaitReplicated(step, 20);
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.ToString();
+  }
+  auto held = ranks[1].store->TierFor(0);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  std::vector<int64_t> steps;
+  for (const VersionInfo& v : (*held)->Versions()) steps.push_back(v.step);
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 8, 9}));
+  // The ranks leave together, as processes would (a closing rank waits for its peers' last
+  // words a while).
+  for (InProcessRank& r : ranks) r.replicator.reset();
+  std::vector<std::thread> leaving;
+  for (InProcessRank& r : ranks) leaving.emplace_back([&r] { r.comm.reset(); });
+  for (std::thread& t : leaving) t.join();
 }
 
 TEST(BlobsOnlyHeader, KeepsTheBlobsAtTheirNewOffsetsAndNoTensor) {
