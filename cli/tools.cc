@@ -59,6 +59,15 @@ std::vector<StepEntry> PfsSteps(FileSystem* fs, const std::string& job_dir) {
 }
 
 // Host-tier directories under a host job directory: rank dirs and replica dirs.
+// The name of `dir`, a directory TierDirs listed, relative to `job_dir` ("node-0/rank-1"),
+// whether or not `job_dir` was given with a trailing slash (it was cut one character short:
+// "ode-0/rank-1", and the host tree's summary matched no rank).
+std::string RelativeName(const std::string& dir, const std::string& job_dir) {
+  std::string rel = dir.substr(std::min(dir.size(), job_dir.size()));
+  while (!rel.empty() && rel.front() == '/') rel.erase(0, 1);
+  return rel;
+}
+
 std::vector<std::string> TierDirs(FileSystem* fs, const std::string& job_dir) {
   std::vector<std::string> out;
   auto nodes = fs->ListDir(job_dir);
@@ -166,7 +175,7 @@ HostTreeSteps ScanHostTree(FileSystem* fs, const std::string& job_dir,
   HostTreeSteps t;
   const std::regex own_re(R"(node-(\d+)/rank-(\d+))"), rep_re(R"(node-(\d+)/replica/rank-(\d+))");
   for (const std::string& d : dirs) {
-    const std::string rel = d.substr(job_dir.size() + 1);
+    const std::string rel = RelativeName(d, job_dir);
     std::smatch m;
     const bool is_own = std::regex_match(rel, m, own_re);
     if (!is_own && !std::regex_match(rel, m, rep_re)) continue;
@@ -317,7 +326,7 @@ int LsMain(int argc, char** argv) {
   for (const std::string& d : dirs) {
     std::vector<std::string> problems;
     auto v = HostTier::Scan(fs, d, &problems);
-    std::printf("  %s\n", d.substr(path.size() + 1).c_str());
+    std::printf("  %s\n", RelativeName(d, path).c_str());
     if (!v.ok()) {
       std::printf("    unreadable: %s\n", v.status().ToString().c_str());
       continue;

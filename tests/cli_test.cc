@@ -199,6 +199,10 @@ TEST(Cli, LsInspectVerifyAndGcOnThePfsAndHostTiers) {
   EXPECT_EQ(ls.code, 0) << ls.out;
   EXPECT_NE(ls.out.find("rank-0"), std::string::npos) << ls.out;
   EXPECT_NE(ls.out.find("step 2"), std::string::npos) << ls.out;
+  // With a trailing slash (a shell's completion adds one) the names stay whole.
+  ls = RunCli("ls " + host + "/");
+  EXPECT_EQ(ls.code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("  node-0/rank-0\n"), std::string::npos) << ls.out;
 
   CliRun in = RunCli("inspect " + pfs);
   EXPECT_EQ(in.code, 0) << in.out;
