@@ -32,6 +32,7 @@
 #include "tests/persist_state.h"
 #include "tests/plan_check.h"
 #include "tests/test_util.h"
+#include "tests/tier_util.h"
 
 namespace cairn {
 namespace {
@@ -499,28 +500,6 @@ class AgreeingSlowly final : public Group {
   std::function<void()> committing_;
 };
 
-// Captures a version of `step` into `tier` (one 64 KiB shard filled with the step number);
-// false when no slot is free.
-bool CaptureInto(HostTier& tier, int64_t step) {
-  auto slot = tier.Reserve(step, FullPolicy::kSkip);
-  if (!slot.ok()) return false;
-  std::vector<std::byte> bytes(64 << 10, static_cast<std::byte>(step));
-  SlotHeader h;
-  h.step = step;
-  h.chunk_bytes = bytes.size();
-  h.data_bytes = bytes.size();
-  const int64_t n = static_cast<int64_t>(bytes.size());
-  h.shards.push_back({"w", DType::kU8, {n}, Box{{0}, {n}}, 0, bytes.size(), 0, 1});
-  h.chunk_checksums = {Checksum(bytes.data(), bytes.size())};
-  auto base = tier.Prepare(*slot, step, h.data_bytes, h);
-  EXPECT_TRUE(base.ok()) << base.status().ToString();
-  if (!base.ok()) return false;
-  std::memcpy(*base, bytes.data(), bytes.size());
-  tier.MarkCopied(*slot);
-  EXPECT_TRUE(tier.Commit(*slot, h).ok());
-  return true;
-}
-
 // A one-rank host tier of `slots` slots holding steps 1-3 (64 KiB each, CaptureInto), and
 // the config of a drain of it every `every` saves.
 struct OneRankDrain {
@@ -532,7 +511,7 @@ struct OneRankDrain {
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     if (t.ok()) tier = std::move(*t);
     for (int64_t s = 1; s <= 3 && tier; ++s)
-      if (!CaptureInto(*tier, s)) tier.reset();
+      if (!testing::CaptureInto(*tier, s)) tier.reset();
     pc.job = job;
     pc.job_dir = PfsJobDir(root.path() + "/pfs", job);
     pc.every = every;
@@ -565,7 +544,7 @@ TEST(Persist, TheMarkedVersionIsHeldFromTheOfferUntilItIsWritten) {
   std::vector<int64_t> captured;
   AgreeingSlowly group([&] {
     for (int64_t t = 4; t <= 5; ++t)
-      if (CaptureInto(*d.tier, t)) captured.push_back(t);
+      if (testing::CaptureInto(*d.tier, t)) captured.push_back(t);
   });
   PersisterStats st;
   {
@@ -596,7 +575,7 @@ TEST(Persist, TheDrainedVersionsSlotIsFreeOnceItsShareIsWritten) {
   std::vector<int64_t> captured;
   AgreeingSlowly group({}, [&] {
     for (int64_t t = 4; t <= 5; ++t)
-      if (CaptureInto(*d.tier, t)) captured.push_back(t);
+      if (testing::CaptureInto(*d.tier, t)) captured.push_back(t);
   });
   PersisterStats st;
   {
@@ -634,7 +613,7 @@ TEST(Persist, APeriodicDrainTakesAKeptVersionAndFlushTheLastSaved) {
   for (int64_t t = 1; t <= 3; ++t) p.OnSave(static_cast<uint64_t>(t), t);
   while (!stuck.entered()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // The drain is stuck inside its write: a capture still finds a slot.
-  EXPECT_TRUE(CaptureInto(*d.tier, 4)) << "the drain pinned the slot captures take";
+  EXPECT_TRUE(testing::CaptureInto(*d.tier, 4)) << "the drain pinned the slot captures take";
   stuck.Release();
   auto flushed = p.Flush(4, 4);
   ASSERT_TRUE(flushed.ok()) << flushed.status().ToString();
@@ -655,7 +634,7 @@ TEST(Persist, APeriodicOfferPinsOnlyTheKeptVersionsItWillTake) {
   d.tier->Keep({1, 2}, {});
   std::vector<int64_t> captured;
   AgreeingSlowly group([&] {
-    if (CaptureInto(*d.tier, 4)) captured.push_back(4);
+    if (testing::CaptureInto(*d.tier, 4)) captured.push_back(4);
   });
   PersisterStats st;
   {

@@ -15,13 +15,13 @@
 
 #include "api/channels.h"
 #include "cli/launcher.h"
-#include "core/checksum.h"
 #include "core/filesystem.h"
 #include "redundancy/placement.h"
 #include "redundancy/replica_store.h"
 #include "redundancy/replicator.h"
 #include "tests/crash_state.h"
 #include "tests/test_util.h"
+#include "tests/tier_util.h"
 #include "tiers/host_tier.h"
 #include "transport/ucx_comm.h"
 
@@ -369,28 +369,6 @@ struct InProcessRank {
   std::unique_ptr<Replicator> replicator;
 };
 
-// Captures a version of `step` into `t`: one 1000-byte shard filled with `fill`.
-Status CaptureInto(HostTier& t, int64_t step, char fill) {
-  CAIRN_ASSIGN_OR_RETURN(int slot, t.Reserve(step, FullPolicy::kSkip));
-  std::vector<std::byte> bytes(1000, std::byte(fill));
-  SlotHeader h;
-  h.step = step;
-  h.chunk_bytes = 4096;
-  h.data_bytes = bytes.size();
-  h.shards.push_back({"w", DType::kU8, {1000}, Box{{0}, {1000}}, 0, 1000, 0, 1});
-  h.chunk_checksums = {Checksum(bytes.data(), bytes.size())};
-  auto base = t.Prepare(slot, step, h.data_bytes, h);
-  if (!base.ok()) {
-    t.Abort(slot);
-    return base.status();
-  }
-  std::memcpy(*base, bytes.data(), bytes.size());
-  t.MarkCopied(slot);
-  Status st = t.Commit(slot, h);
-  if (!st.ok()) t.Abort(slot);
-  return st;
-}
-
 // A holder keeps the replica of the step its source keeps (the agreed one) however many
 // newer versions come after it, in place of only the newest ones: while a rank on another
 // node skipped its saves, the agreement stayed on a step the other ranks' holders had already
@@ -440,7 +418,7 @@ TEST(ReplicaHolder, KeepsTheReplicaOfTheStepItsSourceKeepsWhileNewerOnesCome) {
   }
   HostTier& own = *ranks[0].tier;
   for (int64_t step = 1; step <= 9; ++step) {
-    ASSERT_TRUE(CaptureInto(own, step, static_cast<char>('a' + step)).ok()) << step;
+    ASSERT_TRUE(testing::CaptureInto(own, step)) << step;
     // The job agreed on step 2: rank 0's tier keeps it (StepAgreement does this).
     if (step == 2) {
       ASSERT_EQ(own.Keep({2}, {}), std::vector<int64_t>{2});
