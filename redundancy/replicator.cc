@@ -561,7 +561,7 @@ Replicator::ReplicaOffer Replicator::MakeReplicaOffer(const SlotHeader& h, bool 
     o.bytes = h.data_bytes;
   }
   for (int64_t k : keep_steps) w.add_keep_steps(k);
-  o.header = wire::Encode(w);
+  o.encoded = wire::Encode(w);
   return o;
 }
 
@@ -574,10 +574,10 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   const uint32_t offer = next_offer_.fetch_add(1) & 0xffff;
   const std::string who =
       "replicating step " + std::to_string(h.step) + " to rank " + std::to_string(holder);
-  std::string parity_header;
+  std::string parity_offer;
   std::vector<std::pair<uint64_t, uint64_t>> parity_ranges;
-  if (!replica) std::tie(parity_header, parity_ranges) = ParityOfferFor(holder, h);
-  const std::string& header = replica ? replica->header : parity_header;
+  if (!replica) std::tie(parity_offer, parity_ranges) = ParityOfferFor(holder, h);
+  const std::string& encoded = replica ? replica->encoded : parity_offer;
   const std::vector<std::pair<uint64_t, uint64_t>>& ranges =
       replica ? replica->ranges : parity_ranges;
   // Answers to offers this rank gave up (they arrive late after a link came back) are
@@ -586,7 +586,7 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
     while (comm_->RecvAny(c, 0, holder).ok()) {
     }
   CAIRN_RETURN_IF_ERROR(
-      comm_->Send(holder, MakeTag(ch_.offer, me, offer), header.data(), header.size())
+      comm_->Send(holder, MakeTag(ch_.offer, me, offer), encoded.data(), encoded.size())
           .WithContext(who));
   CAIRN_KILL_POINT("replicate.offered");
   LinkWatch watch(comm_, holder);

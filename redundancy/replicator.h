@@ -163,7 +163,7 @@ class Replicator {
   // the steps this rank's tier keeps) and the (offset, length) ranges of the version's data
   // (all of it, or its blobs only).
   struct ReplicaOffer {
-    std::string header;
+    std::string encoded;  // a wire::ReplicaOffer
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     uint64_t bytes = 0;  // their sum
   };
