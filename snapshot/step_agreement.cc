@@ -144,11 +144,20 @@ std::vector<int64_t> StepAgreement::KeepSetLocked() const {
   // on a newer one (docs/guarantees.md: a restore is no older than the newest step every
   // rank saw replicated). With 2 slots it would leave none to capture into beside the
   // agreed step: not kept there.
-  if (promised_ >= 0 && (promised_ > agreed_ || stats_.ended) && tier_->num_slots() >= 3)
-    keep.push_back(promised_);
+  // With 4 slots or more it stays kept until a newer promise replaces it, also once the
+  // agreement passed it: an agreed step is one every rank captured, not one every rank saw
+  // replicated, and a node lost then must still find the promised step on the survivors
+  // (tests/RELIABILITY.md: the flat crash matrix under ASan, trial 21). Rounds offer one
+  // step fewer then, so that a slot stays free to capture into.
+  if (promised_ >= 0 && (promised_ > agreed_ || stats_.ended || KeepsPromisePastAgreement()))
+    if (tier_->num_slots() >= 3) keep.push_back(promised_);
   std::sort(keep.begin(), keep.end());
   keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
   return keep;
+}
+
+bool StepAgreement::KeepsPromisePastAgreement() const {
+  return tier_->num_slots() >= 4;
 }
 
 AgreementStats StepAgreement::stats() const {
@@ -267,7 +276,12 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
       // (A round stuck on a dead rank with 2 saves in its window kept all 3 slots: every
       // save was skipped until the hold ended, and nothing new was captured to push: the
       // killed-partner test's CI failures, twice.)
-      const size_t most = static_cast<size_t>(std::max(1, tier_->num_slots() - 2));
+      int spare = tier_->num_slots() - 2;
+      {
+        MutexLock lk(mu_);
+        if (promised_ >= 0 && KeepsPromisePastAgreement()) --spare;
+      }
+      const size_t most = static_cast<size_t>(std::max(1, spare));
       if (offer.size() > most) {
         std::vector<int64_t> held_now;
         for (const VersionInfo& v : tier_->Versions())

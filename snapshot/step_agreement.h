@@ -157,6 +157,8 @@ class StepAgreement {
   std::vector<int64_t> KeepLocked(const std::vector<int64_t>& drop) CAIRN_REQUIRES(mu_);
   // The steps KeepLocked keeps, sorted, once each.
   std::vector<int64_t> KeepSetLocked() const CAIRN_REQUIRES(mu_);
+  // Whether the promised step stays kept once the agreement passed it (4 slots or more).
+  bool KeepsPromisePastAgreement() const;
 
   Group* group_;
   HostTier* tier_;

@@ -460,6 +460,32 @@ TEST_F(TwoRanks, AStepSeenReplicatedIsKeptWhileTheAgreedStepLags) {
   EXPECT_EQ(Steps(0), (std::vector<int64_t>{7, 6, 2}));
 }
 
+// With 4 slots a step every rank saw replicated stays kept after the ranks agreed on newer
+// ones (an agreed step is one every rank captured, not one that was replicated), until a
+// newer promise replaces it: the flat crash matrix under ASan lost the promised step on both
+// survivors once the agreement passed it (tests/RELIABILITY.md, trial 21).
+TEST_F(TwoRanks, WithFourSlotsAPromisedStepIsKeptPastTheAgreementUntilANewerPromise) {
+  for (int r = 0; r < 2; ++r) Reopen(r, 4);
+  Start();
+  Step(1, false);
+  Step(2, false);
+  for (int r = 0; r < 2; ++r) agree_[r]->OnReplicated(2);
+  for (int64_t st = 3; st <= 8; ++st) Step(st, false);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(agree_[r]->stats().agreed_step, 8) << "rank " << r;
+    const std::vector<int64_t> held = Steps(r);
+    EXPECT_NE(std::find(held.begin(), held.end(), 2), held.end()) << "rank " << r;
+  }
+  // A newer promise lets 2 go.
+  for (int r = 0; r < 2; ++r) agree_[r]->OnReplicated(8);
+  for (int64_t st = 9; st <= 12; ++st) Step(st, false);
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<int64_t> held = Steps(r);
+    EXPECT_EQ(std::find(held.begin(), held.end(), 2), held.end()) << "rank " << r;
+    EXPECT_NE(std::find(held.begin(), held.end(), 8), held.end()) << "rank " << r;
+  }
+}
+
 // A two-rank group whose other rank answers the first round with this rank's own offer (it
 // holds the same steps), and then never answers again until the test lets the round fail.
 class AnswersOnceGroup final : public Group {
