@@ -310,6 +310,12 @@ std::vector<Setting> MakeSettings() {
           "fails the start at once); a larger job connects to a rank when it first talks "
           "to it, so a rank holds endpoints to, and reads the address files of, only its "
           "collective neighbours, replica partners and restore peers"),
+      Choice<bool>("CAIRN_UCX_WAIT", CAIRN_FIELD(ucx_wait_events),
+                   {{"event", true}, {"poll", false}},
+                   "how cairn's threads wait for the network when it has nothing for them: "
+                   "event (sleep on UCX's event fd until a message or a send can go on) or "
+                   "poll (look every 20 us, cairn's way before; costs CPU where a wake is "
+                   "dear, as under a hypervisor)"),
       Seconds("CAIRN_OP_TIMEOUT_S", CAIRN_FIELD(op_timeout_s),
               "how long a collective waits for a silent peer"),
       Int("CAIRN_REPLICAS", nullptr, CAIRN_FIELD(replicas), 0, 16,

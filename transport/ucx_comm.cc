@@ -1,6 +1,7 @@
 #include "transport/ucx_comm.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,9 +46,15 @@ std::string UcsError(ucs_status_t st) {
 // at once (before: once past 64 idle polls, every idle poll of a long transfer slept, and
 // replication over tcp between two namespaces reached 0.55-0.64 of ucx_perftest; after,
 // 0.68-0.70: docs/performance.md).
+constexpr int kBusySpins = 64;
 void Backoff(int& spins) {
-  if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  if (++spins > kBusySpins) std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
+
+// The longest an idle wait sleeps on the worker's event fd before it looks again (a
+// cancel, a deadline, a completion another thread's progress took: see UcxComm::Idle).
+constexpr int64_t kEventWaitNs = 2'000'000;
+constexpr int64_t kGentleEventWaitNs = 5'000'000;
 
 }  // namespace
 
@@ -81,6 +88,7 @@ Status UcxComm::Init() {
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
+  if (options_.ucx_wait_events) params.features |= UCP_FEATURE_WAKEUP;
   st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) {
@@ -94,6 +102,15 @@ Status UcxComm::Init() {
   if (st != UCS_OK) {
     worker_ = nullptr;
     return Status::IOError("ucp_worker_create: " + UcsError(st));
+  }
+  if (options_.ucx_wait_events) {
+    int fd = -1;
+    st = ucp_worker_get_efd(worker_, &fd);
+    if (st == UCS_OK) {
+      efd_ = fd;
+    } else if (log_) {
+      log_->Info("UCX gives no event fd (" + UcsError(st) + "): idle waits poll");
+    }
   }
   ucp_address_t* addr = nullptr;
   size_t len = 0;
@@ -154,7 +171,7 @@ UcxComm::~UcxComm() {
   const int64_t deadline = NowNanos() + 5'000'000'000;
   bool done = false;
   while (!done) {
-    ucp_worker_progress(worker_);
+    ProgressLocked();
     done = true;
     for (const UcxRequest& r : closing)
       done = done && ucp_request_check_status(r.req_) != UCS_INPROGRESS;
@@ -233,8 +250,47 @@ std::string UcxComm::peer_incarnation(int peer) const {
 
 void UcxComm::Progress() {
   Lock lk(mu_);
-  for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+  for (int i = 0; i < 64 && ProgressLocked() != 0; ++i) {
   }
+}
+
+unsigned UcxComm::ProgressLocked() {
+  const unsigned n = ucp_worker_progress(worker_);
+  if (n != 0) progressed_.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
+void UcxComm::Idle(Lock& lk, int& spins, int64_t deadline_ns,
+                   int64_t most_ns) CAIRN_NO_THREAD_SAFETY_ANALYSIS {
+  if (efd_ < 0 || spins < kBusySpins) {
+    lk.Unlock();
+    Backoff(spins);
+    lk.Lock();
+    return;
+  }
+  // Armed, the worker's event fd turns readable on the next event of any of its
+  // transports (a message, a send that can go on, a connection). The arm fails busy when
+  // events are already waiting: the caller progresses again at once.
+  const ucs_status_t st = ucp_worker_arm(worker_);
+  if (st == UCS_ERR_BUSY) return;
+  const uint64_t seen = progressed_.load(std::memory_order_relaxed);
+  lk.Unlock();
+  if (st != UCS_OK) {
+    Backoff(spins);
+  } else if (progressed_.load(std::memory_order_relaxed) != seen) {
+    // Another thread progressed the worker since the arm and may have taken this wait's
+    // event (a completion it was waiting for): look again after the usual short sleep.
+    Backoff(spins);
+  } else {
+    // Another thread's progress can also take the event while this one sleeps; the wait
+    // is bounded, so such a completion is seen at the latest `most_ns` later.
+    const int64_t left = std::max<int64_t>(0, deadline_ns - NowNanos());
+    const int64_t ns = std::min(most_ns, left) + 1000;
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    pollfd p{efd_, POLLIN, 0};
+    (void)ppoll(&p, 1, &ts, nullptr);
+  }
+  lk.Lock();
 }
 
 Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double timeout_s,
@@ -246,13 +302,10 @@ Status UcxComm::WaitRequest(Lock& lk, UcxRequest& request, int peer, double time
   int spins = 0;
   ucs_status_t st;
   while ((st = ucp_request_check_status(request.req_)) == UCS_INPROGRESS) {
-    if (ucp_worker_progress(worker_) == 0) {
-      lk.Unlock();
-      Backoff(spins);
-      lk.Lock();
-    } else {
+    if (ProgressLocked() == 0)
+      Idle(lk, spins, deadline, kEventWaitNs);
+    else
       spins = 0;
-    }
     const bool replaced = epoch && peer_epoch(peer) != *epoch;
     if (peer_failed(peer) || replaced || NowNanos() > deadline) {
       if (!peer_failed(peer) && !replaced) SetSilent(peer, true);
@@ -326,7 +379,7 @@ int UcxComm::CancelAndFreeLocked(const std::vector<void*>& reqs) CAIRN_NO_THREAD
   for (void* q : reqs)
     if (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_request_cancel(worker_, q);
   const int64_t give_up = NowNanos() + 1'000'000'000;
-  while (in_flight() && NowNanos() < give_up) ucp_worker_progress(worker_);
+  while (in_flight() && NowNanos() < give_up) ProgressLocked();
   // A send cannot be cancelled: to a peer that died without an error UCX noticed (shm),
   // it stays in flight, holding the registration of the memory it sends from. Nor can a
   // receive UCX already matched (a rendezvous whose data is still coming).
@@ -542,7 +595,7 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       }
       return Status::OK();
     }
-    const bool idle = ucp_worker_progress(worker_) == 0;
+    const bool idle = ProgressLocked() == 0;
     if (peer_failed(peer)) {
       // The peer's last message can come in after the news of its exit: UCX's tcp
       // transport may carry the two on different connections of the pair (the news from a
@@ -570,15 +623,18 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       return Status::Unavailable("receive " +
                                  (peer >= 0 ? Who(peer) : std::string("from any rank")) +
                                  ": given up (closing)");
-    if (wait.gentle || idle) {
-      lk.Unlock();
+    if (wait.gentle && !(idle && efd_ >= 0)) {
       // A service loop waits here most of the time: it polls gently, so that it never
       // competes with a transfer in flight for the worker's lock or for a core.
-      if (wait.gentle)
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-      else
-        Backoff(spins);
+      lk.Unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
       lk.Lock();
+    } else if (wait.gentle) {
+      // With nothing to progress it sleeps until something arrives (spins past at once).
+      spins = kBusySpins;
+      Idle(lk, spins, deadline, kGentleEventWaitNs);
+    } else if (idle) {
+      Idle(lk, spins, deadline, kEventWaitNs);
     }
   }
 }
@@ -622,13 +678,10 @@ bool UcxComm::Await(UcxRequest& request, int peer, double timeout_s) {
   for (;;) {
     if (ucp_request_check_status(request.req_) != UCS_INPROGRESS || peer_failed(peer)) return true;
     if (NowNanos() > deadline) return false;
-    if (ucp_worker_progress(worker_) == 0) {
-      lk.Unlock();
-      Backoff(spins);
-      lk.Lock();
-    } else {
+    if (ProgressLocked() == 0)
+      Idle(lk, spins, deadline, kEventWaitNs);
+    else
       spins = 0;
-    }
   }
 }
 
@@ -712,7 +765,7 @@ void UcxComm::CloseByForce(ucp_ep_h ep, int rank) CAIRN_NO_THREAD_SAFETY_ANALYSI
   prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
   auto req = Own(ucp_ep_close_nbx(ep, &prm), rank, "close");
   if (req.ok() && *req) {
-    while (ucp_request_check_status(req->req_) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    while (ucp_request_check_status(req->req_) == UCS_INPROGRESS) ProgressLocked();
     Free(*req);
   }
 }
@@ -889,11 +942,7 @@ Status UcxComm::AwaitRedial(Lock& lk, int p, double timeout_s) CAIRN_NO_THREAD_S
     if (NowNanos() > deadline)
       return Status::Unavailable("redial " + Who(p) + ": no connection within " +
                                  std::to_string(timeout_s) + " s (the link is still down?)");
-    if (ucp_worker_progress(worker_) == 0) {
-      lk.Unlock();
-      Backoff(spins);
-      lk.Lock();
-    }
+    if (ProgressLocked() == 0) Idle(lk, spins, deadline, kEventWaitNs);
   }
 }
 
@@ -1177,7 +1226,7 @@ Status UcxComm::GreetAll(Lock& lk, int64_t deadline) CAIRN_NO_THREAD_SAFETY_ANAL
                                  " within " + std::to_string(options_.connect_timeout_s) + " s" +
                                  why);
     }
-    ucp_worker_progress(worker_);
+    ProgressLocked();
     lk.Unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     lk.Lock();

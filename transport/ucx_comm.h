@@ -404,6 +404,15 @@ class UcxComm {
   int CancelAndFreeLocked(const std::vector<void*>& requests) CAIRN_REQUIRES(mu_);
   // Marks `peer` (when it is one) as gone silent, or not (Peer::silent).
   void SetSilent(int peer, bool silent) CAIRN_REQUIRES(mu_);
+  // Progresses the worker once; counts a progress that did something (progressed_).
+  unsigned ProgressLocked() CAIRN_REQUIRES(mu_);
+  // The wait of a polling loop whose last progress found nothing to do (`lk` holds mu_ on
+  // entry and return, and releases it meanwhile): the first 64 in a row only let other
+  // threads in; then it sleeps on the worker's event fd until something happens, `most_ns`
+  // pass or `deadline_ns` comes (CAIRN_UCX_WAIT=event), or 20 us (poll, or no event fd).
+  // On a machine whose every wake costs a trip through a hypervisor, polling every 20 us
+  // took most of two vCPUs (docs/performance.md, issue 34 part 16).
+  void Idle(Lock& lk, int& spins, int64_t deadline_ns, int64_t most_ns) CAIRN_REQUIRES(mu_);
   PendingSend Started(int peer, void* request, const char* what) CAIRN_REQUIRES(mu_);
   friend class UcxRequest;
   // Connects afresh to `peer`'s incarnation `nonce`, at `address` (read from its address
@@ -442,7 +451,9 @@ class UcxComm {
   // The buffers of probed receives abandoned in flight: UCX may still write into them, so
   // they live as long as the worker (with it, to process exit).
   std::vector<std::unique_ptr<ProbedBuffers>> orphans_ CAIRN_GUARDED_BY(mu_);
-  std::atomic<uint64_t> refused_{0};  // messages without the job token
+  int efd_ = -1;                         // the worker's event fd (set by Init; -1: idle waits poll)
+  std::atomic<uint64_t> progressed_{0};  // progresses that did something
+  std::atomic<uint64_t> refused_{0};     // messages without the job token
   int64_t refusal_logged_ns_ CAIRN_GUARDED_BY(mu_) = 0;
   // Counts (and at most every 10 s logs) a message from `peer` on `tag` without the token.
   void Refused(int peer, uint64_t tag) CAIRN_REQUIRES(mu_);

@@ -81,6 +81,7 @@ struct Options {
   std::string rendezvous_dir;               // "": <pfs_root>/<job>/rendezvous
   double connect_timeout_s = 120;           // start-up: how long to wait for every rank
   int connect_all_max = 64;                 // jobs up to this size connect every pair at start
+  bool ucx_wait_events = true;  // idle waits sleep on UCX's event fd (false: poll, CAIRN_UCX_WAIT)
   BootstrapKind bootstrap = BootstrapKind::kAuto;  // how ranks find each other
   double op_timeout_s = 300;                       // a collective waiting on a silent peer
   int replicas = 1;                                // copies of each version in other nodes' memory
