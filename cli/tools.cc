@@ -58,7 +58,6 @@ std::vector<StepEntry> PfsSteps(FileSystem* fs, const std::string& job_dir) {
   return out;
 }
 
-// Host-tier directories under a host job directory: rank dirs and replica dirs.
 // The name of `dir`, a directory TierDirs listed, relative to `job_dir` ("node-0/rank-1"),
 // whether or not `job_dir` was given with a trailing slash (it was cut one character short:
 // "ode-0/rank-1", and the host tree's summary matched no rank).
@@ -68,6 +67,7 @@ std::string RelativeName(const std::string& dir, const std::string& job_dir) {
   return rel;
 }
 
+// Host-tier directories under a host job directory: rank dirs and replica dirs.
 std::vector<std::string> TierDirs(FileSystem* fs, const std::string& job_dir) {
   std::vector<std::string> out;
   auto nodes = fs->ListDir(job_dir);

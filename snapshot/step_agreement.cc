@@ -149,8 +149,8 @@ std::vector<int64_t> StepAgreement::KeepSetLocked() const {
   // replicated, and a node lost then must still find the promised step on the survivors
   // (tests/RELIABILITY.md: the flat crash matrix under ASan, trial 21). Rounds offer one
   // step fewer then, so that a slot stays free to capture into.
-  if (promised_ >= 0 && (promised_ > agreed_ || stats_.ended || KeepsPromisePastAgreement()))
-    if (tier_->num_slots() >= 3) keep.push_back(promised_);
+  const bool promise_kept = promised_ > agreed_ || stats_.ended || KeepsPromisePastAgreement();
+  if (promised_ >= 0 && promise_kept && tier_->num_slots() >= 3) keep.push_back(promised_);
   std::sort(keep.begin(), keep.end());
   keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
   return keep;

@@ -275,11 +275,9 @@ void UcxComm::Idle(Lock& lk, int& spins, int64_t deadline_ns,
   if (st == UCS_ERR_BUSY) return;
   const uint64_t seen = progressed_.load(std::memory_order_relaxed);
   lk.Unlock();
-  if (st != UCS_OK) {
-    Backoff(spins);
-  } else if (progressed_.load(std::memory_order_relaxed) != seen) {
-    // Another thread progressed the worker since the arm and may have taken this wait's
-    // event (a completion it was waiting for): look again after the usual short sleep.
+  if (st != UCS_OK || progressed_.load(std::memory_order_relaxed) != seen) {
+    // No arm, or another thread progressed the worker since it and may have taken this
+    // wait's event (a completion it was waiting for): look again after the usual short sleep.
     Backoff(spins);
   } else {
     // Another thread's progress can also take the event while this one sleeps; the wait
@@ -629,12 +627,10 @@ Status UcxComm::ProbeReceive(Lock& lk, uint64_t tag, uint64_t mask, int peer, do
       lk.Unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(500));
       lk.Lock();
-    } else if (wait.gentle) {
-      // With nothing to progress it sleeps until something arrives (spins past at once).
-      spins = kBusySpins;
-      Idle(lk, spins, deadline, kGentleEventWaitNs);
     } else if (idle) {
-      Idle(lk, spins, deadline, kEventWaitNs);
+      // A gentle wait with nothing to progress sleeps until something arrives, at once.
+      if (wait.gentle) spins = kBusySpins;
+      Idle(lk, spins, deadline, wait.gentle ? kGentleEventWaitNs : kEventWaitNs);
     }
   }
 }
