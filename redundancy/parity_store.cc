@@ -154,6 +154,7 @@ Status ParityStore::Begin(const ErasureScheme& scheme, uint32_t world_size, cons
                           int64_t keep_step) {
   MutexLock lk(mu_);
   int64_t& keep = keep_step_[{key.stripe, key.row}];
+  const bool newer_agreed = keep_step > keep;
   keep = std::max(keep, keep_step);
   if (!dir_ready_) {
     CAIRN_RETURN_IF_ERROR(MakeTrustedDirs(fs_, host_root_.empty() ? dir_ : host_root_, dir_,
@@ -199,6 +200,10 @@ Status ParityStore::Begin(const ErasureScheme& scheme, uint32_t world_size, cons
       Drop(same.front(), "too many newer steps started");
       same.erase(same.begin());
     }
+    // A newer agreed step: the published records older than it go now, before this one
+    // takes its memory, not when it is published (the job holds the agreed step's parity and
+    // the one being made, not a third).
+    if (newer_agreed) Prune(key.stripe, key.row);
     Accumulating a;
     a.record.scheme = scheme;
     a.record.key = key;
@@ -287,16 +292,22 @@ Status ParityStore::Publish(Accumulating& a) {
   a.file->Persist(0, r.parity_bytes);
   a.file.reset();
   CAIRN_RETURN_IF_ERROR(WriteFileAtomic(fs_, Base(r.key) + ".meta", EncodeParityRecord(r)));
+  Prune(r.key.stripe, r.key.row);
+  return Status::OK();
+}
+
+void ParityStore::Prune(int stripe, int row) {
   // What may still be needed of this (stripe, row): the agreed step, and the newest `keep_`
   // newer ones (the agreement lags behind the pushes, and another set may not have the
   // newest step complete: a job restores the newest step complete in every set, which may be
   // any between the agreed one and the newest). Older ones go: the members keep the agreed
-  // step, not older ones.
+  // step, not older ones, and the job agreed on it only once every member's pieces of it
+  // were acknowledged, so its parity is complete in every set.
   // (From the records' names: decoding every record, headers and all, on each publish
   // would read the whole store per version.)
   std::vector<int64_t> steps;
   auto names = fs_->ListDir(dir_);
-  const std::string stem = Stem(r.key.stripe, r.key.row);
+  const std::string stem = Stem(stripe, row);
   for (const std::string& n : names.ok() ? *names : std::vector<std::string>{}) {
     if (n.rfind(stem, 0) != 0 || !EndsWith(n, ".meta")) continue;
     const std::string digits = n.substr(stem.size(), n.size() - stem.size() - 5);
@@ -306,15 +317,13 @@ Status ParityStore::Publish(Accumulating& a) {
     steps.push_back(std::stoll(digits));
   }
   std::sort(steps.rbegin(), steps.rend());
-  const auto found = keep_step_.find({r.key.stripe, r.key.row});
+  const auto found = keep_step_.find({stripe, row});
   const int64_t agreed = found == keep_step_.end() ? -1 : found->second;
   int newer = 0;
   for (int64_t s : steps) {
     const bool keep = s == agreed || (s > agreed && newer++ < keep_);
-    if (!keep && !accumulating_.contains({r.key.stripe, r.key.row, s}))
-      RemoveRecord({r.key.stripe, r.key.row, s});
+    if (!keep && !accumulating_.contains({stripe, row, s})) RemoveRecord({stripe, row, s});
   }
-  return Status::OK();
 }
 
 std::vector<ParityRecord> ParityStore::List() {

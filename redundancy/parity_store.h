@@ -11,9 +11,10 @@
 //                                    its slot header (tiers/FORMAT.md), all under a checksum.
 // A record without a meta file that decodes is not a record: List() skips it, and opening
 // the store removes what a killed process left half made. A damaged parity file is found by
-// its checksum when read (MapParity). The newest `keep` records of each (stripe, row) are
-// newer than the step the job agreed on (the newest a sender announced) are kept, and that
-// step itself; publishing a record removes the others. An unfinished record holds pieces
+// its checksum when read (MapParity). Of each (stripe, row), the step the job agreed on (the
+// newest a sender announced) is kept, and the newest `keep` records newer than it; publishing
+// a record removes the others, and so does the first piece of a record that announces a newer
+// agreed step, before that record takes its memory. An unfinished record holds pieces
 // whose senders were told they are kept, so it is dropped only once the job agreed on a newer
 // step, or (a bound on memory, with a warning) when six newer ones of its stripe started.
 // A contribution that fails part way leaves bytes added to the parity that no one can take
@@ -126,6 +127,8 @@ class ParityStore {
   Result<const ErasureCode*> CodeFor(const ErasureScheme& s) CAIRN_REQUIRES(mu_);
   void Drop(const ParityKey& k, const std::string& why) CAIRN_REQUIRES(mu_);
   Status Publish(Accumulating& a) CAIRN_REQUIRES(mu_);
+  // Removes the published records of (stripe, row) that no restore can need any more.
+  void Prune(int stripe, int row) CAIRN_REQUIRES(mu_);
   void RemoveRecord(const ParityKey& k) CAIRN_REQUIRES(mu_);
   std::vector<ParityRecord> ListLocked() CAIRN_REQUIRES(mu_);
 

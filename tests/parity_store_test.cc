@@ -227,6 +227,36 @@ TEST_F(ParityStoreTest, KeepsTheNewestRecordsAndTheAgreedStep) {
   EXPECT_EQ(again.List().size(), 3u);
 }
 
+TEST_F(ParityStoreTest, ARecordOlderThanANewlyAgreedStepGoesBeforeTheNextRecordTakesMemory) {
+  // The steady state of named pushes: the job agreed on 4 and pushes 5, agrees on 5 and
+  // pushes 6. While 6 is being made the holder needs 5 (agreed: every member keeps it, and
+  // its parity is complete in every set) and 6, not 4.
+  ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path(),
+                    /*keep=*/1);
+  for (int64_t step : {4, 5}) {
+    const ParityKey key{0, 0, step};
+    ASSERT_TRUE(AddPiece(store, key, 0, 1, Bytes(100, 1), 100, step - 1).ok());
+    ASSERT_TRUE(AddPiece(store, key, 1, 2, Bytes(100, 2), 100, step - 1).ok());
+  }
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    for (const ParityRecord& r : store.List()) out.push_back(r.key.step);
+    return out;
+  };
+  EXPECT_EQ(steps(), (std::vector<int64_t>{4, 5}));
+  // The first piece of 6 says the job agreed on 5.
+  ASSERT_TRUE(store.Begin(xor3_, 3, {0, 0, 6}, 0, {1, 200, "h"}, 100, 5).ok());
+  EXPECT_EQ(steps(), (std::vector<int64_t>{5}));
+  EXPECT_FALSE(DefaultFileSystem()->Exists(ParityStore::Dir(dir_.path() + "/node-0", 0) +
+                                           "/s0-p0-t4.parity"));
+  ASSERT_TRUE(store.End({0, 0, 6}, 0, true).ok());
+  ASSERT_TRUE(AddPiece(store, {0, 0, 6}, 1, 2, Bytes(100, 3), 100, 5).ok());
+  EXPECT_EQ(steps(), (std::vector<int64_t>{5, 6}));
+  // A record of another stripe announcing no newer step removes nothing.
+  ASSERT_TRUE(AddPiece(store, {1, 0, 6}, 0, 1, Bytes(100, 4), 100, 5).ok());
+  EXPECT_EQ(steps().size(), 2u);
+}
+
 TEST(ParityRecord, RoundTripsAndRefusesWhatCannotBe) {
   ParityRecord r;
   r.scheme = {4, 2};
