@@ -352,6 +352,7 @@ Stats Checkpointer::Impl::GetStats() const {
     s.replication.push_ms = r.last_push_ms;
     s.replication.newest_replicated_step = r.newest_replicated;
     s.replication.received = r.received;
+    s.replication.staging_bytes = r.staging_bytes;
     s.replication.unreplicated_s = r.unreplicated_s;
     s.replication.unreplicated_steps = r.unreplicated_steps;
     s.replication.last_error = r.last_error;

@@ -5,8 +5,11 @@
 // of --iteration-ms each, with --bytes of state per rank (tensors, a tenth changed every step, and
 // a blob), saving every step (CAIRN_SLOTS=--slots) and draining every --persist-every-th version to
 // the PFS (--dir). Meanwhile the parent samples, every 5 ms, the bytes allocated to every file
-// under the job's host directory on all nodes (slots, replicas, parity): the peak over the
-// sum of the ranks' state bytes is `host_bytes_per_state_byte`. At a random step in the last
+// under the job's host directory on all nodes (slots, replicas, parity), and each rank reports
+// the memory its holder side staged outside it (Stats::replication.staging_bytes: the windows
+// parity chunks land in); the peak of the first plus the most the second summed to in a run
+// (counted as if every window were full at the peak), over the sum of the ranks' state bytes,
+// is `host_bytes_per_state_byte`. At a random step in the last
 // fifth of the run every rank is SIGKILLed (a job failure at a random moment), node 0's host
 // memory is wiped (its node lost), and a new job restores; --kills such runs per scheme.
 // `steps_lost` (one per run; `steps_lost_max`) is the newest step every rank reported saved
@@ -23,7 +26,8 @@
 // The encoding computation alone is measured in this process on the same bytes: cairn's
 // parity path (each holder adding the d data pieces into its parity row as they arrive,
 // ErasureCode::SetParity for the first, or the first received into the parity itself where
-// its coefficient is 1, AddToParity for the others; the piece that comes first rotates over
+// its coefficient is 1, AddToParity for the others, chunk by chunk as the chunks land
+// (kParityChunkBytes); the piece that comes first rotates over
 // the rounds) against ISA-L's ec_encode_data computing the same parity row from the d
 // pieces at once (each of the m rows, as each holder computes one), alternated (each first
 // in turn), --rounds times; `encode_vs_isal` is cairn's rate over ISA-L's (1.0: as fast).
@@ -44,8 +48,8 @@
 // Every rank also saves a blob of its own (its rank and the step), checked at the restore.
 // Last line: one JSON object with an object per scheme holding host_bytes_per_state_byte
 // (the peak over the runs, and at that peak, per byte of state: own_slots, replicas,
-// parity), skipped (saves skipped, summed over the ranks and runs; each rank that skipped
-// prints its skipped steps and its log's warning, which names what held each slot), kills,
+// parity; and staging), skipped (saves skipped, summed over the ranks and runs; each rank that
+// skipped prints its skipped steps and its log's warning, which names what held each slot), kills,
 // steps_lost, steps_lost_max, lost_node_restore_s, from_memory, save_ms_mean, iteration_overhead,
 // rebuilt_step (xor, rs: the last run's), encode_gbps, isal_gbps and encode_vs_isal (xor, rs); and
 // lost_node_restore_xor_over_replica.
@@ -77,6 +81,7 @@
 #include "core/filesystem.h"
 #include "redundancy/erasure.h"
 #include "redundancy/host_memory.h"
+#include "redundancy/replicator.h"
 
 using namespace cairn;
 using cairn::bench::Buffer;
@@ -211,9 +216,10 @@ int Child(const Args& a) {
     const int64_t save_ns = NowNanos() - s0;  // what the training thread spent in cairn
     if (!st.ok()) Die("save", st.status());
     const Stats stats = c.stats();
-    std::printf("SAVED %lld skipped %llu save_us %lld\n", static_cast<long long>(step),
+    std::printf("SAVED %lld skipped %llu save_us %lld staging %llu\n", static_cast<long long>(step),
                 static_cast<unsigned long long>(stats.save.skipped),
-                static_cast<long long>(save_ns / 1000));
+                static_cast<long long>(save_ns / 1000),
+                static_cast<unsigned long long>(stats.replication.staging_bytes));
     std::fflush(stdout);
     const int64_t left = a.iteration_ms * 1'000'000ll - (NowNanos() - t0);
     if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
@@ -302,11 +308,20 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
       for (int p = 0; p < m; ++p) {
         // As a holder does (ParityStore::Add): the first piece sets the row (or landed
         // there), the others add.
+        // Chunk by chunk, as the chunks land (kParityChunkBytes each).
         std::byte* row = parity_a[static_cast<size_t>(p)]->p;
-        if (code->Coefficient(first, p) != 1)
-          code->SetParity(first, p, data[static_cast<size_t>(first)]->p, len, row);
-        for (int j = 0; j < d; ++j)
-          if (j != first) code->AddToParity(j, p, data[static_cast<size_t>(j)]->p, len, row);
+        for (uint64_t b = 0; b < len; b += kParityChunkBytes) {
+          const uint64_t n = std::min(kParityChunkBytes, len - b);
+          if (code->Coefficient(first, p) != 1)
+            code->SetParity(first, p, data[static_cast<size_t>(first)]->p + b, n, row + b);
+        }
+        for (int j = 0; j < d; ++j) {
+          if (j == first) continue;
+          for (uint64_t b = 0; b < len; b += kParityChunkBytes) {
+            const uint64_t n = std::min(kParityChunkBytes, len - b);
+            code->AddToParity(j, p, data[static_cast<size_t>(j)]->p + b, n, row + b);
+          }
+        }
       }
       ours.push_back(static_cast<double>(len * d) / NanosToSeconds(NowNanos() - t0) / 1e9);
     };
@@ -426,6 +441,7 @@ int main(int argc, char** argv) {
     Held peak;
     uint64_t peak_node = 0;  // the fullest node's
     uint64_t skipped = 0;
+    uint64_t staging = 0;  // the most the ranks' staging summed to in a run
     std::vector<int64_t> lost;
     std::vector<double> restore_secs, save_us;
     bool from_memory = true, refused = false;
@@ -532,14 +548,16 @@ int main(int argc, char** argv) {
       l->reset();
       // The newest step every rank reported saved, and the skips.
       int64_t newest = -1;
+      uint64_t run_staging = 0;
       for (int r = 0; r < sc.nodes; ++r) {
         auto saved = Lines(train_dir, r, "SAVED ");
         long long step = 0, us = 0;
-        unsigned long long sk = 0;
+        unsigned long long sk = 0, staged = 0;
         std::string skipped_steps;
         unsigned long long before = 0;
         for (const std::string& line : saved)
-          if (std::sscanf(line.c_str(), "%lld skipped %llu save_us %lld", &step, &sk, &us) == 3) {
+          if (std::sscanf(line.c_str(), "%lld skipped %llu save_us %lld staging %llu", &step, &sk,
+                          &us, &staged) == 4) {
             save_us.push_back(static_cast<double>(us));
             if (sk > before) skipped_steps += " " + std::to_string(step);
             before = sk;
@@ -554,7 +572,9 @@ int main(int argc, char** argv) {
         }
         newest = newest < 0 ? step : std::min<int64_t>(newest, step);
         skipped += sk;
+        run_staging += staged;  // (a rank's staging only grows)
       }
+      staging = std::max(staging, run_staging);
       // Node 0 lost; a new job restores.
       (void)DefaultFileSystem()->RemoveAll(host_job + "/node-0");
       // (At info, the ranks' logs say what each rebuilt, printed below when one read the PFS.)
@@ -614,12 +634,13 @@ int main(int argc, char** argv) {
     const double state = static_cast<double>(StateBytes(a.bytes)) * sc.nodes;
     nlohmann::ordered_json j = {
         {"nodes", sc.nodes},
-        {"host_bytes_per_state_byte", Round(peak.total() / state, 3)},
-        {"peak_host_bytes", peak.total()},
+        {"host_bytes_per_state_byte", Round((peak.total() + staging) / state, 3)},
+        {"peak_host_bytes", peak.total() + staging},
         // at the peak, per byte of state
         {"own_slots", Round(peak.own / state, 3)},
         {"replicas", Round(peak.replica / state, 3)},
         {"parity", Round(peak.parity / state, 3)},
+        {"staging", Round(staging / state, 3)},
         {"skipped", skipped},
         {"kills", lost.size()},
         {"steps_lost", lost},

@@ -460,6 +460,8 @@ void BindReports(py::module_& m) {
                              [](const Stats& s) { return s.replication.newest_replicated_step; })
       .def_property_readonly("replicas_received",
                              [](const Stats& s) { return s.replication.received; })
+      .def_property_readonly("replication_staging_bytes",
+                             [](const Stats& s) { return s.replication.staging_bytes; })
       .def_property_readonly("persisted", [](const Stats& s) { return s.persist.persisted; })
       .def_property_readonly("persist_failed", [](const Stats& s) { return s.persist.failed; })
       .def_property_readonly("bytes_persisted", [](const Stats& s) { return s.persist.bytes; })

@@ -64,8 +64,10 @@ std::string Scheme(const Options& o, int nodes) {
 
 uint64_t HostBytesPerNode(const Options& o, int nodes, int slots) {
   const double versions = slots + RedundancyPerVersion(o, nodes, slots);
+  const bool parity = nodes > 1 && o.redundancy != RedundancyKind::kReplica;
   return static_cast<uint64_t>(versions * static_cast<double>(VersionFootprint(o.slot_bytes)) *
-                               o.local_world_size);
+                               o.local_world_size) +
+         (parity ? kParityStagingBytes * static_cast<uint64_t>(o.local_world_size) : 0);
 }
 
 Result<HostMemoryPlan> PlanHostMemory(const Options& o) {

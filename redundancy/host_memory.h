@@ -6,9 +6,10 @@
 // (ReplicaStore: one ring of `slots` per source, on another node); with xor or rs parity, each node
 // holds parity worth m / (k - m) of a version per parity record, and a holder keeps at most
 // kParityRecordsKept records of a stripe (the agreed step's, the newest, the one being
-// made). Summed over a node's ranks, that is an upper bound of what cairn maps in
-// that node's host memory while no node is lost; a rebuild after a loss lands in the
-// replica store (one ring per lost rank, on top).
+// made), and stages the chunks of pieces it adds in kParityStagingBytes of windows.
+// Summed over a node's ranks, that is an upper bound of what cairn holds in that node's host
+// memory while no node is lost; a rebuild after a loss lands in the replica store (one ring
+// per lost rank, on top).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,14 @@ namespace cairn {
 // The parity records of a stripe a holder keeps at most: the agreed step's, the newest one
 // published after it (ParityStore's keep of 1), and the one being made. The agreement names
 // one step per round for every member to push (snapshot/step_agreement.h), so no other
-// record is made while the job keeps agreeing.
+// record is made while the job keeps agreeing. While rounds agree on every step they name,
+// a holder drops the agreed step's record as the next one starts (ParityStore::Begin), so
+// it holds 2: the third is held only after a round that did not agree.
 inline constexpr int kParityRecordsKept = 3;
+
+// What a holder of parity stages outside its host tier: the two windows its pieces' chunks
+// land in (redundancy/replicator.h's kParityChunkBytes each).
+inline constexpr uint64_t kParityStagingBytes = uint64_t{2} * (256 << 10);
 
 struct HostMemoryPlan {
   int slots = 0;                // own slots per rank

@@ -16,7 +16,7 @@ namespace cairn {
 namespace {
 
 constexpr uint64_t kReplChunk = 8ull << 20;
-// At most kWindow chunks of 8 MiB are posted at a time: the transports interleave every posted
+// At most kWindow chunks are posted at a time: the transports interleave every posted
 // transfer, so posting them all would make every chunk land at the very end and leave
 // nothing to verify (or add into parity) while the rest arrives.
 constexpr uint32_t kWindow = 2;
@@ -499,15 +499,15 @@ void Replicator::ReapDraining() {
 Status Replicator::SendChunks(int holder, uint32_t offer,
                               const std::shared_ptr<const HostTier::View>& pinned,
                               const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
-                              LinkWatch& watch, const Status& came_back,
+                              uint64_t chunk, LinkWatch& watch, const Status& came_back,
                               std::optional<std::string>* early_ack) {
   const HostTier::View& view = *pinned;
   const int me = comm_->rank();
   std::vector<UcxComm::PendingSend> sends;
   uint32_t c = 0;
   for (const auto& [offset, length] : ranges) {
-    for (uint64_t b = 0; b < length; b += kReplChunk, ++c) {
-      const uint64_t len = std::min(kReplChunk, length - b);
+    for (uint64_t b = 0; b < length; b += chunk, ++c) {
+      const uint64_t len = std::min(chunk, length - b);
       sends.push_back(comm_->StartSend(holder, MakeTag(ch_.data, me, DataSeq(offer, c)),
                                        view.data() + offset + b, len, UcxComm::Auth::kContent));
     }
@@ -607,8 +607,10 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   if (!ready.ok()) return ready.status().WithContext(who);
   if (*ready != "ok") return Status::Unavailable(who + ": refused: " + *ready);
   std::optional<std::string> early_ack;
-  CAIRN_RETURN_IF_ERROR(
-      SendChunks(holder, offer, pinned, ranges, watch, came_back, &early_ack).WithContext(who));
+  CAIRN_RETURN_IF_ERROR(SendChunks(holder, offer, pinned, ranges,
+                                   replica ? kReplChunk : kParityChunkBytes, watch, came_back,
+                                   &early_ack)
+                            .WithContext(who));
   CAIRN_KILL_POINT("replicate.data_sent");
   const int64_t t0 = NowNanos();
   Result<std::string> ack =
@@ -620,8 +622,19 @@ Status Replicator::Push(int holder, const std::shared_ptr<const HostTier::View>&
   return Status::OK();
 }
 
+void Replicator::NoteStaging(uint64_t* touched, uint64_t len) {
+  if (len <= *touched) return;
+  MutexLock g(mu_);
+  stats_.staging_bytes += RoundUp(len, uint64_t{4096}) - RoundUp(*touched, uint64_t{4096});
+  *touched = len;
+}
+
 void Replicator::Sink(int src, uint32_t offer, uint32_t chunk, uint64_t len) {
-  if (scratch_.empty()) scratch_.resize(kReplChunk);
+  if (scratch_.empty()) {
+    scratch_.resize(kReplChunk);
+    uint64_t touched = 0;
+    NoteStaging(&touched, kReplChunk);
+  }
   sinks_.push_back({comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, chunk)),
                                      scratch_.data(), len, UcxComm::Auth::kContent),
                     NowNanos() + static_cast<int64_t>(2 * timeout_s_ * 1e9)});
@@ -924,8 +937,8 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   };
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < pieces.size(); ++i)
-    for (uint64_t b = 0; b < pieces[i].range.length; b += kReplChunk)
-      chunks.push_back({i, b, std::min(kReplChunk, pieces[i].range.length - b)});
+    for (uint64_t b = 0; b < pieces[i].range.length; b += kParityChunkBytes)
+      chunks.push_back({i, b, std::min(kParityChunkBytes, pieces[i].range.length - b)});
   // The buffers are allocated once and never initialized (new std::byte[]): only the pages
   // a chunk lands in are touched. Zero-filling 2 x kReplChunk on the first offer made every
   // holder of a set first-touch 16 MiB for pieces of kilobytes at the same moment, 7 s under
@@ -933,12 +946,13 @@ void Replicator::HandleParityOffer(UcxComm::Incoming& in, std::optional<UcxComm:
   // (MultiNodeLoss xor4, stop 49's CI). They never move: a receive given up on still has
   // its buffer.
   for (auto& b : window_)
-    if (!b) b.reset(new std::byte[kReplChunk]);
+    if (!b) b.reset(new std::byte[kParityChunkBytes]);
   uint32_t arrived = 0;
   Status st = ReceiveChunks(
       src, offer, static_cast<uint32_t>(chunks.size()),
       [&](uint32_t c) {
         std::byte* to = in_place[chunks[c].piece];
+        if (!to) NoteStaging(&window_touched_[c % kWindow], chunks[c].len);
         return comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, c)),
                                 to ? to + chunks[c].offset : window_[c % kWindow].get(),
                                 chunks[c].len, UcxComm::Auth::kContent);

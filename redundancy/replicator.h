@@ -36,6 +36,7 @@
 #include "core/mutex.h"
 #include "core/pool.h"
 #include "redundancy/erasure.h"
+#include "redundancy/host_memory.h"
 #include "redundancy/parity_store.h"
 #include "redundancy/placement.h"
 #include "redundancy/replica_store.h"
@@ -69,6 +70,14 @@ int64_t ChooseReplicationStep(int64_t attempted, int64_t pending, const std::vec
 // to start at 0 (their bytes are h's from *from on, h.data_bytes - *from of them).
 SlotHeader BlobsOnlyHeader(const SlotHeader& h, uint64_t* from);
 
+// Parity pieces travel in messages of this many bytes: each lands in one of the holder's
+// two windows and is added into the parity from there (the first piece of a record whose
+// coefficient is 1 lands in the parity itself). The windows are what a holder stages
+// outside its host tier, so they are small: 2 x 256 KiB a rank, where 8 MiB chunks (a
+// replica's) made them a third of a 4 MiB state under xor over 4 nodes (bench/memory).
+inline constexpr uint64_t kParityChunkBytes = uint64_t{256} << 10;
+static_assert(2 * kParityChunkBytes == kParityStagingBytes);
+
 struct ReplicatorStats {
   uint64_t replicated = 0;  // versions acknowledged by every holder
   uint64_t failed = 0;      // pushes that failed (holder dead, slow, refused)
@@ -82,7 +91,11 @@ struct ReplicatorStats {
   // slow link or holder, a failure) or the agreement passed them over.
   uint64_t passed_over = 0;
   uint64_t received = 0;  // replicas this rank accepted and published for others
-  uint64_t refused = 0;   // offers or transfers this rank turned down
+  // Host memory this rank's holder side touched outside the host tier: the windows parity
+  // chunks land in before they are added (2 x kParityChunkBytes at most) and the buffer
+  // given-up transfers are drained into (only after a failure).
+  uint64_t staging_bytes = 0;
+  uint64_t refused = 0;  // offers or transfers this rank turned down
   // While pushes fail: seconds since the first failure after the last success, steps
   // captured after newest_replicated, and the last failure (see cairn::ReplicationStats).
   double unreplicated_s = 0;
@@ -182,9 +195,14 @@ class Replicator {
   // the transfer up (its answer, when it came first, in *early_ack), the link comes back
   // (`came_back`) or the timeout. Sends still in flight keep `pinned` (draining_).
   // `ranges` are the (offset, length) byte ranges of the version's data to send, in order.
+  // `chunk`: the bytes of one message (kParityChunkBytes for parity pieces).
   Status SendChunks(int holder, uint32_t offer, const std::shared_ptr<const HostTier::View>& pinned,
-                    const std::vector<std::pair<uint64_t, uint64_t>>& ranges, LinkWatch& watch,
-                    const Status& came_back, std::optional<std::string>* early_ack);
+                    const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t chunk,
+                    LinkWatch& watch, const Status& came_back,
+                    std::optional<std::string>* early_ack);
+  // A staging buffer of which `*touched` bytes were touched takes `len` bytes: counts the
+  // pages newly touched (ReplicatorStats::staging_bytes).
+  void NoteStaging(uint64_t* touched, uint64_t len);
   // What this rank offers `holder` (erasure): the encoded ParityOffer and its data ranges.
   std::pair<std::string, std::vector<std::pair<uint64_t, uint64_t>>> ParityOfferFor(
       int holder, const SlotHeader& h) const;
@@ -277,9 +295,11 @@ class Replicator {
     int64_t until;
   };
   std::vector<SinkRecv> sinks_;
-  // Service thread only (erasure): the two buffers parity pieces land in, kReplChunk each
-  // (as many as the receive window).
+  // Service thread only (erasure): the two buffers parity pieces land in,
+  // kParityChunkBytes each (as many as the receive window), and the bytes of each that
+  // chunks have touched (ReplicatorStats::staging_bytes).
   std::unique_ptr<std::byte[]> window_[2];
+  uint64_t window_touched_[2] = {0, 0};
   std::atomic<uint32_t> next_offer_{1};
   std::atomic<int64_t> keep_step_{-1};
   // Named pushes (ExpectTargets).

@@ -26,6 +26,7 @@
 #include "cli/launcher.h"
 #include "core/filesystem.h"
 #include "persist/manifest.h"
+#include "redundancy/host_memory.h"
 #include "redundancy/placement.h"
 #include "tests/recovery_process_util.h"
 #include "tests/test_util.h"
@@ -218,6 +219,15 @@ TEST(DamagedPieces, AreFoundByTheirChecksumsAndTheVersionFallsBack) {
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_TRUE((*l)->WaitAll(300)) << Logs(train, nodes);
   l->reset();
+  // Every rank held parity, its pieces' chunks staged in its two windows, no more (the
+  // pieces, 1.2 MB, are several chunks each): host memory outside the host tier.
+  for (int r = 0; r < nodes; ++r) {
+    unsigned long long staged = 0;
+    ASSERT_EQ(std::sscanf(LastLine(train, r, "staging ").c_str(), "staging %llu", &staged), 1)
+        << "rank " << r;
+    EXPECT_GT(staged, 0u) << "rank " << r;
+    EXPECT_LE(staged, kParityStagingBytes) << "rank " << r;
+  }
 
   namespace fs = std::filesystem;
   const fs::path host = root.path() + "/host", kept = root.path() + "/host-after-training";

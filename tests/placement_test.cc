@@ -164,11 +164,12 @@ TEST(HostMemory, EachSchemeCostsWhatItHoldsAndTheBudgetPicksTheSlots) {
   EXPECT_EQ(HostBytesPerNode(o, 4, 2), 16 * gib);
   EXPECT_EQ(HostBytesPerNode(o, 1, 2), 4 * gib);  // one node: no redundancy
   o.replicas = 1;
+  // Parity: the records, and each rank's windows its pieces' chunks land in.
   o.redundancy = RedundancyKind::kXor;  // k = 4: 3 records of 1/3 each
-  EXPECT_EQ(HostBytesPerNode(o, 4, 2), 6 * gib);
+  EXPECT_EQ(HostBytesPerNode(o, 4, 2), 6 * gib + 2 * kParityStagingBytes);
   o.redundancy = RedundancyKind::kRs;  // 4 + 2 over 6: 3 records of 2/4
   o.erasure_k = 6;
-  EXPECT_EQ(HostBytesPerNode(o, 6, 3), 9 * gib);
+  EXPECT_EQ(HostBytesPerNode(o, 6, 3), 9 * gib + 2 * kParityStagingBytes);
 
   o.redundancy = RedundancyKind::kReplica;
   o.erasure_k = 4;

@@ -5,8 +5,9 @@
 //       barrier per step, printing "saved <step> replicated <newest replicated step>";
 //       with LAST: after saving LAST waits until it is replicated (when the job
 //       replicates), flushes, prints "committed <step> plan <templated|general>" (which
-//       save planner the persister used), exits 0 when the flush committed LAST; without:
-//       runs until killed
+//       save planner the persister used) and "staging <bytes>" (Stats'
+//       replication.staging_bytes), exits 0 when the flush committed LAST; without: runs
+//       until killed
 //   recovery_child matrix LAYOUT ROWS LAST EVERY
 //       the crash matrix's training run (tests/crash_matrix.cc; also the node-loss test):
 //       saves 1..LAST like train, printing "saved <step> captured <c> replicated <r>
@@ -14,7 +15,7 @@
 //       every EVERY steps (0: never) it waits for the version to be captured and replicated
 //       and prints "complete <step>" when both succeeded; a failed barrier ends the run
 //       (exit 1); after LAST, flushes and prints "committed <step> plan
-//       <templated|general>"
+//       <templated|general>" and "staging <bytes>"
 //   recovery_child restore LAYOUT ROWS MIN_STEP
 //       restores into LAYOUT, checks every byte and the blob, prints "restored <step> tier
 //       <tier> received <bytes> pfs <job bytes read> needed <job bytes needed> resharded
@@ -197,6 +198,8 @@ int main(int argc, char** argv) {
         }
         std::printf("committed %lld plan %s\n", static_cast<long long>(*r),
                     c.stats().persist.plan.starts_with("templated") ? "templated" : "general");
+        std::printf("staging %llu\n",
+                    static_cast<unsigned long long>(c.stats().replication.staging_bytes));
         return *r == last ? 0 : 1;
       }
     }

@@ -60,6 +60,11 @@ struct ReplicationStats {
   // take this rank back to from memory (-1: none; then the PFS).
   int64_t newest_replicated_step = -1;
   uint64_t received = 0;  // versions of other ranks this rank holds
+  // Host memory this rank touched, outside the host tier, for what other ranks push it: the
+  // windows parity chunks land in before they are added (at most 512 KiB), and the buffer
+  // a given-up transfer is drained into (8 MiB, only after a failure). Never released
+  // while the checkpointer is open.
+  uint64_t staging_bytes = 0;
   // While replication is behind (a push failed since the last acknowledged one, or the one
   // in flight has taken longer than CAIRN_REPLICATE_TIMEOUT_S: a holder dead, cut off or
   // slow): seconds since the last acknowledged push, how many steps were captured after
