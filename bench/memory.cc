@@ -24,10 +24,10 @@
 //            the whole state (the same boxes and bytes: data-parallel replicas) and a blob of
 //            its own (its rank and step, checked at the restore)
 // The encoding computation alone is measured in this process on the same bytes: cairn's
-// parity path (each holder adding the d data pieces into its parity row as they arrive,
-// ErasureCode::SetParity for the first, or the first received into the parity itself where
-// its coefficient is 1, AddToParity for the others, chunk by chunk as the chunks land
-// (kParityChunkBytes); the piece that comes first rotates over
+// parity path (each holder adding the d data pieces into its parity row as they arrive: the
+// first received into the parity itself, which then holds the parity over that piece's
+// coefficient, the others added times their coefficient over it, chunk by chunk as the
+// chunks land (kParityChunkBytes); the piece that comes first rotates over
 // the rounds) against ISA-L's ec_encode_data computing the same parity row from the d
 // pieces at once (each of the m rows, as each holder computes one), alternated (each first
 // in turn), --rounds times; `encode_vs_isal` is cairn's rate over ISA-L's (1.0: as fast).
@@ -297,29 +297,28 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
   for (int r = 0; r < rounds; ++r) {
     // Which member's piece reaches a holder first varies: round r has piece r mod d first.
     const int first = r % d;
-    // A first piece whose coefficient is 1 (XOR; Reed-Solomon's row 0, and piece 0 of every
-    // row) is received into the parity itself (ParityStore::InPlace), as ISA-L's sources
-    // are received somewhere: no computation, not timed.
+    // The first piece is received into the parity itself (ParityStore::InPlace), as ISA-L's
+    // sources are received somewhere: no computation, not timed. The row then holds the
+    // parity over that piece's coefficient (its scale).
     for (int p = 0; p < m; ++p)
-      if (code->Coefficient(first, p) == 1)
-        std::memcpy(parity_a[static_cast<size_t>(p)]->p, data[static_cast<size_t>(first)]->p, len);
+      std::memcpy(parity_a[static_cast<size_t>(p)]->p, data[static_cast<size_t>(first)]->p, len);
     auto cairn_arm = [&] {
       const int64_t t0 = NowNanos();
       for (int p = 0; p < m; ++p) {
-        // As a holder does (ParityStore::Add): the first piece sets the row (or landed
-        // there), the others add.
-        // Chunk by chunk, as the chunks land (kParityChunkBytes each).
+        // As a holder does (ParityStore::Add): every other piece is added times its
+        // coefficient over the scale, chunk by chunk as the chunks land (kParityChunkBytes).
         std::byte* row = parity_a[static_cast<size_t>(p)]->p;
-        for (uint64_t b = 0; b < len; b += kParityChunkBytes) {
-          const uint64_t n = std::min(kParityChunkBytes, len - b);
-          if (code->Coefficient(first, p) != 1)
-            code->SetParity(first, p, data[static_cast<size_t>(first)]->p + b, n, row + b);
-        }
+        const unsigned char scale = code->Coefficient(first, p);
         for (int j = 0; j < d; ++j) {
           if (j == first) continue;
+          const std::byte* piece = data[static_cast<size_t>(j)]->p;
+          const unsigned char coef = ErasureCode::Divide(code->Coefficient(j, p), scale);
           for (uint64_t b = 0; b < len; b += kParityChunkBytes) {
             const uint64_t n = std::min(kParityChunkBytes, len - b);
-            code->AddToParity(j, p, data[static_cast<size_t>(j)]->p + b, n, row + b);
+            if (scale == 1)
+              code->AddToParity(j, p, piece + b, n, row + b);
+            else
+              ErasureCode::MultiplyAdd(coef, piece + b, n, row + b);
           }
         }
       }
@@ -348,10 +347,16 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
       cairn_arm();
     }
   }
-  for (int p = 0; p < m; ++p)
-    if (std::memcmp(parity_a[static_cast<size_t>(p)]->p, parity_b[static_cast<size_t>(p)]->p,
-                    len) != 0)
+  // The last round's rows, times their scale (as a rebuild reads them: MapParity), are
+  // ISA-L's.
+  const int last_first = (rounds - 1) % d;
+  Buffer scaled(len);
+  for (int p = 0; p < m; ++p) {
+    ErasureCode::Multiply(code->Coefficient(last_first, p), parity_a[static_cast<size_t>(p)]->p,
+                          len, scaled.p);
+    if (std::memcmp(scaled.p, parity_b[static_cast<size_t>(p)]->p, len) != 0)
       Die("encode", Status::Internal("cairn's parity differs from ISA-L's"));
+  }
   return {Median(ours), Median(theirs)};
 }
 

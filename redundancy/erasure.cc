@@ -187,6 +187,41 @@ void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
   }
 }
 
+void ErasureCode::MultiplyAdd(unsigned char coef, const std::byte* piece, uint64_t n,
+                              std::byte* parity) {
+  if (coef == 1) {
+    XorInto(parity, piece, n);
+    return;
+  }
+  unsigned char tables[32];
+  ec_init_tables(1, 1, &coef, tables);
+  for (uint64_t off = 0; off < n; off += kBlock) {
+    int len = static_cast<int>(std::min(kBlock, n - off));
+    unsigned char* out = U(parity + off);
+    ec_encode_data_update(len, 1, 1, 0, tables, U(piece + off), &out);
+  }
+}
+
+void ErasureCode::Multiply(unsigned char coef, const std::byte* in, uint64_t n, std::byte* out) {
+  if (n == 0) return;
+  if (coef == 1) {
+    std::memcpy(out, in, n);
+    return;
+  }
+  unsigned char tables[32];
+  ec_init_tables(1, 1, &coef, tables);
+  for (uint64_t off = 0; off < n; off += kBlock) {
+    int len = static_cast<int>(std::min(kBlock, n - off));
+    unsigned char* src = U(in + off);
+    unsigned char* dst = U(out + off);
+    ec_encode_data(len, 1, 1, tables, &src, &dst);
+  }
+}
+
+unsigned char ErasureCode::Divide(unsigned char a, unsigned char b) {
+  return gf_mul(a, gf_inv(b));
+}
+
 unsigned char ErasureCode::Coefficient(int j, int p) const {
   const int d = scheme_.data();
   return matrix_[static_cast<size_t>((d + p) * d + j)];

@@ -82,6 +82,16 @@ class ErasureCode {
 
   // The coefficient of data piece j in parity row p (1: the piece is XORed in).
   unsigned char Coefficient(int j, int p) const;
+
+  // GF(2^8) arithmetic on whole buffers, for parity stored scaled (ParityStore: a record
+  // whose first piece landed in the parity itself holds the parity divided by that piece's
+  // coefficient). `parity` += `piece` x `coef` (1: an XOR), n bytes.
+  static void MultiplyAdd(unsigned char coef, const std::byte* piece, uint64_t n,
+                          std::byte* parity);
+  // `out` = `in` x `coef`, n bytes; `out` must not overlap `in`.
+  static void Multiply(unsigned char coef, const std::byte* in, uint64_t n, std::byte* out);
+  // a / b (b != 0).
+  static unsigned char Divide(unsigned char a, unsigned char b);
   // Parity row p of the encoding matrix (d coefficients): what ISA-L is given for it.
   std::span<const unsigned char> ParityRow(int p) const;
 

@@ -19,8 +19,9 @@ namespace {
 
 constexpr uint64_t kMagic = 0x5954495241504e43ull;  // "CNPARITY"
 // 2: Reed-Solomon rows scaled to start with ones (redundancy/erasure.h); a format-1 record
-// is read only under XOR, whose parity did not change.
-constexpr uint32_t kFormat = 2;
+// is read only under XOR, whose parity did not change. 3: the parity's scale
+// (ParityRecord::scale; 1 in formats 1 and 2).
+constexpr uint32_t kFormat = 3;
 constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 32;
 // Unfinished records of one (stripe, row) at most (ParityStore::Begin).
 constexpr size_t kMaxAccumulating = 6;
@@ -49,6 +50,7 @@ std::string EncodeParityRecord(const ParityRecord& r) {
   w.Put(r.world_size);
   w.Put(r.parity_bytes);
   w.Put(r.parity_checksum);
+  w.Put(static_cast<uint32_t>(r.scale));
   w.Put(static_cast<uint32_t>(r.pieces.size()));
   for (const ParityPiece& p : r.pieces) {
     w.Put(static_cast<int32_t>(p.source));
@@ -72,15 +74,17 @@ Result<ParityRecord> DecodeParityRecord(std::string_view bytes, const std::strin
   if (Checksum(body.data(), body.size()) != sum) return bad("checksum mismatch");
   ByteReader rd(body);
   uint64_t magic = 0;
-  uint32_t format = 0, k = 0, m = 0, stripe = 0, row = 0, n = 0;
+  uint32_t format = 0, k = 0, m = 0, stripe = 0, row = 0, n = 0, scale = 1;
   ParityRecord r;
   if (!rd.Get(&magic) || magic != kMagic) return bad("not a parity record");
-  if (!rd.Get(&format) || (format != kFormat && format != 1))
+  if (!rd.Get(&format) || format < 1 || format > kFormat)
     return bad("format " + std::to_string(format));
   if (!rd.Get(&k) || !rd.Get(&m) || !rd.Get(&stripe) || !rd.Get(&row) || !rd.Get(&r.key.step) ||
       !rd.Get(&r.world_size) || !rd.Get(&r.parity_bytes) || !rd.Get(&r.parity_checksum) ||
-      !rd.Get(&n))
+      (format >= 3 && !rd.Get(&scale)) || !rd.Get(&n))
     return bad("cut short");
+  if (scale == 0 || scale > 255) return bad("scale " + std::to_string(scale));
+  r.scale = static_cast<unsigned char>(scale);
   r.scheme = {static_cast<int>(std::min<uint32_t>(k, 1u << 16)),
               static_cast<int>(std::min<uint32_t>(m, 1u << 16))};
   CAIRN_RETURN_IF_ERROR(ValidateErasureScheme(r.scheme).WithContext("parity record " + from));
@@ -245,11 +249,15 @@ void ParityStore::Add(const ParityKey& key, int j, uint64_t offset, const std::b
   Accumulating& a = it->second;
   if (a.in_place || offset > a.record.parity_bytes || n > a.record.parity_bytes - offset) return;
   // The first piece of a record sets the parity (its bytes are zeros until then); the
-  // others add into it.
+  // others add into it, over the record's scale.
+  std::byte* at = a.file->data() + offset;
   if (std::find(a.added.begin(), a.added.end(), true) == a.added.end())
-    a.code->SetParity(j, key.row, bytes, n, a.file->data() + offset);
+    a.code->SetParity(j, key.row, bytes, n, at);
+  else if (a.scale == 1)
+    a.code->AddToParity(j, key.row, bytes, n, at);
   else
-    a.code->AddToParity(j, key.row, bytes, n, a.file->data() + offset);
+    ErasureCode::MultiplyAdd(ErasureCode::Divide(a.code->Coefficient(j, key.row), a.scale), bytes,
+                             n, at);
 }
 
 std::byte* ParityStore::InPlace(const ParityKey& key, int j) {
@@ -257,10 +265,9 @@ std::byte* ParityStore::InPlace(const ParityKey& key, int j) {
   auto it = accumulating_.find(key);
   if (it == accumulating_.end() || it->second.open != j) return nullptr;
   Accumulating& a = it->second;
-  if (a.code->Coefficient(j, key.row) != 1 ||
-      std::find(a.added.begin(), a.added.end(), true) != a.added.end())
-    return nullptr;
+  if (std::find(a.added.begin(), a.added.end(), true) != a.added.end()) return nullptr;
   a.in_place = true;
+  a.scale = a.code->Coefficient(j, key.row);
   return a.file->data();
 }
 
@@ -271,7 +278,7 @@ Status ParityStore::End(const ParityKey& key, int j, bool ok) {
   Accumulating& a = it->second;
   a.open.reset();
   a.in_place = false;
-  if (!ok) {
+  if (!ok) {  // (a first piece received in place leaves its scale to a record dropped)
     Drop(key, "piece " + std::to_string(j) + " did not arrive whole");
     return Status::OK();
   }
@@ -288,6 +295,7 @@ Status ParityStore::End(const ParityKey& key, int j, bool ok) {
 
 Status ParityStore::Publish(Accumulating& a) {
   ParityRecord& r = a.record;
+  r.scale = a.scale;
   r.parity_checksum = Checksum(a.file->data(), r.parity_bytes);
   a.file->Persist(0, r.parity_bytes);
   a.file.reset();
@@ -378,7 +386,13 @@ Result<std::shared_ptr<const std::byte>> ParityStore::MapParity(const ParityReco
   }
   if (Checksum(bytes.get(), n) != r.parity_checksum)
     return Status::Corruption("parity " + path + " does not match its checksum");
-  return bytes;
+  if (r.scale == 1 || n == 0) return bytes;
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Status::FromErrno(errno, "scaling " + path);
+  ErasureCode::Multiply(r.scale, bytes.get(), n, static_cast<std::byte*>(p));
+  return std::shared_ptr<const std::byte>(
+      static_cast<const std::byte*>(p),
+      [n](const std::byte* q) { ::munmap(const_cast<std::byte*>(q), n); });
 }
 
 size_t ParityStore::accumulating() const {

@@ -60,7 +60,11 @@ struct ParityRecord {
   ParityKey key;
   uint32_t world_size = 0;
   uint64_t parity_bytes = 0;
-  uint64_t parity_checksum = 0;
+  uint64_t parity_checksum = 0;  // of the bytes stored
+  // The parity is the bytes stored times this (GF(2^8); format 3): a record whose first
+  // piece was received into it (InPlace) stores the parity divided by that piece's
+  // coefficient, so that piece costs no computation. MapParity multiplies it back.
+  unsigned char scale = 1;
   std::vector<ParityPiece> pieces;  // by data index j (0 .. d-1)
 };
 
@@ -91,11 +95,13 @@ class ParityStore {
   // Adds bytes [offset, offset + n) of the piece begun for (key, j).
   void Add(const ParityKey& key, int j, uint64_t offset, const std::byte* bytes, uint64_t n);
   // Where the piece begun for (key, j) may be received in place: the record's parity bytes
-  // (the piece's byte i at [i]), when it is the record's first piece and its coefficient
-  // in the record's row is 1 (XOR parity; Reed-Solomon's row 0, and piece 0 of every row:
-  // the first piece is then the parity so far, nothing to compute, one copy less); null
-  // otherwise. Its bytes are then not Add()ed. Valid until End(key, j), which must come
-  // only once nothing can land there any more (a receive given up is cancelled first).
+  // (the piece's byte i at [i]), when it is the record's first piece; null otherwise. The
+  // record then stores its parity divided by that piece's coefficient c in the record's row
+  // (ParityRecord::scale = c; c is 1 for XOR parity, Reed-Solomon's row 0 and piece 0 of
+  // every row), and each later piece is added times its coefficient over c: the first piece
+  // costs no computation and no copy. Its bytes are then not Add()ed. Valid until End(key,
+  // j), which must come only once nothing can land there any more (a receive given up is
+  // cancelled first).
   std::byte* InPlace(const ParityKey& key, int j);
   // Ends the piece begun for (key, j): `ok` records it, publishing the record once all d
   // pieces are in; not ok drops the record. The publish error, or OK.
@@ -107,7 +113,8 @@ class ParityStore {
   // The parity bytes of a published record, checked against its checksum (Corruption
   // naming the file otherwise), in a read-only mapping of the record's file (its first
   // parity_bytes bytes, unmapped when the last copy of the pointer goes): what a rebuild
-  // sends from, with no copy into fresh memory.
+  // sends from, with no copy into fresh memory; for a record whose scale is not 1, in fresh
+  // memory, the stored bytes times the scale.
   Result<std::shared_ptr<const std::byte>> MapParity(const ParityRecord& r);
 
   // Unfinished records (for tests and stats).
@@ -120,6 +127,7 @@ class ParityStore {
     std::vector<bool> added;  // by j
     std::optional<int> open;  // the piece being added
     bool in_place = false;    // the open piece lands in the parity itself (InPlace)
+    unsigned char scale = 1;  // ParityRecord::scale
     const ErasureCode* code = nullptr;
     int64_t started_ns = 0;
   };

@@ -103,9 +103,6 @@ TEST_F(ParityStoreTest, AnXorRecordsFirstPieceLandsInTheParityItselfAndTheOthers
     const std::byte want = (i < a.size() ? a[i] : std::byte{0}) ^ b[i];
     ASSERT_EQ((*parity)[i], want) << "byte " << i;
   }
-  // Reed-Solomon multiplies a first piece whose coefficient is not 1: not in place.
-  ASSERT_TRUE(store.Begin({4, 2}, 4, {0, 1, 9}, 1, {1, 100, "h"}, 50).ok());
-  EXPECT_EQ(store.InPlace({0, 1, 9}, 1), nullptr);
   // A first piece received in place that fails drops its record, as any piece does.
   ASSERT_TRUE(store.Begin(xor3_, 3, {0, 0, 11}, 0, {1, 100, "h"}, 50).ok());
   ASSERT_NE(store.InPlace({0, 0, 11}, 0), nullptr);
@@ -113,9 +110,10 @@ TEST_F(ParityStoreTest, AnXorRecordsFirstPieceLandsInTheParityItselfAndTheOthers
   EXPECT_EQ(store.InPlace({0, 0, 11}, 0), nullptr);
 }
 
-// Reed-Solomon 6 = 4 + 2: each row's record, whichever piece comes first, holds exactly
-// what ErasureCode::Encode computes; the first piece lands in the parity itself exactly
-// where its coefficient is 1 (every piece in row 0, piece 0 in row 1).
+// Reed-Solomon 6 = 4 + 2: each row's record, whichever piece comes first, read back
+// (MapParity) is exactly what ErasureCode::Encode computes, whether the first piece landed
+// in the parity itself (the record then stores the parity over that piece's coefficient:
+// its scale) or was set from a buffer (SetParity, scale 1).
 TEST_F(ParityStoreTest, AReedSolomonRecordIsTheEncodingWhicheverPieceComesFirst) {
   ParityStore store(dir_.path() + "/node-0", 0, DefaultFileSystem(), &log_, dir_.path());
   const ErasureScheme rs{6, 2};
@@ -130,15 +128,16 @@ TEST_F(ParityStoreTest, AReedSolomonRecordIsTheEncodingWhicheverPieceComesFirst)
   std::vector<std::vector<std::byte>> want(2, std::vector<std::byte>(n));
   std::vector<std::byte*> dst = {want[0].data(), want[1].data()};
   code->Encode(src, n, dst);
-  int in_place = 0;
+  int in_place = 0, scaled = 0;
   for (int row = 0; row < 2; ++row) {
-    for (int first = 0; first < d; ++first) {
-      const ParityKey key{0, row, 10 + 4 * row + first};
+    for (int first = 0; first < 2 * d; ++first) {
+      const ParityKey key{0, row, 10 + 2 * d * row + first};
+      const bool receive_in_place = first < d;
       for (int i = 0; i < d; ++i) {
         const int j = (first + i) % d;
         ASSERT_TRUE(store.Begin(rs, 6, key, j, {j, n * d, "h"}, n).ok());
-        std::byte* at = store.InPlace(key, j);
-        EXPECT_EQ(at != nullptr, i == 0 && code->Coefficient(j, row) == 1)
+        std::byte* at = receive_in_place ? store.InPlace(key, j) : nullptr;
+        EXPECT_EQ(at != nullptr, receive_in_place && i == 0)
             << "row " << row << ", piece " << j << " after " << i << " others";
         if (at != nullptr) {
           ++in_place;
@@ -152,15 +151,19 @@ TEST_F(ParityStoreTest, AReedSolomonRecordIsTheEncodingWhicheverPieceComesFirst)
       for (const ParityRecord& r : store.List()) {
         if (r.key != key) continue;
         found = true;
+        EXPECT_EQ(r.scale, receive_in_place ? code->Coefficient(first % d, row) : 1);
+        scaled += r.scale != 1;
         auto parity = ReadParity(store, r);
         ASSERT_TRUE(parity.ok()) << parity.status().ToString();
         ASSERT_TRUE(*parity == want[static_cast<size_t>(row)])
-            << "row " << row << ", piece " << first << " first";
+            << "row " << row << ", piece " << first % d << " first, "
+            << (receive_in_place ? "received in place" : "set");
       }
       ASSERT_TRUE(found) << "row " << row << ", piece " << first << " first: no record";
     }
   }
-  EXPECT_EQ(in_place, d + 1);  // row 0: every first piece; row 1: piece 0 only
+  EXPECT_EQ(in_place, 2 * d);
+  EXPECT_EQ(scaled, d - 1);  // row 1's first pieces but piece 0 (row 0 is all ones)
 }
 
 TEST_F(ParityStoreTest, APieceThatFailsPartWayDropsItsRecord) {
@@ -264,10 +267,12 @@ TEST(ParityRecord, RoundTripsAndRefusesWhatCannotBe) {
   r.world_size = 8;
   r.parity_bytes = 1000;
   r.parity_checksum = 77;
+  r.scale = 142;
   r.pieces = {{3, 1999, "a"}, {4, 2000, "bb"}};
   auto back = DecodeParityRecord(EncodeParityRecord(r), "x");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->key, r.key);
+  EXPECT_EQ(back->scale, 142);
   EXPECT_EQ(back->pieces[1].header, "bb");
   r.pieces[0].data_bytes = 5000;  // a piece longer than the parity
   EXPECT_FALSE(DecodeParityRecord(EncodeParityRecord(r), "x").ok());
