@@ -81,7 +81,6 @@
 #include "core/filesystem.h"
 #include "redundancy/erasure.h"
 #include "redundancy/host_memory.h"
-#include "redundancy/replicator.h"
 
 using namespace cairn;
 using cairn::bench::Buffer;
@@ -314,11 +313,8 @@ std::pair<double, double> EncodeRates(const ErasureScheme& sc, uint64_t bytes, i
           const std::byte* piece = data[static_cast<size_t>(j)]->p;
           const unsigned char coef = ErasureCode::Divide(code->Coefficient(j, p), scale);
           for (uint64_t b = 0; b < len; b += kParityChunkBytes) {
-            const uint64_t n = std::min(kParityChunkBytes, len - b);
-            if (scale == 1)
-              code->AddToParity(j, p, piece + b, n, row + b);
-            else
-              ErasureCode::MultiplyAdd(coef, piece + b, n, row + b);
+            ErasureCode::MultiplyAdd(coef, piece + b, std::min(kParityChunkBytes, len - b),
+                                     row + b);
           }
         }
       }

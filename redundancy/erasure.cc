@@ -70,6 +70,21 @@ void XorInto(std::byte* parity, const std::byte* piece, uint64_t n) {
     XorIntoBaseline(parity, piece, n);
 }
 
+// ec_init_tables of a single coefficient, for each of the 256 (8 KiB, made once): a
+// holder multiplies a chunk of 256 KiB in a few microseconds, and making the tables on
+// every call cost it about 4% (bench/memory's rs encode ratio).
+const unsigned char* TablesOf(unsigned char coef) {
+  static const std::vector<unsigned char> all = [] {
+    std::vector<unsigned char> t(256 * 32);
+    for (int c = 0; c < 256; ++c) {
+      unsigned char x = static_cast<unsigned char>(c);
+      ec_init_tables(1, 1, &x, t.data() + 32 * c);
+    }
+    return t;
+  }();
+  return all.data() + 32 * coef;
+}
+
 }  // namespace
 
 std::string ErasureScheme::Describe() const {
@@ -143,58 +158,26 @@ Result<ErasureCode> ErasureCode::Make(const ErasureScheme& s) {
   unsigned char* parity_rows = code.matrix_.data() + d * d;
   code.parity_tables_.resize(static_cast<size_t>(32 * d * s.m));
   ec_init_tables(d, s.m, parity_rows, code.parity_tables_.data());
-  for (int p = 0; p < s.m; ++p) {
-    std::vector<unsigned char> t(static_cast<size_t>(32 * d));
-    ec_init_tables(d, 1, parity_rows + p * d, t.data());
-    code.row_tables_.push_back(std::move(t));
-    for (int j = 0; j < d; ++j) {
-      std::vector<unsigned char> c(32);
-      ec_init_tables(1, 1, parity_rows + p * d + j, c.data());
-      code.cell_tables_.push_back(std::move(c));
-    }
-  }
   return code;
 }
 
 void ErasureCode::AddToParity(int j, int p, const std::byte* piece, uint64_t n,
                               std::byte* parity) const {
-  if (Coefficient(j, p) == 1) {  // XOR parity, parity row 0, piece 0
-    XorInto(parity, piece, n);
-    return;
-  }
-  auto* tables = const_cast<unsigned char*>(row_tables_[static_cast<size_t>(p)].data());
-  for (uint64_t off = 0; off < n; off += kBlock) {
-    int len = static_cast<int>(std::min(kBlock, n - off));
-    unsigned char* out = U(parity + off);
-    ec_encode_data_update(len, scheme_.data(), 1, j, tables, U(piece + off), &out);
-  }
+  MultiplyAdd(Coefficient(j, p), piece, n, parity);
 }
 
 void ErasureCode::SetParity(int j, int p, const std::byte* piece, uint64_t n,
                             std::byte* parity) const {
-  if (n == 0) return;  // (an empty version's piece may have no bytes at all: no pointer)
-  const int d = scheme_.data();
-  if (Coefficient(j, p) == 1) {
-    std::memcpy(parity, piece, n);
-    return;
-  }
-  auto* tables = const_cast<unsigned char*>(cell_tables_[static_cast<size_t>(p * d + j)].data());
-  for (uint64_t off = 0; off < n; off += kBlock) {
-    int len = static_cast<int>(std::min(kBlock, n - off));
-    unsigned char* src = U(piece + off);
-    unsigned char* out = U(parity + off);
-    ec_encode_data(len, 1, 1, tables, &src, &out);
-  }
+  Multiply(Coefficient(j, p), piece, n, parity);
 }
 
 void ErasureCode::MultiplyAdd(unsigned char coef, const std::byte* piece, uint64_t n,
                               std::byte* parity) {
-  if (coef == 1) {
+  if (coef == 1) {  // XOR parity, parity row 0, piece 0
     XorInto(parity, piece, n);
     return;
   }
-  unsigned char tables[32];
-  ec_init_tables(1, 1, &coef, tables);
+  auto* tables = const_cast<unsigned char*>(TablesOf(coef));
   for (uint64_t off = 0; off < n; off += kBlock) {
     int len = static_cast<int>(std::min(kBlock, n - off));
     unsigned char* out = U(parity + off);
@@ -203,13 +186,12 @@ void ErasureCode::MultiplyAdd(unsigned char coef, const std::byte* piece, uint64
 }
 
 void ErasureCode::Multiply(unsigned char coef, const std::byte* in, uint64_t n, std::byte* out) {
-  if (n == 0) return;
+  if (n == 0) return;  // (an empty version's piece may have no bytes at all: no pointer)
   if (coef == 1) {
     std::memcpy(out, in, n);
     return;
   }
-  unsigned char tables[32];
-  ec_init_tables(1, 1, &coef, tables);
+  auto* tables = const_cast<unsigned char*>(TablesOf(coef));
   for (uint64_t off = 0; off < n; off += kBlock) {
     int len = static_cast<int>(std::min(kBlock, n - off));
     unsigned char* src = U(in + off);

@@ -113,10 +113,8 @@ class ErasureCode {
   ErasureScheme scheme_;
   // The (d + m) x d encoding matrix: identity over the parity rows.
   std::vector<unsigned char> matrix_;
-  // ec_init_tables of all parity rows, and of each parity row alone (32 * d bytes each).
+  // ec_init_tables of all parity rows (Encode).
   std::vector<unsigned char> parity_tables_;
-  std::vector<std::vector<unsigned char>> row_tables_;
-  std::vector<std::vector<unsigned char>> cell_tables_;  // per (p, j): one coefficient
 };
 
 }  // namespace cairn

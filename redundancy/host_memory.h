@@ -28,9 +28,14 @@ namespace cairn {
 // it holds 2: the third is held only after a round that did not agree.
 inline constexpr int kParityRecordsKept = 3;
 
-// What a holder of parity stages outside its host tier: the two windows its pieces' chunks
-// land in (redundancy/replicator.h's kParityChunkBytes each).
-inline constexpr uint64_t kParityStagingBytes = uint64_t{2} * (256 << 10);
+// Parity pieces travel in messages of this many bytes (Replicator): each lands in one of
+// the holder's two windows and is added into the parity from there (a record's first piece
+// lands in the parity itself). The windows are what a holder stages outside its host tier,
+// so they are small: 8 MiB chunks (a replica's) made them a third of a 4 MiB state under
+// xor over 4 nodes (bench/memory).
+inline constexpr uint64_t kParityChunkBytes = uint64_t{256} << 10;
+// What a holder of parity stages outside its host tier: its two windows.
+inline constexpr uint64_t kParityStagingBytes = 2 * kParityChunkBytes;
 
 struct HostMemoryPlan {
   int slots = 0;                // own slots per rank

@@ -249,12 +249,10 @@ void ParityStore::Add(const ParityKey& key, int j, uint64_t offset, const std::b
   Accumulating& a = it->second;
   if (a.in_place || offset > a.record.parity_bytes || n > a.record.parity_bytes - offset) return;
   // The first piece of a record sets the parity (its bytes are zeros until then); the
-  // others add into it, over the record's scale.
+  // others add into it, times their coefficient over the record's scale.
   std::byte* at = a.file->data() + offset;
   if (std::find(a.added.begin(), a.added.end(), true) == a.added.end())
     a.code->SetParity(j, key.row, bytes, n, at);
-  else if (a.scale == 1)
-    a.code->AddToParity(j, key.row, bytes, n, at);
   else
     ErasureCode::MultiplyAdd(ErasureCode::Divide(a.code->Coefficient(j, key.row), a.scale), bytes,
                              n, at);

@@ -631,9 +631,8 @@ void Replicator::NoteStaging(uint64_t* touched, uint64_t len) {
 
 void Replicator::Sink(int src, uint32_t offer, uint32_t chunk, uint64_t len) {
   if (scratch_.empty()) {
-    scratch_.resize(kReplChunk);
-    uint64_t touched = 0;
-    NoteStaging(&touched, kReplChunk);
+    scratch_.resize(kReplChunk);  // (zeroed: every page touched)
+    NoteStaging(&scratch_touched_, kReplChunk);
   }
   sinks_.push_back({comm_->StartRecv(src, MakeTag(ch_.data, src, DataSeq(offer, chunk)),
                                      scratch_.data(), len, UcxComm::Auth::kContent),

@@ -70,14 +70,6 @@ int64_t ChooseReplicationStep(int64_t attempted, int64_t pending, const std::vec
 // to start at 0 (their bytes are h's from *from on, h.data_bytes - *from of them).
 SlotHeader BlobsOnlyHeader(const SlotHeader& h, uint64_t* from);
 
-// Parity pieces travel in messages of this many bytes: each lands in one of the holder's
-// two windows and is added into the parity from there (the first piece of a record whose
-// coefficient is 1 lands in the parity itself). The windows are what a holder stages
-// outside its host tier, so they are small: 2 x 256 KiB a rank, where 8 MiB chunks (a
-// replica's) made them a third of a 4 MiB state under xor over 4 nodes (bench/memory).
-inline constexpr uint64_t kParityChunkBytes = uint64_t{256} << 10;
-static_assert(2 * kParityChunkBytes == kParityStagingBytes);
-
 struct ReplicatorStats {
   uint64_t replicated = 0;  // versions acknowledged by every holder
   uint64_t failed = 0;      // pushes that failed (holder dead, slow, refused)
@@ -288,8 +280,10 @@ class Replicator {
     std::vector<UcxComm::PendingSend> sends;
   };
   std::vector<Draining> draining_;
-  // Service thread only: where given-up transfers land (scratch_ outlives sinks_).
+  // Service thread only: where given-up transfers land (scratch_ outlives sinks_), and the
+  // bytes of it counted in ReplicatorStats::staging_bytes.
   std::vector<std::byte> scratch_;
+  uint64_t scratch_touched_ = 0;
   struct SinkRecv {
     UcxComm::PendingRecv recv;
     int64_t until;
