@@ -231,6 +231,7 @@ Status Checkpointer::Impl::Open() {
   cc.node = options_.node;
   cc.chunk_bytes = options_.chunk_bytes;
   cc.full_policy = options_.full_policy;
+  cc.full_wait_s = options_.full_wait_s;
   CaptureHooks hooks;
   // Both stages exist before the first save() (made below, before Open returns).
   hooks.on_save = [this](uint64_t seq, int64_t step) {
@@ -508,6 +509,19 @@ Status Checkpointer::wait_captured() {
 }
 Status Checkpointer::wait_replicated(double timeout_s) {
   return impl_->WaitReplicated(timeout_s);
+}
+Result<bool> Checkpointer::wait_replicated(int64_t step, double timeout_s) {
+  Replicator* r = impl_->replicator_.get();
+  if (!r)
+    return Status::FailedPrecondition(impl_->Who() +
+                                      ": this job does not replicate (one node, or "
+                                      "CAIRN_REPLICAS=0)");
+  if (!r->WaitTried(step, timeout_s)) return false;
+  CAIRN_RETURN_IF_ERROR(r->WaitReplicated(step, 0).WithContext(impl_->Who()));
+  return true;
+}
+Result<bool> Checkpointer::wait_save(uint64_t n, bool settled, double timeout_s) {
+  return impl_->pipeline_->WaitSeq(n, settled, timeout_s);
 }
 Status Checkpointer::wait_for_slot(double timeout_s) {
   return impl_->tier_->WaitFree(timeout_s);

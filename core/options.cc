@@ -273,8 +273,15 @@ std::vector<Setting> MakeSettings() {
                               {"cuda", CopyEngineKind::kCuda}},
                              "auto | host | cuda (auto: cuda when a device is usable)"),
       Choice<FullPolicy>("CAIRN_FULL_POLICY", CAIRN_FIELD(full_policy),
-                         {{"skip", FullPolicy::kSkip}, {"block", FullPolicy::kBlock}},
-                         "when no slot is free at save(): skip (count it, never stall) or block"),
+                         {{"skip", FullPolicy::kSkip},
+                          {"wait", FullPolicy::kWait},
+                          {"block", FullPolicy::kBlock},
+                          {"raise", FullPolicy::kRaise}},
+                         "when no slot is free at save(): skip (count it, warn, never stall), "
+                         "wait (up to CAIRN_FULL_WAIT_S, then skip), block, or raise (save() "
+                         "fails naming what holds the slots)"),
+      Seconds("CAIRN_FULL_WAIT_S", CAIRN_FIELD(full_wait_s),
+              "with CAIRN_FULL_POLICY=wait: the longest save() waits for a free slot"),
       Choice<LogLevel>("CAIRN_LOG_LEVEL", CAIRN_FIELD(log_level),
                        {{"error", LogLevel::kError},
                         {"warning", LogLevel::kWarning},

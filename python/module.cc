@@ -212,11 +212,39 @@ class PyCheckpointer {
     if (!st.ok()) Throw(st);
   }
 
-  void WaitReplicated(double timeout_s) {
+  // No step: the newest captured version, an error when not replicated in time. A step:
+  // true once it (or a newer one) is replicated, false when the time ran out first.
+  py::object WaitReplicated(double timeout_s, std::optional<int64_t> step) {
     Checkpointer& c = Get();
+    if (step)
+      return py::bool_(Unwrap(WithoutGil([&] { return c.wait_replicated(*step, timeout_s); })));
     const Status st = WithoutGil([&] { return c.wait_replicated(timeout_s); });
     if (!st.ok()) Throw(st);
+    return py::none();
   }
+
+  // The n-th queued save: its bytes copied (settled false) or it CAPTURED / failed; false
+  // when the time ran out first.
+  bool WaitSave(uint64_t n, bool settled, double timeout_s) {
+    Checkpointer& c = Get();
+    return Unwrap(WithoutGil([&] { return c.wait_save(n, settled, timeout_s); }));
+  }
+
+  // Every rank's `mine`, by rank (the job's group; one rank: [mine]).
+  std::vector<py::bytes> AllGather(const std::string& mine) {
+    Checkpointer& c = Get();
+    std::vector<std::string> got;
+    if (!c.group()) {
+      got.push_back(mine);
+    } else {
+      got = Unwrap(WithoutGil([&] { return c.group()->AllGather(mine); }));
+    }
+    std::vector<py::bytes> out;
+    out.reserve(got.size());
+    for (const std::string& g : got) out.emplace_back(g);
+    return out;
+  }
+  uint64_t queued() const { return queued_; }
 
   void WaitForSlot(double timeout_s) {
     Checkpointer& c = Get();
@@ -412,6 +440,9 @@ void BindShard(py::module_& m) {
       .def_property_readonly("offsets", [](const PyShard& s) { return s.spec.box.offsets; })
       .def_property_readonly("lengths", [](const PyShard& s) { return s.spec.box.lengths; })
       .def_property_readonly("nbytes", [](const PyShard& s) { return s.spec.nbytes(); })
+      .def_property_readonly(
+          "device", [](const PyShard& s) { return s.spec.memory == MemoryKind::kDevice; },
+          "Whether the bytes are in device (CUDA) memory.")
       .def("__repr__", [](const PyShard& s) {
         return "<cairn.Shard " + s.spec.meta.name + " " +
                std::string(DTypeName(s.spec.meta.dtype)) + " " + s.spec.box.ToString() + ">";
@@ -630,7 +661,21 @@ void BindCheckpointer(py::module_& m) {
            "on the GPU for the copy and returns at once. host=True: blocks until every byte "
            "is copied.")
       .def("wait_captured", &PyCheckpointer::WaitCaptured)
-      .def("wait_replicated", &PyCheckpointer::WaitReplicated, py::arg("timeout_s") = 60.0)
+      .def("wait_replicated", &PyCheckpointer::WaitReplicated, py::arg("timeout_s") = 60.0,
+           py::arg("step") = std::nullopt,
+           "Waits until the newest captured version is held by its replica holders; raises "
+           "when that does not happen in timeout_s. With `step` (any thread): True once that "
+           "step or a newer one is, False when timeout_s passed first; raises when its push "
+           "failed or the job does not replicate; it asks the job to keep nothing.")
+      .def("wait_save", &PyCheckpointer::WaitSave, py::arg("n"), py::arg("settled") = true,
+           py::arg("timeout_s") = 60.0,
+           "Waits for the n-th queued save of this process (queued counts them): every byte "
+           "in host memory (settled=False) or CAPTURED (True). True then, False when "
+           "timeout_s passed first; raises its capture error. Any thread.")
+      .def_property_readonly("queued", &PyCheckpointer::queued,
+                             "How many saves this process queued (the n of wait_save).")
+      .def("allgather", &PyCheckpointer::AllGather, py::arg("mine"),
+           "Collective: every rank's bytes `mine`, by rank.")
       .def("wait_for_slot", &PyCheckpointer::WaitForSlot, py::arg("timeout_s") = 60.0,
            "Waits until the next save() finds a free host slot (drains, replica pushes and "
            "step-agreement rounds hold some for a while); call it before a save that must "

@@ -207,21 +207,30 @@ Result<SaveOutcome> CapturePipeline::Save(int64_t step, std::span<const ShardSpe
   // rather than by a capture failing later in the background.
   CAIRN_RETURN_IF_ERROR(tier_->EnsureRoom(req->header.data_bytes).WithContext(who));
 
-  auto slot = tier_->Reserve(step, config_.full_policy);
+  auto slot = tier_->Reserve(step, config_.full_policy, config_.full_wait_s);
   last_step_ = step;
   MutexLock lk(mu_);
   if (!slot.ok()) {
     if (slot.status().code() != StatusCode::kUnavailable) return slot.status().WithContext(who);
+    // Skipped, or failed under kRaise: counted alike, and every rank's persister counts the
+    // save as it counts every other (the hook below), so the drains stay in step.
     ++save_stats_.skipped;
-    if (!warned_skip_) {
-      log_->Warning(who + " skipped: " + slot.status().message() +
-                    " (policy skip; later skips are only counted in stats)");
-      warned_skip_ = true;
+    ++skips_unwarned_;
+    const bool raise = config_.full_policy == FullPolicy::kRaise;
+    if (!raise && t0 - skip_warned_ns_ >= 30'000'000'000) {
+      const char* policy = config_.full_policy == FullPolicy::kWait ? "wait" : "skip";
+      log_->Warning(who + " skipped: " + slot.status().message() + " (CAIRN_FULL_POLICY=" + policy +
+                    "; " + std::to_string(skips_unwarned_) + " skipped since the " +
+                    (skip_warned_ns_ == 0 ? "start" : "last warning, 30 s or more ago") + ", " +
+                    std::to_string(save_stats_.skipped) + " in all)");
+      skip_warned_ns_ = t0;
+      skips_unwarned_ = 0;
     }
     const uint64_t seq = submitted_seq_;
     CountSaveCall(t0);
     lk.Unlock();
     if (hooks_.on_save) hooks_.on_save(seq, step);
+    if (raise) return slot.status().WithContext(who + ": not saved (CAIRN_FULL_POLICY=raise)");
     return SaveOutcome::kSkipped;
   }
   req->slot = *slot;
@@ -289,6 +298,16 @@ void CapturePipeline::WaitSettled() {
 void CapturePipeline::WaitDone(uint64_t seq) {
   MutexLock lk(mu_);
   cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return done_seq_ >= seq; });
+}
+
+Result<bool> CapturePipeline::WaitSeq(uint64_t seq, bool settled, double timeout_s) {
+  MutexLock lk(mu_);
+  const bool reached =
+      cv_.WaitFor(lk, std::chrono::duration<double>(std::max(0.0, timeout_s)),
+                  [&]() CAIRN_REQUIRES(mu_) { return (settled ? done_seq_ : copied_seq_) >= seq; });
+  for (const auto& [s, st] : failures_)
+    if (s == seq) return st;
+  return reached;
 }
 
 void CapturePipeline::YieldToCopies(std::chrono::milliseconds max_wait) {
@@ -381,8 +400,10 @@ void CapturePipeline::Capture(Request& r) {
       if (capture_stats_.copy_seconds > 0)
         capture_stats_.copy_gbps =
             static_cast<double>(capture_stats_.bytes_copied) / capture_stats_.copy_seconds / 1e9;
-    } else if (fence_error_.ok()) {
-      fence_error_ = st.WithContext(who + ": capture failed");
+    } else {
+      if (fence_error_.ok()) fence_error_ = st.WithContext(who + ": capture failed");
+      failures_.emplace_back(r.seq, st.WithContext(who + ": capture failed"));
+      if (failures_.size() > kFailuresKept) failures_.pop_front();
     }
   }
   cv_.NotifyAll();
@@ -406,6 +427,10 @@ void CapturePipeline::Capture(Request& r) {
     } else {
       ++capture_stats_.failed;
       if (capture_error_.ok()) capture_error_ = st.WithContext(who + ": capture failed");
+      if (failures_.empty() || failures_.back().first != r.seq) {
+        failures_.emplace_back(r.seq, st.WithContext(who + ": capture failed"));
+        if (failures_.size() > kFailuresKept) failures_.pop_front();
+      }
     }
     done_seq_ = r.seq;
   }

@@ -46,6 +46,7 @@ struct CaptureConfig {
   int node = 0;
   uint64_t chunk_bytes = 4ull << 20;
   FullPolicy full_policy = FullPolicy::kSkip;
+  double full_wait_s = 5;  // kWait
 };
 
 // What the pipeline tells the stages after it (called without its lock held).
@@ -89,6 +90,11 @@ class CapturePipeline {
   void WaitSettled();
   // Waits until the version of sequence number `seq` is settled.
   void WaitDone(uint64_t seq);
+  // Waits at most `timeout_s` until the version of sequence number `seq` has every byte in
+  // its slot (`settled` false) or is CAPTURED or failed (`settled` true): true then, false
+  // when the time ran out, or its capture error (kept for the newest kFailuresKept
+  // failures). Takes no error from fence() or WaitCaptured().
+  Result<bool> WaitSeq(uint64_t seq, bool settled, double timeout_s);
   // Waits up to `max_wait` while a copy is in flight (drains hold back for captures).
   void YieldToCopies(std::chrono::milliseconds max_wait);
   uint64_t submitted() const;
@@ -137,13 +143,18 @@ class CapturePipeline {
       CAIRN_GUARDED_BY(mu_);
   Status fence_error_ CAIRN_GUARDED_BY(mu_);
   Status capture_error_ CAIRN_GUARDED_BY(mu_);
+  // The errors of the newest failed captures, by sequence number (WaitSeq).
+  static constexpr size_t kFailuresKept = 64;
+  std::deque<std::pair<uint64_t, Status>> failures_ CAIRN_GUARDED_BY(mu_);
   SaveStats save_stats_ CAIRN_GUARDED_BY(mu_);
   CaptureStats capture_stats_ CAIRN_GUARDED_BY(mu_);
 
   // Training thread only.
   std::unordered_map<const void*, int> device_of_;
   std::optional<int64_t> last_step_;
-  bool warned_skip_ = false;
+  // Skips are warned about at most every 30 s, with the count since the last warning.
+  int64_t skip_warned_ns_ = 0;
+  uint64_t skips_unwarned_ = 0;
 
   std::thread capture_thread_;
 };

@@ -317,6 +317,90 @@ TEST_F(CheckpointerTest, BlockPolicyWaitsForAFreeSlot) {
   EXPECT_EQ(c->stats().save.skipped, 0u);
 }
 
+// CAIRN_FULL_POLICY=wait waits at most CAIRN_FULL_WAIT_S for a slot, then skips; raise
+// fails the save with an error naming what holds the slots. Both count the version as
+// skipped, and a later save works.
+TEST_F(CheckpointerTest, WaitPolicyWaitsItsBoundAndRaisePolicyFailsTheSave) {
+  for (const FullPolicy policy : {FullPolicy::kWait, FullPolicy::kRaise}) {
+    SCOPED_TRACE(policy == FullPolicy::kWait ? "wait" : "raise");
+    testing::GateFileSystem gate(DefaultFileSystem());
+    fs_.host = &gate;
+    opts_.slots = 2;
+    opts_.full_policy = policy;
+    opts_.full_wait_s = 0.3;
+    opts_.job_id = "policy" + std::to_string(static_cast<int>(policy));
+    auto c = Open();
+    State s;
+    s.Fill(1);
+    ASSERT_TRUE(c->save(1, s.Shards()).ok());
+    ASSERT_TRUE(c->wait_captured().ok());
+    gate.Close_();  // step 2's capture hangs: no slot for step 3
+    ASSERT_EQ(*c->save(2, s.Shards()), SaveOutcome::kQueued);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = c->save(3, s.Shards());
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (policy == FullPolicy::kWait) {
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      EXPECT_EQ(*out, SaveOutcome::kSkipped);
+      EXPECT_GE(waited, 0.29);
+    } else {
+      ASSERT_FALSE(out.ok());
+      EXPECT_EQ(out.status().code(), StatusCode::kUnavailable);
+      EXPECT_NE(out.status().message().find("CAIRN_FULL_POLICY=raise"), std::string::npos)
+          << out.status().ToString();
+      EXPECT_NE(out.status().message().find("step 3"), std::string::npos);
+      EXPECT_LT(waited, 0.29);
+    }
+    EXPECT_EQ(c->stats().save.skipped, 1u);
+    gate.Open_();
+    ASSERT_TRUE(c->fence().ok());
+    ASSERT_TRUE(c->wait_captured().ok());
+    ASSERT_EQ(*c->save(4, s.Shards()), SaveOutcome::kQueued);
+    ASSERT_TRUE(c->wait_captured().ok());
+    EXPECT_EQ(c->versions().front().step, 4);
+  }
+}
+
+// wait_save(n) follows the n-th queued save alone: copied, then captured, or its own
+// capture error, which fence() still reports too.
+TEST_F(CheckpointerTest, WaitSaveFollowsOneSaveAndReturnsItsOwnError) {
+  FaultInjectionFileSystem fs(DefaultFileSystem());
+  testing::GateFileSystem gate(&fs);
+  fs_.host = &gate;
+  auto c = Open();
+  State small;
+  small.big.resize(1000);
+  small.Fill(1);
+  ASSERT_TRUE(c->save(1, small.Shards()).ok());
+  auto got = c->wait_save(1, true, 30);
+  ASSERT_TRUE(got.ok() && *got);
+  gate.Close_();
+  small.Fill(2);
+  ASSERT_EQ(*c->save(2, small.Shards()), SaveOutcome::kQueued);
+  got = c->wait_save(2, true, 0.2);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(*got);  // still hanging at the gate
+  gate.Open_();
+  got = c->wait_save(2, false, 30);
+  EXPECT_TRUE(got.ok() && *got);
+  got = c->wait_save(2, true, 30);
+  EXPECT_TRUE(got.ok() && *got);
+  State s;  // larger: the slot must grow, and that fails
+  s.Fill(3);
+  fs.FailNth(1, ENOSPC, true, kFsAllocate);
+  ASSERT_TRUE(c->save(3, s.Shards()).ok());
+  got = c->wait_save(3, true, 30);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kNoSpace) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("step 3"), std::string::npos) << got.status().ToString();
+  got = c->wait_save(2, true, 0);  // an older save keeps its own outcome
+  EXPECT_TRUE(got.ok() && *got);
+  EXPECT_EQ(c->fence().code(), StatusCode::kNoSpace);
+  fs.Disarm();
+  EXPECT_EQ(c->wait_captured().code(), StatusCode::kNoSpace);
+}
+
 // A host root too small for every slot is refused with a clear error: at open when the
 // slots are sized there (CAIRN_SLOT_BYTES), else by the first save() of that size, which
 // then queues nothing; a root large enough works with the same settings.

@@ -268,7 +268,7 @@ TEST(Options, BadValuesNameTheVariable) {
                                                              {"CAIRN_SLOTS", "two"},
                                                              {"RANK", "-1"},
                                                              {"CAIRN_CHUNK_BYTES", "4X"},
-                                                             {"CAIRN_FULL_POLICY", "wait"},
+                                                             {"CAIRN_FULL_POLICY", "sometimes"},
                                                              {"CAIRN_COPY_ENGINE", "gpu"},
                                                              {"CAIRN_LOG_LEVEL", "4"},
                                                              {"CAIRN_LOG_LEVEL", "verbose"},

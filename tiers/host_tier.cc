@@ -397,8 +397,11 @@ std::string HostTier::WhyFullLocked(const std::string& what) const {
          (keeping ? "a version the job keeps" : "the newest version") + each + ")";
 }
 
-Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
+Result<int> HostTier::Reserve(int64_t step, FullPolicy policy, double wait_s) {
   MutexLock lk(mu_);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::max(0.0, wait_s)));
   for (;;) {
     const int pick = PickLocked();
     if (pick >= 0) {
@@ -408,9 +411,24 @@ Result<int> HostTier::Reserve(int64_t step, FullPolicy policy) {
     }
     bool committing = false;
     for (const Slot& s : slots_) committing = committing || s.use == Use::kCommitting;
-    if (policy == FullPolicy::kSkip && !committing)
+    const bool now_or_never = policy == FullPolicy::kSkip || policy == FullPolicy::kRaise;
+    if (now_or_never && !committing)
       return Status::Unavailable(
           WhyFullLocked("no host slot is free for step " + std::to_string(step)));
+    if (policy == FullPolicy::kWait && !committing) {
+      // A slot freed, or one started committing (which frees soon: waited for below).
+      const bool woke = cv_.WaitUntil(lk, deadline, [&]() CAIRN_REQUIRES(mu_) {
+        if (PickLocked() >= 0) return true;
+        for (const Slot& s : slots_)
+          if (s.use == Use::kCommitting) return true;
+        return false;
+      });
+      if (woke) continue;
+      char waited[32];
+      std::snprintf(waited, sizeof waited, "%.1f", wait_s);
+      return Status::Unavailable(WhyFullLocked("no host slot became free for step " +
+                                               std::to_string(step) + " in " + waited + " s"));
+    }
     cv_.Wait(lk);
   }
 }

@@ -90,9 +90,9 @@ class HostTier {
                                                                            std::string_view name);
 
   // Chooses a slot for a new version of `step` (no I/O). With kBlock waits until a slot is
-  // free; with kSkip returns Unavailable when none is, except that it waits for a version
-  // whose bytes are already copied and only needs its commit.
-  Result<int> Reserve(int64_t step, FullPolicy policy);
+  // free; with kWait at most `wait_s`; with kSkip and kRaise returns Unavailable when none
+  // is. Each waits for a version whose bytes are already copied and only needs its commit.
+  Result<int> Reserve(int64_t step, FullPolicy policy, double wait_s = 0);
   // Waits at most `timeout_s` until Reserve would find a slot without waiting (a drain or
   // push unpins one, an agreement round lets its offered steps go); Unavailable saying what
   // holds the slots otherwise. Reserves nothing: the training thread, the only caller of

@@ -87,11 +87,23 @@ class Checkpointer {
   // Waits until every queued version is CAPTURED or has failed; returns the first failure
   // since the last call.
   Status wait_captured();
+  // Waits at most `timeout_s` for the n-th queued save of this process (counted from 1, as
+  // copies_done() counts them): until every byte of it is in host memory (`settled`
+  // false) or it is CAPTURED or failed (`settled` true). Returns true then, false when the
+  // time ran out first, or its capture error. Takes no error away from fence() or
+  // wait_captured(). Any thread.
+  Result<bool> wait_save(uint64_t n, bool settled, double timeout_s);
 
   // Waits until the newest captured version is REPLICATED (OK), or its replication has
   // been tried and failed (Unavailable naming the holder), at most `timeout_s`.
   // FailedPrecondition when this job does not replicate.
   Status wait_replicated(double timeout_s);
+  // Waits at most `timeout_s` until `step`, or a newer step of this rank, is held by its
+  // replica holders: true then, false when the time ran out first; Unavailable naming the
+  // holder when its push was tried and failed; FailedPrecondition when this job does not
+  // replicate. Unlike wait_replicated(timeout_s), it asks the job to keep nothing. Any
+  // thread.
+  Result<bool> wait_replicated(int64_t step, double timeout_s);
   // Waits at most `timeout_s` until the next save() finds a free host slot (a drain, a
   // replica push or a round of the step agreement holds some for a while): call it before
   // a save that must not be skipped under the skip policy, such as a run's last.

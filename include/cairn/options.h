@@ -18,8 +18,10 @@
 namespace cairn {
 
 // What save() does when every host slot is still needed (capturing, or holding the newest
-// complete version): skip this version (count it, never stall) or block until one frees.
-enum class FullPolicy { kSkip, kBlock };
+// complete version): skip this version (count it and warn, never stall), wait up to
+// CAIRN_FULL_WAIT_S for one and then skip, block until one frees, or fail the save (an
+// Unavailable error naming what holds the slots; the version is counted as skipped).
+enum class FullPolicy { kSkip, kBlock, kWait, kRaise };
 
 // Whether a restore asks for huge pages for host targets never touched (CAIRN_RESTORE_HUGE_PAGES).
 enum class RestoreHugePages {
@@ -74,6 +76,7 @@ struct Options {
   uint64_t slot_bytes = 0;            // pre-size slots at open (0: on first save)
   uint64_t host_memory = 0;  // host bytes cairn may map per node; slots follow (0: CAIRN_SLOTS)
   FullPolicy full_policy = FullPolicy::kSkip;
+  double full_wait_s = 5;  // CAIRN_FULL_POLICY=wait: the longest a save() waits for a slot
   CopyEngineKind copy_engine = CopyEngineKind::kAuto;
   LogLevel log_level = LogLevel::kWarning;  // CAIRN_LOG_LEVEL (error/warning/info/debug or 0..3)
   std::string trace_path;                   // CAIRN_TRACE: Chrome trace-event file ("": off)
