@@ -176,6 +176,12 @@ def load_dcp(rehearsal):
             why = f"its AsyncSaveResponse lacks {', '.join(missing)}"
     except ImportError as e:
         why = str(e)
+    if why is None and rehearsal and not torch.cuda.is_available():
+        # Pinned memory, background staging and non-blocking copies need a device: the
+        # rehearsal runs the arm's flow with DCP's shared-memory staging only.
+        print("gpu_capture: dcp_async_pinned rehearsed with StagingOptions(False, True, False, "
+              "False) (the rest needs a device)", file=sys.stderr)
+        return dcp, lambda: DefaultStager(StagingOptions(False, True, False, False))
     if why is None:
         return dcp, lambda: DefaultStager(StagingOptions(True, True, True, True))
     if rehearsal:

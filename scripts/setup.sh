@@ -2,7 +2,9 @@
 # Installs cairn's build dependencies from Debian (bookworm) when any is missing, then
 # configures and builds cairn into build/ (RelWithDebInfo, warnings are errors).
 #   bash scripts/setup.sh            everything: the library, the cairn command, the Python
-#                                    module, the tests and the benchmarks
+#                                    module, the tests and the benchmarks, and the project's
+#                                    Python environments (scripts/venv.sh: PyPI's PyTorch
+#                                    of python/requirements.txt, and its oldest supported one)
 #   bash scripts/setup.sh --demo     only what `cairn demo` needs: fewer packages (no
 #                                    PyTorch, GoogleTest, Open MPI, ...) and the cairn command
 #   CAIRN_BUILD_DIR  build directory (default: build)
@@ -20,14 +22,10 @@ if ((!demo)); then
   # The tests, benchmarks and Python module, and what the tests run (PMIx launchers, Open
   # MPI's mpirun, UCX's tools, network namespaces, GlusterFS as the namespace cluster's
   # networked PFS; gdb: a hung benchmark's native stacks).
-  PACKAGES+=(libgtest-dev libgmock-dev libbenchmark-dev ucx-utils python3-numpy python3-dev
-             pybind11-dev python3-torch libpmix-dev openmpi-bin iproute2 gdb
+  # PyTorch comes from PyPI into the project's venv (scripts/venv.sh), not from Debian.
+  PACKAGES+=(libgtest-dev libgmock-dev libbenchmark-dev ucx-utils python3-dev python3-venv
+             python3-pip pybind11-dev libpmix-dev openmpi-bin iproute2 gdb
              glusterfs-server glusterfs-client)
-  # `pip install .` (pyproject.toml, tests/pip_install_test.sh): scikit-build-core is in
-  # Debian 13 on, not 12, where that test is skipped.
-  if apt-cache show python3-scikit-build-core >/dev/null 2>&1; then
-    PACKAGES+=(python3-scikit-build-core python3-pybind11 python3-venv python3-pip)
-  fi
 fi
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -54,8 +52,18 @@ if ((demo)); then
   fi
   cmake --build "$build" --target cairn_cli
 else
+  # The Python module is built for the venv's interpreter, and the tests run on it; the
+  # oldest supported PyTorch gets its own venv, for the tests that run on it too.
+  # CAIRN_NO_TORCH=1: no venv (the module is built for /usr/bin/python3, without PyTorch).
+  py=/usr/bin/python3
+  oldest=""
+  if [ "${CAIRN_NO_TORCH:-0}" != 1 ]; then
+    py=$(bash scripts/venv.sh | tail -1)
+    oldest=$(bash scripts/venv.sh --oldest | tail -1)
+  fi
   # CAIRN_BUILD_TYPE: RelWithDebInfo unless set (CI's Debian 13 stage builds Release).
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${CAIRN_BUILD_TYPE:-RelWithDebInfo}" -DCAIRN_WERROR=ON \
-    -DCAIRN_BUILD_TESTS=ON -DCAIRN_BUILD_BENCH=ON -DCAIRN_WITH_PYTHON=ON >/dev/null
+    -DCAIRN_BUILD_TESTS=ON -DCAIRN_BUILD_BENCH=ON -DCAIRN_WITH_PYTHON=ON \
+    -DPython_EXECUTABLE="$py" -DCAIRN_PYTHON_OLDEST="$oldest" >/dev/null
   cmake --build "$build"
 fi

@@ -39,12 +39,16 @@ state_dict().
 """
 
 import collections
+import concurrent.futures
+import fnmatch
 import functools
 import importlib
 import io
 import operator
 import pickle
 import random
+import threading
+import types
 import weakref
 
 import torch
@@ -514,8 +518,703 @@ def _host_parts(state):
     return out
 
 
-class Checkpointer:
-    """cairn for a model and its optimizer.
+# -- saves that say what happened --------------------------------------------------------
+
+
+class SaveHandle:
+    """What one save() did with its version: `step`; `queued` (also the handle's truth value:
+    False when the version was skipped for want of a free host slot, CAIRN_FULL_POLICY,
+    and `skipped_because` says why); and futures (concurrent.futures.Future, made when first
+    asked for) for the version's states, each raising the version's error (a cairn.Error):
+
+      captured    every byte in this rank's host memory and its checksums committed: the
+                  version is restorable (result: the step);
+      replicated  this step, or a newer one of this rank, held in another node's memory
+                  (a replica or its parity set); raises when the push failed or the job does
+                  not replicate (one node, CAIRN_REPLICAS=0);
+      persisted   this step or a newer one committed to the PFS (result: the step LATEST
+                  named then); raises when a drain round fails after this save. With
+                  CAIRN_PERSIST_EVERY=0 only flush() drains.
+
+    A skipped version's futures raise at once. close() settles what is still pending."""
+
+    def __init__(self, owner, step, seq, skipped_because=None):
+        self.step = int(step)
+        self.queued = skipped_because is None
+        self.skipped_because = skipped_because
+        self._owner = owner
+        self._seq = seq
+        self._futures = {}
+        self._persist_failed = None
+
+    def __bool__(self):
+        return self.queued
+
+    def __repr__(self):
+        what = "queued" if self.queued else f"skipped: {self.skipped_because}"
+        return f"<cairn.torch.SaveHandle step {self.step} {what}>"
+
+    def _future(self, kind):
+        got = self._futures.get(kind)
+        if got is None:
+            got = self._futures[kind] = concurrent.futures.Future()
+            if not self.queued:
+                got.set_exception(_error(f"step {self.step} was not saved: "
+                                         f"{self.skipped_because}", "Unavailable"))
+            else:
+                self._owner._waits.watch(kind, self, got)
+        return got
+
+    @property
+    def captured(self):
+        return self._future("captured")
+
+    @property
+    def replicated(self):
+        return self._future("replicated")
+
+    @property
+    def persisted(self):
+        return self._future("persisted")
+
+    def result(self, timeout=None):
+        """Waits until the version is captured; returns its step (raises its error)."""
+        return self.captured.result(timeout)
+
+
+class _Waits:
+    """The threads behind SaveHandle's futures and the DCP stager's staging futures: one
+    waits, in order, for the bytes of queued saves to be copied (the staging futures, which
+    a training loop waits on), another polls every 20 ms, while a future is pending, for
+    the captured, replicated and persisted states. Both call only what the core allows from
+    any thread, with bounded waits, and stop before the core closes."""
+
+    _POLL_S = 0.02
+
+    def __init__(self, core):
+        self._core = core
+        self._cv = threading.Condition()
+        self._copies = collections.deque()  # (seq, future, value)
+        self._watched = []  # (kind, handle, future)
+        self._threads = []
+        self._closing = False
+
+    def copied(self, seq, value):
+        """A future that gets `value` once every byte of save `seq` is in host memory."""
+        fut = concurrent.futures.Future()
+        with self._cv:
+            self._copies.append((seq, fut, value))
+            self._start("cairn-copies", self._copy_loop)
+            self._cv.notify_all()
+        return fut
+
+    def watch(self, kind, handle, fut):
+        if kind == "persisted":
+            handle._persist_failed = self._core.stats().persist_failed
+        with self._cv:
+            self._watched.append((kind, handle, fut))
+            self._start("cairn-states", self._poll_loop)
+            self._cv.notify_all()
+
+    def _start(self, name, loop):
+        if self._closing or any(t.name == name for t in self._threads):
+            return
+        t = threading.Thread(target=loop, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _copy_loop(self):
+        while True:
+            with self._cv:
+                while not self._copies and not self._closing:
+                    self._cv.wait()
+                if self._closing:
+                    return  # close() settles what is left
+                seq, fut, value = self._copies[0]
+            try:
+                done = self._core.wait_save(seq, False, 0.25)
+            except Exception as e:  # its capture failed
+                done, error = True, e
+            else:
+                error = None
+            if done:
+                with self._cv:
+                    self._copies.popleft()
+                if error is None:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(error)
+
+    def _check(self, kind, handle, fut, stats, wait):
+        """Settles `fut` when its state is known (wait: seconds the core may wait)."""
+        try:
+            if kind == "captured":
+                if self._core.wait_save(handle._seq, True, wait):
+                    fut.set_result(handle.step)
+            elif kind == "replicated":
+                if self._core.wait_replicated(wait, handle.step):
+                    fut.set_result(handle.step)
+            elif stats.newest_persisted_step >= handle.step:
+                fut.set_result(stats.newest_persisted_step)
+            elif stats.persist_failed > handle._persist_failed:
+                fut.set_exception(_error(f"step {handle.step} not persisted: a drain round "
+                                         f"failed after it: {stats.last_persist_error}",
+                                         "Unavailable"))
+        except Exception as e:
+            fut.set_exception(e)
+        return fut.done()
+
+    def _poll_loop(self):
+        while True:
+            with self._cv:
+                while not self._watched and not self._closing:
+                    self._cv.wait()
+                if self._closing:
+                    return
+                watched = list(self._watched)
+            stats = self._core.stats() if any(k == "persisted" for k, _, _ in watched) else None
+            settled = [w for w in watched if self._check(*w, stats, 0)]
+            with self._cv:
+                for w in settled:
+                    self._watched.remove(w)
+                self._cv.wait(self._POLL_S)
+
+    def close(self, timeout_s=60.0):
+        """Stops the threads, then settles every pending future from the calling thread:
+        copies and captures are waited for (close waits for them anyway), a state not
+        reached yet is an error saying the checkpointer closed first."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        for seq, fut, value in self._copies:
+            try:
+                if self._core.wait_save(seq, False, timeout_s):
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(_error(f"save {seq} not copied in {timeout_s} s",
+                                             "Unavailable"))
+            except Exception as e:
+                fut.set_exception(e)
+        self._copies.clear()
+        stats = self._core.stats()
+        for kind, handle, fut in self._watched:
+            wait = timeout_s if kind == "captured" else 0
+            if not self._check(kind, handle, fut, stats, wait):
+                fut.set_exception(_error(f"step {handle.step}: the checkpointer closed before "
+                                         f"it was {kind}", "FailedPrecondition"))
+        self._watched.clear()
+
+
+# -- any state dict ---------------------------------------------------------------------
+
+_TENSORS_BLOB = "torch.tensors"  # {flattened name: (dtype, global shape)} of the version
+_PATHS_BLOB = "torch.paths"  # {flattened name: its path of keys in the nested state dict}
+
+
+def _is_stateful(v):
+    """An object DCP treats as Stateful (state_dict() and load_state_dict()), not a tensor."""
+    return (not torch.is_tensor(v) and callable(getattr(v, "state_dict", None))
+            and callable(getattr(v, "load_state_dict", None)))
+
+
+def _walk_state(state, resolve):
+    """A DCP-style state dict walked as DCP flattens it (_flatten): returns ({flattened name:
+    value}, {name: path of keys}, {name: (container, key)} where the value lives, [(Stateful,
+    its state dict)] innermost first). Stateful objects, at any depth, are replaced by their
+    state_dict(): resolve(name, obj) returns that dict (it may prepare obj first)."""
+    flat, paths, refs, statefuls = {}, {}, {}, []
+
+    def walk(path, name, v, container, key):
+        if _is_stateful(v):
+            obj, v = v, resolve(name, v)
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(path + (k,), f"{name}.{k}", x, v, k)
+            else:
+                flat[name], paths[name], refs[name] = v, path, (None, None)
+            statefuls.append((obj, v))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(path + (k,), f"{name}.{k}", x, v, k)
+        elif isinstance(v, list) and not _terminal_list(v):
+            for i, x in enumerate(v):  # (i,): an index into a list, not a key
+                walk(path + ((i,),), f"{name}.{i}", x, v, i)
+        else:
+            flat[name], paths[name], refs[name] = v, path, (container, key)
+
+    if not isinstance(state, dict):
+        raise _error(f"a state dict must be a dict, not a {type(state).__name__}")
+    for k, v in state.items():
+        walk((k,), str(k), v, state, k)
+    return flat, paths, refs, statefuls
+
+
+def _is_entry_tensor(v):
+    return _is_saved_tensor(v) or (isinstance(v, tuple) and v
+                                   and all(_is_saved_tensor(x) for x in v))
+
+
+def _global_meta(v):
+    """(dtype name, global shape) of a tensor entry (DTensor: its global tensor)."""
+    if isinstance(v, tuple):
+        v = v[0]
+    if isinstance(v, FlatRange):
+        return _DTYPES.get(v.tensor.dtype), tuple(v.global_shape)
+    if callable(getattr(v, "local_shards", None)) and not torch.is_tensor(v):
+        return _DTYPES.get(v.local_shards()[0].tensor.dtype), tuple(int(x) for x in v.size())
+    return _DTYPES.get(v.dtype), tuple(int(x) for x in v.shape)
+
+
+def _unflatten(flat, paths):
+    """The nested state dict of `flat` along `paths` (_walk_state's: a key, or (i,) for an
+    index into a list); a name without a path is a top-level key."""
+    out = {}
+    for name, v in flat.items():
+        path = paths.get(name, (name,))
+        d = out
+        for k in path[:-1]:
+            d = d.setdefault(k, {})
+        d[path[-1]] = v
+    return _lists(out)
+
+
+def _lists(d):
+    """The dicts _unflatten made for lists (keyed by (i,)) as lists again."""
+    if not isinstance(d, dict):
+        return d
+    d = {k: _lists(v) for k, v in d.items()}
+    if d and all(isinstance(k, tuple) and len(k) == 1 for k in d):
+        return [d[k] for k in sorted(d)]
+    return d
+
+
+def _list_names(names, limit=12):
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(f"'{n}'" for n in names[:limit]) + more
+
+
+class StateCheckpointer:
+    """cairn for any DCP-style state dict: nested dicts and lists of tensors, DTensors (any
+    placement), FlatRanges, ShardedTensors and plain data, and Stateful objects (a model, an
+    optimizer, an LR scheduler, a GradScaler, a data loader: anything with state_dict() and
+    load_state_dict()) at any depth, their state taken with state_dict() and given back
+    with load_state_dict(). Entries are named as torch.distributed.checkpoint flattens
+    them ("model.layers.0.weight", "optim.state.layers.0.weight.exp_avg").
+
+        ck = cairn.torch.StateCheckpointer()
+        state = {"model": model, "optim": optimizer, "sched": scheduler, "loader": loader,
+                 "progress": {"step": step}}
+        ck.load(state)                      # collective: the newest version, in place
+        for step in ...:
+            ...; optimizer.step()            # fences first (a hook on every optimizer met)
+            ck.save(step, state)             # queued; copied while the next forward runs
+
+    Tensors are read in place, lazily, until the fence (fence(), or the hook cairn puts on
+    every torch.optim.Optimizer it meets in a state dict): a tensor that may change before
+    the fence is copied when save() is called instead: the buffers of every nn.Module met
+    (BatchNorm's statistics, counters a forward pass updates), every tensor of at most
+    `copy_below` bytes (default 64 KiB: step counters and scalars), and what `copy_now`
+    names (nn.Modules: their buffers; tensors; names, with fnmatch patterns). Non-tensor
+    entries are saved per rank, as data (allow_pickle: see the module's text), and each
+    rank gets its own back; a rank the saved job did not have gets rank 0's.
+
+    `options`: a cairn.Options (default: cairn.Options.from_environment()); keyword
+    `settings` override its fields (job_id="run7", full_policy="wait", ...)."""
+
+    def __init__(self, options=None, *, allow_pickle=False, copy_now=(), copy_below=64 << 10,
+                 **settings):
+        opts = options if options is not None else _cairn.Options.from_environment()
+        for k, v in settings.items():
+            if not hasattr(opts, k):
+                raise _error(f"cairn.Options has no setting '{k}'")
+            setattr(opts, k, v)
+        self.allow_pickle = bool(allow_pickle)
+        self.copy_below = int(copy_below)
+        self._copy_modules, self._copy_tensors, self._copy_names = [], set(), []
+        for c in (copy_now if isinstance(copy_now, (list, tuple, set)) else [copy_now]):
+            if isinstance(c, torch.nn.Module):
+                self._copy_modules.append(c)
+            elif torch.is_tensor(c):
+                self._copy_tensors.add((c.data_ptr(), tuple(c.shape)))
+            elif isinstance(c, str):
+                self._copy_names.append(c)
+            else:
+                raise _error(f"copy_now: a {type(c).__name__} is neither an nn.Module, a "
+                             "tensor nor a name")
+        self.last_report = None  # the cairn.RestoreReport of the last load
+        self.last_step = None  # the step of the last save or load
+        self._rank = opts.rank
+        self._state_cache = {}  # name -> (value, _address(value), shards) of the last save
+        self._state_list = None  # (key, cairn.ShardList) of the last save's lazy shards
+        self._layout_blobs = (None, None)  # (key, {blob: bytes}) of the last save's layout
+        self._last_key, self._lazy_on_gpu = None, False  # the last save's lazy shards
+        self._hooked = weakref.WeakSet()  # optimizers whose step() fences first
+        self._hooks = []
+        self._lock = threading.RLock()  # save / fence / restore / close
+        self._open_core(opts)
+
+    def _open_core(self, opts):
+        self._opts = opts
+        self._ck = _cairn.Checkpointer(opts)
+        self._waits = _Waits(self._ck)
+
+    # -- the training loop -----------------------------------------------------------------
+
+    def save(self, step, state_dict):
+        """Queues version `step` (steps must increase) of `state_dict`; returns a SaveHandle
+        (falsy when skipped). Raises, saving nothing, for an entry that cannot be saved (a
+        tensor that is not contiguous, a dtype cairn has no name for, a non-tensor entry that
+        is not plain data unless allow_pickle), and under CAIRN_FULL_POLICY=raise when no
+        slot is free."""
+        with self._lock:
+            shards, blobs, stream = self._capture_of(state_dict)
+            return self._queue(step, shards, blobs, stream)
+
+    def _queue(self, step, shards, blobs, stream):
+        outcome = self._ck.save(int(step), shards, blobs, stream=stream)
+        self.last_step = int(step)
+        if outcome == "queued":
+            return SaveHandle(self, step, self._ck.queued)
+        return SaveHandle(self, step, None, "no free host slot (CAIRN_FULL_POLICY="
+                          f"{self._opts.full_policy}; stats().skipped counts them)")
+
+    def fence(self):
+        """Orders what writes the saved tensors next after their copy: host tensors are
+        copied when it returns; for CUDA tensors the current stream waits on the GPU."""
+        with self._lock:
+            self._ck.fence(stream=self._current_stream())
+
+    def fence_host(self):
+        """Blocks until every byte of the saved versions is in host memory."""
+        with self._lock:
+            self._ck.fence(host=True)
+
+    def fence_before(self, optimizer):
+        """Makes `optimizer`.step() call fence() first (save() does this for every optimizer
+        it meets in a state dict)."""
+        if optimizer in self._hooked:
+            return
+        me = weakref.ref(self)
+
+        def fence(*_args, **_kwargs):
+            c = me()
+            if c is not None and not c.closed:
+                c.fence()
+
+        self._hooks.append(optimizer.register_step_pre_hook(fence))
+        self._hooked.add(optimizer)
+
+    # -- loads ----------------------------------------------------------------------------
+
+    def load(self, state_dict, step=None, *, allow_partial_load=False):
+        """Collective: fills `state_dict` in place from the newest version every rank can
+        restore (or `step`), from this rank's memory, another node's (a replica, or rebuilt
+        from parity) or the PFS, resharded when the layout or world size changed. Tensors
+        are filled in place, non-tensor entries replaced, Stateful objects given their state
+        with load_state_dict(); an optimizer without state gets it made first. The saved
+        version may hold more than `state_dict` asks for (a model-only load); an entry it
+        lacks is an error listing every one (allow_partial_load=True: they are left as
+        they are). Returns the cairn.RestoreReport (also self.last_report; its step is
+        self.last_step), or None when no version exists anywhere. Everything is checked
+        before anything is changed."""
+        with self._lock:
+            head = self._head(step)
+            if head is None:
+                return None
+            saved = self._saved_of(head)
+            created = []  # optimizers whose state was made here
+
+            def resolve(name, obj):
+                if isinstance(obj, torch.optim.Optimizer) and not obj.state and any(
+                        n.startswith(f"{name}.state.") for n in saved.tensors or ()):
+                    _init_optimizer_state(obj)
+                    created.append(obj)
+                return obj.state_dict()
+
+            try:
+                report = self._load_into(state_dict, head, saved, resolve, allow_partial_load)
+            except BaseException:
+                for opt in created:
+                    opt.state.clear()  # as it was
+                raise
+            return report
+
+    def _load_into(self, state_dict, head, saved, resolve, allow_partial_load):
+        flat, _, refs, statefuls = _walk_state(state_dict, resolve)
+        missing, wrong, targets, copies, puts = [], [], [], [], []
+        for name, v in flat.items():
+            if _is_entry_tensor(v):
+                if saved.tensors is not None:
+                    got = saved.tensors.get(name)
+                    if got is None:
+                        missing.append(name)
+                        continue
+                    want = _global_meta(v)
+                    if (want[0], tuple(want[1])) != (got[0], tuple(got[1])):
+                        wrong.append(f"'{name}' was saved as {got[0]} {list(got[1])}, the "
+                                     f"target is {want[0]} {list(want[1])}")
+                        continue
+                targets += _shards_of(name, v, copies)
+            elif name in saved.plain:
+                puts.append((name, saved.plain[name]))
+            else:
+                missing.append(name)
+        where = f"step {head.step}"
+        if wrong:
+            raise _error(f"cairn.torch: the state dict does not match {where}: "
+                         + "; ".join(wrong))
+        if missing and not allow_partial_load:
+            raise _error(f"cairn.torch: {where} holds no entry for {_list_names(missing)} "
+                         f"({len(missing)} of the state dict's {len(flat)}); it holds "
+                         f"{_list_names(set(saved.tensors or ()) | set(saved.plain))}. "
+                         "Load with allow_partial_load=True to leave those as they are")
+        report = self._ck.restore(targets, step=head.step, partial=True,
+                                  stream=_stream_of(targets))
+        with torch.no_grad():
+            for tmp, view in copies:
+                view.copy_(tmp)
+        for name, value in puts:
+            container, key = refs[name]
+            if container is not None:
+                container[key] = value
+        for obj, sd in statefuls:  # innermost first
+            obj.load_state_dict(sd)
+        self.last_report = report
+        self.last_step = report.step
+        return report
+
+    def load_new(self, step=None, keys=None):
+        """Collective: (step, a new nested state dict) of the newest version every rank can
+        restore (or `step`) as this rank saved it: every tensor whole, on the CPU (a DTensor
+        or a flat range as its global tensor), and this rank's non-tensor entries. `keys`:
+        only the entries under these top-level keys (or flattened names). (None, None) when
+        no version exists anywhere."""
+        with self._lock:
+            head = self._head(step)
+            if head is None:
+                return None, None
+            saved = self._saved_of(head)
+            if saved.tensors is None:
+                raise _error(f"cairn.torch: step {head.step} has no list of its tensors (it "
+                             "was saved before cairn recorded one): load it into a state dict")
+            wanted = None if keys is None else ([keys] if isinstance(keys, str) else list(keys))
+
+            def asked(name):
+                return wanted is None or any(name == k or name.startswith(f"{k}.")
+                                             for k in map(str, wanted))
+
+            flat, targets = {}, []
+            for name, (dtype, shape) in saved.tensors.items():
+                if asked(name):
+                    t = flat[name] = torch.empty(tuple(shape), dtype=_dtype_from_name(dtype))
+                    targets += _tensor_shards(name, t)
+            flat.update({k: v for k, v in saved.plain.items() if asked(k)})
+            report = self._ck.restore(targets, step=head.step, partial=True)
+            self.last_report = report
+            self.last_step = report.step
+            return report.step, _unflatten(flat, saved.paths)
+
+    # -- the rest of the API --------------------------------------------------------------
+
+    def flush(self):
+        """Collective: persists the newest version every rank holds; returns its step."""
+        with self._lock:
+            return self._ck.flush()
+
+    def wait_captured(self):
+        """Waits until every queued version is captured (or failed: raises the first error
+        since the last call)."""
+        self._ck.wait_captured()
+
+    def wait_replicated(self, timeout_s=60.0):
+        """Waits until the newest captured version is held by its replica holders (or its
+        parity is complete); raises when that does not happen in timeout_s."""
+        self._ck.wait_replicated(timeout_s)
+
+    def wait_for_slot(self, timeout_s=60.0):
+        """Waits until the next save() finds a free host slot: call it before a save that
+        must not be skipped, such as a run's last (raises when none frees in timeout_s)."""
+        self._ck.wait_for_slot(timeout_s)
+
+    def barrier(self):
+        self._ck.barrier()
+
+    def stats(self):
+        return self._ck.stats()
+
+    def versions(self):
+        return self._ck.versions()
+
+    @property
+    def options(self):
+        return self._opts
+
+    @property
+    def closed(self):
+        return self._ck.closed
+
+    def close(self):
+        """Waits for captures in flight, settles every SaveHandle's futures, and stops (the
+        host tier's files stay)."""
+        with self._lock:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            if not self._ck.closed:
+                self._waits.close()
+                self._ck.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _head(self, step):
+        """The agreed version's blobs (restore of no targets), or None when there is none."""
+        try:
+            return self._ck.restore([], step=step, partial=True)
+        except _cairn.Error as e:
+            if e.code == "NotFound" and step is None:
+                return None
+            raise
+
+    def _saved_of(self, head):
+        """What a version says of itself: its tensors, paths and this rank's plain entries."""
+        blobs = head.blobs
+
+        def read(name, what, allow_pickle=False):
+            return (_decode(blobs[name], what, head.step, allow_pickle) if name in blobs
+                    else None)
+
+        plain = read(_STATE_BLOB, "state dict's non-tensor entries", self.allow_pickle) or {}
+        return types.SimpleNamespace(
+            step=head.step, plain=plain, tensors=read(_TENSORS_BLOB, "list of tensors"),
+            paths=read(_PATHS_BLOB, "state dict's layout") or {})
+
+    def _eager(self, name, local):
+        """Whether this tensor (a DTensor's local part) is copied when save() is called."""
+        if local.numel() * local.element_size() <= self.copy_below:
+            return True
+        addr = (local.data_ptr(), tuple(local.shape))
+        if addr in self._buffers_now or addr in self._copy_tensors:
+            return True
+        return any(fnmatch.fnmatchcase(name, p) for p in self._copy_names)
+
+    def _capture_of(self, state_dict):
+        """(shards, blobs, stream) of one save: lazy shards of the tensors read in place (a
+        ShardList while they are the last save's), copies of the eager ones; the blobs: the
+        plain entries, the tensor list and the layout; the current CUDA stream when a
+        tensor is on a GPU (0 otherwise)."""
+        self._buffers_now = {(b.data_ptr(), tuple(b.shape))
+                             for m in self._copy_modules for b in m.buffers()}
+
+        def resolve(name, obj):
+            if isinstance(obj, torch.nn.Module):
+                for b in obj.buffers():
+                    self._buffers_now.add((b.data_ptr(), tuple(b.shape)))
+            elif isinstance(obj, torch.optim.Optimizer):
+                self.fence_before(obj)
+            return obj.state_dict()
+
+        flat, paths, _, _ = _walk_state(state_dict, resolve)
+        dtensor = _dtensor_class()
+        lazy, lazy_key, eager, plain, layout = [], [], [], {}, []
+        cache, kept = self._state_cache, {}
+        for name, v in flat.items():
+            if not _is_entry_tensor(v):
+                plain[name] = v
+                continue
+            layout.append((name,) + _global_meta(v))
+            if torch.is_tensor(v) and (type(v) in _SavePlan._PLAIN or
+                                       (dtensor is not None and isinstance(v, dtensor))):
+                local = v._local_tensor if type(v) not in _SavePlan._PLAIN else v
+                if self._eager(name, local):
+                    eager += _shards_of(name, _detached_copy(v))
+                    continue
+                addr = _address(v)
+                hit = cache.get(name)
+                if hit is not None and hit[0] is v and hit[1] == addr and addr is not None:
+                    got = hit[2]
+                else:
+                    got = _shards_of(name, v)
+                if addr is not None:
+                    kept[name] = (v, addr, got)
+                    lazy_key.append((name, id(v), addr))
+                else:
+                    lazy_key.append((name, None, None))  # a strided part: copied each time
+                lazy += got
+            else:  # flat ranges, ShardedTensors, tuples of parts: walked every time
+                lazy += _shards_of(name, v)
+                lazy_key.append((name, None, None))
+        self._state_cache = kept
+        key = tuple(lazy_key)
+        if self._state_list is not None and self._state_list[0] == key and all(
+                k[1] is not None for k in key):
+            shard_list = self._state_list[1]
+        else:
+            shard_list = _cairn.ShardList(lazy)
+            self._state_list = (key, shard_list)
+        shards = shard_list + eager if eager else shard_list
+        if lazy_key != self._last_key:  # whether the tensors read in place are on a GPU
+            self._last_key, self._lazy_on_gpu = lazy_key, _stream_of(lazy) != 0
+        stream = (torch.cuda.current_stream().cuda_stream if self._lazy_on_gpu
+                  else _stream_of(eager))
+        try:
+            encoded = _encode(plain, "the state dict's non-tensor entries", self.allow_pickle)
+        except _cairn.Error:
+            for name, v in plain.items():  # the error names the entry
+                _encode(v, f"entry '{name}'", self.allow_pickle)
+            raise
+        blobs = {_STATE_BLOB: encoded}
+        layout_key = (tuple(layout), tuple(sorted(plain)))
+        if self._layout_blobs[0] != layout_key:
+            self._layout_blobs = (layout_key, {
+                _TENSORS_BLOB: _encode({n: (d, list(s)) for n, d, s in layout}, "tensor list"),
+                _PATHS_BLOB: _encode(paths, "the state dict's layout", self.allow_pickle),
+            })
+        blobs.update(self._layout_blobs[1])
+        return shards, blobs, stream
+
+    @staticmethod
+    def _current_stream():
+        """The current CUDA stream where CUDA is in use, else 0 (the default one is named
+        too: a save made on another stream must still order the stream that fences)."""
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda.current_stream().cuda_stream
+        return 0
+
+
+def _stream_of(shards):
+    """The current CUDA stream when one of `shards` is in device memory, else 0."""
+    for s in shards:
+        if s.device:
+            return torch.cuda.current_stream().cuda_stream
+    return 0
+
+
+def _detached_copy(v):
+    """A copy of a tensor entry taken now (a DTensor: its local part copied and wrapped)."""
+    cls = _dtensor_class()
+    with torch.no_grad():
+        if cls is not None and isinstance(v, cls):
+            local = v._local_tensor.detach().clone()
+            return cls.from_local(local, v.device_mesh, v.placements, run_check=False,
+                                  shape=v.shape, stride=v.stride())
+        return v.detach().clone()
+
+
+class Checkpointer(StateCheckpointer):
+    """cairn for a model and its optimizer: a StateCheckpointer whose state is the model's
+    and the optimizer's (as get_state_dict gives them), the RNG states and a user dict,
+    saved with the shortest path there is (save() looks at each tensor, and walks the state
+    only when it changed).
 
     `options`: a cairn.Options (default: cairn.Options.from_environment()); keyword
     `settings` override its fields (job_id="run7", persist_every=0, ...). `tensors`: more
@@ -525,42 +1224,40 @@ class Checkpointer:
 
     def __init__(self, model, optimizer=None, *, options=None, tensors=None, allow_pickle=False,
                  **settings):
-        opts = options if options is not None else _cairn.Options.from_environment()
-        for k, v in settings.items():
-            if not hasattr(opts, k):
-                raise _error(f"cairn.Options has no setting '{k}'")
-            setattr(opts, k, v)
         self.model = model
         self.optimizer = optimizer
         self.tensors = dict(tensors or {})
         self.extra = None  # the user dict of the last restore
-        self.allow_pickle = bool(allow_pickle)  # see the module's text
-        self.last_report = None  # its cairn.RestoreReport
-        self._rank = opts.rank
         self._fqn = None  # id(parameter) -> name, once asked for
         self._buffers = None  # the model's buffers' flattened names
         self._shard_cache = {}  # name -> (tensor, _address(tensor), its shards) of the last save
         self._plan = None  # a _SavePlan: the last save's walk, while the state is unchanged
         self._optim_layout = None  # the encoded _OPTIM_LAYOUT_BLOB of the last walk
+        self._tensors_blob = None  # the encoded _TENSORS_BLOB of the last walk
         self._hook = None
         # (layout blob, state tensors, cairn.Prefault): see _prepare_optimizer_state.
         self._prepared = None
-        if optimizer is not None and not optimizer.state:
+        super().__init__(options, allow_pickle=allow_pickle, **settings)
+        if optimizer is not None:
+            self._install_fence_hook(optimizer)
+
+    def _open_core(self, opts):
+        if self.optimizer is not None and not self.optimizer.state:
             self._prepared = self._prepare_optimizer_state(opts)
         try:
-            self._ck = _cairn.Checkpointer(opts)  # joins the job: the prefault runs meanwhile
+            super()._open_core(opts)  # joins the job: the prefault runs meanwhile
         except BaseException:
             self._drop_prepared()
             raise
-        if optimizer is not None:
-            self._install_fence_hook(optimizer)
 
     # -- the training loop -----------------------------------------------------------
 
     def save(self, step, extra=None):
-        """Queues version `step` (steps must increase). Returns True when queued, False when
-        skipped for want of a free host slot (see CAIRN_SLOTS). `extra`: a picklable dict
-        saved with it (returned by restore() as self.extra)."""
+        """Queues version `step` (steps must increase). Returns a SaveHandle: truthy when
+        queued, falsy when skipped for want of a free host slot (CAIRN_SLOTS,
+        CAIRN_FULL_POLICY), with futures for the version's captured, replicated and
+        persisted states. `extra`: a dict of plain data saved with it (returned by
+        restore() as self.extra)."""
         self._drop_prepared()  # training: no restore comes now
         got = self._unchanged_state()
         shards, plain = got if got is not None else self._flat_state(snapshot_buffers=True)
@@ -573,7 +1270,9 @@ class Checkpointer:
             blobs[_NO_OPTIM_STATE_BLOB] = b""
         elif self._optim_layout is not None:
             blobs[_OPTIM_LAYOUT_BLOB] = self._optim_layout
-        return self._ck.save(int(step), shards, blobs, stream=self._stream()) == "queued"
+        if self._tensors_blob is not None:
+            blobs[_TENSORS_BLOB] = self._tensors_blob
+        return self._queue(step, shards, blobs, self._stream())
 
     def fence(self):
         """Orders what comes next after the copy of the saved versions (the optimizer hook
@@ -645,52 +1344,17 @@ class Checkpointer:
         self._set_rng(rng)
         self.extra = extra
         self.last_report = report
+        self.last_step = report.step
         return report.step
 
-    def flush(self):
-        """Collective: persists the newest version every rank holds; returns its step."""
-        return self._ck.flush()
-
-    def wait_captured(self):
-        self._ck.wait_captured()
-
-    def wait_replicated(self, timeout_s=60.0):
-        """Waits until the newest captured version is held by its replica holders (or its
-        parity is complete); raises when that does not happen in timeout_s."""
-        self._ck.wait_replicated(timeout_s)
-
-    def wait_for_slot(self, timeout_s=60.0):
-        """Waits until the next save() finds a free host slot: call it before a save that
-        must not be skipped, such as a run's last (raises when none frees in timeout_s)."""
-        self._ck.wait_for_slot(timeout_s)
-
-    def barrier(self):
-        self._ck.barrier()
-
-    def stats(self):
-        return self._ck.stats()
-
-    def versions(self):
-        return self._ck.versions()
-
     def close(self):
-        """Waits for captures in flight and stops (the host tier's files stay)."""
+        """Waits for captures in flight, settles the SaveHandles' futures and stops (the
+        host tier's files stay)."""
         self._drop_prepared()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        if not self._ck.closed:
-            self._ck.close()
-
-    @property
-    def closed(self):
-        return self._ck.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
     # -- internals ---------------------------------------------------------------------
 
@@ -850,6 +1514,8 @@ class Checkpointer:
             else:
                 plain[k] = v
         if snapshot_buffers:
+            self._tensors_blob = _encode({s.name: (s.dtype, list(s.shape)) for s in shards},
+                                         "tensor list")
             self._shard_cache = kept  # what is no longer in the state is dropped
             self._plan = plan.finish(self, state, plain)
             self._optim_layout = None

@@ -5,6 +5,7 @@ SIGKILL at a random step, restarts and checks that the loss at every later step 
 uninterrupted run's bit for bit."""
 
 import atexit
+import copy
 import os
 import random
 import shutil
@@ -381,6 +382,137 @@ class TPTraining(unittest.TestCase):
             for text in outs:
                 self.assertIn(f"restored step {self.STEPS} from pfs; cairn.torch, cairn.dcp "
                               "and DCP agree", text)
+
+
+def _has_dcp_stager():
+    """PyTorch >= 2.9: DCP's AsyncStager with async_save(async_stager=), what cairn.dcp needs."""
+    try:
+        import inspect
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import AsyncStager  # noqa: F401
+    except ImportError:
+        return False
+    return "async_stager" in inspect.signature(dcp.async_save).parameters
+
+
+@unittest.skipUnless(_has_dcp_stager(), "needs PyTorch >= 2.9 (scripts/venv.sh)")
+class DCPTraining(unittest.TestCase):
+    """A pipeline trainer's state (two tensor-parallel model parts with their optimizers,
+    an LR scheduler, a data loader whose state differs per rank, the RNG, counters) saved
+    every step with dcp.async_save through cairn.dcp's writer and stager, and loaded with
+    dcp.load through its reader (dcp_child.py), on 2 processes over gloo, each rank its
+    own node."""
+
+    STEPS = 30
+
+    def setUp(self):
+        self.job = Job("dcp")
+        self.addCleanup(self.job.close)
+        self.launches = 0
+
+    def start(self, mode, world, args, host="host", mesh=None):
+        self.launches += 1
+        init = os.path.join(self.job.root, f"init-{self.launches}")
+        extra = {"USE_LIBUV": "0", "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
+                 "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, os.path.join(HERE, "dcp_child.py"), mode, "--init", init,
+               "--mesh", mesh or f"1x{world}", *args]
+        return [subprocess.Popen(cmd, env=self.job.env(r, world, extra), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for r in range(world)]
+
+    def finish(self, procs, what):
+        return finish_ranks(self, procs, what)
+
+    def reference(self):
+        ref = os.path.join(self.job.root, "ref")
+        self.finish(self.start("train", 2, ["--steps", str(self.STEPS), "--out", ref,
+                                            "--no-cairn"]), "reference run")
+        want = [read_step_losses(f"{ref}-{r}") for r in range(2)]
+        self.assertEqual(len(want[0]), self.STEPS)
+        return want
+
+    def killed_run(self, out):
+        """Trains until a random step whose version is replicated, then SIGKILLs both
+        ranks; returns the last step logged."""
+        kill_at = random.randrange(8, self.STEPS - 8)
+        procs = self.start("train", 2, ["--steps", str(self.STEPS), "--out", out,
+                                        "--step-sleep", "0.1"])
+
+        def far_enough():
+            logs = [read_losses(f"{out}-{r}") for r in range(2)]
+            return all(len(l) >= kill_at and l[max(l)][1] >= 2 for l in logs) or any(
+                p.poll() is not None for p in procs)
+
+        wait_for(far_enough, 300, f"step {kill_at} with replicas")
+        time.sleep(random.random() * 0.05)
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.communicate()
+        logged = min(max(read_step_losses(f"{out}-{r}")) for r in range(2))
+        self.assertLess(logged, self.STEPS, "the run ended before it was killed")
+        return logged
+
+    def resumed_run(self, out, want, tiers, args=()):
+        outs = self.finish(self.start("train", 2, ["--steps", str(self.STEPS), "--out", out,
+                                                   *args]), "resumed run")
+        restored = []
+        for text in outs:
+            lines = [l.split() for l in text.splitlines() if l.startswith("restored ")]
+            self.assertEqual(len(lines), 1, text)
+            restored.append((int(lines[0][1]), lines[0][3]))
+        self.assertEqual(restored[0][0], restored[1][0], restored)
+        self.assertEqual([t for _, t in restored], tiers, restored)
+        for r in range(2):
+            got = read_step_losses(f"{out}-{r}")
+            for s in range(1, self.STEPS + 1):
+                self.assertEqual(got[s], want[r][s], f"rank {r}: loss at step {s} (restored "
+                                                     f"{restored[r][0]})")
+        return restored[0][0]
+
+    def test_async_save_killed_and_resumed_from_own_memory_bit_exact(self):
+        want = self.reference()
+        out = os.path.join(self.job.root, "run")
+        logged = self.killed_run(out)
+        step = self.resumed_run(out, want, ["host", "host"])
+        self.assertGreaterEqual(step, logged - 2)
+
+    def test_a_wiped_node_comes_back_from_its_partner_then_onto_one_process(self):
+        want = self.reference()
+        out = os.path.join(self.job.root, "run")
+        self.killed_run(out)
+        shutil.rmtree(os.path.join(self.job.root, "host", self.job.id, "node-1"))
+        dump = os.path.join(self.job.root, "dump")
+        self.resumed_run(out, want, ["host", "peer"],
+                         ["--dump", dump, "--dump-at", str(self.STEPS), "--flush"])
+        # Tensor parallelism 2 -> 1: the last step, from the PFS, equal to what rank 0 saved.
+        outs = self.finish(self.start("check", 1, ["--dump", dump, "--step", str(self.STEPS)],
+                                      host="host-one"), "load onto one process")
+        self.assertIn(f"equal 62 entries from pfs at step {self.STEPS}", outs[0])
+
+    def test_every_entry_comes_back_exactly_per_rank_and_a_model_only_load(self):
+        dump = os.path.join(self.job.root, "dump")
+        steps = 12
+        self.finish(self.start("train", 2, ["--steps", str(steps), "--out",
+                                            os.path.join(self.job.root, "run"), "--dump", dump,
+                                            "--dump-at", str(steps)]), "run")
+        for r in range(2):  # the loaders' states differ per rank
+            saved = torch.load(os.path.join(dump, f"rank-{r}.pt"), weights_only=False)
+            self.assertEqual(saved["loader.rank"], r)
+        outs = self.finish(self.start("check", 2, ["--dump", dump, "--step", str(steps)]),
+                           "load into fresh state")
+        for r, text in enumerate(outs):
+            self.assertIn(f"rank {r}: equal 62 entries from host at step {steps}", text)
+        outs = self.finish(self.start("check", 2, ["--dump", dump, "--step", str(steps),
+                                                   "--model-only"]), "model-only load")
+        for r, text in enumerate(outs):
+            self.assertIn(f"rank {r}: equal 4 entries from host at step {steps}", text)
+
+    def test_a_buffer_written_after_save_is_saved_as_it_was_at_save(self):
+        outs = self.finish(self.start("buffer", 2, []), "buffer run")
+        for r, text in enumerate(outs):
+            self.assertRegex(text, rf"rank {r}: buffer held at save in [2-5] versions")
 
 
 def _has_fsdp2_on_gpu():
@@ -893,6 +1025,289 @@ class TorchUnits(_InProcessJob, unittest.TestCase):
             self.assertEqual(c.stats().fences, 5)  # one before each optimizer step
             c.close()
             opt.step()  # the hook is gone with the checkpointer
+
+
+class _Plain:  # a non-tensor entry that is not plain data
+    def __init__(self):
+        self.x = 1
+
+
+def _mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                               torch.nn.Linear(16, 4))
+
+
+def _train(models, opts, scheds=()):
+    x = torch.randn(32, 8)
+    loss = sum(m(x).square().mean() for m in models)
+    for o in opts:
+        o.zero_grad()
+    loss.backward()
+    for o in opts:
+        o.step()
+    for s in scheds:
+        s.step()
+
+
+def _values(state):
+    """{flattened name: a copy} of a state dict whose Stateful objects give their state."""
+    import cairn.torch as ct
+
+    flat, _, _, _ = ct._walk_state(state, lambda name, obj: obj.state_dict())
+    return {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
+            for k, v in flat.items()}
+
+
+def _same(test, got, want):
+    test.assertEqual(set(got), set(want))
+    for k, v in want.items():
+        if torch.is_tensor(v):
+            test.assertTrue(torch.equal(got[k], v), k)
+        else:
+            test.assertEqual(got[k], v, k)
+
+
+class StateDictUnits(_InProcessJob, unittest.TestCase):
+    """cairn.torch.StateCheckpointer on any DCP-style state dict, in one process."""
+
+    def state(self, seed):
+        models = [_mlp(seed), _mlp(seed + 1)]
+        opts = [torch.optim.AdamW(models[0].parameters(), lr=1e-2),
+                torch.optim.SGD(models[1].parameters(), lr=1e-2, momentum=0.9)]
+        scheds = [torch.optim.lr_scheduler.StepLR(opts[0], step_size=2, gamma=0.5)]
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** (8 + seed))
+        state = {"parts": [{"model": models[0], "optim": opts[0]},
+                           {"model": models[1], "optim": opts[1]}],
+                 "sched": scheds[0], "scaler": scaler,
+                 "loader": {"pos": 10 * seed, "order": [seed, 2, 3], "name": f"l{seed}"},
+                 "counters": {"step": torch.tensor(seed), "tokens": 1000 * seed}}
+        return state, models, opts, scheds
+
+    def test_nested_state_with_statefuls_round_trips_and_comes_back_new(self):
+        import cairn.torch
+
+        state, models, opts, scheds = self.state(1)
+        _train(models, opts, scheds)
+        _train(models, opts, scheds)
+        want = _values(state)
+        ck = cairn.torch.StateCheckpointer()
+        self.addCleanup(ck.close)
+        handle = ck.save(5, state)
+        self.assertTrue(handle)
+        self.assertEqual(handle.captured.result(30), 5)
+        # The names are DCP's for the state the Statefuls give (at any depth).
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+        def resolved(v):
+            if hasattr(v, "load_state_dict"):
+                v = v.state_dict()
+            if isinstance(v, dict):
+                return {k: resolved(x) for k, x in v.items()}
+            return [resolved(x) for x in v] if isinstance(v, list) else v
+
+        flat, _ = flatten_state_dict(resolved(state))
+        self.assertEqual(set(want), set(flat))
+        # Everything changes, then the load puts it back; the optimizers' hooks fence.
+        _train(models, opts, scheds)
+        state["loader"]["pos"] = -1
+        report = ck.load(state)
+        self.assertEqual((report.step, report.tier), (5, "host"))
+        self.assertEqual(state["loader"]["pos"], 10)
+        _same(self, _values(state), want)
+        # Into fresh objects, and into a new dict.
+        fresh, _, fopts, _ = self.state(2)
+        ck.load(fresh)
+        _same(self, _values(fresh), want)
+        self.assertTrue(fopts[0].state, "the fresh optimizer got its state")
+        step, new = ck.load_new()
+        self.assertEqual(step, 5)
+        self.assertIsInstance(new["parts"], list)
+        self.assertEqual(new["loader"], {"pos": 10, "order": [1, 2, 3], "name": "l1"})
+        self.assertTrue(torch.equal(new["parts"][1]["model"]["0.weight"],
+                                    want["parts.1.model.0.weight"]))
+        _, model_only = ck.load_new(keys=["parts"])
+        self.assertEqual(sorted(model_only), ["parts"])
+
+    def test_a_model_only_load_leaves_the_rest_and_buffers_are_copied_at_save(self):
+        import cairn.torch
+
+        state, models, opts, scheds = self.state(1)
+        _train(models, opts, scheds)
+        ck = cairn.torch.StateCheckpointer(copy_below=0)  # only the modules' buffers copied
+        self.addCleanup(ck.close)
+        want = _values(state)
+        ck.save(1, state)
+        models[0][1].running_mean.fill_(-7)  # a forward pass before the fence
+        ck.fence()
+        ck.wait_captured()
+        fresh, fmodels, fopts, _ = self.state(3)
+        before = _values(fresh)
+        ck.load({"parts": [{"model": fmodels[0]}]})
+        got = _values(fresh)
+        for k in before:
+            if k.startswith("parts.0.model."):
+                self.assertTrue(torch.equal(got[k], want[k]), k)
+            else:
+                same = torch.equal(got[k], before[k]) if torch.is_tensor(before[k]) else \
+                    got[k] == before[k]
+                self.assertTrue(same, f"{k} changed by a model-only load")
+
+    def test_bad_input_is_refused_naming_it_and_changes_nothing(self):
+        import cairn
+        import cairn.torch
+
+        state, models, opts, scheds = self.state(1)
+        ck = cairn.torch.StateCheckpointer()
+        self.addCleanup(ck.close)
+        ck.save(1, state).result(30)
+        for bad, words in (({"odd": _Plain()}, ["odd", "_Plain", "allow_pickle"]),
+                           ({"w": torch.zeros(4, 6).t()}, ["w", "not contiguous"])):
+            with self.assertRaises(cairn.Error) as e:
+                ck.save(2, {**state, **bad})
+            for w in words:
+                self.assertIn(w, str(e.exception))
+            self.assertEqual([v.step for v in ck.versions()], [1], "nothing was saved")
+        want = _values(state)
+        for extra, words in (({"new.entry": torch.zeros(3), "other": 5},
+                              ["'new.entry'", "'other'", "allow_partial_load"]),
+                             ({"counters": {"step": torch.zeros(2, 2), "tokens": 0}},
+                              ["counters.step", "int64 []", "float32 [2, 2]"])):
+            target = {**state, **extra}
+            for v in models[0].parameters():
+                v.data.fill_(3)
+            changed = _values(state)
+            with self.assertRaises(cairn.Error) as e:
+                ck.load(target)
+            for w in words:
+                self.assertIn(w, str(e.exception))
+            _same(self, _values(state), changed)  # nothing was loaded
+        ck.load(state)
+        _same(self, _values(state), want)
+        ck.load({**state, "new.entry": torch.zeros(3)}, allow_partial_load=True)
+
+    def test_handles_say_captured_replicated_persisted_and_skipped(self):
+        import cairn
+        import cairn.torch
+
+        os.environ["CAIRN_SLOTS"] = "2"
+        ck = cairn.torch.StateCheckpointer(full_policy="raise")
+        self.addCleanup(ck.close)
+        big = {"w": torch.ones(32 << 20)}  # 128 MiB: its copy outlasts the next save call
+        h1 = ck.save(1, big)
+        self.assertEqual(h1.result(60), 1)
+        with self.assertRaises(cairn.Error) as e:
+            h1.replicated.result(10)
+        self.assertIn("does not replicate", str(e.exception))
+        persisted = h1.persisted
+        self.assertFalse(persisted.done())
+        ck.save(2, big)
+        with self.assertRaises(cairn.Error) as e:
+            ck.save(3, big)  # slot 1: the newest version, slot 2: capturing
+        self.assertIn("CAIRN_FULL_POLICY=raise", str(e.exception))
+        ck.wait_captured()
+        self.assertEqual(ck.stats().skipped, 1)
+        self.assertEqual(ck.flush(), 2)
+        self.assertEqual(persisted.result(30), 2)
+
+    def test_skipped_saves_are_reported_on_their_handle(self):
+        import cairn
+        import cairn.torch
+
+        os.environ["CAIRN_SLOTS"] = "2"
+        ck = cairn.torch.StateCheckpointer()  # the default policy: skip
+        self.addCleanup(ck.close)
+        big = {"w": torch.ones(32 << 20)}
+        ck.save(1, big).result(60)
+        self.assertTrue(ck.save(2, big))
+        h = ck.save(3, big)
+        self.assertFalse(h)
+        self.assertIn("no free host slot", h.skipped_because)
+        with self.assertRaises(cairn.Error) as e:
+            h.captured.result(1)
+        self.assertIn("step 3 was not saved", str(e.exception))
+
+
+@unittest.skipUnless(_has_dcp_stager(), "needs PyTorch >= 2.9 (scripts/venv.sh)")
+class DCPUnits(_InProcessJob, unittest.TestCase):
+    """cairn.dcp's writer, stager and reader in one process (gloo, world size 1)."""
+
+    def setUp(self):
+        super().setUp()
+        import torch.distributed as dist
+
+        init = os.path.join(self.job.root, "init")
+        dist.init_process_group("gloo", init_method="file://" + init, rank=0, world_size=1)
+        self.addCleanup(dist.destroy_process_group)
+        import cairn.dcp
+
+        self.addCleanup(cairn.dcp.close)
+
+    def test_ids_map_to_steps_and_a_repeated_or_older_id_saves_nothing(self):
+        import torch.distributed.checkpoint as dcp
+
+        import cairn
+        import cairn.dcp
+
+        model = _mlp(0)
+        state = {"model": model}
+        w = cairn.dcp.StorageWriter()
+        dcp.save(state, checkpoint_id="run/step-3", storage_writer=w)
+        resp = dcp.async_save(state, checkpoint_id="run/epoch=0-step=7", storage_writer=w,
+                              async_stager=w)
+        resp.staging_completion.result(30)
+        resp.upload_completion.result(30)
+        self.assertEqual([v.step for v in w.checkpointer.versions()], [7, 3])
+        for cid in ("run/epoch=0-step=7", "run/step-5"):
+            with self.assertRaises(cairn.Error) as e:
+                dcp.async_save(state, checkpoint_id=cid, storage_writer=w, async_stager=w)
+            self.assertIn(repr(cid), str(e.exception))
+        resp = dcp.async_save(state, checkpoint_id="run/latest", storage_writer=w,
+                              async_stager=w)  # no digits: the next step
+        resp.upload_completion.result(30)
+        self.assertEqual([v.step for v in w.checkpointer.versions()], [8, 7, 3])
+        # Loads by id: that step exactly.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(0)
+        r = cairn.dcp.StorageReader()
+        dcp.load(state, checkpoint_id="step-3", storage_reader=r)
+        self.assertEqual(r.report()["step"], 3)
+        self.assertFalse(all(torch.all(p == 0) for p in model.parameters()))
+
+    def test_the_process_checkpointer_is_refused_with_what_to_use(self):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        import cairn
+        import cairn.dcp
+
+        w = cairn.dcp.StorageWriter()
+        with self.assertRaises(cairn.Error) as e:
+            dcp.async_save({"model": _mlp(0)}, checkpoint_id="step-1", storage_writer=w,
+                           async_stager=w, async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+        self.assertIn("AsyncCheckpointerType.THREAD", str(e.exception))
+        self.assertEqual(w.checkpointer.versions(), [])
+
+    def test_a_later_save_never_reads_what_training_changed_since(self):
+        import torch.distributed.checkpoint as dcp
+
+        import cairn.dcp
+
+        model = _mlp(0)
+        opt = torch.optim.AdamW(model.parameters())
+        _train([model], [opt])
+        w = cairn.dcp.StorageWriter()
+        state = {"model": model, "optim": opt}
+        want = _values(state)
+        resp = dcp.async_save(state, checkpoint_id="step-1", storage_writer=w, async_stager=w)
+        resp.staging_completion.result(30)
+        _train([model], [opt])  # changes every tensor while the upload plans
+        resp.upload_completion.result(30)
+        _, got = w.checkpointer.load_new(step=1)
+        got_flat = {f"model.{k}": v for k, v in got["model"].items()}
+        for k, v in got_flat.items():
+            self.assertTrue(torch.equal(v, want[k]), k)
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA device")
