@@ -177,11 +177,11 @@ def load_dcp(rehearsal):
     except ImportError as e:
         why = str(e)
     if why is None and rehearsal and not torch.cuda.is_available():
-        # Pinned memory, background staging and non-blocking copies need a device: the
-        # rehearsal runs the arm's flow with DCP's shared-memory staging only.
-        print("gpu_capture: dcp_async_pinned rehearsed with StagingOptions(False, True, False, "
-              "False) (the rest needs a device)", file=sys.stderr)
-        return dcp, lambda: DefaultStager(StagingOptions(False, True, False, False))
+        # Non-blocking copies need a device (and pinning is ignored without one): the
+        # rehearsal runs the arm's flow with the rest of its options.
+        print("gpu_capture: dcp_async_pinned rehearsed with StagingOptions(True, True, True, "
+              "False) (non-blocking copies need a device)", file=sys.stderr)
+        return dcp, lambda: DefaultStager(StagingOptions(True, True, True, False))
     if why is None:
         return dcp, lambda: DefaultStager(StagingOptions(True, True, True, True))
     if rehearsal:

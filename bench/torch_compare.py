@@ -1,34 +1,39 @@
-"""bench/torch_compare.py: a PyTorch training loop checkpointing every iteration, with
-torch.distributed.checkpoint (DCP: dcp.save, and dcp.async_save, the asynchronous
-checkpointer PyTorch users would pick) against cairn.torch, on the same model and loop in
-one run; one process (TinyLM), then two processes with a tensor-parallel model (TPLM split
-over a 2-way mesh, gloo).
+"""bench/torch_compare.py: a PyTorch training loop checkpointing every iteration through
+torch.distributed.checkpoint's dcp.async_save (the asynchronous checkpointer PyTorch users
+pick), with DCP's own staging against cairn as DCP's writer and stager, and cairn.torch's
+own Checkpointer, on the same model and loop in one run; one process (TinyLM), then two
+processes with a tensor-parallel model (TPLM split over a 2-way mesh, gloo).
 
     PYTHONPATH=build/python:tests/python python3 bench/torch_compare.py \\
         [--procs 1,2] [--dim 256] [--layers 2] [--vocab 32768] [--seq 16] [--batch 1]
         [--rounds 6] [--iters 4] [--threads 2] [--dir /var/tmp] [--timeout 0]
 
 Arms, rotated in rounds (round 0 warms up and is not counted), --iters iterations each:
-  none       no checkpoint
-  dcp_save   dcp.save(get_state_dict(model, optimizer)) after every optimizer step
-  dcp_async  dcp.async_save of the same, after waiting for the previous one (as DCP's
-             documentation does; the last one's wait is counted in the arm's last iteration),
-             staging a copy of the state first as DCP does for GPU state (StagedWriter)
-  dcp_async_nocopy  the same with DCP's default writer: on CPU tensors it stages nothing,
-             and writes the live tensors while training goes on (not a consistent checkpoint)
-  cairn      cairn.torch: save() after every step, fence() by the optimizer hook; every 10th
-             version drained to --dir in the background
-(torch 1.x has no DCP and no tensor parallelism: one process, arms none, torch_save
-(torch.save + fsync) and cairn.)
+  none              no checkpoint
+  cairn_dcp         dcp.async_save(get_state_dict(model, optimizer)) with
+                    cairn.dcp.StorageWriter as writer and stager (the two lines a DCP loop
+                    changes); staging_completion waited for before the next optimizer step
+  dcp_async         dcp.async_save of the same with DCP's default staging (a copy of every
+                    tensor taken in async_save) and its FileSystemWriter into --dir
+  dcp_async_pinned  the same with DefaultStager(StagingOptions(True, True, True, True))
+                    (pinned and shared memory, staging on a thread, non-blocking copies),
+                    staging_completion waited for before the next optimizer step; without a
+                    GPU DCP refuses non-blocking copies, and the arm runs with (True, True,
+                    True, False) (the JSON's pinned_options says which)
+  cairn             cairn.torch.Checkpointer: save() after every step, fence() by the
+                    optimizer hook
+Every async arm waits for its previous upload before its next save (DCP's rule: one in
+flight), and for the last one before the next arm; every cairn arm drains every 10th
+version to --dir in the background.
 
 Stall: the time the loop spends checkpointing (the DCP calls and waits; cairn's save() and
 the fence's wait). iter_ms: the whole iteration. An iteration's figure is the slowest
 rank's. Physical references in the same run: memcpy of the state and a raw write + fsync
 of it. Last line: one JSON object; per configuration ("1proc", "2proc_tp") per arm
-stall_ms and iter_ms (medians), cairn_vs_dcp_async (the stall ratio),
-iter_overhead_cairn and iter_overhead_dcp_async (iteration time over no checkpoint's, - 1);
-at the top level the worst of the configurations: the smallest cairn_vs_dcp_async and the
-largest iter_overhead_cairn.
+stall_ms and iter_ms (medians), iter_overhead_<arm> (iteration time over no checkpoint's,
+- 1) and <arm>_vs_<dcp arm> (the stall ratio); at the top level the worst of the
+configurations: the smallest cairn_dcp_vs_dcp_async_pinned and cairn_dcp_vs_dcp_async,
+the largest iter_overhead_cairn_dcp, and the smallest DCP overheads. PyTorch >= 2.9.
 
 --timeout S: a configuration that has not finished after S seconds is a hang: every
 process's Python threads (faulthandler) and, where gdb is installed, its native threads are
@@ -50,23 +55,24 @@ import time
 import torch
 import torch.distributed as dist
 
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+import cairn.dcp
 import cairn.torch
 from tiny_lm import TinyLM, TPLM, batch, loss_of, parallelize_tp
-from tp_job import staged_copy
 
-try:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+ARMS = ["none", "cairn_dcp", "dcp_async", "dcp_async_pinned", "cairn"]
+DCP_ARMS = ("cairn_dcp", "dcp_async", "dcp_async_pinned")
 
-    HAVE_DCP = hasattr(dcp, "async_save")
-except ImportError:  # torch 1.x
-    HAVE_DCP = False
-try:
-    import torch.distributed.tensor.parallel  # noqa: F401
 
-    HAVE_TP = True
-except ImportError:  # torch 1.x: no tensor parallelism, only the one-process run
-    HAVE_TP = False
+def pinned_options():
+    """DCP's background staging with every option on, or, without a device (where DCP
+    refuses non-blocking copies), all but that one; and which it is."""
+    if torch.accelerator.is_available():
+        return StagingOptions(True, True, True, True), [True, True, True, True]
+    return StagingOptions(True, True, True, False), [True, True, True, False]
 
 
 def local(t):
@@ -92,37 +98,25 @@ def raw_write(path, tensors):
     return dt
 
 
-if HAVE_DCP:
-
-    class StagedWriter(dcp.FileSystemWriter):
-        """DCP's FileSystemWriter staging as DCP's stager does for GPU state: async_save
-        copies every tensor into new CPU memory before it returns (a DTensor's local part,
-        kept a DTensor), and the background thread writes the copy, a consistent
-        checkpoint. On CPU tensors DCP's own stager copies nothing: the default one hands
-        the live tensors to the background thread (arm dcp_async_nocopy), and with
-        cache_staged_state_dict it asks for pinned memory (fails without a GPU) or, for
-        DTensors, copies into tensors sharing the live storage (torch 2.6)."""
-
-        def stage(self, state_dict):
-            self.per_thread_copy_ahead = 0
-            return staged_copy(state_dict)
-
-
 class Arms:
     """The checkpointing arms of one rank."""
 
     def __init__(self, a, model, opt, rank, world, work, host, pg):
         self.model, self.opt, self.work, self.pg = model, opt, work, pg
-        self.future = None
+        self.saving = None  # the AsyncSaveResponse (or Future) of the DCP save in flight
         state_bytes = sum(t.numel() * t.element_size() for t in state_tensors(model, opt))
-        self.ck = cairn.torch.Checkpointer(
-            model, opt, job_id=f"torch-compare-{a.tag}", host_root=host,
-            pfs_root=os.path.join(work, "pfs"), rank=rank, world_size=world, node=0,
-            local_rank=rank, local_world_size=world, persist_every=10,
-            slot_bytes=state_bytes + (8 << 20))
-        self.names = ["none", "dcp_save", "dcp_async", "dcp_async_nocopy", "cairn"] if HAVE_DCP \
-            else ["none", "torch_save", "cairn"]
-        self.staged = StagedWriter(os.path.join(work, "dcp-async")) if HAVE_DCP else None
+        settings = dict(pfs_root=os.path.join(work, "pfs"), rank=rank, world_size=world,
+                        node=0, local_rank=rank, local_world_size=world, persist_every=10,
+                        slot_bytes=state_bytes + (8 << 20))
+        self.ck = cairn.torch.Checkpointer(model, opt, job_id=f"torch-compare-{a.tag}",
+                                           host_root=os.path.join(host, "own"), **settings)
+        self.dcp_ck = cairn.torch.StateCheckpointer(job_id=f"torch-compare-dcp-{a.tag}",
+                                                    host_root=os.path.join(host, "dcp"),
+                                                    **settings)
+        self.writer = cairn.dcp.StorageWriter(checkpointer=self.dcp_ck)
+        options, self.pinned_options = pinned_options()
+        self.pinned = DefaultStager(options)
+        self.names = list(ARMS)
 
     def dcp_state(self):
         msd, osd = get_state_dict(self.model, self.opt)
@@ -135,24 +129,23 @@ class Arms:
         t0 = time.perf_counter()
         if arm == "cairn":
             self.ck.save(step)
-        elif arm == "dcp_save":
-            dcp.save(self.dcp_state(), checkpoint_id=os.path.join(self.work, "dcp"),
-                     process_group=self.pg)
-        elif arm == "dcp_async":
-            self.wait()
-            self.future = dcp.async_save(self.dcp_state(), storage_writer=self.staged,
-                                         checkpoint_id=os.path.join(self.work, "dcp-async"),
-                                         process_group=self.pg)
-        elif arm == "dcp_async_nocopy":
-            self.wait()
-            self.future = dcp.async_save(self.dcp_state(),
-                                         checkpoint_id=os.path.join(self.work, "dcp-nocopy"),
-                                         process_group=self.pg)
-        elif arm == "torch_save":
-            with open(os.path.join(self.work, "ckpt.pt"), "wb") as f:
-                torch.save({"model": self.model.state_dict(), "optim": self.opt.state_dict()}, f)
-                f.flush()
-                os.fsync(f.fileno())
+            return time.perf_counter() - t0
+        self.wait()
+        kw = {"cairn_dcp": dict(checkpoint_id=f"step-{step}", storage_writer=self.writer,
+                                async_stager=self.writer),
+              "dcp_async": dict(checkpoint_id=os.path.join(self.work, "dcp-async")),
+              "dcp_async_pinned": dict(checkpoint_id=os.path.join(self.work, "dcp-pinned"),
+                                       async_stager=self.pinned)}[arm]
+        self.saving = dcp.async_save(self.dcp_state(), process_group=self.pg, **kw)
+        return time.perf_counter() - t0
+
+    def before_step(self):
+        """Waits until the save in flight no longer reads the tensors (its staging), as a
+        loop must before the optimizer changes them; returns the seconds it took."""
+        t0 = time.perf_counter()
+        staging = getattr(self.saving, "staging_completion", None)
+        if staging is not None:
+            staging.result()
         return time.perf_counter() - t0
 
     def fence_total(self):
@@ -160,12 +153,19 @@ class Arms:
         return self.ck.stats().fence_wait_total_s
 
     def wait(self):
-        """Waits for DCP's async save in flight; returns the seconds it took."""
+        """Waits for the upload of the DCP save in flight; returns the seconds it took."""
         t0 = time.perf_counter()
-        if self.future is not None:
-            self.future.result()
-            self.future = None
+        if self.saving is not None:
+            done = getattr(self.saving, "upload_completion", self.saving)
+            done.result()
+            self.saving = None
         return time.perf_counter() - t0
+
+    def close(self):
+        self.wait()
+        self.pinned.close()
+        self.ck.close()
+        self.dcp_ck.close()
 
 
 def worker(a):
@@ -173,11 +173,8 @@ def worker(a):
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    pg = None
-    if HAVE_DCP or world > 1:
-        dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank,
-                                world_size=world)
-        pg = dist.new_group(backend="gloo")  # checkpoint collectives beside training's
+    dist.init_process_group("gloo", init_method="file://" + a.init, rank=rank, world_size=world)
+    pg = dist.new_group(backend="gloo")  # checkpoint collectives beside training's
     if world > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -195,14 +192,17 @@ def worker(a):
     host = tempfile.mkdtemp(prefix=f"cairn-bench-torch-{rank}-", dir="/dev/shm")
     step = 0
 
-    def train():
+    def train(before_step=lambda: 0.0):
+        """One step; returns what before_step() waited (the fence of a DCP arm)."""
         nonlocal step
         step += 1
         x, y = batch(step, 0, a.batch, a.seq, a.vocab)
         loss = loss_of(model, x, y)
         opt.zero_grad()
         loss.backward()
+        waited = before_step()
         opt.step()
+        return waited
 
     try:
         train()  # the optimizer's state exists from here on
@@ -228,10 +228,12 @@ def worker(a):
                 for i in range(a.iters):
                     f0 = arms.fence_total()
                     t0 = time.perf_counter()
-                    train()  # cairn: the hook fences the previous save in optimizer.step
-                    s = arms.checkpoint(arm, step)
-                    if i == a.iters - 1 and arm.startswith("dcp_async"):
-                        s += arms.wait()  # the arm's last save, before the next arm
+                    # cairn: the hook fences the previous save in optimizer.step; a DCP arm
+                    # waits for its staging before it.
+                    s = train(arms.before_step)
+                    s += arms.checkpoint(arm, step)
+                    if i == a.iters - 1 and arm in DCP_ARMS:
+                        s += arms.before_step() + arms.wait()  # before the next arm
                     total = time.perf_counter() - t0
                     if arm == "cairn":
                         w = arms.fence_total() - f0
@@ -243,8 +245,8 @@ def worker(a):
                         iters[arm].append(total * 1e3)
             raw_s.append(raw_write(os.path.join(host, "raw.bin"), tensors))
         arms.ck.fence()
-        st = arms.ck.stats()
-        arms.ck.close()
+        st, st_dcp = arms.ck.stats(), arms.dcp_ck.stats()
+        arms.close()
         if world > 1:  # an iteration takes as long as its slowest rank
             everyone = [None] * world
             dist.all_gather_object(everyone, (stall, iters, state_bytes), group=pg)
@@ -259,8 +261,7 @@ def worker(a):
         if rank == 0:
             shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(host, ignore_errors=True)
-    if pg is not None:
-        dist.destroy_process_group()
+    dist.destroy_process_group()
     if rank != 0:
         return 0
     med = statistics.median
@@ -280,12 +281,13 @@ def worker(a):
     base = out["iter_ms_none"]
     for n in names[1:]:
         out[f"iter_overhead_{n}"] = round(out[f"iter_ms_{n}"] / base - 1, 4)
-    ref = "dcp_async" if HAVE_DCP else "torch_save"
-    for n in names[1:-1]:
-        out[f"cairn_vs_{n}"] = round(med(stall[n]) / max(med(stall["cairn"]), 1e-6), 1)
+    for c in ("cairn_dcp", "cairn"):
+        for d in ("dcp_async", "dcp_async_pinned"):
+            out[f"{c}_vs_{d}"] = round(med(stall[d]) / max(med(stall[c]), 1e-6), 1)
+    out["pinned_options"] = arms.pinned_options
     out["fence_ms_cairn"] = round(med(fence_ms), 4)  # rank 0's
-    out["cairn_skipped"] = st.skipped
-    out["cairn_captured"] = st.captured
+    out["cairn_skipped"], out["cairn_captured"] = st.skipped, st.captured
+    out["cairn_dcp_skipped"], out["cairn_dcp_captured"] = st_dcp.skipped, st_dcp.captured
     print(json.dumps(out), flush=True)
     return 0
 
@@ -345,7 +347,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
-    p.add_argument("--procs", default="1,2" if HAVE_TP else "1",
+    p.add_argument("--procs", default="1,2",
                    help="configurations: process counts (1: TinyLM; more: TPLM split over "
                    "them, PyTorch 2.x)")
     p.add_argument("--dim", type=int, default=256)
@@ -370,13 +372,14 @@ def main():
     for procs in (int(x) for x in a.procs.split(",")):
         name = "1proc" if procs == 1 else f"{procs}proc_tp"
         configs[name] = run_config(a, procs, f"{os.getpid()}-{procs}")
-    ref = "dcp_async" if HAVE_DCP else "torch_save"
-    result = {"bench": "torch_compare", "torch": torch.__version__,
-              f"cairn_vs_{ref}": min(c[f"cairn_vs_{ref}"] for c in configs.values()),
-              "iter_overhead_cairn": max(c["iter_overhead_cairn"] for c in configs.values())}
-    if HAVE_DCP:
-        result["iter_overhead_dcp_async"] = min(c["iter_overhead_dcp_async"]
-                                                for c in configs.values())
+    cs = configs.values()
+    result = {"bench": "torch_compare", "torch": torch.__version__}
+    for k in ("cairn_dcp_vs_dcp_async_pinned", "cairn_dcp_vs_dcp_async", "cairn_vs_dcp_async"):
+        result[k] = min(c[k] for c in cs)
+    for k in ("iter_overhead_cairn_dcp", "iter_overhead_cairn"):
+        result[k] = max(c[k] for c in cs)
+    for k in ("iter_overhead_dcp_async", "iter_overhead_dcp_async_pinned"):
+        result[k] = min(c[k] for c in cs)
     result.update(configs)
     for name, c in configs.items():
         arms = [k[len("stall_ms_"):] for k in c if k.startswith("stall_ms_")]

@@ -728,7 +728,9 @@ def _walk_state(state, resolve):
     flat, paths, refs, statefuls = {}, {}, {}, []
 
     def walk(path, name, v, container, key):
-        if _is_stateful(v):
+        if torch.is_tensor(v):
+            flat[name], paths[name], refs[name] = v, path, (container, key)
+        elif type(v) is not dict and _is_stateful(v):
             obj, v = v, resolve(name, v)
             if isinstance(v, dict):
                 for k, x in v.items():
@@ -848,10 +850,15 @@ class StateCheckpointer:
         self.last_report = None  # the cairn.RestoreReport of the last load
         self.last_step = None  # the step of the last save or load
         self._rank = opts.rank
-        self._state_cache = {}  # name -> (value, _address(value), shards) of the last save
-        self._state_list = None  # (key, cairn.ShardList) of the last save's lazy shards
+        # name -> (value, _address(value), (dtype, global shape), its staging copy or None,
+        # its shards) of the last save; the ShardList of that save, its tensors' names, and
+        # its sequence number (whose copies must be done before a staging copy is reused).
+        self._state_cache = {}
+        self._state_list = None
+        self._last_names = None
+        self._last_seq = None
         self._layout_blobs = (None, None)  # (key, {blob: bytes}) of the last save's layout
-        self._last_key, self._lazy_on_gpu = None, False  # the last save's lazy shards
+        self._lazy_on_gpu = False  # whether the last save's shards are on a GPU
         self._hooked = weakref.WeakSet()  # optimizers whose step() fences first
         self._hooks = []
         self._lock = threading.RLock()  # save / fence / restore / close
@@ -878,6 +885,7 @@ class StateCheckpointer:
         outcome = self._ck.save(int(step), shards, blobs, stream=stream)
         self.last_step = int(step)
         if outcome == "queued":
+            self._last_seq = self._ck.queued
             return SaveHandle(self, step, self._ck.queued)
         return SaveHandle(self, step, None, "no free host slot (CAIRN_FULL_POLICY="
                           f"{self._opts.full_policy}; stats().skipped counts them)")
@@ -1108,10 +1116,12 @@ class StateCheckpointer:
         return any(fnmatch.fnmatchcase(name, p) for p in self._copy_names)
 
     def _capture_of(self, state_dict):
-        """(shards, blobs, stream) of one save: lazy shards of the tensors read in place (a
-        ShardList while they are the last save's), copies of the eager ones; the blobs: the
-        plain entries, the tensor list and the layout; the current CUDA stream when a
-        tensor is on a GPU (0 otherwise)."""
+        """(shards, blobs, stream) of one save: lazy shards of the tensors read in place,
+        and shards of copies of the eager ones (taken now, into staging tensors kept for
+        the next save); the blobs: the plain entries, the tensor list and the layout; the
+        current CUDA stream when a tensor is on a GPU (0 otherwise). While the state holds
+        the last save's tensors at their addresses, the last save's shards (a ShardList)
+        and layout blobs are reused, and the eager copies are one foreach copy."""
         self._buffers_now = {(b.data_ptr(), tuple(b.shape))
                              for m in self._copy_modules for b in m.buffers()}
 
@@ -1125,47 +1135,55 @@ class StateCheckpointer:
 
         flat, paths, _, _ = _walk_state(state_dict, resolve)
         dtensor = _dtensor_class()
-        lazy, lazy_key, eager, plain, layout = [], [], [], {}, []
         cache, kept = self._state_cache, {}
+        # The staging tensors of the last save may be reused once its bytes are copied.
+        last_seq = self._last_seq
+        reuse_staging = last_seq is None or self._ck.wait_save(last_seq, False, 0)
+        names, plain, layout, shards = [], {}, [], []
+        srcs, dsts = [], []  # eager copies into kept staging tensors
+        same = True  # every entry as in the last save
         for name, v in flat.items():
             if not _is_entry_tensor(v):
                 plain[name] = v
                 continue
-            layout.append((name,) + _global_meta(v))
-            if torch.is_tensor(v) and (type(v) in _SavePlan._PLAIN or
-                                       (dtensor is not None and isinstance(v, dtensor))):
-                local = v._local_tensor if type(v) not in _SavePlan._PLAIN else v
-                if self._eager(name, local):
-                    eager += _shards_of(name, _detached_copy(v))
-                    continue
-                addr = _address(v)
-                hit = cache.get(name)
-                if hit is not None and hit[0] is v and hit[1] == addr and addr is not None:
-                    got = hit[2]
+            names.append(name)
+            plain_tensor = torch.is_tensor(v) and (
+                type(v) in _SavePlan._PLAIN or (dtensor is not None and isinstance(v, dtensor)))
+            addr = _address(v) if plain_tensor else None
+            hit = cache.get(name)
+            if addr is not None and hit is not None and hit[0] is v and hit[1] == addr and (
+                    hit[3] is None or reuse_staging):
+                _, _, meta, staging, got = hit
+                if staging is not None:
+                    srcs.append(_local_of(v))
+                    dsts.append(_local_of(staging))
+                kept[name] = hit
+            else:
+                same = False
+                meta = _global_meta(v)
+                staging = None
+                if plain_tensor and self._eager(name, _local_of(v)):
+                    staging = _detached_copy(v)
+                    got = _shards_of(name, staging)
                 else:
                     got = _shards_of(name, v)
                 if addr is not None:
-                    kept[name] = (v, addr, got)
-                    lazy_key.append((name, id(v), addr))
-                else:
-                    lazy_key.append((name, None, None))  # a strided part: copied each time
-                lazy += got
-            else:  # flat ranges, ShardedTensors, tuples of parts: walked every time
-                lazy += _shards_of(name, v)
-                lazy_key.append((name, None, None))
+                    kept[name] = (v, addr, meta, staging, got)
+            layout.append((name,) + meta)
+            shards += got
+        if srcs:
+            with torch.no_grad():
+                torch._foreach_copy_(dsts, srcs)
         self._state_cache = kept
-        key = tuple(lazy_key)
-        if self._state_list is not None and self._state_list[0] == key and all(
-                k[1] is not None for k in key):
-            shard_list = self._state_list[1]
+        same = same and names == self._last_names
+        if same and self._state_list is not None:
+            shard_list = self._state_list
         else:
-            shard_list = _cairn.ShardList(lazy)
-            self._state_list = (key, shard_list)
-        shards = shard_list + eager if eager else shard_list
-        if lazy_key != self._last_key:  # whether the tensors read in place are on a GPU
-            self._last_key, self._lazy_on_gpu = lazy_key, _stream_of(lazy) != 0
-        stream = (torch.cuda.current_stream().cuda_stream if self._lazy_on_gpu
-                  else _stream_of(eager))
+            shard_list = _cairn.ShardList(shards)
+            self._state_list = shard_list if len(kept) == len(names) else None
+            self._last_names = names
+            self._lazy_on_gpu = _stream_of(shards) != 0
+        stream = torch.cuda.current_stream().cuda_stream if self._lazy_on_gpu else 0
         try:
             encoded = _encode(plain, "the state dict's non-tensor entries", self.allow_pickle)
         except _cairn.Error:
@@ -1173,14 +1191,14 @@ class StateCheckpointer:
                 _encode(v, f"entry '{name}'", self.allow_pickle)
             raise
         blobs = {_STATE_BLOB: encoded}
-        layout_key = (tuple(layout), tuple(sorted(plain)))
+        layout_key = (tuple(layout), tuple(plain))
         if self._layout_blobs[0] != layout_key:
             self._layout_blobs = (layout_key, {
                 _TENSORS_BLOB: _encode({n: (d, list(s)) for n, d, s in layout}, "tensor list"),
                 _PATHS_BLOB: _encode(paths, "the state dict's layout", self.allow_pickle),
             })
         blobs.update(self._layout_blobs[1])
-        return shards, blobs, stream
+        return shard_list, blobs, stream
 
     @staticmethod
     def _current_stream():
@@ -1197,6 +1215,12 @@ def _stream_of(shards):
         if s.device:
             return torch.cuda.current_stream().cuda_stream
     return 0
+
+
+def _local_of(v):
+    """A DTensor's local part; any other tensor itself."""
+    cls = _dtensor_class()
+    return v._local_tensor if cls is not None and isinstance(v, cls) else v
 
 
 def _detached_copy(v):
