@@ -117,6 +117,11 @@ class Arms:
         options, self.pinned_options = pinned_options()
         self.pinned = DefaultStager(options)
         self.names = list(ARMS)
+        # Where a DCP arm's stall goes, per arm: get_state_dict, the async_save call, the
+        # wait for the previous upload, the wait for staging (seconds, summed).
+        self.parts = {n: {"get_state_dict": 0.0, "async_save": 0.0, "upload_wait": 0.0,
+                          "staging_wait": 0.0} for n in DCP_ARMS}
+        self.current = None
 
     def dcp_state(self):
         msd, osd = get_state_dict(self.model, self.opt)
@@ -130,13 +135,20 @@ class Arms:
         if arm == "cairn":
             self.ck.save(step)
             return time.perf_counter() - t0
+        self.current = arm
+        parts = self.parts[arm]
         self.wait()
+        t1 = time.perf_counter()
+        state = self.dcp_state()
+        t2 = time.perf_counter()
+        parts["get_state_dict"] += t2 - t1
         kw = {"cairn_dcp": dict(checkpoint_id=f"step-{step}", storage_writer=self.writer,
                                 async_stager=self.writer),
               "dcp_async": dict(checkpoint_id=os.path.join(self.work, "dcp-async")),
               "dcp_async_pinned": dict(checkpoint_id=os.path.join(self.work, "dcp-pinned"),
                                        async_stager=self.pinned)}[arm]
-        self.saving = dcp.async_save(self.dcp_state(), process_group=self.pg, **kw)
+        self.saving = dcp.async_save(state, process_group=self.pg, **kw)
+        parts["async_save"] += time.perf_counter() - t2
         return time.perf_counter() - t0
 
     def before_step(self):
@@ -146,6 +158,7 @@ class Arms:
         staging = getattr(self.saving, "staging_completion", None)
         if staging is not None:
             staging.result()
+            self.parts[self.current]["staging_wait"] += time.perf_counter() - t0
         return time.perf_counter() - t0
 
     def fence_total(self):
@@ -159,6 +172,7 @@ class Arms:
             done = getattr(self.saving, "upload_completion", self.saving)
             done.result()
             self.saving = None
+            self.parts[self.current]["upload_wait"] += time.perf_counter() - t0
         return time.perf_counter() - t0
 
     def close(self):
@@ -223,6 +237,10 @@ def worker(a):
         fence_ms = []  # cairn: the part of its stall that was the fence's wait
         iters = {n: [] for n in names}
         for r in range(a.rounds + 1):
+            if r == 1:  # round 0 warms up
+                for p in arms.parts.values():
+                    for k in p:
+                        p[k] = 0.0
             order = names[r % len(names):] + names[: r % len(names)]
             for arm in order:
                 for i in range(a.iters):
@@ -284,6 +302,9 @@ def worker(a):
     for c in ("cairn_dcp", "cairn"):
         for d in ("dcp_async", "dcp_async_pinned"):
             out[f"{c}_vs_{d}"] = round(med(stall[d]) / max(med(stall[c]), 1e-6), 1)
+    saves = a.rounds * a.iters
+    out["stall_parts_ms"] = {n: {k: round(v * 1e3 / saves, 3) for k, v in p.items()}
+                             for n, p in arms.parts.items()}  # rank 0's, per save
     out["pinned_options"] = arms.pinned_options
     out["fence_ms_cairn"] = round(med(fence_ms), 4)  # rank 0's
     out["cairn_skipped"], out["cairn_captured"] = st.skipped, st.captured

@@ -20,6 +20,9 @@ node (gloo for training, UCX over tcp for cairn), AdamW.
      cairn_peer        node 1's host memory wiped: its rank comes back from node 0's replica
      cairn_pfs         both nodes wiped: from the PFS, same layout
      dcp_load          dcp.load + set_state_dict, same layout
+     cairn_dcp_memory  dcp.load + set_state_dict through cairn.dcp.StorageReader(): both
+                       nodes' host memory (the same user code as dcp_load, another reader)
+     cairn_dcp_pfs     the same with both nodes wiped: from cairn's PFS step
      cairn_pfs_reshard one process (world size 1, the whole model) from cairn's PFS step
      dcp_load_reshard  the same from DCP's save
    Both arms that read files read them cold: posix_fadvise(DONTNEED) on every file of
@@ -28,7 +31,9 @@ node (gloo for training, UCX over tcp for cairn), AdamW.
 
 Per arm (medians over rounds): restore_s (the restore call alone, model and optimizer
 built, imports, process group and cairn's Checkpointer made; the slowest rank's: cairn's
-`restore()`, DCP's get_state_dict + dcp.load + set_state_dict), open_s (cairn: making the
+`restore()`, DCP's get_state_dict + dcp.load + set_state_dict), load_s (the DCP arms: the
+dcp.load call alone, the reader's part; get_state_dict makes a fresh optimizer's state
+with a zero step, the same for every reader), open_s (cairn: making the
 Checkpointer, which joins the job over UCX, as init_process_group does for DCP, and
 meanwhile makes and faults in the fresh optimizer state the restore fills), resume_s
 (from the launch of the processes to the end of the first training step after the restore,
@@ -38,7 +43,9 @@ reference's bit for bit (same layout), and every restored tensor hashes as saved
 reshard arms: the whole tensor against the saved job's gathered one); a mismatch fails the
 run. Last line: one JSON object with the arms and cairn_memory_vs_dcp_load,
 cairn_pfs_vs_dcp_load and cairn_pfs_reshard_vs_dcp_load_reshard (dcp's restore_s over
-cairn's).
+cairn's), and cairn_dcp_memory_vs_dcp_load and cairn_dcp_pfs_vs_dcp_load (dcp.load with
+FileSystemReader against dcp.load with cairn's reader: load_s, and restore_s as
+..._restore).
 """
 
 import argparse
@@ -64,8 +71,8 @@ try:
 except ImportError:  # torch 1.x
     HAVE_DCP = False
 
-ARMS = ["cairn_memory", "cairn_peer", "cairn_pfs", "dcp_load", "cairn_pfs_reshard",
-        "dcp_load_reshard"]
+ARMS = ["cairn_memory", "cairn_peer", "cairn_pfs", "dcp_load", "cairn_dcp_memory",
+        "cairn_dcp_pfs", "cairn_pfs_reshard", "dcp_load_reshard"]
 
 
 def read_bytes():
@@ -137,13 +144,19 @@ def worker(a):
         time.sleep(3600)
     else:  # an arm
         # Model and optimizer built, imports and the process group done: the restore alone.
-        if a.mode.startswith("cairn"):
+        if a.mode == "cairn":
             t0 = time.perf_counter()
             ck = cairn.torch.Checkpointer(model, opt)  # joins the job: its process group
             out["open_s"] = time.perf_counter() - t0
+        elif a.mode == "cairn_dcp":
+            import cairn.dcp
+
+            t0 = time.perf_counter()
+            ck = cairn.torch.StateCheckpointer()  # joins the job
+            out["open_s"] = time.perf_counter() - t0
         dist.barrier()
         r0, t0 = read_bytes(), time.perf_counter()
-        if a.mode.startswith("cairn") and a.profile and rank == 0:
+        if a.mode == "cairn" and a.profile and rank == 0:
             import cProfile
             import pstats
 
@@ -151,16 +164,23 @@ def worker(a):
             step = prof.runcall(ck.restore)
             out["tier"] = ck.last_report.tier
             pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
-        elif a.mode.startswith("cairn"):
+        elif a.mode == "cairn":
             step = ck.restore()
             out["tier"] = ck.last_report.tier
         else:
             sd_model, sd_optim = get_state_dict(model, opt)
             state = {"model": sd_model, "optim": sd_optim}
-            dcp.load(state, checkpoint_id=a.dcp_dir)
+            t1 = time.perf_counter()
+            if a.mode == "cairn_dcp":
+                reader = cairn.dcp.StorageReader(checkpointer=ck)
+                dcp.load(state, storage_reader=reader)
+                out["tier"], step = reader.report()["tier"], reader.report()["step"]
+            else:
+                dcp.load(state, checkpoint_id=a.dcp_dir)
+                step = a.steps
+            out["load_s"] = time.perf_counter() - t1
             set_state_dict(model, opt, model_state_dict=state["model"],
                            optim_state_dict=state["optim"])
-            step = a.steps
         out["restore_s"] = time.perf_counter() - t0
         out["read_bytes"] = read_bytes() - r0
         out["step"] = step
@@ -330,13 +350,14 @@ def measure(a, run):
     results = {arm: {"restore_s": [], "resume_s": [], "read_bytes": []} for arm in arms}
     for r in range(a.rounds):
         for arm in arms[r % len(arms):] + arms[: r % len(arms)]:
-            aside = {"cairn_peer": [1], "cairn_pfs": [0, 1],
+            aside = {"cairn_peer": [1], "cairn_pfs": [0, 1], "cairn_dcp_pfs": [0, 1],
                      "cairn_pfs_reshard": [0, 1]}.get(arm, [])
             evict([run.pfs, run.dcp_dir])
             run.set_aside(aside)
             try:
                 world = 1 if arm.endswith("reshard") else 2
-                mode = "cairn" if arm.startswith("cairn") else "dcp"
+                mode = ("cairn_dcp" if arm.startswith("cairn_dcp") else
+                        "cairn" if arm.startswith("cairn") else "dcp")
                 t0, outs = run.launch(mode, world)
             finally:
                 run.put_back(aside)
@@ -354,10 +375,10 @@ def measure(a, run):
                         if want[s] != v:
                             sys.exit(f"torch_resume: {arm}: step {s}'s loss {float.fromhex(v)} "
                                      f"is not the reference's {float.fromhex(want[s])}")
-                if arm == "cairn_memory" and o.get("tier") != "host":
-                    sys.exit(f"torch_resume: cairn_memory restored from {o.get('tier')}")
-                if arm == "cairn_pfs" and o.get("tier") != "pfs":
-                    sys.exit(f"torch_resume: cairn_pfs restored from {o.get('tier')}")
+                want_tier = {"cairn_memory": "host", "cairn_dcp_memory": "host", "cairn_pfs": "pfs",
+                             "cairn_dcp_pfs": "pfs"}.get(arm)
+                if want_tier and o.get("tier") != want_tier:
+                    sys.exit(f"torch_resume: {arm} restored from {o.get('tier')}")
             if arm == "cairn_peer" and outs[1].get("tier") != "peer":
                 sys.exit(f"torch_resume: node 1 came back from {outs[1].get('tier')}, not peer")
             res = results[arm]
@@ -365,8 +386,9 @@ def measure(a, run):
             res.setdefault("restore_s_ranks", []).append([round(o["restore_s"], 4) for o in outs])
             res["resume_s"].append(max(o["first_step_wall"] for o in outs) - t0)
             res["read_bytes"].append(sum(o["read_bytes"] for o in outs))
-            if "open_s" in outs[0]:
-                res.setdefault("open_s", []).append(max(o["open_s"] for o in outs))
+            for k in ("open_s", "load_s"):
+                if k in outs[0]:
+                    res.setdefault(k, []).append(max(o[k] for o in outs))
     med = statistics.median
     out = {"bench": "torch_resume", "torch": torch.__version__,
            "model": "TPLM, 2-way tensor parallel",
@@ -376,14 +398,21 @@ def measure(a, run):
         out[arm] = {"restore_s": round(med(res["restore_s"]), 4),
                     "resume_s": round(med(res["resume_s"]), 3),
                     "read_bytes": int(med(res["read_bytes"]))}
-        if "open_s" in res:
-            out[arm]["open_s"] = round(med(res["open_s"]), 4)
+        for k in ("open_s", "load_s"):
+            if k in res:
+                out[arm][k] = round(med(res[k]), 4)
         out[arm]["restore_s_ranks"] = res["restore_s_ranks"]  # per round, per rank
     for c, d in (("cairn_memory", "dcp_load"), ("cairn_pfs", "dcp_load"),
                  ("cairn_pfs_reshard", "dcp_load_reshard")):
         if c not in out or d not in out:
             continue
         out[f"{c}_vs_{d}"] = round(out[d]["restore_s"] / max(out[c]["restore_s"], 1e-9), 2)
+    for c in ("cairn_dcp_memory", "cairn_dcp_pfs"):
+        if c in out and "dcp_load" in out:
+            out[f"{c}_vs_dcp_load"] = round(
+                out["dcp_load"]["load_s"] / max(out[c]["load_s"], 1e-9), 2)
+            out[f"{c}_vs_dcp_load_restore"] = round(
+                out["dcp_load"]["restore_s"] / max(out[c]["restore_s"], 1e-9), 2)
     out["bit_exact"] = True
     for arm in arms:
         print(f"{arm}: restore {out[arm]['restore_s'] * 1e3:.1f} ms, resume "

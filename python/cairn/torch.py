@@ -1134,6 +1134,7 @@ class StateCheckpointer:
             return obj.state_dict()
 
         flat, paths, _, _ = _walk_state(state_dict, resolve)
+        self._last_flat = flat  # what cairn.dcp hands DCP's upload to plan with
         dtensor = _dtensor_class()
         cache, kept = self._state_cache, {}
         # The staging tensors of the last save may be reused once its bytes are copied.
@@ -1149,9 +1150,14 @@ class StateCheckpointer:
             names.append(name)
             plain_tensor = torch.is_tensor(v) and (
                 type(v) in _SavePlan._PLAIN or (dtensor is not None and isinstance(v, dtensor)))
+            # A tensor at the last save's address, of its dtype, is the same memory (the
+            # last save's shards keep that storage alive): get_state_dict gives new views of
+            # the same parameters at every call.
             addr = _address(v) if plain_tensor else None
+            if addr is not None:
+                addr = addr + (v.dtype,)
             hit = cache.get(name)
-            if addr is not None and hit is not None and hit[0] is v and hit[1] == addr and (
+            if addr is not None and hit is not None and hit[1] == addr and (
                     hit[3] is None or reuse_staging):
                 _, _, meta, staging, got = hit
                 if staging is not None:
