@@ -1134,7 +1134,6 @@ class StateCheckpointer:
             return obj.state_dict()
 
         flat, paths, _, _ = _walk_state(state_dict, resolve)
-        self._last_flat = flat  # what cairn.dcp hands DCP's upload to plan with
         dtensor = _dtensor_class()
         cache, kept = self._state_cache, {}
         # The staging tensors of the last save may be reused once its bytes are copied.
