@@ -174,7 +174,9 @@ def worker(a):
             if a.mode == "cairn_dcp":
                 reader = cairn.dcp.StorageReader(checkpointer=ck)
                 dcp.load(state, storage_reader=reader)
-                out["tier"], step = reader.report()["tier"], reader.report()["step"]
+                rep = reader.report()
+                out["tier"], step = rep["tier"], rep["step"]
+                out["reader"] = {k: rep[k] for k in ("metadata_s", "read_data_s", "restore_s")}
             else:
                 dcp.load(state, checkpoint_id=a.dcp_dir)
                 step = a.steps
@@ -389,6 +391,9 @@ def measure(a, run):
             for k in ("open_s", "load_s"):
                 if k in outs[0]:
                     res.setdefault(k, []).append(max(o[k] for o in outs))
+            if "reader" in outs[0]:  # where a dcp.load through cairn's reader goes
+                res.setdefault("reader", []).append(
+                    {k: round(max(o["reader"][k] for o in outs), 4) for k in outs[0]["reader"]})
     med = statistics.median
     out = {"bench": "torch_resume", "torch": torch.__version__,
            "model": "TPLM, 2-way tensor parallel",
@@ -402,6 +407,8 @@ def measure(a, run):
             if k in res:
                 out[arm][k] = round(med(res[k]), 4)
         out[arm]["restore_s_ranks"] = res["restore_s_ranks"]  # per round, per rank
+        if "reader" in res:
+            out[arm]["reader_s"] = res["reader"]  # per round, the slowest rank's
     for c, d in (("cairn_memory", "dcp_load"), ("cairn_pfs", "dcp_load"),
                  ("cairn_pfs_reshard", "dcp_load_reshard")):
         if c not in out or d not in out:

@@ -55,6 +55,7 @@ import io
 import os
 import re
 import sys
+import time
 
 import torch
 from torch.distributed.checkpoint import StorageReader as _StorageReader
@@ -358,6 +359,7 @@ class StorageReader(_StorageReader):
         self._plain_cache = None
         self._job = None  # (step, {name: (dtype, shape)}, plain entries) of the job's version
         self._report = None
+        self._times = {}  # seconds in read_metadata, read_data and its restore, last load
 
     @property
     def checkpointer(self):
@@ -383,9 +385,13 @@ class StorageReader(_StorageReader):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     def read_metadata(self):  # no rank-local form: one collective, whatever it finds
-        if self.path is not None:
-            return self._pfs_metadata()
-        return self._job_metadata()
+        t0 = time.perf_counter()
+        try:
+            if self.path is not None:
+                return self._pfs_metadata()
+            return self._job_metadata()
+        finally:
+            self._times = {"metadata_s": time.perf_counter() - t0}
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         pass
@@ -397,6 +403,7 @@ class StorageReader(_StorageReader):
         return plans
 
     def read_data(self, plan, planner):
+        t0 = time.perf_counter()
         if self.path is not None:
             step = self._open()
             dtypes = {name: (dtype, shape) for name, dtype, shape, _ in step.tensors()}
@@ -425,6 +432,7 @@ class StorageReader(_StorageReader):
             buf = dest if direct else torch.empty(lengths, dtype=_TORCH_DTYPES[dtype])
             targets += _tensor_shards(name, buf, shape, offsets)
             later.append((item, dest, None if direct else buf))
+        t1 = time.perf_counter()
         if read is not None:
             if targets:
                 read(targets)  # every saved box read once, its chunks verified
@@ -433,10 +441,12 @@ class StorageReader(_StorageReader):
             self._report = ck._ck.restore(targets, step=self._job[0], partial=True,
                                           stream=_stream_of(targets))
             ck.last_report, ck.last_step = self._report, self._report.step
+        t2 = time.perf_counter()
         for item, dest, buf in later:
             if buf is not None:
                 dest.copy_(buf.view(dest.shape))
             planner.commit_tensor(item, dest)
+        self._times.update(read_data_s=time.perf_counter() - t0, restore_s=t2 - t1)
         fut = Future()
         fut.set_result(None)
         return fut
@@ -445,16 +455,19 @@ class StorageReader(_StorageReader):
         """What the last dcp.load restored: {"step", "tier" (host, peer or pfs), "bytes",
         "seconds", "bytes_local", "bytes_received", "pfs_bytes_read", "resharded",
         "rebuilt_step", "skipped"} from the job's tiers, or {"step", "tier": "pfs",
-        "directory"} from a PFS directory; None before a load."""
+        "directory"} from a PFS directory, with the seconds this reader spent in DCP's
+        calls ("metadata_s", "read_data_s", and "restore_s" of it reading); None before a
+        load."""
         if self.path is not None and self._pfs is not None:
-            return {"step": self._pfs.step, "tier": "pfs", "directory": self._pfs.directory}
+            return {"step": self._pfs.step, "tier": "pfs", "directory": self._pfs.directory,
+                    **self._times}
         r = self._report
         if r is None:
             return None
         return {"step": r.step, "tier": r.tier, "bytes": r.bytes, "seconds": r.seconds,
                 "bytes_local": r.bytes_local, "bytes_received": r.bytes_received,
                 "pfs_bytes_read": r.pfs_bytes_read, "resharded": r.resharded,
-                "rebuilt_step": r.rebuilt_step, "skipped": list(r.skipped)}
+                "rebuilt_step": r.rebuilt_step, "skipped": list(r.skipped), **self._times}
 
     # -- the job's tiers ---------------------------------------------------------------
 

@@ -1290,24 +1290,37 @@ class DCPUnits(_InProcessJob, unittest.TestCase):
         self.assertEqual(w.checkpointer.versions(), [])
 
     def test_a_later_save_never_reads_what_training_changed_since(self):
+        """Weights of 64 MiB, read in place: the optimizer steps right after staging
+        completes, while DCP's upload plans; every version holds its step's weights."""
         import torch.distributed.checkpoint as dcp
 
         import cairn.dcp
 
-        model = _mlp(0)
-        opt = torch.optim.AdamW(model.parameters())
-        _train([model], [opt])
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4096, 4096)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x = torch.randn(8, 4096)
         w = cairn.dcp.StorageWriter()
-        state = {"model": model, "optim": opt}
-        want = _values(state)
-        resp = dcp.async_save(state, checkpoint_id="step-1", storage_writer=w, async_stager=w)
+        state = {"model": model}
+        wants = {}
+        resp = None
+        for step in range(1, 4):
+            model(x).square().mean().backward()
+            if resp is not None:
+                resp.staging_completion.result(30)
+            opt.step()  # changes every weight in place
+            opt.zero_grad()
+            if resp is not None:
+                resp.upload_completion.result(30)
+            wants[step] = model.weight.detach().clone()
+            resp = dcp.async_save(state, checkpoint_id=f"step-{step}", storage_writer=w,
+                                  async_stager=w)
         resp.staging_completion.result(30)
-        _train([model], [opt])  # changes every tensor while the upload plans
+        opt.step()
         resp.upload_completion.result(30)
-        _, got = w.checkpointer.load_new(step=1)
-        got_flat = {f"model.{k}": v for k, v in got["model"].items()}
-        for k, v in got_flat.items():
-            self.assertTrue(torch.equal(v, want[k]), k)
+        for step, want in wants.items():
+            _, got = w.checkpointer.load_new(step=step, keys="model")
+            self.assertTrue(torch.equal(got["model"]["weight"], want), f"step {step}")
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA device")
