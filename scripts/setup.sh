@@ -23,8 +23,9 @@ if ((!demo)); then
   # MPI's mpirun, UCX's tools, network namespaces, GlusterFS as the namespace cluster's
   # networked PFS; gdb: a hung benchmark's native stacks).
   # PyTorch comes from PyPI into the project's venv (scripts/venv.sh), not from Debian.
+  # python3-numpy: the independent reader of some C++ tests (cli_test: export, trace-merge).
   PACKAGES+=(libgtest-dev libgmock-dev libbenchmark-dev ucx-utils python3-dev python3-venv
-             python3-pip pybind11-dev libpmix-dev openmpi-bin iproute2 gdb
+             python3-numpy python3-pip pybind11-dev libpmix-dev openmpi-bin iproute2 gdb
              glusterfs-server glusterfs-client)
 fi
 missing=()
