@@ -51,6 +51,9 @@ class Checkpointer::Impl {
   std::string Who() const { return "rank " + std::to_string(options_.rank); }
   Result<RestoreReport> Restore(std::span<const ShardSpec> targets, const RestoreOptions& options);
   Status WaitReplicated(double timeout_s);
+  Result<bool> WaitReplicated(int64_t step, double timeout_s);
+  // FailedPrecondition for a job without replication (one node, or CAIRN_REPLICAS=0).
+  Status NotReplicating() const;
   Result<int64_t> Flush();
   Stats GetStats() const;
 
@@ -377,11 +380,21 @@ Result<int64_t> Checkpointer::Impl::Flush() {
   return r;
 }
 
+Status Checkpointer::Impl::NotReplicating() const {
+  return Status::FailedPrecondition(Who() +
+                                    ": this job does not replicate (one node, or "
+                                    "CAIRN_REPLICAS=0)");
+}
+
+Result<bool> Checkpointer::Impl::WaitReplicated(int64_t step, double timeout_s) {
+  if (!replicator_) return NotReplicating();
+  if (!replicator_->WaitTried(step, timeout_s)) return false;
+  CAIRN_RETURN_IF_ERROR(replicator_->WaitReplicated(step, 0).WithContext(Who()));
+  return true;
+}
+
 Status Checkpointer::Impl::WaitReplicated(double timeout_s) {
-  if (!replicator_)
-    return Status::FailedPrecondition(Who() +
-                                      ": this job does not replicate (one node, or "
-                                      "CAIRN_REPLICAS=0)");
+  if (!replicator_) return NotReplicating();
   // Let captures in flight settle without taking their errors (fence() reports them).
   pipeline_->WaitSettled();
   const int64_t newest = pipeline_->capture_stats().newest_captured_step;
@@ -511,14 +524,7 @@ Status Checkpointer::wait_replicated(double timeout_s) {
   return impl_->WaitReplicated(timeout_s);
 }
 Result<bool> Checkpointer::wait_replicated(int64_t step, double timeout_s) {
-  Replicator* r = impl_->replicator_.get();
-  if (!r)
-    return Status::FailedPrecondition(impl_->Who() +
-                                      ": this job does not replicate (one node, or "
-                                      "CAIRN_REPLICAS=0)");
-  if (!r->WaitTried(step, timeout_s)) return false;
-  CAIRN_RETURN_IF_ERROR(r->WaitReplicated(step, 0).WithContext(impl_->Who()));
-  return true;
+  return impl_->WaitReplicated(step, timeout_s);
 }
 Result<bool> Checkpointer::wait_save(uint64_t n, bool settled, double timeout_s) {
   return impl_->pipeline_->WaitSeq(n, settled, timeout_s);

@@ -300,6 +300,12 @@ void CapturePipeline::WaitDone(uint64_t seq) {
   cv_.Wait(lk, [&]() CAIRN_REQUIRES(mu_) { return done_seq_ >= seq; });
 }
 
+void CapturePipeline::RecordFailure(uint64_t seq, Status st) {
+  if (!failures_.empty() && failures_.back().first == seq) return;  // its copy failed already
+  failures_.emplace_back(seq, std::move(st));
+  if (failures_.size() > kFailuresKept) failures_.pop_front();
+}
+
 Result<bool> CapturePipeline::WaitSeq(uint64_t seq, bool settled, double timeout_s) {
   MutexLock lk(mu_);
   const bool reached =
@@ -402,8 +408,7 @@ void CapturePipeline::Capture(Request& r) {
             static_cast<double>(capture_stats_.bytes_copied) / capture_stats_.copy_seconds / 1e9;
     } else {
       if (fence_error_.ok()) fence_error_ = st.WithContext(who + ": capture failed");
-      failures_.emplace_back(r.seq, st.WithContext(who + ": capture failed"));
-      if (failures_.size() > kFailuresKept) failures_.pop_front();
+      RecordFailure(r.seq, st.WithContext(who + ": capture failed"));
     }
   }
   cv_.NotifyAll();
@@ -427,10 +432,7 @@ void CapturePipeline::Capture(Request& r) {
     } else {
       ++capture_stats_.failed;
       if (capture_error_.ok()) capture_error_ = st.WithContext(who + ": capture failed");
-      if (failures_.empty() || failures_.back().first != r.seq) {
-        failures_.emplace_back(r.seq, st.WithContext(who + ": capture failed"));
-        if (failures_.size() > kFailuresKept) failures_.pop_front();
-      }
+      RecordFailure(r.seq, st.WithContext(who + ": capture failed"));
     }
     done_seq_ = r.seq;
   }

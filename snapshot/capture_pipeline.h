@@ -123,6 +123,8 @@ class CapturePipeline {
   // The copy itself; returns its status and the copy time.
   Status Copy(Request& r, std::byte* slot, int64_t* copy_ns);
   void CountSaveCall(int64_t t0) CAIRN_REQUIRES(mu_);
+  // Keeps the error of save `seq` for WaitSeq (once: a copy and a commit may both fail it).
+  void RecordFailure(uint64_t seq, Status st) CAIRN_REQUIRES(mu_);
 
   const CaptureConfig config_;
   CopyEngine* const engine_;

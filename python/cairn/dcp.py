@@ -51,6 +51,7 @@ capture lives in this process (use the THREAD one, DCP's default). Needs torch >
 
 import atexit
 import collections
+import concurrent.futures
 import io
 import os
 import re
@@ -154,8 +155,7 @@ def _structure_copy(v):
     """The dicts and lists of a state dict copied, their leaves shared: what DCP's upload
     plans with, unchanged by a training loop that edits its own dicts meanwhile."""
     if isinstance(v, dict):
-        return type(v)((k, _structure_copy(x)) for k, x in v.items()) if type(v) is not dict \
-            else {k: _structure_copy(x) for k, x in v.items()}
+        return {k: _structure_copy(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_structure_copy(x) for x in v]
     return v
@@ -211,8 +211,9 @@ class StorageWriter(_StorageWriter, _AsyncStager):
         # own), nested as given: DCP looks at each top-level entry with a slow isinstance
         # (its Stateful protocol), 40 us apiece, so the flattened state would cost 14 ms.
         staged = _structure_copy(state_dict)
-        if not handle.queued:
-            done = _done_future(staged)
+        if not handle.queued:  # nothing to copy: write_data says it was skipped
+            done = concurrent.futures.Future()
+            done.set_result(staged)
             return done
         return ck._waits.copied(handle._seq, staged)
 
@@ -328,14 +329,6 @@ def _item_bytes(item):
     for x in item.tensor_data.chunk.sizes:
         n *= int(x)
     return n * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
-
-
-def _done_future(value):
-    import concurrent.futures
-
-    f = concurrent.futures.Future()
-    f.set_result(value)
-    return f
 
 
 class StorageReader(_StorageReader):

@@ -1263,12 +1263,11 @@ class Checkpointer(StateCheckpointer):
         self._plan = None  # a _SavePlan: the last save's walk, while the state is unchanged
         self._optim_layout = None  # the encoded _OPTIM_LAYOUT_BLOB of the last walk
         self._tensors_blob = None  # the encoded _TENSORS_BLOB of the last walk
-        self._hook = None
         # (layout blob, state tensors, cairn.Prefault): see _prepare_optimizer_state.
         self._prepared = None
         super().__init__(options, allow_pickle=allow_pickle, **settings)
         if optimizer is not None:
-            self._install_fence_hook(optimizer)
+            self.fence_before(optimizer)
 
     def _open_core(self, opts):
         if self.optimizer is not None and not self.optimizer.state:
@@ -1380,9 +1379,6 @@ class Checkpointer(StateCheckpointer):
         """Waits for captures in flight, settles the SaveHandles' futures and stops (the
         host tier's files stay)."""
         self._drop_prepared()
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
         super().close()
 
     # -- internals ---------------------------------------------------------------------
@@ -1431,33 +1427,6 @@ class Checkpointer(StateCheckpointer):
         if p is None or not p.is_cuda:
             return 0
         return torch.cuda.current_stream(p.device).cuda_stream
-
-    def _install_fence_hook(self, optimizer):
-        me = weakref.ref(self)
-
-        def fence(*_args, **_kwargs):
-            c = me()
-            if c is not None and not c.closed:
-                c.fence()
-
-        if hasattr(optimizer, "register_step_pre_hook"):  # torch >= 2.0
-            self._hook = optimizer.register_step_pre_hook(fence)
-            return
-        original = optimizer.step
-
-        @functools.wraps(original)
-        def step(*args, **kwargs):
-            fence()
-            return original(*args, **kwargs)
-
-        optimizer.step = step
-
-        class _Undo:
-            def remove(self):
-                if optimizer.step is step:
-                    optimizer.step = original
-
-        self._hook = _Undo()
 
     def state_dict(self):
         """The state as torch.distributed.checkpoint's get_state_dict gives it, nested:
