@@ -20,6 +20,9 @@ else
   venv="${CAIRN_VENV:-.venv}"
   reqs=$(grep -v '^\s*#' "$req_file" | grep -v '^\s*$' | tr '\n' ' ')
 fi
+# Requirements PyPI has as source only (deepspeed): their wheels are built once, without
+# build isolation (their setup imports torch), against this venv's torch, and cached.
+source_only=(deepspeed)
 if (($#)); then echo "venv.sh: unknown argument '$1' (use --oldest or nothing)" >&2; exit 2; fi
 [ -n "$reqs" ] || { echo "venv.sh: no requirements found in $req_file" >&2; exit 2; }
 base=/usr/bin/python3
@@ -38,13 +41,32 @@ $base -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 index=()
 if [ -n "${CAIRN_TORCH_INDEX:-}" ]; then index=(--extra-index-url "$CAIRN_TORCH_INDEX"); fi
-# shellcheck disable=SC2086  # $reqs is a list of requirement words
-if ! "${pip[@]}" install --no-index --find-links "$wheels" $reqs 2>/dev/null; then
+binary=() built=()
+for r in $reqs; do
+  name=${r%%[=<>]*}
+  if [[ " ${source_only[*]} " == *" $name "* ]]; then built+=("$r"); else binary+=("$r"); fi
+done
+install() {
+  "${pip[@]}" install --no-index --find-links "$wheels" "${binary[@]}" || return
+  local r name version
+  for r in "${built[@]}"; do
+    name=${r%%==*} version=${r#*==}
+    if ! compgen -G "$wheels/${name}-${version}-*.whl" >/dev/null; then
+      compgen -G "$wheels/${name}-${version}.tar.gz" >/dev/null || return
+      echo "venv: building the wheel of $r" >&2
+      "${pip[@]}" wheel --no-build-isolation --no-deps --no-index -w "$wheels" \
+        "$wheels/${name}-${version}.tar.gz" >&2 || return
+    fi
+  done
+  if ((${#built[@]})); then "${pip[@]}" install --no-index --find-links "$wheels" "${built[@]}"; fi
+}
+if ! install 2>/dev/null; then
   echo "venv: downloading $reqs into $wheels" >&2
   dl=$SECONDS
+  # shellcheck disable=SC2086  # $reqs is a list of requirement words
   "${pip[@]}" download "${index[@]}" -d "$wheels" $reqs
   echo "venv: downloaded in $((SECONDS - dl)) s ($(du -sh "$wheels" | cut -f1) in $wheels)" >&2
-  "${pip[@]}" install --no-index --find-links "$wheels" $reqs
+  install
 fi
 echo "$stamp" >"$venv/.cairn-stamp"
 echo "venv: $venv ready in $((SECONDS - start)) s: $("$venv/bin/python" -c \

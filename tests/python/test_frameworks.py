@@ -1,0 +1,157 @@
+"""cairn's framework adapters against the frameworks themselves, from PyPI at the versions
+python/requirements.txt pins (frameworks_child.py runs one rank): each trains on 2
+processes over gloo, every rank its own node, is SIGKILLed at a random step, and resumes
+through the framework's own resume path; every later loss equals an uninterrupted run's,
+bit for bit."""
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+from test_torch import HERE, Job, finish_ranks, read_losses, read_step_losses, wait_for
+
+import torch  # noqa: E402  (test_torch set TMPDIR first)
+
+
+def _importable(name):
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _FrameworkRun(unittest.TestCase):
+    """A 2-process job of one framework (FRAMEWORK: frameworks_child.py's first word)."""
+
+    FRAMEWORK = None
+    STEPS = 16
+
+    def setUp(self):
+        self.job = Job(self.FRAMEWORK)
+        self.addCleanup(self.job.close)
+
+    def start(self, args, world=2, host="host"):
+        port = str(_free_port())
+        extra = {"USE_LIBUV": "0", "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
+                 "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                 "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                 "HF_HOME": os.path.join(self.job.root, "hf-home")}
+        cmd = [sys.executable, os.path.join(HERE, "frameworks_child.py"), self.FRAMEWORK,
+               "--steps", str(self.STEPS), "--workdir", os.path.join(self.job.root, "work"),
+               *args]
+        return [subprocess.Popen(cmd, env=self.job.env(r, world, extra), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for r in range(world)]
+
+    def finish(self, procs, what):
+        return finish_ranks(self, procs, what)
+
+    def reference(self):
+        ref = os.path.join(self.job.root, "ref")
+        self.finish(self.start(["--out", ref, "--no-cairn"]), "reference run")
+        want = [read_step_losses(f"{ref}-{r}") for r in range(2)]
+        self.assertEqual(sorted(want[0]), list(range(1, self.STEPS + 1)))
+        return want
+
+    def killed_run(self, out):
+        """Trains from scratch until a random step whose version is replicated, then
+        SIGKILLs both ranks; returns the last step logged."""
+        kill_at = random.randrange(5, self.STEPS - 4)
+        procs = self.start(["--out", out, "--step-sleep", "0.2"])
+
+        def far_enough():
+            logs = [read_losses(f"{out}-{r}") for r in range(2)]
+            return all(len(l) >= kill_at and l[max(l)][1] >= 2 for l in logs) or any(
+                p.poll() is not None for p in procs)
+
+        wait_for(far_enough, 300, f"step {kill_at} with replicas")
+        time.sleep(random.random() * 0.1)
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        outs = [p.communicate()[0] for p in procs]
+        logged = min(max(read_step_losses(f"{out}-{r}")) for r in range(2))
+        self.assertLess(logged, self.STEPS, "the run ended before it was killed:\n" +
+                        "\n".join(outs))
+        return logged
+
+    def resumed_run(self, out, want, tiers, resume):
+        outs = self.finish(self.start(["--out", out, "--resume", resume]), "resumed run")
+        resumed = []
+        for text in outs:
+            lines = [l.split() for l in text.splitlines() if l.startswith("resumed ")]
+            self.assertEqual(len(lines), 1, text)
+            resumed.append((int(lines[0][1]), lines[0][3]))
+        self.assertEqual(resumed[0][0], resumed[1][0], resumed)
+        self.assertEqual([t for _, t in resumed], tiers, resumed)
+        for r in range(2):
+            got = read_step_losses(f"{out}-{r}")
+            for s in range(1, self.STEPS + 1):
+                self.assertEqual(got[s], want[r][s], f"rank {r}: loss at step {s} (resumed "
+                                                     f"{resumed[r][0]})")
+        return resumed[0][0]
+
+    def check_killed_and_resumed(self, resume):
+        want = self.reference()
+        out = os.path.join(self.job.root, "run")
+        logged = self.killed_run(out)
+        step = self.resumed_run(out, want, ["host", "host"], resume)
+        self.assertGreaterEqual(step, logged - 2)
+
+    def check_wiped_node_from_partner(self, resume):
+        want = self.reference()
+        out = os.path.join(self.job.root, "run")
+        self.killed_run(out)
+        shutil.rmtree(os.path.join(self.job.root, "host", self.job.id, "node-1"))
+        self.resumed_run(out, want, ["host", "peer"], resume)
+
+
+@unittest.skipUnless(_importable("transformers"), "transformers is not installed")
+class HFTrainer(_FrameworkRun):
+    """Hugging Face's Trainer (DDP on CPU) with cairn.transformers.Trainer, resumed through
+    train(resume_from_checkpoint=True); and a version exported to the Hugging Face layout,
+    loaded by AutoModelForCausalLM.from_pretrained with the saved model's logits."""
+
+    FRAMEWORK = "hf"
+
+    def test_killed_and_resumed_from_own_memory_bit_exact(self):
+        self.check_killed_and_resumed("true")
+
+    def test_a_wiped_node_resumes_from_its_partner_bit_exact(self):
+        self.check_wiped_node_from_partner("true")
+
+    def test_a_version_exported_loads_with_from_pretrained(self):
+        import transformers
+
+        export = os.path.join(self.job.root, "export")
+        at = self.STEPS // 2
+        outs = self.finish(self.start(["--out", os.path.join(self.job.root, "run"),
+                                       "--export", export, "--export-at", str(at)]), "run")
+        self.assertIn(f"exported step {at}", outs[0])
+        files = sorted(os.listdir(export))
+        shards = [f for f in files if f.endswith(".safetensors")]
+        self.assertGreater(len(shards), 1, files)
+        self.assertIn("model.safetensors.index.json", files)
+        model = transformers.AutoModelForCausalLM.from_pretrained(export)
+        model.eval()
+        saved = torch.load(os.path.join(export, "logits.pt"), weights_only=True)
+        with torch.no_grad():
+            logits = model(input_ids=saved["input_ids"]).logits
+        self.assertTrue(torch.equal(logits, saved["logits"]),
+                        f"largest difference {(logits - saved['logits']).abs().max()}")
+
+
+if __name__ == "__main__":
+    unittest.main()
