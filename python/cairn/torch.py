@@ -521,6 +521,45 @@ def _host_parts(state):
 # -- saves that say what happened --------------------------------------------------------
 
 
+def rng_state():
+    """This process's RNG states (Python's, NumPy's, torch's CPU and, once CUDA is in use,
+    every device's) as plain data, for a state dict: bytes, not tensors, since cairn names
+    tensors job-wide and every rank has its own. set_rng_state() puts them back."""
+    state = {"python": random.getstate(),
+             "cpu": torch.random.get_rng_state().numpy().tobytes()}
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [name, keys.tobytes(), int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state):
+    """Puts back the RNG states rng_state() took (those of devices this process lacks are
+    left out)."""
+
+    def tensor(b):
+        return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+    v = state["python"]
+    random.setstate((v[0], tuple(v[1]), v[2]))
+    torch.random.set_rng_state(tensor(state["cpu"]))
+    if "numpy" in state:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.frombuffer(keys, dtype=np.uint32).copy(), pos,
+                             has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        for i, s in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(tensor(s), i)
+
+
 class SaveHandle:
     """What one save() did with its version: `step`; `queued` (also the handle's truth value:
     False when the version was skipped for want of a free host slot, CAIRN_FULL_POLICY,

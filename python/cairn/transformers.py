@@ -39,17 +39,15 @@ module; the process's checkpointer is cairn.dcp.checkpointer()'s, shared with ca
 import dataclasses
 import json
 import os
-import random
 import shutil
 import tempfile
 
-import numpy as np
 import torch
 import transformers
 from transformers.trainer_callback import ExportableState
 
 import cairn.dcp
-from cairn.torch import _error
+from cairn.torch import _error, rng_state, set_rng_state
 
 TRAINER_STATE_NAME = "trainer_state.json"
 _RESUME_DIR_PREFIX = "cairn-resume-"
@@ -59,34 +57,6 @@ def _inner_optimizer(opt):
     """The torch optimizer under Accelerate's AcceleratedOptimizer (its step() checks
     Accelerate's gradient state, which cairn's first-state creation must not touch)."""
     return getattr(opt, "optimizer", opt)
-
-
-def _rng_state():
-    """This rank's RNG states, as plain data (bytes, not tensors: cairn names tensors job-wide,
-    and every rank has its own)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(),
-             "numpy": [name, keys.tobytes(), int(pos), int(has_gauss), float(cached)],
-             "cpu": torch.random.get_rng_state().numpy().tobytes()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def _bytes_tensor(b):
-    return torch.frombuffer(bytearray(b), dtype=torch.uint8)
-
-
-def _set_rng_state(state):
-    v = state["python"]
-    random.setstate((v[0], tuple(v[1]), v[2]))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss,
-                         cached))
-    torch.random.set_rng_state(_bytes_tensor(state["cpu"]))
-    if "cuda" in state and torch.cuda.is_available():
-        for i, s in enumerate(state["cuda"][:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(_bytes_tensor(s), i)
 
 
 class CairnCallback(transformers.TrainerCallback):
@@ -112,7 +82,7 @@ class CairnCallback(transformers.TrainerCallback):
 
     def state_dict_of(self, state, model, optimizer, lr_scheduler):
         """What one version holds (the Trainer's objects: cairn takes their state)."""
-        sd = {"model": model, "trainer_state": self._trainer_state(state), "rng": _rng_state()}
+        sd = {"model": model, "trainer_state": self._trainer_state(state), "rng": rng_state()}
         if optimizer is not None:
             sd["optim"] = _inner_optimizer(optimizer)
         if lr_scheduler is not None:
@@ -233,7 +203,7 @@ class ResumeMixin:
         if not self._from_cairn(checkpoint):
             return super()._load_rng_state(checkpoint)
         _, state = self.cairn.checkpointer.load_new(step=self._cairn_step, keys=["rng"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         return None
 
 

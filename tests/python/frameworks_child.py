@@ -107,6 +107,71 @@ def hf(a):
         cairn.dcp.close()
 
 
+def lightning(a):
+    from datetime import timedelta
+
+    import lightning as L
+    from lightning.pytorch.demos import Transformer
+    from lightning.pytorch.strategies import DDPStrategy
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import cairn.dcp
+    import cairn.lightning
+
+    rank = int(os.environ["RANK"])
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = Transformer(vocab_size=64, ninp=32, nhead=2, nhid=64, nlayers=1,
+                                     dropout=0.1)
+
+        def training_step(self, batch, batch_idx):
+            inputs, target = batch
+            out = self.model(inputs, target)
+            return torch.nn.functional.nll_loss(out, target.view(-1))
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=3e-3)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    ck = None
+
+    class Recording(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            _log(a.out, rank, trainer.global_step, outputs["loss"].item(), ck)
+            if a.step_sleep:
+                time.sleep(a.step_sleep)
+
+    L.seed_everything(42)
+    g = torch.Generator().manual_seed(0)
+    # One epoch longer than the run: every resume is mid-epoch (Lightning's own resume after
+    # an epoch's last batch replays another order with a stateful loader: docs/frameworks.md).
+    tokens = torch.randint(0, 64, (4 * (a.steps + 2), 9), generator=g)
+    data = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    callbacks, plugins = [Recording()], []
+    if not a.no_cairn:
+        saver = cairn.lightning.Checkpoint()
+        callbacks.insert(0, saver)
+        plugins.append(cairn.lightning.CheckpointIO())
+        ck = saver.checkpointer
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, num_nodes=2, max_steps=a.steps,
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        callbacks=callbacks, plugins=plugins, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False)
+    path = {"cairn": None if a.no_cairn else cairn.lightning.ckpt_path(),
+            "none": None}[a.resume]
+    trainer.fit(Module(), train_dataloaders=StatefulDataLoader(data, batch_size=2),
+                ckpt_path=path)
+    if path is not None:
+        print(f"resumed {plugins[0].last_report.step} from {plugins[0].last_report.tier}",
+              flush=True)
+    if not a.no_cairn:
+        cairn.dcp.close()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("framework", choices=["hf", "lightning"])
@@ -120,7 +185,7 @@ def main():
     p.add_argument("--export-at", type=int, default=0)
     a = p.parse_args()
     a.workdir = a.workdir or os.path.dirname(os.path.abspath(a.out))
-    {"hf": hf}[a.framework](a)
+    {"hf": hf, "lightning": lightning}[a.framework](a)
 
 
 if __name__ == "__main__":

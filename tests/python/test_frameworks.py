@@ -45,7 +45,7 @@ class _FrameworkRun(unittest.TestCase):
 
     def start(self, args, world=2, host="host"):
         port = str(_free_port())
-        extra = {"USE_LIBUV": "0", "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
+        extra = {"USE_LIBUV": "0", "TORCHELASTIC_RUN_ID": self.job.id, "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
                  "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                  "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
@@ -151,6 +151,22 @@ class HFTrainer(_FrameworkRun):
             logits = model(input_ids=saved["input_ids"]).logits
         self.assertTrue(torch.equal(logits, saved["logits"]),
                         f"largest difference {(logits - saved['logits']).abs().max()}")
+
+
+@unittest.skipUnless(_importable("lightning") and _importable("torchdata"),
+                     "lightning or torchdata is not installed")
+class LightningDDP(_FrameworkRun):
+    """A Lightning Trainer (DDP over gloo, Lightning's demo Transformer with dropout, a
+    stateful data loader) with cairn.lightning's callback and checkpoint IO, resumed
+    through fit(ckpt_path="cairn")."""
+
+    FRAMEWORK = "lightning"
+
+    def test_killed_and_resumed_from_own_memory_bit_exact(self):
+        self.check_killed_and_resumed("cairn")
+
+    def test_a_wiped_node_resumes_from_its_partner_bit_exact(self):
+        self.check_wiped_node_from_partner("cairn")
 
 
 if __name__ == "__main__":
