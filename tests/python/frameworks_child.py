@@ -100,6 +100,11 @@ def hf(a):
         trainer.add_callback(Export())  # after cairn's: the step is saved when it runs
     resume = {"true": True, "cairn": "cairn", "none": None}[a.resume]
     trainer.train(resume_from_checkpoint=resume)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()  # a DDP process left to exit with it may abort
     if not a.no_cairn:
         if trainer.cairn_step is not None:
             print(f"resumed {trainer.cairn_step} from "
@@ -172,9 +177,165 @@ def lightning(a):
         cairn.dcp.close()
 
 
+_TITAN_WORDS = ("checkpoint memory tensor shard replica parity drain fence optimizer gradient "
+                "step layer token batch node rank store lazy copy host device").split()
+
+
+def titan_assets(a):
+    """A tokenizer (a byte-level BPE trained here with the tokenizers library) and a
+    c4_test-shaped dataset (data.json), generated: torchtitan's wheel ships neither."""
+    import json
+    import random as rnd
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    r = rnd.Random(0)
+    texts = [" ".join(r.choice(_TITAN_WORDS) for _ in range(r.randrange(40, 120)))
+             for _ in range(400)]
+    os.makedirs(os.path.join(a.out, "tokenizer"), exist_ok=True)
+    os.makedirs(os.path.join(a.out, "data"), exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(os.path.join(a.out, "tokenizer", "tokenizer.json"))
+    with open(os.path.join(a.out, "tokenizer", "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                   "add_bos_token": True, "add_eos_token": True}, f)
+    with open(os.path.join(a.out, "data", "data.json"), "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+
+
+def _titan_on_cpu():
+    """What torchtitan 0.3.0 needs to train on the CPU over gloo (none of it is cairn's):
+    its device module (it falls back to CUDA), set before its other modules load."""
+    import types
+
+    import torchtitan.tools.utils as tu
+
+    class CpuDevice(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch.cpu, name)
+
+        def set_device(self, d):
+            pass
+
+        def get_device_name(self, d=None):
+            return "cpu"
+
+        def current_device(self):
+            return 0
+
+        def device_count(self):
+            return 1
+
+        def get_device_properties(self, d=None):
+            return types.SimpleNamespace(total_memory=16 << 30, name="cpu")
+
+        def reset_peak_memory_stats(self, d=None):
+            pass
+
+        def empty_cache(self):
+            pass
+
+        def memory_stats(self, d=None):
+            return {}
+
+        def synchronize(self, d=None):
+            pass
+
+    tu.device_type, tu.device_module = "cpu", CpuDevice("cpu")
+
+
+def _titan_config(a, assets):
+    import dataclasses
+
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    import cairn.torchtitan
+
+    c = llama3_debugmodel()
+    # FlexAttention has no backward on the CPU: torchtitan's SDPA module instead.
+    for _, _, parent, attr in list(c.model_spec.model.traverse(FlexAttention.Config)):
+        if isinstance(parent, list):
+            parent[attr] = ScaledDotProductAttention.Config()
+        else:
+            setattr(parent, attr, ScaledDotProductAttention.Config())
+    parallelize = c.model_spec.parallelize_fn
+
+    def gloo_parallelize(model, **kw):
+        # torchtitan's gradient divide factor 1.0 makes FSDP2 reduce with PREMUL_SUM, which
+        # gloo lacks; SUM is the same sum.
+        from torch.distributed.fsdp import FSDPModule
+
+        model = parallelize(model, **kw)
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_force_sum_reduction_for_comms(True)
+        return model
+
+    try:
+        c.model_spec.parallelize_fn = gloo_parallelize
+    except dataclasses.FrozenInstanceError:
+        c.model_spec = dataclasses.replace(c.model_spec, parallelize_fn=gloo_parallelize)
+    c.training.disable_cuda_graphs = True
+    c.training.steps = a.steps
+    c.training.seq_len = 64
+    c.training.local_batch_size = 2
+    c.validator.enable = False
+    c.debug.seed = 42  # an uninterrupted run is the same run every time
+    c.debug.deterministic = True
+    c.hf_assets_path = os.path.join(assets, "tokenizer")
+    c.dataloader.dataset_path = os.path.join(assets, "data")
+    c.dump_folder = a.workdir
+    if a.no_cairn:
+        c.checkpoint = CheckpointManager.Config(enable=False)
+    else:
+        c.checkpoint = cairn.torchtitan.CheckpointManager.Config(
+            last_save_model_only=False, exclude_from_loading=a.exclude)
+    return c
+
+
+def torchtitan(a):
+    _titan_on_cpu()
+    import torch.distributed as dist
+
+    import cairn.dcp
+
+    rank = int(os.environ["RANK"])
+    config = _titan_config(a, a.assets)
+    trainer = config.build()
+    ck = None if a.no_cairn else trainer.checkpointer.cairn
+    log = trainer.metrics_processor.log
+
+    def recording_log(step, avg_loss, max_loss, grad_norm, *rest, **kw):
+        _log(a.out, rank, step, avg_loss, ck)
+        if a.step_sleep:
+            time.sleep(a.step_sleep)
+        return log(step, avg_loss, max_loss, grad_norm, *rest, **kw)
+
+    trainer.metrics_processor.log = recording_log
+    try:
+        trainer.train()
+        if not a.no_cairn and trainer.checkpointer.last_report is not None:
+            r = trainer.checkpointer.last_report
+            print(f"resumed {r.step} from {r.tier}", flush=True)
+    finally:
+        trainer.close()
+        if not a.no_cairn:
+            cairn.dcp.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("framework", choices=["hf", "lightning"])
+    p.add_argument("framework", choices=["hf", "lightning", "torchtitan", "titan-assets"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", required=True)
     p.add_argument("--workdir", default=None)
@@ -183,9 +344,12 @@ def main():
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--export", default=None)
     p.add_argument("--export-at", type=int, default=0)
+    p.add_argument("--assets", default=None)
+    p.add_argument("--exclude", nargs="*", default=[])
     a = p.parse_args()
     a.workdir = a.workdir or os.path.dirname(os.path.abspath(a.out))
-    {"hf": hf, "lightning": lightning}[a.framework](a)
+    {"hf": hf, "lightning": lightning, "torchtitan": torchtitan,
+     "titan-assets": titan_assets}[a.framework](a)
 
 
 if __name__ == "__main__":

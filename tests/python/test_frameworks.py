@@ -38,6 +38,7 @@ class _FrameworkRun(unittest.TestCase):
 
     FRAMEWORK = None
     STEPS = 16
+    ARGS = ()
 
     def setUp(self):
         self.job = Job(self.FRAMEWORK)
@@ -48,11 +49,11 @@ class _FrameworkRun(unittest.TestCase):
         extra = {"USE_LIBUV": "0", "TORCHELASTIC_RUN_ID": self.job.id, "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
                  "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                 "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                 "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                  "HF_HOME": os.path.join(self.job.root, "hf-home")}
         cmd = [sys.executable, os.path.join(HERE, "frameworks_child.py"), self.FRAMEWORK,
                "--steps", str(self.STEPS), "--workdir", os.path.join(self.job.root, "work"),
-               *args]
+               *self.ARGS, *args]
         return [subprocess.Popen(cmd, env=self.job.env(r, world, extra), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for r in range(world)]
 
@@ -88,6 +89,10 @@ class _FrameworkRun(unittest.TestCase):
         return logged
 
     def resumed_run(self, out, want, tiers, resume):
+        before = []
+        for r in range(2):
+            with open(f"{out}-{r}") as f:
+                before.append(len(f.readlines()))
         outs = self.finish(self.start(["--out", out, "--resume", resume]), "resumed run")
         resumed = []
         for text in outs:
@@ -95,6 +100,11 @@ class _FrameworkRun(unittest.TestCase):
             self.assertEqual(len(lines), 1, text)
             resumed.append((int(lines[0][1]), lines[0][3]))
         self.assertEqual(resumed[0][0], resumed[1][0], resumed)
+        for r in range(2):  # the resumed run trained from the resumed step on, not again
+            with open(f"{out}-{r}") as f:
+                steps = [int(l.split()[0]) for l in f.readlines()[before[r]:]]
+            self.assertEqual(steps, list(range(resumed[r][0] + 1, self.STEPS + 1)),
+                             f"rank {r}: the steps the resumed run trained")
         self.assertEqual([t for _, t in resumed], tiers, resumed)
         for r in range(2):
             got = read_step_losses(f"{out}-{r}")
@@ -161,6 +171,30 @@ class LightningDDP(_FrameworkRun):
     through fit(ckpt_path="cairn")."""
 
     FRAMEWORK = "lightning"
+
+    def test_killed_and_resumed_from_own_memory_bit_exact(self):
+        self.check_killed_and_resumed("cairn")
+
+    def test_a_wiped_node_resumes_from_its_partner_bit_exact(self):
+        self.check_wiped_node_from_partner("cairn")
+
+
+@unittest.skipUnless(_importable("torchtitan") and _importable("tokenizers"),
+                     "torchtitan is not installed")
+class Torchtitan(_FrameworkRun):
+    """torchtitan's own trainer (its llama3 debug model, FSDP2 over 2 processes, gloo, on the
+    CPU) with cairn.torchtitan's checkpoint manager chosen by its config, resumed through
+    its own checkpointer.load(); and a resume that leaves the data loader out
+    (exclude_from_loading)."""
+
+    FRAMEWORK = "torchtitan"
+
+    def setUp(self):
+        super().setUp()
+        assets = os.path.join(self.job.root, "assets")
+        subprocess.run([sys.executable, os.path.join(HERE, "frameworks_child.py"),
+                        "titan-assets", "--out", assets], check=True)
+        self.ARGS = ("--assets", assets)
 
     def test_killed_and_resumed_from_own_memory_bit_exact(self):
         self.check_killed_and_resumed("cairn")
