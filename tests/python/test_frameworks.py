@@ -7,14 +7,12 @@ bit for bit."""
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 import unittest
 
-from test_torch import HERE, Job, finish_ranks, read_losses, read_step_losses, wait_for
+from test_torch import HERE, Job, finish_ranks, kill_once_replicated, read_step_losses
 
 import torch  # noqa: E402  (test_torch set TMPDIR first)
 
@@ -72,18 +70,7 @@ class _FrameworkRun(unittest.TestCase):
         SIGKILLs both ranks; returns the last step logged."""
         kill_at = random.randrange(5, self.STEPS - 4)
         procs = self.start(["--out", out, "--step-sleep", "0.2"])
-
-        def far_enough():
-            logs = [read_losses(f"{out}-{r}") for r in range(2)]
-            return all(len(l) >= kill_at and l[max(l)][1] >= 2 for l in logs) or any(
-                p.poll() is not None for p in procs)
-
-        wait_for(far_enough, 300, f"step {kill_at} with replicas")
-        time.sleep(random.random() * 0.1)
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
-        outs = [p.communicate()[0] for p in procs]
-        logged = min(max(read_step_losses(f"{out}-{r}")) for r in range(2))
+        logged, outs = kill_once_replicated(procs, out, kill_at, 0.1)
         self.assertLess(logged, self.STEPS, "the run ended before it was killed:\n" +
                         "\n".join(outs))
         return logged

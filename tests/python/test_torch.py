@@ -100,6 +100,24 @@ def finish_ranks(test, procs, what):
     return outs
 
 
+def kill_once_replicated(procs, out, kill_at, jitter_s):
+    """Waits until every rank has logged `kill_at` steps to its --out file (<out>-<rank>)
+    with step 2 or later replicated (or a rank exited), sleeps up to `jitter_s`, SIGKILLs
+    every rank; returns (the last step every rank logged, the ranks' outputs)."""
+
+    def far_enough():
+        logs = [read_losses(f"{out}-{r}") for r in range(len(procs))]
+        return all(len(l) >= kill_at and l[max(l)][1] >= 2 for l in logs) or any(
+            p.poll() is not None for p in procs)
+
+    wait_for(far_enough, 300, f"step {kill_at} with replicas")
+    time.sleep(random.random() * jitter_s)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    outs = [p.communicate()[0] for p in procs]
+    return min(max(read_step_losses(f"{out}-{r}")) for r in range(len(procs))), outs
+
+
 def wait_for(pred, timeout, what):
     deadline = time.time() + timeout
     while not pred():
@@ -438,19 +456,7 @@ class DCPTraining(unittest.TestCase):
         kill_at = random.randrange(8, self.STEPS - 8)
         procs = self.start("train", 2, ["--steps", str(self.STEPS), "--out", out,
                                         "--step-sleep", "0.1"])
-
-        def far_enough():
-            logs = [read_losses(f"{out}-{r}") for r in range(2)]
-            return all(len(l) >= kill_at and l[max(l)][1] >= 2 for l in logs) or any(
-                p.poll() is not None for p in procs)
-
-        wait_for(far_enough, 300, f"step {kill_at} with replicas")
-        time.sleep(random.random() * 0.05)
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
-        for p in procs:
-            p.communicate()
-        logged = min(max(read_step_losses(f"{out}-{r}")) for r in range(2))
+        logged, _ = kill_once_replicated(procs, out, kill_at, 0.05)
         self.assertLess(logged, self.STEPS, "the run ended before it was killed")
         return logged
 
