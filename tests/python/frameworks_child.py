@@ -15,6 +15,12 @@ MASTER_ADDR / MASTER_PORT and cairn's settings in the environment; gloo on CPU.
         the same with a Lightning Trainer (DDP over gloo, a small transformer LightningModule,
         a stateful data loader), cairn.lightning's callback and checkpoint IO, resumed through
         fit(ckpt_path="cairn").
+    frameworks_child.py deepspeed --zero STAGE --steps N --out FILE [--resume cairn|none]
+                           [--no-cairn] [--step-sleep S]
+        the same with a DeepSpeed engine (ZeRO stage STAGE, Adam and WarmupLR from its config,
+        a small transformer with dropout, DS_ACCELERATOR=cpu) given cairn's checkpoint engine
+        by cairn.deepspeed.attach, saved every step, resumed through
+        engine.load_checkpoint().
 """
 
 import argparse
@@ -177,6 +183,75 @@ def lightning(a):
         cairn.dcp.close()
 
 
+def deepspeed_run(a):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    import cairn.deepspeed
+
+    rank = int(os.environ["RANK"])
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            # Its feed-forward weights (128 KiB) and ZeRO's partitions are above cairn's
+            # copy_below: read in place until the fence.
+            self.embed = torch.nn.Embedding(64, 64)
+            self.block = torch.nn.TransformerEncoderLayer(64, 2, 512, dropout=0.1,
+                                                          batch_first=True)
+            self.norm = torch.nn.LayerNorm(64)
+            self.head = torch.nn.Linear(64, 64)
+
+        def forward(self, x, y):
+            out = self.head(self.norm(self.block(self.embed(x))))
+            return torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    torch.manual_seed(42)
+    config = {
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 3e-3, "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4,
+                                                     "warmup_max_lr": 3e-3}},
+        "zero_optimization": {"stage": a.zero}, "steps_per_print": 10 ** 6,
+    }
+    model = Model()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    ce = None
+    if not a.no_cairn:
+        engine = cairn.deepspeed.attach(engine)
+        ce = engine.checkpoint_engine
+    ckdir = os.path.join(a.workdir, "ckpt")
+    start = 0
+    if a.resume == "cairn":
+        path, _ = engine.load_checkpoint(ckdir)
+        if path is not None:
+            start = engine.global_steps
+    if start == 0:
+        torch.manual_seed(1000 + rank)  # the run's dropout draws (a resume restores them)
+    for step in range(start + 1, a.steps + 1):
+        g = torch.Generator().manual_seed(step * 10 + rank)
+        tokens = torch.randint(0, 64, (2, 17), generator=g)
+        loss = engine(tokens[:, :-1], tokens[:, 1:])
+        engine.backward(loss)
+        engine.step()
+        _log(a.out, rank, step, loss.item(), None if ce is None else ce.cairn)
+        if ce is not None:
+            engine.save_checkpoint(ckdir)
+        if a.step_sleep:
+            time.sleep(a.step_sleep)
+    if ce is not None:
+        if start:
+            print(f"resumed {ce.last_report.step} from {ce.last_report.tier}", flush=True)
+        ce.cleanup()
+        ce.close()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 _TITAN_WORDS = ("checkpoint memory tensor shard replica parity drain fence optimizer gradient "
                 "step layer token batch node rank store lazy copy host device").split()
 
@@ -335,7 +410,8 @@ def torchtitan(a):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("framework", choices=["hf", "lightning", "torchtitan", "titan-assets"])
+    p.add_argument("framework", choices=["hf", "lightning", "torchtitan", "titan-assets",
+                                         "deepspeed"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", required=True)
     p.add_argument("--workdir", default=None)
@@ -346,10 +422,11 @@ def main():
     p.add_argument("--export-at", type=int, default=0)
     p.add_argument("--assets", default=None)
     p.add_argument("--exclude", nargs="*", default=[])
+    p.add_argument("--zero", type=int, default=1)
     a = p.parse_args()
     a.workdir = a.workdir or os.path.dirname(os.path.abspath(a.out))
     {"hf": hf, "lightning": lightning, "torchtitan": torchtitan,
-     "titan-assets": titan_assets}[a.framework](a)
+     "titan-assets": titan_assets, "deepspeed": deepspeed_run}[a.framework](a)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ from test_torch import HERE, Job, finish_ranks, kill_once_replicated, read_step_
 
 import torch  # noqa: E402  (test_torch set TMPDIR first)
 
+import cairn  # noqa: E402
+import cairn.torch  # noqa: E402
+
 
 def _importable(name):
     try:
@@ -187,6 +190,63 @@ class Torchtitan(_FrameworkRun):
         self.check_killed_and_resumed("cairn")
 
     def test_a_wiped_node_resumes_from_its_partner_bit_exact(self):
+        self.check_wiped_node_from_partner("cairn")
+
+
+@unittest.skipUnless(_importable("deepspeed"), "deepspeed is not installed")
+class DeepSpeedZeRO(_FrameworkRun):
+    """A DeepSpeed engine (ZeRO stages 1, 2 and 3 on the CPU, gloo; Adam and WarmupLR from
+    its config; a transformer layer with dropout) given cairn's decoupled checkpoint engine by
+    cairn.deepspeed.attach, saved every step, committed (fenced) inside engine.step(), and
+    resumed through engine.load_checkpoint()."""
+
+    FRAMEWORK = "deepspeed"
+    STEPS = 14
+
+    def zero(self, stage):
+        self.ARGS = ("--zero", str(stage))
+
+    def test_deepspeeds_objects_round_trip_as_data_and_others_are_refused(self):
+        import cairn.deepspeed as cd
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        scaler = DynamicLossScaler(init_scale=2.0 ** 8, scale_window=100, min_scale=1,
+                                   delayed_shift=2, consecutive_hysteresis=False)
+        scaler.cur_iter = 7
+        state = {"loss_scaler": scaler, "zero_stage": ZeroStageEnum.gradients,
+                 "shapes": [{"w": torch.Size([3, 4])}],
+                 "maps": {"w": fragment_address(numel=12, start=4)}, "t": torch.ones(2)}
+        data = cd._to_data(state, "f.pt")
+        blob = cairn.torch._encode(data, "test")  # plain data: the safe unpickler's
+        back = cd._from_data(cairn.torch._decode(blob, "test", 1))
+        self.assertIs(type(back["loss_scaler"]), DynamicLossScaler)
+        self.assertEqual(vars(back["loss_scaler"]), vars(scaler))
+        self.assertIs(back["zero_stage"], ZeroStageEnum.gradients)
+        self.assertEqual(back["shapes"][0]["w"], torch.Size([3, 4]))
+        self.assertIsInstance(back["shapes"][0]["w"], torch.Size)
+        self.assertEqual(back["maps"]["w"], fragment_address(numel=12, start=4))
+        with self.assertRaisesRegex(cairn.Error, r"f\.pt\.client\.opener is a .*Popen"):
+            cd._to_data({"client": {"opener": subprocess.Popen.__new__(subprocess.Popen)}},
+                        "f.pt")
+        with self.assertRaisesRegex(cairn.Error, "kind 'os.system'"):
+            cd._from_data({"x": {cd._TYPE: "os.system", "value": "true"}})
+
+    def test_zero1_killed_and_resumed_from_own_memory_bit_exact(self):
+        self.zero(1)
+        self.check_killed_and_resumed("cairn")
+
+    def test_zero2_a_wiped_node_resumes_from_its_partner_bit_exact(self):
+        self.zero(2)
+        self.check_wiped_node_from_partner("cairn")
+
+    def test_zero3_killed_and_resumed_from_own_memory_bit_exact(self):
+        self.zero(3)
+        self.check_killed_and_resumed("cairn")
+
+    def test_zero3_a_wiped_node_resumes_from_its_partner_bit_exact(self):
+        self.zero(3)
         self.check_wiped_node_from_partner("cairn")
 
 
