@@ -15,6 +15,17 @@ MASTER_ADDR / MASTER_PORT and cairn's settings in the environment; gloo on CPU.
         the same with a Lightning Trainer (DDP over gloo, a small transformer LightningModule,
         a stateful data loader), cairn.lightning's callback and checkpoint IO, resumed through
         fit(ckpt_path="cairn").
+    frameworks_child.py torchtitan --assets DIR --steps N --out FILE [--no-cairn]
+                           [--exclude KEY ...] [--interval K] [--step-sleep S]
+                           [--titan-async disabled|async|async_with_pinned_mem]
+                           [--timing FILE]
+        torchtitan's trainer (its llama3 debug model, FSDP2 over gloo; DIR from
+        titan-assets) with cairn.torchtitan's manager saving every K steps, or with
+        torchtitan's own DCP manager (--titan-async), resuming from the newest checkpoint;
+        --timing appends per step (JSON, FILE-<rank>) the seconds spent in the checkpointer's
+        save, maybe_wait_for_staging and load since the last step.
+    frameworks_child.py titan-assets --out DIR
+        the tokenizer and data set the torchtitan runs read.
     frameworks_child.py deepspeed --zero STAGE --steps N --out FILE [--resume cairn|none]
                            [--no-cairn] [--step-sleep S]
         the same with a DeepSpeed engine (ZeRO stage STAGE, Adam and WarmupLR from its config,
@@ -368,11 +379,15 @@ def _titan_config(a, assets):
     c.hf_assets_path = os.path.join(assets, "tokenizer")
     c.dataloader.dataset_path = os.path.join(assets, "data")
     c.dump_folder = a.workdir
-    if a.no_cairn:
+    if a.titan_async:  # torchtitan's own DCP manager (bench/torchtitan_compare.py)
+        c.checkpoint = CheckpointManager.Config(
+            enable=True, async_mode=a.titan_async, interval=a.interval, keep_latest_k=2,
+            last_save_model_only=False, exclude_from_loading=a.exclude)
+    elif a.no_cairn:
         c.checkpoint = CheckpointManager.Config(enable=False)
     else:
         c.checkpoint = cairn.torchtitan.CheckpointManager.Config(
-            last_save_model_only=False, exclude_from_loading=a.exclude)
+            last_save_model_only=False, exclude_from_loading=a.exclude, interval=a.interval)
     return c
 
 
@@ -385,10 +400,27 @@ def torchtitan(a):
     rank = int(os.environ["RANK"])
     config = _titan_config(a, a.assets)
     trainer = config.build()
-    ck = None if a.no_cairn else trainer.checkpointer.cairn
+    ck = None if a.no_cairn or a.titan_async else trainer.checkpointer.cairn
     log = trainer.metrics_processor.log
+    spent = {"save": 0.0, "maybe_wait_for_staging": 0.0, "load": 0.0}
+    if a.timing:  # the seconds the trainer spends in its checkpointer, per step
+        for name in spent:
+            def timed(*args, _f=getattr(trainer.checkpointer, name), _n=name, **kw):
+                begin = time.perf_counter()
+                try:
+                    return _f(*args, **kw)
+                finally:
+                    spent[_n] += time.perf_counter() - begin
+            setattr(trainer.checkpointer, name, timed)
 
     def recording_log(step, avg_loss, max_loss, grad_norm, *rest, **kw):
+        if a.timing:
+            import json
+
+            with open(f"{a.timing}-{rank}", "a") as f:
+                f.write(json.dumps({"step": step, "t": time.perf_counter(), **spent}) + "\n")
+            for k in spent:
+                spent[k] = 0.0
         _log(a.out, rank, step, avg_loss, ck)
         if a.step_sleep:
             time.sleep(a.step_sleep)
@@ -397,7 +429,7 @@ def torchtitan(a):
     trainer.metrics_processor.log = recording_log
     try:
         trainer.train()
-        if not a.no_cairn and trainer.checkpointer.last_report is not None:
+        if ck is not None and trainer.checkpointer.last_report is not None:
             r = trainer.checkpointer.last_report
             print(f"resumed {r.step} from {r.tier}", flush=True)
     finally:
@@ -423,6 +455,10 @@ def main():
     p.add_argument("--assets", default=None)
     p.add_argument("--exclude", nargs="*", default=[])
     p.add_argument("--zero", type=int, default=1)
+    p.add_argument("--interval", type=int, default=1)
+    p.add_argument("--titan-async", default=None,
+                   choices=["disabled", "async", "async_with_pinned_mem"])
+    p.add_argument("--timing", default=None)
     a = p.parse_args()
     a.workdir = a.workdir or os.path.dirname(os.path.abspath(a.out))
     {"hf": hf, "lightning": lightning, "torchtitan": torchtitan,

@@ -45,7 +45,7 @@ class _FrameworkRun(unittest.TestCase):
         self.job = Job(self.FRAMEWORK)
         self.addCleanup(self.job.close)
 
-    def start(self, args, world=2, host="host"):
+    def start(self, args, world=2, host="host", steps=None, workdir="work"):
         port = str(_free_port())
         extra = {"USE_LIBUV": "0", "TORCHELASTIC_RUN_ID": self.job.id, "CAIRN_HOST_ROOT": os.path.join(self.job.root, host),
                  "CAIRN_PERSIST_EVERY": "0", "OMP_NUM_THREADS": "1",
@@ -53,7 +53,8 @@ class _FrameworkRun(unittest.TestCase):
                  "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                  "HF_HOME": os.path.join(self.job.root, "hf-home")}
         cmd = [sys.executable, os.path.join(HERE, "frameworks_child.py"), self.FRAMEWORK,
-               "--steps", str(self.STEPS), "--workdir", os.path.join(self.job.root, "work"),
+               "--steps", str(steps or self.STEPS),
+               "--workdir", os.path.join(self.job.root, workdir),
                *self.ARGS, *args]
         return [subprocess.Popen(cmd, env=self.job.env(r, world, extra), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for r in range(world)]
@@ -191,6 +192,28 @@ class Torchtitan(_FrameworkRun):
 
     def test_a_wiped_node_resumes_from_its_partner_bit_exact(self):
         self.check_wiped_node_from_partner("cairn")
+
+    def test_exclude_from_loading_resumes_as_torchtitans_own_manager_does(self):
+        """A run stops at half its steps; the next resumes with the data loader excluded
+        (it starts the data over): with cairn's manager and with torchtitan's own DCP
+        manager, every later loss is the same."""
+        half, got = self.STEPS // 2, {}
+        for name, flags in (("cairn", []),
+                            ("titan", ["--titan-async", "disabled", "--interval", "100"])):
+            out = os.path.join(self.job.root, name)
+            self.finish(self.start(["--out", out, *flags], steps=half, workdir=name),
+                        f"{name}: first half")
+            outs = self.finish(self.start(["--out", out, "--exclude", "dataloader", *flags],
+                                          workdir=name), f"{name}: resumed")
+            if name == "cairn":
+                for text in outs:
+                    self.assertIn(f"resumed {half} from host", text)
+            got[name] = [read_step_losses(f"{out}-{r}") for r in range(2)]
+        for r in range(2):
+            self.assertEqual(sorted(got["cairn"][r]), list(range(1, self.STEPS + 1)))
+            for s in range(half + 1, self.STEPS + 1):
+                self.assertEqual(got["cairn"][r][s], got["titan"][r][s],
+                                 f"rank {r}: loss at step {s}")
 
 
 @unittest.skipUnless(_importable("deepspeed"), "deepspeed is not installed")
