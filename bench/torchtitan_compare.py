@@ -1,0 +1,210 @@
+"""bench/torchtitan_compare.py: torchtitan's own trainer checkpointing through cairn's
+manager every step, against torchtitan's DCP manager in its async modes, in torchtitan's
+own terms: the time its training loop spends in the checkpointer, the iteration, and the
+resume.
+
+    PYTHONPATH=build/python:tests/python .venv/bin/python bench/torchtitan_compare.py \\
+        [--steps 40] [--rounds 2] [--warmup 5] [--dir /var/tmp]
+
+The job: torchtitan's llama3 debug model, FSDP2 over 2 processes (gloo, the CPU, each
+process its own node), tests/python/frameworks_child.py's torchtitan run. Arms, alternated
+in every round, each a fresh job of --steps steps:
+  none              torchtitan without checkpoints: the iteration the others are measured
+                    against (taken in the same round)
+  cairn_1           cairn.torchtitan.CheckpointManager, a save every step (its default):
+                    host memory, a replica on the other node, every 10th version drained
+                    to --dir
+  titan_async_K     torchtitan's DCP manager, async_mode "async" (DCP's async_save in a
+                    thread; each save waits for the previous one first), every K steps
+                    (1 and 10), to --dir, keep_latest_k 2
+  titan_pinned_K    async_mode "async_with_pinned_mem" (the mode torchtitan recommends):
+                    tried once; it needs CUDA pinned memory, so on a machine without a GPU
+                    the arm records the error it stops with
+Per arm: the median iteration (rank 0's time between consecutive steps, the warm-up and the
+last step, which saves synchronously, left out) and its overhead against none's; the stall,
+the seconds the training loop spends in checkpointer.save() and maybe_wait_for_staging()
+per save; and the resume: a second job continuing the first, its seconds in
+checkpointer.load() (cairn: from host memory; torchtitan: its DCP folder). Last line: one
+JSON object.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = os.path.join(HERE, "..", "tests", "python", "frameworks_child.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    """One arm's job: its directories (host tier in /dev/shm, checkpoints under --dir)."""
+
+    def __init__(self, arm, args, n):
+        self.arm, self.args = arm, args
+        self.id = f"titan-{arm}-{os.getpid()}-{n}"
+        self.shm = tempfile.mkdtemp(prefix=f"cairn-bench-{arm}-", dir="/dev/shm")
+        self.disk = tempfile.mkdtemp(prefix=f"cairn-bench-{arm}-", dir=args.dir)
+
+    def launch(self, steps, flags):
+        port = str(free_port())
+        procs = []
+        for rank in range(2):
+            env = dict(os.environ)
+            env.update({
+                "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank), "CAIRN_NODE": str(rank),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "USE_LIBUV": "0",
+                "TORCHELASTIC_RUN_ID": self.id, "OMP_NUM_THREADS": "1", "UCX_TLS": "tcp",
+                "CAIRN_JOB_ID": self.id, "CAIRN_HOST_ROOT": os.path.join(self.shm, "host"),
+                "CAIRN_PFS_ROOT": os.path.join(self.disk, "pfs"), "CAIRN_PERSIST_EVERY": "10",
+            })
+            env.update(kv.split("=", 1) for kv in self.args.cairn_env)
+            cmd = [sys.executable, CHILD, "torchtitan", "--assets", self.args.assets,
+                   "--steps", str(steps), "--out", os.path.join(self.shm, "losses"),
+                   "--workdir", os.path.join(self.disk, "work"),
+                   "--timing", os.path.join(self.shm, f"timing{steps}"), *flags]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=900)[0] for p in procs]
+        failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode]
+        return outs, failed
+
+    def timing(self, steps, rank=0):
+        with open(os.path.join(self.shm, f"timing{steps}-{rank}")) as f:
+            return [json.loads(line) for line in f]
+
+    def close(self):
+        shutil.rmtree(self.shm, ignore_errors=True)
+        shutil.rmtree(self.disk, ignore_errors=True)
+
+
+def why_failed(outs):
+    for text in outs:
+        for line in reversed(text.splitlines()):
+            if "Error" in line or "error" in line:
+                return line.split("]: ", 1)[-1].strip()[:300]
+    return outs[0][-300:]
+
+
+def measure(run, steps, interval, warmup):
+    rows = run.timing(steps)
+    t = {r["step"]: r["t"] for r in rows}
+    window = [r for r in rows if warmup < r["step"] < steps]
+    iters = [t[r["step"]] - t[r["step"] - 1] for r in window]
+    # A line for step s holds what was spent since step s-1's line: the save of step s-1
+    # and the fence (maybe_wait_for_staging) of step s.
+    saves = sum(1 for r in window if interval and (r["step"] - 1) % interval == 0)
+    stall = sum(r["save"] + r["maybe_wait_for_staging"] for r in window)
+    return {"iteration_s": statistics.median(iters),
+            "stall_per_save_s": stall / saves if saves else None, "saves": saves}
+
+
+def state_bytes(run):
+    steps = glob.glob(os.path.join(run.disk, "work", "checkpoint", "step-*"))
+    if not steps:
+        return None
+    newest = max(steps, key=lambda p: int(p.rsplit("-", 1)[1]))
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(newest, "*")))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--dir", default="/var/tmp", help="torchtitan's checkpoint folder and "
+                   "cairn's PFS go under it")
+    p.add_argument("--arms", default=None, help="comma-separated arms to run (default all)")
+    p.add_argument("--cairn-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a cairn setting for the cairn arm (repeatable)")
+    args = p.parse_args()
+
+    assets = tempfile.mkdtemp(prefix="cairn-bench-titan-assets-", dir="/dev/shm")
+    args.assets = assets
+    subprocess.run([sys.executable, CHILD, "titan-assets", "--out", assets], check=True)
+    arms = {
+        "none": (["--no-cairn"], 0),
+        "cairn_1": (["--interval", "1"], 1),
+        "titan_async_1": (["--titan-async", "async", "--interval", "1"], 1),
+        "titan_async_10": (["--titan-async", "async", "--interval", "10"], 10),
+        "titan_pinned_1": (["--titan-async", "async_with_pinned_mem", "--interval", "1"], 1),
+        "titan_pinned_10": (["--titan-async", "async_with_pinned_mem", "--interval", "10"],
+                            10),
+    }
+    if args.arms:
+        arms = {k: v for k, v in arms.items() if k in args.arms.split(",") or k == "none"}
+    results = {arm: [] for arm in arms}
+    refused, sizes = {}, {}
+    n = 0
+    try:
+        for rnd in range(args.rounds):
+            order = list(arms) if rnd % 2 == 0 else list(reversed(arms))
+            for arm in order:
+                if arm in refused:
+                    continue
+                flags, interval = arms[arm]
+                n += 1
+                run = Run(arm, args, n)
+                try:
+                    outs, failed = run.launch(args.steps, flags)
+                    if failed:
+                        refused[arm] = why_failed(outs)
+                        print(f"{arm}: stopped ({failed}): {refused[arm]}", flush=True)
+                        continue
+                    r = measure(run, args.steps, interval, args.warmup)
+                    if arm != "none":
+                        sizes.setdefault(arm, state_bytes(run))
+                        outs, failed = run.launch(args.steps + 2, flags)
+                        if failed:
+                            raise RuntimeError(f"{arm}: the resumed job failed:\n{outs[0]}")
+                        r["resume_s"] = run.timing(args.steps + 2)[0]["load"]
+                    results[arm].append(r)
+                    print(f"round {rnd} {arm}: {json.dumps(r)}", flush=True)
+                finally:
+                    run.close()
+    finally:
+        shutil.rmtree(assets, ignore_errors=True)
+
+    out = {"bench": "torchtitan_compare", "steps": args.steps, "rounds": args.rounds,
+           "arms": {}}
+    base = [r["iteration_s"] for r in results["none"]]
+    for arm, rs in results.items():
+        if arm in refused:
+            out["arms"][arm] = {"refused": refused[arm]}
+            continue
+        if not rs:
+            continue
+        a = {"iteration_s": statistics.median(r["iteration_s"] for r in rs)}
+        if arm != "none":
+            # Each round's arm against that round's none.
+            a["overhead"] = statistics.median(
+                r["iteration_s"] / b - 1 for r, b in zip(rs, base))
+            a["stall_per_save_s"] = statistics.median(r["stall_per_save_s"] for r in rs)
+            a["resume_s"] = statistics.median(r["resume_s"] for r in rs)
+            if sizes.get(arm):
+                a["checkpoint_bytes"] = sizes[arm]
+        out["arms"][arm] = a
+    c = out["arms"].get("cairn_1", {})
+    for peer in ("titan_async_1", "titan_async_10", "titan_pinned_1"):
+        s = out["arms"].get(peer, {}).get("stall_per_save_s")
+        if s and c.get("stall_per_save_s"):
+            out[f"stall_ratio_vs_{peer}"] = s / c["stall_per_save_s"]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
