@@ -26,8 +26,11 @@ loops and callbacks from it. Any other path goes to Lightning's default checkpoi
 
 Mid-epoch resumes continue at the next batch only with a data loader that has state
 (torchdata's StatefulDataLoader, for example): that is Lightning's own rule. Strategies:
-DDP (and single-device); FSDP and ModelParallel save through torch.distributed.checkpoint
-themselves (use cairn.dcp there; docs/frameworks.md).
+DDP (and single-device) as above. ModelParallel (FSDP2 and tensor parallelism through
+configure_model) calls no CheckpointIO: use cairn.lightning.ModelParallelStrategy in its
+place, with the same callback; the callback then saves the sharded module and optimizers
+in place (not ModelParallel's CPU copies) and the strategy's load_checkpoint serves
+fit(ckpt_path="cairn"), resharding when the layout changed. FSDPStrategy (FSDP1): not yet.
 
 Settings: the CAIRN_* variables (docs/settings.md) and RANK / WORLD_SIZE, as every cairn
 module; the process's checkpointer is cairn.dcp.checkpointer()'s, shared with cairn.dcp.
@@ -37,6 +40,7 @@ import re
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy as _ModelParallel
 
 import cairn.dcp
 from cairn.torch import _error, rng_state, set_rng_state
@@ -113,15 +117,79 @@ class Checkpoint(pl.Callback):
                 self.last_save is not None and self.last_save.step == step):
             return  # no optimizer step since the last save (gradient accumulation)
         self._epoch_end = batch_idx + 1 >= trainer.num_training_batches
-        ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        sharded = _is_model_parallel(trainer.strategy)
+        if sharded:
+            with _states_left_out(trainer.strategy):
+                ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            # The optimizers themselves: their state_dict() holds the sharded DTensors in
+            # place (ModelParallel's own optimizer_state() gathers copies to the CPU).
+            ckpt["optimizer_states"] = dict(enumerate(trainer.optimizers))
+        else:
+            ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         # The module itself, not its state_dict()'s tensors: cairn then copies its buffers
-        # at save (a forward pass may write them before the fence).
+        # at save (a forward pass may write them before the fence); under ModelParallel
+        # its state_dict() holds the sharded DTensors.
         ckpt["state_dict"] = pl_module
         self.last_save = self.checkpointer.save(step, ckpt)
 
     def on_train_end(self, trainer, pl_module):
         if self._ck is not None and not self._ck.closed:
             self._ck.wait_captured()  # the last version is whole before fit() returns
+
+
+def _is_model_parallel(strategy):
+    return isinstance(strategy, _ModelParallel)
+
+
+class _states_left_out:
+    """Lightning's dump_checkpoint without the strategy's model and optimizer states (which
+    ModelParallel gathers to the CPU): the callback saves the module and the optimizers
+    themselves."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def __enter__(self):
+        self.strategy.lightning_module_state_dict = dict
+        self.strategy.optimizer_state = lambda optimizer: {}
+
+    def __exit__(self, *exc):
+        del self.strategy.lightning_module_state_dict
+        del self.strategy.optimizer_state
+
+
+class ModelParallelStrategy(_ModelParallel):
+    """Lightning's ModelParallelStrategy (FSDP2 and tensor parallelism through
+    configure_model) whose load_checkpoint also takes "cairn" / "cairn:<step>": the sharded
+    module and optimizers filled in place from that version (resharded if the layout
+    changed), the rest of Lightning's checkpoint (loops, schedulers, callbacks) returned to
+    the Trainer. ModelParallel never calls a CheckpointIO, so this is where cairn's load
+    goes; use it with the Checkpoint callback. `checkpointer`: as Checkpoint's."""
+
+    def __init__(self, *args, checkpointer=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ck = checkpointer
+        self.last_report = None  # the cairn.RestoreReport of the last load from cairn
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        is_cairn, step = _cairn_step(checkpoint_path)
+        if not is_cairn:
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        ck = self._ck if self._ck is not None else cairn.dcp.checkpointer()
+        targets = {"state_dict": self.model, "optimizer_states": dict(enumerate(self.optimizers))}
+        report = ck.load(targets, step=step)
+        if report is None:
+            raise _error("cairn.lightning: the job holds no version to resume from "
+                         "(fit(ckpt_path=cairn.lightning.ckpt_path()) starts from scratch then)",
+                         "NotFound")
+        saved = ck._saved_of(ck._head(report.step))
+        rest = sorted({k.split(".", 1)[0] for k in saved.plain} - set(targets))
+        got, ckpt = ck.load_new(step=report.step, keys=rest)
+        if "pytorch-lightning_version" not in ckpt:
+            raise _error(f"cairn.lightning: step {got} was not saved by cairn.lightning "
+                         "(it holds no Lightning checkpoint)")
+        self.last_report = report
+        return ckpt
 
 
 class CheckpointIO(TorchCheckpointIO):

@@ -153,6 +153,20 @@ def lightning(a):
             out = self.model(inputs, target)
             return torch.nn.functional.nll_loss(out, target.view(-1))
 
+        def configure_model(self):
+            if not a.model_parallel:
+                return
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = self.device_mesh["data_parallel"]
+            for layer in [*self.model.transformer.encoder.layers,
+                          *self.model.transformer.decoder.layers]:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(self.model, mesh=mesh)
+            for m in self.model.modules():  # gloo has no PREMUL_SUM / AVG reduce-scatter
+                if hasattr(m, "set_force_sum_reduction_for_comms"):
+                    m.set_force_sum_reduction_for_comms(True)
+
         def configure_optimizers(self):
             opt = torch.optim.AdamW(self.parameters(), lr=3e-3)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
@@ -176,11 +190,18 @@ def lightning(a):
     if not a.no_cairn:
         saver = cairn.lightning.Checkpoint()
         callbacks.insert(0, saver)
-        plugins.append(cairn.lightning.CheckpointIO())
+        if not a.model_parallel:  # ModelParallel calls no CheckpointIO: its strategy loads
+            plugins.append(cairn.lightning.CheckpointIO())
         ck = saver.checkpointer
+    if a.model_parallel:  # FSDP2 over the 2 processes through configure_model
+        kind = (L.pytorch.strategies.ModelParallelStrategy if a.no_cairn
+                else cairn.lightning.ModelParallelStrategy)
+        strategy = kind(data_parallel_size=2, tensor_parallel_size=1,
+                        process_group_backend="gloo", timeout=timedelta(seconds=60))
+    else:
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, num_nodes=2, max_steps=a.steps,
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
+        accelerator="cpu", devices=1, num_nodes=2, max_steps=a.steps, strategy=strategy,
         callbacks=callbacks, plugins=plugins, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False)
     path = {"cairn": None if a.no_cairn else cairn.lightning.ckpt_path(),
@@ -188,8 +209,8 @@ def lightning(a):
     trainer.fit(Module(), train_dataloaders=StatefulDataLoader(data, batch_size=2),
                 ckpt_path=path)
     if path is not None:
-        print(f"resumed {plugins[0].last_report.step} from {plugins[0].last_report.tier}",
-              flush=True)
+        r = (strategy if a.model_parallel else plugins[0]).last_report
+        print(f"resumed {r.step} from {r.tier}", flush=True)
     if not a.no_cairn:
         cairn.dcp.close()
 
@@ -456,6 +477,7 @@ def main():
     p.add_argument("--exclude", nargs="*", default=[])
     p.add_argument("--zero", type=int, default=1)
     p.add_argument("--interval", type=int, default=1)
+    p.add_argument("--model-parallel", action="store_true")
     p.add_argument("--titan-async", default=None,
                    choices=["disabled", "async", "async_with_pinned_mem"])
     p.add_argument("--timing", default=None)

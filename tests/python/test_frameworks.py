@@ -170,6 +170,16 @@ class LightningDDP(_FrameworkRun):
         self.check_wiped_node_from_partner("cairn")
 
 
+@unittest.skipUnless(_importable("lightning") and _importable("torchdata"),
+                     "lightning or torchdata is not installed")
+class LightningModelParallel(LightningDDP):
+    """The same with Lightning's ModelParallelStrategy (FSDP2 over the 2 processes through
+    configure_model): cairn.lightning.ModelParallelStrategy's load_checkpoint serves
+    fit(ckpt_path="cairn"), the sharded module and optimizer filled in place."""
+
+    ARGS = ("--model-parallel",)
+
+
 @unittest.skipUnless(_importable("torchtitan") and _importable("tokenizers"),
                      "torchtitan is not installed")
 class Torchtitan(_FrameworkRun):
