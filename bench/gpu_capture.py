@@ -383,7 +383,7 @@ def main():
             # loss.item(), as a training loop ends an iteration: it waits for the training
             # stream, then copies 4 bytes to the host. Split in two to see the copy's own
             # wait: a device-to-host copy queued behind a checkpoint's copies on the
-            # device's copy engine waits for them (docs/gpu.md, the third GPU session).
+            # device's copy engine waits for them (docs/gpu.md, the third GPU run).
             gpu.current().synchronize()
             s = time.perf_counter()
             loss[0, 0].item()

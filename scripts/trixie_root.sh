@@ -19,7 +19,7 @@ trixie_root_lock() {
     flock -w 3600 "$fd" || { echo "$root: still in use after an hour" >&2; exit 2; }
   fi
   # We hold the lock, so whatever is mounted under ROOT belongs to a run that died without
-  # its EXIT trap (SIGKILL, a lost session): take it down, deepest first.
+  # its EXIT trap (SIGKILL, a lost terminal): take it down, deepest first.
   if grep -q " $root/" /proc/mounts; then
     echo "$root: unmounting what a killed run left mounted"
     _trixie_unmount_under "$root"
