@@ -4,7 +4,7 @@ own terms: the time its training loop spends in the checkpointer, the iteration,
 resume.
 
     PYTHONPATH=build/python:tests/python .venv/bin/python bench/torchtitan_compare.py \\
-        [--steps 40] [--rounds 2] [--warmup 5] [--dir /var/tmp]
+        [--steps 40] [--rounds 2] [--warmup 5] [--dir /var/tmp] [--cuda]
 
 The job: torchtitan's llama3 debug model, FSDP2 over 2 processes (gloo, the CPU, each
 process its own node), tests/python/frameworks_child.py's torchtitan run. Arms, alternated
@@ -18,8 +18,10 @@ in every round, each a fresh job of --steps steps:
                     thread; each save waits for the previous one first), every K steps
                     (1 and 10), to --dir, keep_latest_k 2
   titan_pinned_K    async_mode "async_with_pinned_mem" (the mode torchtitan recommends):
-                    tried once; it needs CUDA pinned memory, so on a machine without a GPU
-                    the arm records the error it stops with
+                    it needs CUDA pinned memory, so on a machine without a GPU the arm
+                    records the error it stops with
+--cuda runs torchtitan as it ships on one GPU, one rank (no replica: cairn's arm keeps host
+memory and the drain).
 Per arm: the median iteration (rank 0's time between consecutive steps, the warm-up and the
 last step, which saves synchronously, left out) and its overhead against none's; the stall,
 the seconds the training loop spends in checkpointer.save() and maybe_wait_for_staging()
@@ -61,21 +63,24 @@ class Run:
     def launch(self, steps, flags):
         port = str(free_port())
         procs = []
-        for rank in range(2):
+        for rank in range(self.args.world):
             env = dict(os.environ)
             env.update({
-                "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                "RANK": str(rank), "WORLD_SIZE": str(self.args.world), "LOCAL_RANK": "0",
                 "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank), "CAIRN_NODE": str(rank),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "USE_LIBUV": "0",
                 "TORCHELASTIC_RUN_ID": self.id, "OMP_NUM_THREADS": "1", "UCX_TLS": "tcp",
                 "CAIRN_JOB_ID": self.id, "CAIRN_HOST_ROOT": os.path.join(self.shm, "host"),
                 "CAIRN_PFS_ROOT": os.path.join(self.disk, "pfs"), "CAIRN_PERSIST_EVERY": "10",
             })
+            if self.args.world == 1:
+                env["CAIRN_REPLICAS"] = "0"  # no other node to hold a replica
             env.update(kv.split("=", 1) for kv in self.args.cairn_env)
             cmd = [sys.executable, CHILD, "torchtitan", "--assets", self.args.assets,
                    "--steps", str(steps), "--out", os.path.join(self.shm, "losses"),
                    "--workdir", os.path.join(self.disk, "work"),
-                   "--timing", os.path.join(self.shm, f"timing{steps}"), *flags]
+                   "--timing", os.path.join(self.shm, f"timing{steps}"), *flags,
+                   *(["--cuda"] if self.args.cuda else [])]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=900)[0] for p in procs]
@@ -128,10 +133,13 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--dir", default="/var/tmp", help="torchtitan's checkpoint folder and "
                    "cairn's PFS go under it")
+    p.add_argument("--cuda", action="store_true", help="on the GPU, one rank (one GPU): "
+                   "torchtitan as it ships, no CPU shims, no replica")
     p.add_argument("--arms", default=None, help="comma-separated arms to run (default all)")
     p.add_argument("--cairn-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a cairn setting for the cairn arm (repeatable)")
     args = p.parse_args()
+    args.world = 1 if args.cuda else 2
 
     assets = tempfile.mkdtemp(prefix="cairn-bench-titan-assets-", dir="/dev/shm")
     args.assets = assets
@@ -180,7 +188,7 @@ def main():
         shutil.rmtree(assets, ignore_errors=True)
 
     out = {"bench": "torchtitan_compare", "steps": args.steps, "rounds": args.rounds,
-           "arms": {}}
+           "device": "cuda" if args.cuda else "cpu", "world": args.world, "arms": {}}
     base = [r["iteration_s"] for r in results["none"]]
     for arm, rs in results.items():
         if arm in refused:

@@ -360,13 +360,13 @@ def _titan_on_cpu():
 def _titan_config(a, assets):
     import dataclasses
 
-    from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    import cairn.torchtitan
-
     c = llama3_debugmodel()
+    if a.cuda:
+        _titan_config_common(c, a, assets)
+        return _titan_checkpoint(c, a)
     # FlexAttention has no backward on the CPU: torchtitan's SDPA module instead.
     for _, _, parent, attr in list(c.model_spec.model.traverse(FlexAttention.Config)):
         if isinstance(parent, list):
@@ -391,15 +391,27 @@ def _titan_config(a, assets):
     except dataclasses.FrozenInstanceError:
         c.model_spec = dataclasses.replace(c.model_spec, parallelize_fn=gloo_parallelize)
     c.training.disable_cuda_graphs = True
+    c.debug.deterministic = True
+    _titan_config_common(c, a, assets)
+    return _titan_checkpoint(c, a)
+
+
+def _titan_config_common(c, a, assets):
     c.training.steps = a.steps
     c.training.seq_len = 64
     c.training.local_batch_size = 2
     c.validator.enable = False
-    c.debug.seed = 42  # an uninterrupted run is the same run every time
-    c.debug.deterministic = True
+    c.debug.seed = 42  # with debug.deterministic, an uninterrupted run is the same run
     c.hf_assets_path = os.path.join(assets, "tokenizer")
     c.dataloader.dataset_path = os.path.join(assets, "data")
     c.dump_folder = a.workdir
+
+
+def _titan_checkpoint(c, a):
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    import cairn.torchtitan
+
     if a.titan_async:  # torchtitan's own DCP manager (bench/torchtitan_compare.py)
         c.checkpoint = CheckpointManager.Config(
             enable=True, async_mode=a.titan_async, interval=a.interval, keep_latest_k=2,
@@ -413,7 +425,8 @@ def _titan_config(a, assets):
 
 
 def torchtitan(a):
-    _titan_on_cpu()
+    if not a.cuda:
+        _titan_on_cpu()
     import torch.distributed as dist
 
     import cairn.dcp
@@ -478,6 +491,8 @@ def main():
     p.add_argument("--zero", type=int, default=1)
     p.add_argument("--interval", type=int, default=1)
     p.add_argument("--model-parallel", action="store_true")
+    p.add_argument("--cuda", action="store_true", help="torchtitan on the GPU, as it ships "
+                   "(no CPU shims; one rank per GPU)")
     p.add_argument("--titan-async", default=None,
                    choices=["disabled", "async", "async_with_pinned_mem"])
     p.add_argument("--timing", default=None)
