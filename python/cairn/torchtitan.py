@@ -8,15 +8,22 @@ torchtitan's own config.
     # or, with any of torchtitan's configs, from the command line:
     --override.imports cairn.torchtitan.checkpoint         # ='{"interval": 10}' for every 10th
 
-The manager saves the same states as torchtitan's DCP manager (the model parts, flattened
-as torchtitan flattens them, the optimizers, the LR schedulers, the data loader and the
-trainer's counters) to cairn every `interval` steps (default 1): queued, the tensors copied
-while the next forward and backward run. `maybe_wait_for_staging()`, which the trainer calls
-right before `optimizers.step()`, is cairn's fence. `load()` resumes from the newest version
-every rank can restore from any tier (this node's memory, a replica or parity on another
-node, the PFS), into the current layout (resharded where the parallelism changed),
-honouring `exclude_from_loading`, and with `load_step` for a given step. When cairn holds
-no version, the load is torchtitan's own: `initial_load_path` (the model-only first load,
+The manager saves the same states as torchtitan's DCP manager (the model, the optimizers,
+the LR schedulers, the data loader and the trainer's counters) to cairn every `interval`
+steps (default 1): queued, the tensors copied while the next forward and backward run. The
+model goes in as its parameters and persistent buffers (`save_model_as="parameters"`, the
+default): as the model parts hold them, sharded DTensors with fused QKV weights fused, so a
+save runs none of the model's state-dict hooks (torchtitan's attention splits each fused
+QKV weight with a DTensor redistribute, a collective, per layer per save; that was most of
+a save's stall). A fused weight's global view does not depend on the layout, so a load
+reshards it like any DTensor. `save_model_as="state_dict"` saves torchtitan's model state
+dict instead, as its DCP manager does (for versions read by torchtitan's state-dict names
+through cairn.dcp). `maybe_wait_for_staging()`, which the trainer calls right before
+`optimizers.step()`, is cairn's fence. `load()` resumes from the newest version every rank
+can restore from any tier (this node's memory, a replica or parity on another node, the
+PFS), into the current layout (resharded where the parallelism changed), honouring
+`exclude_from_loading`, and with `load_step` for a given step. When cairn holds no version,
+the load is torchtitan's own: `initial_load_path` (the model-only first load,
 `initial_load_model_only`, from a DCP or Hugging Face checkpoint) or a DCP checkpoint in
 `checkpoint.folder`. A step 0 (a seed checkpoint) loads the model only, as torchtitan does.
 The last step is saved to cairn too; with `last_save_model_only` or `last_save_in_hf` it is
@@ -38,6 +45,14 @@ from torchtitan.tools.logging import logger
 import cairn.dcp
 
 
+_LAYOUT = "cairn_torchtitan"  # a version's plain entry: {"model": "parameters"}
+_WRAPPERS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
+
+
+def _fqn(name):
+    return ".".join(p for p in name.split(".") if p not in _WRAPPERS)
+
+
 class CheckpointManager(_DCPManager):
     """torchtitan's DCP checkpoint manager with cairn as the store (the module's text)."""
 
@@ -49,10 +64,21 @@ class CheckpointManager(_DCPManager):
         interval: int = 1
         """Save every `interval` steps (cairn: every step)"""
 
+        save_model_as: str = "parameters"
+        """How the model goes into cairn's versions: "parameters" (the model's parameters and
+        persistent buffers as the model holds them, fused QKV included: no state-dict hook
+        and no collective per save) or "state_dict" (torchtitan's own model state dict, as
+        its DCP manager saves it: its attention's hook splits each fused QKV weight with a
+        DTensor redistribute per layer per save)"""
+
     def __init__(self, config, **kwargs):
         super().__init__(config, **kwargs)
         if not self.enable:
             return
+        if config.save_model_as not in ("parameters", "state_dict"):
+            raise ValueError("cairn.torchtitan: save_model_as is 'parameters' or "
+                             f"'state_dict', not {config.save_model_as!r}")
+        self.save_model_as = config.save_model_as
         self.cairn = cairn.dcp.checkpointer()
         self.last_save = None  # the newest save's cairn.torch.SaveHandle
         self.last_report = None  # the cairn.RestoreReport of the last load from cairn
@@ -61,7 +87,7 @@ class CheckpointManager(_DCPManager):
         if not self._should_save(curr_step, last_step):
             return False
         begin = time.monotonic()
-        self.last_save = self.cairn.save(curr_step, self._flattened_model_states_sd())
+        self.last_save = self.cairn.save(curr_step, self._states_to_save())
         if last_step:
             self.cairn.wait_captured()
             if self.last_save_model_only or self.last_save_in_hf:
@@ -85,15 +111,60 @@ class CheckpointManager(_DCPManager):
             return super()._load(step)
         begin = time.monotonic()
         model_only = head.step == 0
-        states = self._states_to_load(model_only)
-        self.last_report = self.cairn.load(states, step=head.step)
-        if MODEL in self.states:
-            model = {k: v for k, v in states.items() if k not in self.states}
-            self.states[MODEL].load_state_dict(model)
+        plain = self.cairn._saved_of(head).plain
+        if plain.get(f"{_LAYOUT}.model") == "parameters":
+            # The parameters themselves, filled in place (resharded by their global
+            # DTensor view, which is the same for every layout).
+            states = {} if model_only else self._states_to_load(False, flatten=False)
+            if model_only or MODEL not in self.exclude_from_loading:
+                states.update(self._model_tensors(copy_buffers=False))
+            self.last_report = self.cairn.load(states, step=head.step)
+        else:  # torchtitan's model state dict (save_model_as="state_dict", older versions)
+            states = self._states_to_load(model_only)
+            self.last_report = self.cairn.load(states, step=head.step)
+            if MODEL in self.states:
+                model = {k: v for k, v in states.items() if k not in self.states}
+                self.states[MODEL].load_state_dict(model)
         logger.info(f"cairn: loaded step {head.step} from {self.last_report.tier} in "
                     f"{time.monotonic() - begin:.2f} s"
                     + (" (the model only)" if model_only else ""))
         return True
+
+    def _states_to_save(self):
+        if self.save_model_as == "state_dict":
+            return self._flattened_model_states_sd()
+        sd = {k: v for k, v in self.states.items() if k != MODEL}
+        if MODEL in self.states:
+            sd.update(self._model_tensors(copy_buffers=True))
+        sd[_LAYOUT] = {"model": "parameters"}
+        return sd
+
+    def _states_to_load(self, model_only, flatten=True):
+        if flatten:
+            return super()._states_to_load(model_only)
+        for key in self.exclude_from_loading:
+            if key not in self.states:
+                raise ValueError(f"{key} not found in state_dict.")
+        return {k: v for k, v in self.states.items()
+                if k != MODEL and k not in self.exclude_from_loading}
+
+    def _model_tensors(self, copy_buffers):
+        """{name: tensor} of every model part's parameters (as the parts hold them: sharded
+        DTensors, fused weights fused) and persistent buffers, named as torchtitan names
+        them (wrapper segments such as torch.compile's and activation checkpointing's left
+        out). A save copies the buffers (a forward pass may update them before the fence);
+        a load fills them in place."""
+        out = {}
+        for part in self.states[MODEL].model:
+            for name, p in part.named_parameters():
+                out[_fqn(name)] = p
+            for mname, mod in part.named_modules():
+                for bname, b in mod._buffers.items():
+                    if b is None or bname in mod._non_persistent_buffers_set:
+                        continue
+                    name = _fqn(f"{mname}.{bname}" if mname else bname)
+                    out[name] = b.detach().clone() if copy_buffers else b
+        return out
 
     def _close(self):
         super()._close()
