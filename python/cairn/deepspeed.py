@@ -29,6 +29,7 @@ parallel rank 0 only), so that each rank's version is enough for that rank. save
 writes no checkpoint files and no `latest` file (rank 0 still copies DeepSpeed's
 zero_to_fp32.py into ckpt_dir, as DeepSpeed does); to keep DeepSpeed's files too, call
 engine.save_checkpoint_to_files(ckpt_dir) (DeepSpeed's own engine), for example at the end.
+Saves of a file outside save_checkpoint (save_16bit_model) write it as DeepSpeed does.
 DeepSpeed's state holds a few objects besides data (its loss scaler, ZeRO's stage enum, the
 fragment addresses, torch.Size); they are stored as data and rebuilt on load from a fixed
 list of DeepSpeed's classes: a restore never runs code a checkpoint names. Anything else in
@@ -176,9 +177,8 @@ class CheckpointEngine(_CheckpointEngine):
         os.makedirs(path, exist_ok=exist_ok)
 
     def save(self, state_dict, path: str):
-        if self._building is None:
-            raise _error(f"cairn.deepspeed: DeepSpeed saves {path} outside save_checkpoint "
-                         "(cairn keeps what save_checkpoint saves)", "FailedPrecondition")
+        if self._building is None:  # save_16bit_model and other saves of a file: DeepSpeed's
+            return self._files.save(state_dict, path)
         if not self._in_tag(path):
             raise _error(f"cairn.deepspeed: {path} is not under the checkpoint's directory "
                          f"{os.path.join(self._building.save_dir, self._building.tag)}")
