@@ -165,11 +165,13 @@ class CheckpointEngine(_CheckpointEngine):
         self._pending = {}  # its files: path under the tag's directory -> state dict
         self._uncommitted = None  # the CheckpointCommitInfo of the queued, unfenced save
         self._serving = None  # during a load from cairn: path -> state dict
+        self._saving = False  # inside attach()'s save_checkpoint
 
     # -- DeepSpeed's calls ------------------------------------------------------------------
 
     def create(self, info: CheckpointCommitInfo):
-        self._building, self._pending = info, {}
+        if self._saving:  # save_checkpoint's (save_16bit_model creates one too)
+            self._building, self._pending = info, {}
 
     def makedirs(self, path, exist_ok=False):
         if self._building is not None and self._in_tag(path):
@@ -177,7 +179,7 @@ class CheckpointEngine(_CheckpointEngine):
         os.makedirs(path, exist_ok=exist_ok)
 
     def save(self, state_dict, path: str):
-        if self._building is None:  # save_16bit_model and other saves of a file: DeepSpeed's
+        if not self._saving or self._building is None:  # save_16bit_model: DeepSpeed's file
             return self._files.save(state_dict, path)
         if not self._in_tag(path):
             raise _error(f"cairn.deepspeed: {path} is not under the checkpoint's directory "
@@ -301,12 +303,15 @@ def attach(engine, *, checkpointer=None, **settings):
     def save_checkpoint(save_dir, tag=None, client_state={}, save_latest=True,
                         exclude_frozen_parameters=False):
         tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
+        ce._saving = True
         try:
             save(save_dir, tag=tag, client_state=client_state, save_latest=save_latest,
                  exclude_frozen_parameters=exclude_frozen_parameters)
         except BaseException:
             ce._building, ce._pending = None, {}
             raise
+        finally:
+            ce._saving = False
         ce.queue(engine.global_steps, CheckpointCommitInfo(tag, save_dir, save_latest))
         return True
 
