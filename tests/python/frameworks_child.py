@@ -272,6 +272,8 @@ def deepspeed_run(a):
             engine.save_checkpoint(ckdir)
         if a.step_sleep:
             time.sleep(a.step_sleep)
+    if a.export:  # DeepSpeed's own file, written past cairn's engine
+        engine.save_16bit_model(a.export)
     if ce is not None:
         if start:
             print(f"resumed {ce.last_report.step} from {ce.last_report.tier}", flush=True)

@@ -266,6 +266,17 @@ class DeepSpeedZeRO(_FrameworkRun):
         with self.assertRaisesRegex(cairn.Error, "kind 'os.system'"):
             cd._from_data({"x": {cd._TYPE: "os.system", "value": "true"}})
 
+    def test_save_16bit_model_writes_deepspeeds_file_and_no_checkpoint_files(self):
+        self.zero(1)
+        export = os.path.join(self.job.root, "export")
+        self.finish(self.start(["--out", os.path.join(self.job.root, "run"), "--export",
+                                export], steps=3), "run")
+        weights = torch.load(os.path.join(export, "pytorch_model.bin"), weights_only=True)
+        self.assertIn("head.weight", weights)
+        self.assertEqual(tuple(weights["head.weight"].shape), (64, 64))
+        ckpt = os.path.join(self.job.root, "work", "ckpt")  # cairn's saves wrote no files
+        self.assertEqual(sorted(os.listdir(ckpt)), ["zero_to_fp32.py", "zero_to_torch.py"])
+
     def test_zero1_killed_and_resumed_from_own_memory_bit_exact(self):
         self.zero(1)
         self.check_killed_and_resumed("cairn")
