@@ -229,16 +229,16 @@ class CheckpointEngine(_CheckpointEngine):
         files, self._pending, self._building = self._pending, {}, None
         if not files:
             return None
-        state = {
-            _FILES: {_key_of(rel): sd for rel, sd in files.items()},
-            _META: {"tag": info.tag, "files": {_key_of(rel): rel for rel in files}},
-            _RNG: rng_state(),
-        }
         last = self.cairn.last_step
         if last is not None and step <= last:
             logger.warning(f"cairn: step {step} is saved already (step {last}); this "
                            "save_checkpoint is not kept")
             return None
+        state = {
+            _FILES: {_key_of(rel): sd for rel, sd in files.items()},
+            _META: {"tag": info.tag, "files": {_key_of(rel): rel for rel in files}},
+            _RNG: rng_state(),
+        }
         self.last_save = self.cairn.save(step, state)
         # save_latest False: DeepSpeed then writes no `latest` naming files that do not exist.
         self._uncommitted = CheckpointCommitInfo(tag=info.tag, save_dir=info.save_dir,

@@ -36,6 +36,7 @@ Settings: the CAIRN_* variables (docs/settings.md) and RANK / WORLD_SIZE, as eve
 module; the process's checkpointer is cairn.dcp.checkpointer()'s, shared with cairn.dcp.
 """
 
+import contextlib
 import re
 
 import lightning.pytorch as pl
@@ -118,14 +119,12 @@ class Checkpoint(pl.Callback):
             return  # no optimizer step since the last save (gradient accumulation)
         self._epoch_end = batch_idx + 1 >= trainer.num_training_batches
         sharded = _is_model_parallel(trainer.strategy)
+        with _states_left_out(trainer.strategy) if sharded else contextlib.nullcontext():
+            ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         if sharded:
-            with _states_left_out(trainer.strategy):
-                ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             # The optimizers themselves: their state_dict() holds the sharded DTensors in
             # place (ModelParallel's own optimizer_state() gathers copies to the CPU).
             ckpt["optimizer_states"] = dict(enumerate(trainer.optimizers))
-        else:
-            ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         # The module itself, not its state_dict()'s tensors: cairn then copies its buffers
         # at save (a forward pass may write them before the fence); under ModelParallel
         # its state_dict() holds the sharded DTensors.
@@ -135,6 +134,18 @@ class Checkpoint(pl.Callback):
     def on_train_end(self, trainer, pl_module):
         if self._ck is not None and not self._ck.closed:
             self._ck.wait_captured()  # the last version is whole before fit() returns
+
+
+def _no_version():
+    return _error("cairn.lightning: the job holds no version to resume from "
+                  "(fit(ckpt_path=cairn.lightning.ckpt_path()) starts from scratch then)",
+                  "NotFound")
+
+
+def _check_saved_by_lightning(step, ckpt):
+    if "pytorch-lightning_version" not in ckpt:
+        raise _error(f"cairn.lightning: step {step} was not saved by cairn.lightning (it "
+                     "holds no Lightning checkpoint)")
 
 
 def _is_model_parallel(strategy):
@@ -179,15 +190,11 @@ class ModelParallelStrategy(_ModelParallel):
         targets = {"state_dict": self.model, "optimizer_states": dict(enumerate(self.optimizers))}
         report = ck.load(targets, step=step)
         if report is None:
-            raise _error("cairn.lightning: the job holds no version to resume from "
-                         "(fit(ckpt_path=cairn.lightning.ckpt_path()) starts from scratch then)",
-                         "NotFound")
+            raise _no_version()
         saved = ck._saved_of(ck._head(report.step))
         rest = sorted({k.split(".", 1)[0] for k in saved.plain} - set(targets))
         got, ckpt = ck.load_new(step=report.step, keys=rest)
-        if "pytorch-lightning_version" not in ckpt:
-            raise _error(f"cairn.lightning: step {got} was not saved by cairn.lightning "
-                         "(it holds no Lightning checkpoint)")
+        _check_saved_by_lightning(got, ckpt)
         self.last_report = report
         return ckpt
 
@@ -210,12 +217,8 @@ class CheckpointIO(TorchCheckpointIO):
         ck = self._ck if self._ck is not None else cairn.dcp.checkpointer()
         got, ckpt = ck.load_new(step=step)
         if got is None:
-            raise _error("cairn.lightning: the job holds no version to resume from "
-                         "(fit(ckpt_path=cairn.lightning.ckpt_path()) starts from scratch then)",
-                         "NotFound")
-        if "pytorch-lightning_version" not in ckpt:
-            raise _error(f"cairn.lightning: step {got} was not saved by cairn.lightning "
-                         "(it holds no Lightning checkpoint)")
+            raise _no_version()
+        _check_saved_by_lightning(got, ckpt)
         self.last_report = ck.last_report
         if map_location is not None:
             import torch
