@@ -355,7 +355,10 @@ def _address(t):
         local = t._local_tensor
         if not local.is_contiguous():
             return None
-        return (local.data_ptr(), local.shape, t.shape, tuple(t.placements))
+        # The spec (mesh, placements, global shape) by identity: a DTensor's spec is not
+        # changed in place, and the caches holding this address hold the DTensor, so the
+        # spec lives. An equal spec in a new object only misses the cache.
+        return (local.data_ptr(), local.shape, id(t._spec))
     return None
 
 
@@ -753,6 +756,12 @@ _TENSORS_BLOB = "torch.tensors"  # {flattened name: (dtype, global shape)} of th
 _PATHS_BLOB = "torch.paths"  # {flattened name: its path of keys in the nested state dict}
 
 
+# Values that are entries themselves, never containers, tensors or Stateful: checked by
+# their exact type first (a save walks hundreds of them: an optimizer's settings per
+# parameter, as torchtitan flattens them).
+_PLAIN_LEAVES = frozenset({int, float, bool, str, bytes, type(None)})
+
+
 def _is_stateful(v):
     """An object DCP treats as Stateful (state_dict() and load_state_dict()), not a tensor."""
     return (not torch.is_tensor(v) and callable(getattr(v, "state_dict", None))
@@ -765,9 +774,10 @@ def _walk_state(state, resolve):
     its state dict)] innermost first). Stateful objects, at any depth, are replaced by their
     state_dict(): resolve(name, obj) returns that dict (it may prepare obj first)."""
     flat, paths, refs, statefuls = {}, {}, {}, []
+    tensor, leaves = torch.Tensor, _PLAIN_LEAVES
 
     def walk(path, name, v, container, key):
-        if torch.is_tensor(v):
+        if type(v) in leaves or isinstance(v, tensor):  # most entries: checked first
             flat[name], paths[name], refs[name] = v, path, (container, key)
         elif type(v) is not dict and _is_stateful(v):
             obj, v = v, resolve(name, v)
@@ -794,6 +804,8 @@ def _walk_state(state, resolve):
 
 
 def _is_entry_tensor(v):
+    if type(v) in _PLAIN_LEAVES:
+        return False
     return _is_saved_tensor(v) or (isinstance(v, tuple) and v
                                    and all(_is_saved_tensor(x) for x in v))
 
@@ -1181,13 +1193,14 @@ class StateCheckpointer:
         names, plain, layout, shards = [], {}, [], []
         srcs, dsts = [], []  # eager copies into kept staging tensors
         same = True  # every entry as in the last save
+        leaves, tensors = _PLAIN_LEAVES, _SavePlan._PLAIN
         for name, v in flat.items():
-            if not _is_entry_tensor(v):
+            kind = type(v)
+            if kind in leaves or (kind not in tensors and not _is_entry_tensor(v)):
                 plain[name] = v
                 continue
             names.append(name)
-            plain_tensor = torch.is_tensor(v) and (
-                type(v) in _SavePlan._PLAIN or (dtensor is not None and isinstance(v, dtensor)))
+            plain_tensor = kind in tensors or (dtensor is not None and isinstance(v, dtensor))
             # A tensor at the last save's address, of its dtype, is the same memory (the
             # last save's shards keep that storage alive): get_state_dict gives new views of
             # the same parameters at every call.
