@@ -37,7 +37,8 @@ cairn.dcp.checkpointer()'s, shared with cairn.dcp.
 import time
 from dataclasses import dataclass
 
-from torchtitan.components.checkpointer.base import MODEL
+from torchtitan.components.checkpointer.base import MODEL, OPTIMIZER
+from torchtitan.components.optimizer.utils import init_optim_state
 from torchtitan.components.checkpointer.dcp import CheckpointManager as _DCPManager
 from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
@@ -45,12 +46,64 @@ from torchtitan.tools.logging import logger
 import cairn.dcp
 
 
-_LAYOUT = "cairn_torchtitan"  # a version's plain entry: {"model": "parameters"}
+_LAYOUT = "cairn_torchtitan"  # a version's plain entries: {"model": "parameters",
+#                                 "optimizer": "by_group"}
 _WRAPPERS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
 
 
 def _fqn(name):
     return ".".join(p for p in name.split(".") if p not in _WRAPPERS)
+
+
+class _OptimizersByGroup:
+    """torchtitan's optimizers (its OptimizersContainer) as a Stateful whose state dict
+    holds each parameter's state under its name ({"state": {fqn: {name: tensor}}}, the
+    tensors flattened to the names torchtitan's flat form gives them) and the settings once
+    per param group ({"param_groups": a tuple of the groups' settings, "params" their
+    fqns}), where torchtitan's form repeats every setting for every parameter (most of a
+    save's entries). A load hands the container torchtitan's flat form rebuilt from it, so
+    the container reshards and matches names as its own load does."""
+
+    def __init__(self, container):
+        self.container = container
+
+    def _groups(self):
+        for optim in self.container.optimizers:
+            init_optim_state(optim)
+            for group in optim.param_groups:
+                if "param_names" not in group:
+                    raise ValueError("cairn.torchtitan: an optimizer built without parameter "
+                                     "names (torchtitan builds its optimizers with them)")
+                yield optim, group
+
+    def state_dict(self):
+        state, groups = {}, []
+        for optim, group in self._groups():
+            for fqn, p in zip(group["param_names"], group["params"]):
+                if p in optim.state:
+                    state[fqn] = dict(optim.state[p])
+            settings = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            settings["params"] = tuple(group["param_names"])
+            groups.append(settings)
+        return {"state": state, "param_groups": tuple(groups)}
+
+    def load_state_dict(self, sd):
+        flat = {}
+
+        def flatten(prefix, v):
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    flatten(f"{prefix}.{k}", x)
+            else:
+                flat[prefix] = v
+
+        flatten("state", sd["state"])
+        for group in sd["param_groups"]:
+            for fqn in group["params"]:
+                for k, v in group.items():
+                    if k != "params":
+                        flat[f"param_groups.{fqn}.{k}"] = v
+        self.container.load_state_dict(flat)
 
 
 class CheckpointManager(_DCPManager):
@@ -72,6 +125,7 @@ class CheckpointManager(_DCPManager):
         DTensor redistribute per layer per save)"""
 
     def __init__(self, config, **kwargs):
+        self._entries = None  # _model_entries(), walked at the first save
         super().__init__(config, **kwargs)
         if not self.enable:
             return
@@ -116,6 +170,8 @@ class CheckpointManager(_DCPManager):
             # The parameters themselves, filled in place (resharded by their global
             # DTensor view, which is the same for every layout).
             states = {} if model_only else self._states_to_load(False, flatten=False)
+            if OPTIMIZER in states and plain.get(f"{_LAYOUT}.optimizer") == "by_group":
+                states[OPTIMIZER] = _OptimizersByGroup(states[OPTIMIZER])
             if model_only or MODEL not in self.exclude_from_loading:
                 states.update(self._model_tensors(copy_buffers=False))
             self.last_report = self.cairn.load(states, step=head.step)
@@ -134,9 +190,14 @@ class CheckpointManager(_DCPManager):
         if self.save_model_as == "state_dict":
             return self._flattened_model_states_sd()
         sd = {k: v for k, v in self.states.items() if k != MODEL}
+        layout = {"model": "parameters"}
+        if OPTIMIZER in self.states:
+            self.cairn.fence_before(self.states[OPTIMIZER])  # as for any optimizer it saves
+            sd[OPTIMIZER] = _OptimizersByGroup(self.states[OPTIMIZER])
+            layout["optimizer"] = "by_group"
         if MODEL in self.states:
             sd.update(self._model_tensors(copy_buffers=True))
-        sd[_LAYOUT] = {"model": "parameters"}
+        sd[_LAYOUT] = layout
         return sd
 
     def _states_to_load(self, model_only, flatten=True):
@@ -155,16 +216,37 @@ class CheckpointManager(_DCPManager):
         out). A save copies the buffers (a forward pass may update them before the fence);
         a load fills them in place."""
         out = {}
-        for part in self.states[MODEL].model:
-            for name, p in part.named_parameters():
-                out[_fqn(name)] = p
-            for mname, mod in part.named_modules():
-                for bname, b in mod._buffers.items():
-                    if b is None or bname in mod._non_persistent_buffers_set:
-                        continue
-                    name = _fqn(f"{mname}.{bname}" if mname else bname)
-                    out[name] = b.detach().clone() if copy_buffers else b
+        for name, mod, key, is_buffer in self._model_entries():
+            t = (mod._buffers if is_buffer else mod._parameters).get(key)
+            if t is None:  # the model changed since the walk: walk it again
+                self._entries = None
+                return self._model_tensors(copy_buffers)
+            out[name] = t.detach().clone() if is_buffer and copy_buffers else t
         return out
+
+    def _model_entries(self):
+        """[(name, module, key, is_buffer)] of _model_tensors, walked once (a save looks
+        each tensor up in its module, as the module holds it now: a parameter replaced in
+        place is seen; one added later is not)."""
+        if self._entries is None:
+            entries = []
+            for part in self.states[MODEL].model:
+                for mname, mod in part.named_modules():
+                    prefix = f"{mname}." if mname else ""
+                    for key, p in mod._parameters.items():
+                        if p is not None:
+                            entries.append((_fqn(prefix + key), mod, key, False))
+                    for key, b in mod._buffers.items():
+                        if b is not None and key not in mod._non_persistent_buffers_set:
+                            entries.append((_fqn(prefix + key), mod, key, True))
+            # as named_parameters(): a parameter shared by two modules under its first name
+            seen, self._entries = set(), []
+            for e in entries:
+                t = e[1]._parameters[e[2]] if not e[3] else None
+                if t is None or id(t) not in seen:
+                    seen.add(id(t))
+                    self._entries.append(e)
+        return self._entries
 
     def _close(self):
         super()._close()
