@@ -14,6 +14,10 @@ in every round, each a fresh job of --steps steps:
   cairn_1           cairn.torchtitan.CheckpointManager, a save every step (its default):
                     host memory, a replica on the other node, every 10th version drained
                     to --dir
+  cairn_1_blocks    cairn's manager in one job of 2 x --steps steps that saves every step
+                    in every other block of 10 steps: its overhead_in_job compares the
+                    iterations of its saving blocks with those of its quiet ones (past
+                    their first 3 steps), so no job-to-job difference enters it
   titan_async_K     torchtitan's DCP manager, async_mode "async" (DCP's async_save in a
                     thread; each save waits for the previous one first), every K steps
                     (1 and 10), to --dir, keep_latest_k 2
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 
+BLOCK = 10  # cairn_1_blocks: steps per block, saving and quiet blocks alternated
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = os.path.join(HERE, "..", "tests", "python", "frameworks_child.py")
 
@@ -117,6 +122,31 @@ def measure(run, steps, interval, warmup):
             "stall_per_save_s": stall / saves if saves else None, "saves": saves}
 
 
+def measure_blocks(run, steps, block):
+    """cairn_1_blocks: one job saving every step in every other block of `block` steps.
+    Iteration s (the time between steps s-1 and s) is a saving one when both steps are in a
+    saving block; a quiet one when both are in a quiet block, past its first 3 steps (the
+    last saving block's background work, its replica and drain, may spill into them) and
+    past the first block (the warm-up)."""
+    rows = run.timing(steps)
+    t = {r["step"]: r["t"] for r in rows}
+    saving, quiet, stall, saves = [], [], 0.0, 0
+    for r in rows:
+        s = r["step"]
+        if s - 1 not in t or s >= steps:
+            continue
+        b, pos = divmod(s, block)
+        if b % 2 == 1 and pos >= 1:
+            saving.append(t[s] - t[s - 1])
+            stall += r["save"] + r["maybe_wait_for_staging"]
+            saves += 1
+        elif b % 2 == 0 and b >= 2 and pos >= 3:
+            quiet.append(t[s] - t[s - 1])
+    a, q = statistics.median(saving), statistics.median(quiet)
+    return {"iteration_s": a, "quiet_iteration_s": q, "overhead_in_job": a / q - 1,
+            "stall_per_save_s": stall / saves, "saves": saves}
+
+
 def state_bytes(run):
     steps = glob.glob(os.path.join(run.disk, "work", "checkpoint", "step-*"))
     if not steps:
@@ -147,6 +177,7 @@ def main():
     arms = {
         "none": (["--no-cairn"], 0),
         "cairn_1": (["--interval", "1"], 1),
+        "cairn_1_blocks": (["--interval", "1", "--save-blocks", str(BLOCK)], 1),
         "titan_async_1": (["--titan-async", "async", "--interval", "1"], 1),
         "titan_async_10": (["--titan-async", "async", "--interval", "10"], 10),
         "titan_pinned_1": (["--titan-async", "async_with_pinned_mem", "--interval", "1"], 1),
@@ -168,13 +199,17 @@ def main():
                 n += 1
                 run = Run(arm, args, n)
                 try:
-                    outs, failed = run.launch(args.steps, flags)
+                    steps = args.steps * 2 if arm == "cairn_1_blocks" else args.steps
+                    outs, failed = run.launch(steps, flags)
                     if failed:
                         refused[arm] = why_failed(outs)
                         print(f"{arm}: stopped ({failed}): {refused[arm]}", flush=True)
                         continue
-                    r = measure(run, args.steps, interval, args.warmup)
-                    if arm != "none":
+                    if arm == "cairn_1_blocks":
+                        r = measure_blocks(run, steps, BLOCK)
+                    else:
+                        r = measure(run, args.steps, interval, args.warmup)
+                    if arm not in ("none", "cairn_1_blocks"):
                         sizes.setdefault(arm, state_bytes(run))
                         outs, failed = run.launch(args.steps + 2, flags)
                         if failed:
@@ -197,10 +232,14 @@ def main():
         if not rs:
             continue
         a = {"iteration_s": statistics.median(r["iteration_s"] for r in rs)}
-        if arm != "none":
+        if arm == "cairn_1_blocks":
+            for k in ("quiet_iteration_s", "overhead_in_job", "stall_per_save_s"):
+                a[k] = statistics.median(r[k] for r in rs)
+            a["overhead_in_job_per_round"] = [r["overhead_in_job"] for r in rs]
+        elif arm != "none":
             # Each round's arm against that round's none.
-            a["overhead"] = statistics.median(
-                r["iteration_s"] / b - 1 for r, b in zip(rs, base))
+            a["overhead_per_round"] = [r["iteration_s"] / b - 1 for r, b in zip(rs, base)]
+            a["overhead"] = statistics.median(a["overhead_per_round"])
             a["stall_per_save_s"] = statistics.median(r["stall_per_save_s"] for r in rs)
             a["resume_s"] = statistics.median(r["resume_s"] for r in rs)
             if sizes.get(arm):

@@ -18,12 +18,14 @@ MASTER_ADDR / MASTER_PORT and cairn's settings in the environment; gloo on CPU.
     frameworks_child.py torchtitan --assets DIR --steps N --out FILE [--no-cairn]
                            [--exclude KEY ...] [--interval K] [--step-sleep S]
                            [--titan-async disabled|async|async_with_pinned_mem]
-                           [--timing FILE]
+                           [--timing FILE] [--save-blocks B]
         torchtitan's trainer (its llama3 debug model, FSDP2 over gloo; DIR from
         titan-assets) with cairn.torchtitan's manager saving every K steps, or with
         torchtitan's own DCP manager (--titan-async), resuming from the newest checkpoint;
         --timing appends per step (JSON, FILE-<rank>) the seconds spent in the checkpointer's
-        save, maybe_wait_for_staging and load since the last step.
+        save, maybe_wait_for_staging and load since the last step; --save-blocks B saves
+        only in every other block of B steps (steps B to 2B-1, 3B to 4B-1, ...: one job's
+        iterations with and without saves, for bench/torchtitan_compare.py).
     frameworks_child.py titan-assets --out DIR
         the tokenizer and data set the torchtitan runs read.
     frameworks_child.py deepspeed --zero STAGE --steps N --out FILE [--resume cairn|none]
@@ -463,6 +465,11 @@ def torchtitan(a):
         return log(step, avg_loss, max_loss, grad_norm, *rest, **kw)
 
     trainer.metrics_processor.log = recording_log
+    if a.save_blocks:
+        def should_save(step, last_step=False, _f=trainer.checkpointer._should_save):
+            return _f(step, last_step) and (last_step or (step // a.save_blocks) % 2 == 1)
+
+        trainer.checkpointer._should_save = should_save
     try:
         trainer.train()
         if ck is not None and trainer.checkpointer.last_report is not None:
@@ -498,6 +505,7 @@ def main():
     p.add_argument("--titan-async", default=None,
                    choices=["disabled", "async", "async_with_pinned_mem"])
     p.add_argument("--timing", default=None)
+    p.add_argument("--save-blocks", type=int, default=0)
     a = p.parse_args()
     a.workdir = a.workdir or os.path.dirname(os.path.abspath(a.out))
     {"hf": hf, "lightning": lightning, "torchtitan": torchtitan,
