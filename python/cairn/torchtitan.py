@@ -15,8 +15,11 @@ model goes in as its parameters and persistent buffers (`save_model_as="paramete
 default): as the model parts hold them, sharded DTensors with fused QKV weights fused, so a
 save runs none of the model's state-dict hooks (torchtitan's attention splits each fused
 QKV weight with a DTensor redistribute, a collective, per layer per save; that was most of
-a save's stall). A fused weight's global view does not depend on the layout, so a load
-reshards it like any DTensor. `save_model_as="state_dict"` saves torchtitan's model state
+a save's stall). The optimizers go in by param group: each parameter's state under its
+name, as torchtitan's flat form names it, and the settings once per group (torchtitan's
+form repeats every setting for every parameter, most of a save's entries). A fused
+weight's global view does not depend on the layout, so a load reshards it like any
+DTensor; the optimizers load through torchtitan's own flat form, rebuilt. `save_model_as="state_dict"` saves torchtitan's model state
 dict instead, as its DCP manager does (for versions read by torchtitan's state-dict names
 through cairn.dcp). `maybe_wait_for_staging()`, which the trainer calls right before
 `optimizers.step()`, is cairn's fence. `load()` resumes from the newest version every rank
