@@ -1193,10 +1193,10 @@ class StateCheckpointer:
         names, plain, layout, shards = [], {}, [], []
         srcs, dsts = [], []  # eager copies into kept staging tensors
         same = True  # every entry as in the last save
-        leaves, tensors = _PLAIN_LEAVES, _SavePlan._PLAIN
+        tensors = _SavePlan._PLAIN
         for name, v in flat.items():
             kind = type(v)
-            if kind in leaves or (kind not in tensors and not _is_entry_tensor(v)):
+            if kind not in tensors and not _is_entry_tensor(v):  # scalars checked first
                 plain[name] = v
                 continue
             names.append(name)

@@ -19,9 +19,9 @@ a save's stall). The optimizers go in by param group: each parameter's state und
 name, as torchtitan's flat form names it, and the settings once per group (torchtitan's
 form repeats every setting for every parameter, most of a save's entries). A fused
 weight's global view does not depend on the layout, so a load reshards it like any
-DTensor; the optimizers load through torchtitan's own flat form, rebuilt. `save_model_as="state_dict"` saves torchtitan's model state
-dict instead, as its DCP manager does (for versions read by torchtitan's state-dict names
-through cairn.dcp). `maybe_wait_for_staging()`, which the trainer calls right before
+DTensor; the optimizers load through torchtitan's own flat form, rebuilt.
+`save_model_as="state_dict"` saves torchtitan's model state dict instead, as its DCP
+manager does (for versions read by torchtitan's state-dict names through cairn.dcp). `maybe_wait_for_staging()`, which the trainer calls right before
 `optimizers.step()`, is cairn's fence. `load()` resumes from the newest version every rank
 can restore from any tier (this node's memory, a replica or parity on another node, the
 PFS), into the current layout (resharded where the parallelism changed), honouring
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 
 from torchtitan.components.checkpointer.base import MODEL, OPTIMIZER
-from torchtitan.components.optimizer.utils import init_optim_state
+from torchtitan.components.optimizer.utils import _flatten_state_nested, init_optim_state
 from torchtitan.components.checkpointer.dcp import CheckpointManager as _DCPManager
 from torchtitan.config import derive, override
 from torchtitan.tools.logging import logger
@@ -92,15 +92,8 @@ class _OptimizersByGroup:
 
     def load_state_dict(self, sd):
         flat = {}
-
-        def flatten(prefix, v):
-            if isinstance(v, dict):
-                for k, x in v.items():
-                    flatten(f"{prefix}.{k}", x)
-            else:
-                flat[prefix] = v
-
-        flatten("state", sd["state"])
+        for fqn, state in sd["state"].items():  # named as torchtitan's own save names them
+            _flatten_state_nested(state, f"state.{fqn}", flat)
         for group in sd["param_groups"]:
             for fqn in group["params"]:
                 for k, v in group.items():
@@ -232,23 +225,18 @@ class CheckpointManager(_DCPManager):
         each tensor up in its module, as the module holds it now: a parameter replaced in
         place is seen; one added later is not)."""
         if self._entries is None:
-            entries = []
+            entries, seen = [], set()  # seen: a shared parameter under its first name only
             for part in self.states[MODEL].model:
                 for mname, mod in part.named_modules():
                     prefix = f"{mname}." if mname else ""
                     for key, p in mod._parameters.items():
-                        if p is not None:
+                        if p is not None and id(p) not in seen:
+                            seen.add(id(p))
                             entries.append((_fqn(prefix + key), mod, key, False))
                     for key, b in mod._buffers.items():
                         if b is not None and key not in mod._non_persistent_buffers_set:
                             entries.append((_fqn(prefix + key), mod, key, True))
-            # as named_parameters(): a parameter shared by two modules under its first name
-            seen, self._entries = set(), []
-            for e in entries:
-                t = e[1]._parameters[e[2]] if not e[3] else None
-                if t is None or id(t) not in seen:
-                    seen.add(id(t))
-                    self._entries.append(e)
+            self._entries = entries
         return self._entries
 
     def _close(self):
