@@ -21,8 +21,9 @@ form repeats every setting for every parameter, most of a save's entries). A fus
 weight's global view does not depend on the layout, so a load reshards it like any
 DTensor; the optimizers load through torchtitan's own flat form, rebuilt.
 `save_model_as="state_dict"` saves torchtitan's model state dict instead, as its DCP
-manager does (for versions read by torchtitan's state-dict names through cairn.dcp). `maybe_wait_for_staging()`, which the trainer calls right before
-`optimizers.step()`, is cairn's fence. `load()` resumes from the newest version every rank
+manager does (for versions read by torchtitan's state-dict names through cairn.dcp).
+`maybe_wait_for_staging()`, which the trainer calls right before `optimizers.step()`, is
+cairn's fence. `load()` resumes from the newest version every rank
 can restore from any tier (this node's memory, a replica or parity on another node, the
 PFS), into the current layout (resharded where the parallelism changed), honouring
 `exclude_from_loading`, and with `load_step` for a given step. When cairn holds no version,
