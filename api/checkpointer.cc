@@ -149,7 +149,8 @@ Status Checkpointer::Impl::OpenReplication(FileSystem* fs) {
   if (nodes > 1)
     replicator_ = std::make_unique<Replicator>(
         comm_.get(), channels_.replication, std::move(placement), tier_.get(), store_.get(), &log_,
-        o.replicate_timeout_s, std::nullopt, ToThreadPriority(o.replicate_priority));
+        o.replicate_timeout_s, std::nullopt, ToThreadPriority(o.replicate_priority),
+        o.replicate_share);
   return Status::OK();
 }
 
@@ -268,6 +269,16 @@ Status Checkpointer::Impl::Open() {
   if (agree_group_) {
     CapturePipeline* pipeline = pipeline_.get();
     AgreementProtection protection;
+    // The rounds' wait for a target's pushes: bounded, and given up at close.
+    auto wait_tried_for = [cancel = &agree_cancel_,
+                           wait_s = options_.replicate_timeout_s + 1](Replicator* replicator) {
+      return [replicator, cancel, wait_s](int64_t step) {
+        const int64_t until = NowNanos() + static_cast<int64_t>(wait_s * 1e9);
+        while (!replicator->WaitTried(step, 0.05, /*urgent=*/false) && !cancel->load() &&
+               NowNanos() < until) {
+        }
+      };
+    };
     if (replicator_ && parity_) {
       // With parity, the agreed step is one every rank's parity covers: the survivors of a
       // lost node then keep a step its set can rebuild. (Replicas do without: each holder
@@ -275,13 +286,7 @@ Status Checkpointer::Impl::Open() {
       // and waiting for their acknowledgements holds one more slot while saves outpace
       // pushes: with 2 replicas and 3 slots, the fourth of four quick saves found none.)
       Replicator* replicator = replicator_.get();
-      std::atomic<bool>* cancel = &agree_cancel_;
-      const double wait_s = options_.replicate_timeout_s + 1;
-      protection.wait_tried = [replicator, cancel, wait_s](int64_t step) {
-        const int64_t until = NowNanos() + static_cast<int64_t>(wait_s * 1e9);
-        while (!replicator->WaitTried(step, 0.05) && !cancel->load() && NowNanos() < until) {
-        }
-      };
+      protection.wait_tried = wait_tried_for(replicator);
       protection.agreed = [replicator](int64_t step) { replicator->SetKeepStep(step); };
       // The members of a set push the steps the rounds name (snapshot/step_agreement.h),
       // so their parity records complete however far the pushes lag the saves.
@@ -300,6 +305,21 @@ Status Checkpointer::Impl::Open() {
       protection.layout_hash = hash;
       protection.covered = [replicator](uint64_t h, bool yes) { replicator->SetCovered(h, yes); };
       protection.ended = [replicator] { replicator->EndCoverage(); };
+      if (replicator->Paced()) {
+        // Paced (CAIRN_REPLICATE_SHARE): the rounds name the steps every rank pushes, one
+        // in the largest pace any rank offers, and agree on one only once every rank's
+        // pushes of it were acknowledged, so the survivors of a lost node keep a step its
+        // ranks' replicas hold (each rank pacing alone pushed steps the others had dropped).
+        protection.wait_tried = wait_tried_for(replicator);
+        replicator->ExpectTargets();
+        protection.target = [replicator](int64_t step) { replicator->SetTarget(step); };
+        protection.passed = [replicator](int64_t step) { replicator->SetPassed(step); };
+        protection.pace_every = [replicator] { return replicator->PaceEvery(); };
+        protection.ended = [replicator] {
+          replicator->EndCoverage();
+          replicator->EndTargets();
+        };
+      }
     }
     agreement_ = std::make_unique<StepAgreement>(
         agree_group_.get(), tier_.get(), &log_,
@@ -360,6 +380,10 @@ Stats Checkpointer::Impl::GetStats() const {
     s.replication.unreplicated_s = r.unreplicated_s;
     s.replication.unreplicated_steps = r.unreplicated_steps;
     s.replication.last_error = r.last_error;
+    s.replication.every = r.every;
+    s.replication.behind_steps = r.behind_steps;
+    s.replication.push_s = r.push_s;
+    s.replication.step_s = r.step_s;
   }
   PersisterStats p = persister_->stats();
   s.persist.persisted = p.persisted;

@@ -29,9 +29,10 @@ memory and the drain).
 Per arm: the median iteration (rank 0's time between consecutive steps, the warm-up and the
 last step, which saves synchronously, left out) and its overhead against none's; the stall,
 the seconds the training loop spends in checkpointer.save() and maybe_wait_for_staging()
-per save; and the resume: a second job continuing the first, its seconds in
-checkpointer.load() (cairn: from host memory; torchtitan: its DCP folder). Last line: one
-JSON object.
+per save; cairn's replication lag (steps between the newest trained and the newest
+replicated, rank 0, from its loss log); and the resume: a second job continuing the first,
+its seconds in checkpointer.load() (cairn: from host memory; torchtitan: its DCP folder).
+Last line: one JSON object.
 """
 
 import argparse
@@ -147,6 +148,20 @@ def measure_blocks(run, steps, block):
             "stall_per_save_s": stall / saves, "saves": saves}
 
 
+def replication_lag(run, steps, warmup):
+    """cairn: how many steps rank 0's newest replicated step trailed the step it had just
+    trained (the median past the warm-up, and the most), from its loss log: what losing its
+    node would redo (CAIRN_REPLICATE_SHARE paces the pushes)."""
+    lags = []
+    with open(os.path.join(run.shm, "losses-0")) as f:
+        for line in f:
+            step, _, rep = line.split()
+            if warmup < int(step) <= steps and int(rep) >= 0:
+                lags.append(int(step) - int(rep))
+    return {"replication_lag_steps": statistics.median(lags) if lags else None,
+            "replication_lag_steps_max": max(lags) if lags else None}
+
+
 def state_bytes(run):
     steps = glob.glob(os.path.join(run.disk, "work", "checkpoint", "step-*"))
     if not steps:
@@ -209,6 +224,8 @@ def main():
                         r = measure_blocks(run, steps, BLOCK)
                     else:
                         r = measure(run, args.steps, interval, args.warmup)
+                    if arm.startswith("cairn"):
+                        r.update(replication_lag(run, steps, args.warmup))
                     if arm not in ("none", "cairn_1_blocks"):
                         sizes.setdefault(arm, state_bytes(run))
                         outs, failed = run.launch(args.steps + 2, flags)
@@ -232,6 +249,9 @@ def main():
         if not rs:
             continue
         a = {"iteration_s": statistics.median(r["iteration_s"] for r in rs)}
+        if arm.startswith("cairn") and rs[0].get("replication_lag_steps") is not None:
+            a["replication_lag_steps"] = statistics.median(r["replication_lag_steps"] for r in rs)
+            a["replication_lag_steps_max"] = max(r["replication_lag_steps_max"] for r in rs)
         if arm == "cairn_1_blocks":
             for k in ("quiet_iteration_s", "overhead_in_job", "stall_per_save_s"):
                 a[k] = statistics.median(r[k] for r in rs)

@@ -240,7 +240,10 @@ void PrintReplication(FileSystem* fs, const std::string& job_dir,
     std::string behind;
     if (!mine.empty() && (elsewhere.empty() || *mine.rbegin() > *elsewhere.rbegin()))
       behind = "  <- steps after " + Newest(elsewhere) + " live on node-" + std::to_string(node) +
-               " only";
+               " only" +
+               (elsewhere.empty() ? std::string()
+                                  : " (" + std::to_string(*mine.rbegin() - *elsewhere.rbegin()) +
+                                        " steps behind; CAIRN_REPLICATE_SHARE paces replication)");
     std::printf("  rank %d (node-%d): newest step %s, newest held by another node: %s%s\n", rank,
                 node, Newest(mine).c_str(), Newest(elsewhere).c_str(), behind.c_str());
   }

@@ -178,6 +178,30 @@ Setting Seconds(const char* var, Member<double> m, const char* field, const char
       });
 }
 
+Setting Fraction(const char* var, Member<double> m, const char* field, const char* meaning) {
+  Setting s{var, nullptr, meaning, [m](const Options& o) { return ShowSeconds(o.*m); },
+            [m](const char* v, const char* t, Options& o) {
+              char* end = nullptr;
+              errno = 0;
+              const double d = std::strtod(t, &end);
+              if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > 1)
+                return Status::InvalidArgument(std::string(v) + "='" + t +
+                                               "' is not a fraction in (0, 1]");
+              o.*m = d;
+              return Status::OK();
+            }};
+  return Typed(
+      std::move(s), field, "a fraction", [m](const Options& o) { return SettingValue(o.*m); },
+      [](const SettingValue& v) -> std::optional<std::string> {
+        if (const auto* d = std::get_if<double>(&v)) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.17g", *d);
+          return buf;
+        }
+        return IntegerText<int64_t>(v);
+      });
+}
+
 // A member that takes one of a few words. Typed, a bool member is a bool (its word found by
 // value) and an enum member is its word.
 template <typename T>
@@ -331,6 +355,13 @@ std::vector<Setting> MakeSettings() {
               "a replica holder that does not answer this long counts as down (training never "
               "waits); a link seen down and up again during a push is redialed at once, "
               "without waiting this long"),
+      Fraction("CAIRN_REPLICATE_SHARE", CAIRN_FIELD(replicate_share),
+               "the most of the wall clock replica pushes may take, in (0, 1]: from the measured "
+               "push and step, one step in every 2^k is replicated so that pushes stay within "
+               "it (the steps of a block's start, alike on every rank; logged when k changes; "
+               "Stats: replicate_every, replication_behind_steps); a lost node then comes back "
+               "from memory at most that many steps back; 1: push every version the link keeps "
+               "up with (xor and rs push the steps the agreement names, unpaced)"),
       Choice<BackgroundPriority>(
           "CAIRN_REPLICATE_PRIORITY", CAIRN_FIELD(replicate_priority), BackgroundPriorityWords(),
           "CPU priority of the replication threads (pushing versions, receiving and checking "

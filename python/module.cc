@@ -493,6 +493,13 @@ void BindReports(py::module_& m) {
                              [](const Stats& s) { return s.replication.received; })
       .def_property_readonly("replication_staging_bytes",
                              [](const Stats& s) { return s.replication.staging_bytes; })
+      .def_property_readonly("replicate_every", [](const Stats& s) { return s.replication.every; })
+      .def_property_readonly("replication_behind_steps",
+                             [](const Stats& s) { return s.replication.behind_steps; })
+      .def_property_readonly("replicate_push_s",
+                             [](const Stats& s) { return s.replication.push_s; })
+      .def_property_readonly("replicate_step_s",
+                             [](const Stats& s) { return s.replication.step_s; })
       .def_property_readonly("persisted", [](const Stats& s) { return s.persist.persisted; })
       .def_property_readonly("persist_failed", [](const Stats& s) { return s.persist.failed; })
       .def_property_readonly("bytes_persisted", [](const Stats& s) { return s.persist.bytes; })

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 
 #include "core/arith.h"
@@ -142,7 +143,7 @@ int64_t ChooseReplicationStep(int64_t attempted, int64_t pending,
 
 Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement,
                        HostTier* local, ReplicaStore* store, const Logger* log, double timeout_s,
-                       std::optional<ErasureRole> erasure, ThreadPriority priority)
+                       std::optional<ErasureRole> erasure, ThreadPriority priority, double share)
     : comm_(comm),
       ch_(channels),
       placement_(std::move(placement)),
@@ -151,6 +152,7 @@ Replicator::Replicator(UcxComm* comm, ReplicatorChannels channels, Placement pla
       erasure_(std::move(erasure)),
       log_(log),
       timeout_s_(timeout_s),
+      share_(erasure_ || !(share > 0) ? 1.0 : std::min(share, 1.0)),
       priority_(priority),
       verify_pool_("cairn-verify", 1, priority) {
   if (erasure_) {
@@ -179,6 +181,16 @@ Replicator::~Replicator() {
 
 void Replicator::Notify(int64_t step) {
   MutexLock lk(mu_);
+  const int64_t now = NowNanos();
+  if (step > notified_step_) {
+    if (notified_step_ >= 0) {
+      const double per =
+          NanosToSeconds(now - notified_ns_) / static_cast<double>(step - notified_step_);
+      step_s_ = step_s_ == 0 ? per : 0.8 * step_s_ + 0.2 * per;
+    }
+    notified_step_ = step;
+    notified_ns_ = now;
+  }
   pending_ = std::max(pending_, step);
   if (step > attempted_) unpushed_.push_back(step);
   if (unpushed_.size() > 1024) {  // no push for that long (holders down): bound the list
@@ -189,14 +201,18 @@ void Replicator::Notify(int64_t step) {
 }
 
 bool Replicator::Tried(int64_t step) const {
-  return stats_.newest_replicated >= step || attempted_ >= step || (named_ && passed_ >= step) ||
-         stop_;
+  // (Paced replicas: a step the rounds passed over is still pushed for a waiter: NextStep.)
+  return stats_.newest_replicated >= step || attempted_ >= step ||
+         (named_ && !Paced() && passed_ >= step) || stop_;
 }
 
 Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
   MutexLock lk(mu_);
+  ++waiters_;  // lifts the pacing while it waits
+  cv_.NotifyAll();
   const bool done = cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s),
                                 [&]() CAIRN_REQUIRES(mu_) { return Tried(step); });
+  --waiters_;
   if (stats_.newest_replicated >= step) return Status::OK();
   if (!done)
     return Status::Unavailable("step " + std::to_string(step) + " not replicated within " +
@@ -206,16 +222,31 @@ Status Replicator::WaitReplicated(int64_t step, double timeout_s) {
              : last_error_;
 }
 
-bool Replicator::WaitTried(int64_t step, double timeout_s) {
+bool Replicator::WaitTried(int64_t step, double timeout_s, bool urgent) {
   MutexLock lk(mu_);
-  return cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s),
-                     [&]() CAIRN_REQUIRES(mu_) { return Tried(step); });
+  if (urgent) {
+    ++waiters_;
+    cv_.NotifyAll();
+  }
+  const bool done = cv_.WaitFor(lk, std::chrono::duration<double>(timeout_s),
+                                [&]() CAIRN_REQUIRES(mu_) { return Tried(step); });
+  if (urgent) --waiters_;
+  return done;
+}
+
+int64_t Replicator::PaceEvery() const {
+  MutexLock lk(mu_);
+  return every_;
 }
 
 ReplicatorStats Replicator::stats() const {
   MutexLock lk(mu_);
   ReplicatorStats s = stats_;
   const int64_t now = NowNanos();
+  s.every = every_;
+  s.behind_steps = pending_ < 0 ? 0 : pending_ - stats_.newest_replicated;
+  s.push_s = push_s_;
+  s.step_s = step_s_;
   // Behind: a push failed since the last acknowledged one, or the one in flight has taken
   // longer than the timeout (a link that went down under it).
   if (failing_since_ns_ != 0 ||
@@ -336,10 +367,44 @@ void Replicator::EndTargets() {
 std::optional<int64_t> Replicator::NextStep() {
   if (named_) {
     if (target_ > attempted_) return target_;
+    // Paced replicas: someone waits for replication, so the newest step goes now (the step
+    // agreement keeps it while its promise stands: StepAgreement::OnReplicated).
+    if (Paced() && waiters_ > 0 && pending_ > attempted_) return pending_;
     return std::nullopt;
   }
-  if (pending_ > attempted_) return pending_;
-  return std::nullopt;
+  if (pending_ <= attempted_) return std::nullopt;
+  // Paced: the next push is the first step of the next block, unless someone waits.
+  if (every_ > 1 && waiters_ == 0 && attempted_ >= 0 && pending_ / every_ == attempted_ / every_)
+    return std::nullopt;
+  return pending_;
+}
+
+void Replicator::Pace(double seconds) {
+  // Quick to fall (a slow first few pushes fill the holders' slots), slow to rise.
+  push_s_ = push_s_ == 0        ? seconds
+            : seconds < push_s_ ? 0.5 * (push_s_ + seconds)
+                                : 0.8 * push_s_ + 0.2 * seconds;
+  if (share_ >= 1 || step_s_ <= 0) return;
+  // Pushes of push_s_, one every `every` steps of step_s_, take push_s_ / (every * step_s_)
+  // of the time: the smallest power of two that keeps it within the share.
+  const double need = push_s_ / (share_ * step_s_);
+  int64_t every = 1;
+  while (every < need && every < (int64_t{1} << 20)) every *= 2;
+  // Halve only once the need is well below the half (no flapping at a boundary); at most
+  // double per push (one slow push does not stop replication for long).
+  if (every < every_ && need > 0.75 * static_cast<double>(every_ / 2)) every = every_;
+  every = std::min(every, 2 * every_);
+  if (every == every_) return;
+  if (log_) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "replication paced: one step in %lld is replicated (a push takes %.0f ms, a "
+                  "step %.1f ms; CAIRN_REPLICATE_SHARE=%g of the time), was one in %lld",
+                  static_cast<long long>(every), push_s_ * 1e3, step_s_ * 1e3, share_,
+                  static_cast<long long>(every_));
+    log_->Info(buf);
+  }
+  every_ = every;
 }
 
 void Replicator::ExpectCoverage(std::function<uint64_t(const SlotHeader&)> layout_hash) {
@@ -459,6 +524,7 @@ void Replicator::SenderLoop() {
     }
     const Status st = PushToAll(step, holders);
     lk.Lock();
+    const int64_t started = push_started_ns_;  // after the coverage wait
     attempted_ = std::max(attempted_, step);
     for (int64_t u : unpushed_) stats_.passed_over += u < step ? 1 : 0;
     std::erase_if(unpushed_, [&](int64_t u) { return u <= step; });
@@ -466,6 +532,8 @@ void Replicator::SenderLoop() {
     if (st.ok()) {
       ++stats_.replicated;
       stats_.newest_replicated = std::max(stats_.newest_replicated, step);
+      if (stats_.replicated > 1)  // the first touches the holders' fresh slots: not a measure
+        Pace(NanosToSeconds(NowNanos() - started));
       last_ok_ns_ = NowNanos();
       failing_since_ns_ = 0;
       last_error_ = Status::OK();

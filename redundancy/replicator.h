@@ -20,6 +20,14 @@
 // failures), the version stays CAPTURED, the failure is counted and logged once, and
 // pushes to that holder resume when it greets the job again after a restart (or after a
 // short back-off).
+// Pacing (replicas, `share` < 1; CAIRN_REPLICATE_SHARE): pushes may take at most that share
+// of the wall clock. From the measured time of a push and of a step, the sender replicates
+// one step in `every` (a power of two): it pushes when the newest captured step enters a
+// new block of `every` steps, so ranks that measure alike push the same steps. With named
+// pushes (ExpectTargets: the step agreement names every rank's targets from the largest
+// pace any rank offers, so the ranks push the same steps) the sender pushes the targets.
+// Waiting for replication (WaitReplicated, WaitTried) lifts the pacing while it waits:
+// the newest step is pushed.
 // Thread-safety: Notify/WaitReplicated/stats from any thread; two internal threads.
 #pragma once
 
@@ -88,6 +96,12 @@ struct ReplicatorStats {
   // given-up transfers are drained into (only after a failure).
   uint64_t staging_bytes = 0;
   uint64_t refused = 0;  // offers or transfers this rank turned down
+  // Pacing: one step in `every` is pushed (1: every one), and the newest step captured is
+  // `behind_steps` after newest_replicated (a lost node would take this rank that far back).
+  int64_t every = 1;
+  int64_t behind_steps = 0;
+  double push_s = 0;  // the measured push (moving average)
+  double step_s = 0;  // the measured step (moving average)
   // While pushes fail: seconds since the first failure after the last success, steps
   // captured after newest_replicated, and the last failure (see cairn::ReplicationStats).
   double unreplicated_s = 0;
@@ -107,11 +121,11 @@ class Replicator {
  public:
   // With `erasure`, pushes go to the other members of this rank's set as parity pieces
   // (`store` is then unused and may be null). Its threads (sender, service, verifier) run
-  // at `priority` (CAIRN_REPLICATE_PRIORITY).
+  // at `priority` (CAIRN_REPLICATE_PRIORITY). `share`: pacing, above (replicas only; 1: off).
   Replicator(UcxComm* comm, ReplicatorChannels channels, Placement placement, HostTier* local,
              ReplicaStore* store, const Logger* log, double timeout_s,
              std::optional<ErasureRole> erasure = std::nullopt,
-             ThreadPriority priority = ThreadPriority::kNormal);
+             ThreadPriority priority = ThreadPriority::kNormal, double share = 1.0);
   ~Replicator();  // stops both threads (a push in flight ends at its timeout at the latest)
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -122,8 +136,13 @@ class Replicator {
   // tried; OK when replicated, Unavailable with the last failure otherwise.
   Status WaitReplicated(int64_t step, double timeout_s);
   // Waits up to `timeout_s` until every push of `step` or of a newer step was tried
-  // (acknowledged or failed); whether they were.
-  bool WaitTried(int64_t step, double timeout_s);
+  // (acknowledged or failed); whether they were. `urgent` (a user's wait): lifts the
+  // pacing while it waits; the step agreement's waits for its targets are not.
+  bool WaitTried(int64_t step, double timeout_s, bool urgent = true);
+  // Pacing: one step in how many the pushes can afford (StepAgreement's pace_every).
+  int64_t PaceEvery() const;
+  // Whether pushes are paced (replicas with a share below 1).
+  bool Paced() const { return share_ < 1; }
   // The step the job agreed on (StepAgreement): sent with every parity offer, so the
   // holders keep that step's parity while newer ones come (erasure).
   void SetKeepStep(int64_t step) { keep_step_.store(step); }
@@ -274,6 +293,18 @@ class Replicator {
     int64_t backoff_ns = 0;  // the last wait before retry_at (doubles while down)
   };
   std::map<int, HolderState> holders_ CAIRN_GUARDED_BY(mu_);
+  // Pacing (share_ < 1): the measured push and step (moving averages; 0 until measured),
+  // the pacing block, the last Notify, and how many threads wait for replication.
+  const double share_;
+  double push_s_ CAIRN_GUARDED_BY(mu_) = 0;
+  double step_s_ CAIRN_GUARDED_BY(mu_) = 0;
+  int64_t every_ CAIRN_GUARDED_BY(mu_) = 1;
+  int64_t notified_step_ CAIRN_GUARDED_BY(mu_) = -1;
+  int64_t notified_ns_ CAIRN_GUARDED_BY(mu_) = 0;
+  int waiters_ CAIRN_GUARDED_BY(mu_) = 0;
+  // After an acknowledged push of `seconds`: the averages and the block (logged when it
+  // changes).
+  void Pace(double seconds) CAIRN_REQUIRES(mu_);
   // Sender thread only: pushes given up while UCX still read their slot.
   struct Draining {
     std::shared_ptr<const HostTier::View> pinned;

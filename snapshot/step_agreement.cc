@@ -15,6 +15,7 @@ std::string EncodeAgreeOffer(const AgreeOffer& o) {
   for (int64_t s : o.steps) w.add_steps(s);
   for (bool h : o.held) w.add_held(h);
   w.set_layout_hash(o.layout_hash);
+  w.set_pace_every(o.pace_every);
   return wire::Encode(w);
 }
 
@@ -32,6 +33,7 @@ Result<AgreeOffer> DecodeAgreeOffer(std::string_view bytes, const std::string& f
   o.steps.assign(w.steps().begin(), w.steps().end());
   o.held.assign(w.held().begin(), w.held().end());
   o.layout_hash = w.layout_hash();
+  o.pace_every = w.pace_every();
   return o;
 }
 
@@ -314,6 +316,8 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   const bool coverage =
       protection_.covered && protection_.layout_hash && !protection_.node_of.empty();
   if (coverage) mine.layout_hash = NewestLayoutHash();
+  if (named && protection_.pace_every)
+    mine.pace_every = std::max<int64_t>(1, protection_.pace_every());
   auto all = group_->AllGather(EncodeAgreeOffer(mine));
   if (!all.ok()) {
     End(all.status());
@@ -339,8 +343,16 @@ bool StepAgreement::Round(uint64_t seq, const std::vector<int64_t>& window) {
   // Named pushes: the newest step of the window every rank holds is pushed by every rank
   // now, and agreed once every rank's pushes of it were acknowledged (a second gather).
   int64_t agreed_now = out->agreed;
-  if (named && out->agreed >= 0) {
+  // Paced replicas: a target only when the step enters a new block of the largest pace
+  // offered (the same on every rank: the same offers, the same rounds); the agreed step
+  // otherwise stays the last one every rank pushed.
+  int64_t every = 1;
+  for (const AgreeOffer& o : offers) every = std::max(every, o.pace_every);
+  const bool due = every <= 1 || last_target_ < 0 || out->agreed / every > last_target_ / every;
+  if (named && out->agreed >= 0 && !due) agreed_now = -1;
+  if (named && out->agreed >= 0 && due) {
     const int64_t target = out->agreed;
+    last_target_ = target;
     protection_.target(target);
     protection_.wait_tried(target);
     bool pushed = false;

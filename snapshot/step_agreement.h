@@ -69,6 +69,7 @@ struct AgreeOffer {
   std::vector<int64_t> steps;
   std::vector<bool> held;
   uint64_t layout_hash = 0;  // of this rank's newest version (0: none, or not asked)
+  int64_t pace_every = 0;    // paced replicas: the pace this rank can afford (0: not paced)
 };
 
 // Whether some rank on another node than `me` offered `hash` (data-parallel coverage).
@@ -120,6 +121,12 @@ struct AgreementProtection {
   std::function<uint64_t(const SlotHeader&)> layout_hash;  // of a version (not 0)
   std::function<void(uint64_t, bool)> covered;
   std::function<void()> ended;
+  // Paced replicas (CAIRN_REPLICATE_SHARE, with `target`): one step in how many this rank's
+  // pushes can afford (Replicator's pacing). Each offer carries it, and a round names a
+  // target only when its step enters a new block of the largest offered, so every rank
+  // pushes the same steps, one in that many, and the agreed step is one every rank pushed:
+  // the survivors of a lost node keep it, and its replicas are held.
+  std::function<int64_t()> pace_every;
 };
 
 class StepAgreement {
@@ -174,6 +181,7 @@ class StepAgreement {
 
   // Agreement thread only.
   uint64_t consumed_ = 0;
+  int64_t last_target_ = -1;        // named pushes: the last step the rounds named
   int64_t hashed_created_ns_ = -1;  // the version whose layout hash is cached
   uint64_t hashed_ = 0;
 

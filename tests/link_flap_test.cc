@@ -201,6 +201,8 @@ class LinkFlap : public ::testing::Test {
                  {"CAIRN_REPLICATE_TIMEOUT_S", std::to_string(kTimeoutS)},
                  {"CAIRN_PERSIST_EVERY", "0"},
                  {"CAIRN_SLOTS", "8"},
+                 // Every version the link keeps up with, unpaced: these tests time the link.
+                 {"CAIRN_REPLICATE_SHARE", "1"},
                  {"CAIRN_TEST_LOCKSTEP", root_->path()},  // ranks in step, as in training
                  {"CAIRN_LOG_LEVEL", "2"},
                  {"UCX_TLS", "tcp"},

@@ -125,6 +125,57 @@ KilledRun ReadKilledRun(const std::string& dir, int r) {
   return k;
 }
 
+// Paced replication (CAIRN_REPLICATE_SHARE): a lost node still comes back from memory. With a
+// share small enough that one step in many is replicated, the rounds name the steps every
+// rank pushes and agree only on one every rank's pushes covered, so the survivors keep a
+// step the lost node's replicas hold (ranks pacing alone pushed steps the survivors had
+// already reused, and the job had no step in memory).
+TEST(RecoveryProcesses, PacedReplicationStillRestoresALostNodeFromMemory) {
+  TempDir root("rpace");
+  const std::string job = testing::UniqueJobId("pace");
+  const std::string train = root.path() + "/train";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(train, 0700).ok());
+  auto l =
+      LocalLauncher::Start(Spec(root, job, 2, 2, {"matrix", "tp2", kRows, "1000000", "0"}, train,
+                                {{"CAIRN_PERSIST_EVERY", "0"},
+                                 {"CAIRN_REPLICATE_SHARE", "0.002"},
+                                 {"CAIRN_LOG_LEVEL", "info"}}));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  // Train until every rank paces its pushes, and a while after.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  auto paced = [&] {
+    for (int r = 0; r < 4; ++r) {
+      auto text = ReadWholeFile(DefaultFileSystem(), train + "/rank-" + std::to_string(r) + ".log",
+                                64 << 20);
+      if (!text.ok() || text->find("replication paced: one step in") == std::string::npos)
+        return false;
+    }
+    return true;
+  };
+  while (!paced()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << Logs(train, 4);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000 + std::random_device{}() % 1000));
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE((*l)->Signal(r, SIGKILL).ok());
+  for (int r = 0; r < 4; ++r) (*l)->WaitRank(r);
+  int64_t newest = -1;
+  l->reset();
+  for (int r = 0; r < 4; ++r) newest = std::max(newest, ReadKilledRun(train, r).newest);
+  ASSERT_TRUE(DefaultFileSystem()->RemoveAll(root.path() + "/host/" + job + "/node-1").ok());
+  auto got = RunRestore(root, job, 2, 2, "tp2", 0, "restart");
+  ASSERT_EQ(got.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    const Restored& x = got[static_cast<size_t>(r)];
+    EXPECT_EQ(x.step, got[0].step) << "rank " << r;
+    EXPECT_GT(x.step, 0) << "rank " << r;
+    EXPECT_EQ(x.pfs, 0u) << "rank " << r << " read the PFS";
+    EXPECT_EQ(x.tier, r >= 2 ? "peer" : "host") << "rank " << r;
+  }
+  std::printf("paced: newest step saved %lld, restored %lld from memory\n",
+              static_cast<long long>(newest), static_cast<long long>(got[0].step));
+}
+
 // Killed at a random moment (every rank, SIGKILL), a job comes back from memory with the
 // same step on every rank, and loses at most the versions in flight: with a fence and a
 // barrier per step, the newest step printed by any rank (its bytes copied on every rank,

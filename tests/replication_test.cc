@@ -15,6 +15,7 @@
 
 #include "api/channels.h"
 #include "cli/launcher.h"
+#include "core/clock.h"
 #include "core/filesystem.h"
 #include "redundancy/placement.h"
 #include "redundancy/replica_store.h"
@@ -122,6 +123,9 @@ LaunchSpec Spec(const testing::TempDir& root, const std::string& job, const std:
               {"CAIRN_CONNECT_TIMEOUT_S", "60"},
               {"CAIRN_REPLICATE_TIMEOUT_S", "3"},
               {"CAIRN_PERSIST_EVERY", "0"},
+              // Unpaced: these tests count the versions the protocol carries (pacing has
+              // its own, Replicator.PacedPushesStayWithinTheirShareOfTheTime).
+              {"CAIRN_REPLICATE_SHARE", "1"},
               {"CAIRN_LOG_LEVEL", "2"},
               {"UCX_TLS", tls}};
   return spec;
@@ -369,18 +373,10 @@ struct InProcessRank {
   std::unique_ptr<Replicator> replicator;
 };
 
-// A holder keeps the replica of the step its source keeps (the agreed one) however many
-// newer versions come after it, in place of only the newest ones: while a rank on another
-// node skipped its saves, the agreement stayed on a step the other ranks' holders had already
-// reused, and a lost node had no step every rank held (the crash matrices under ASan,
-// tests/RELIABILITY.md). Rank 0 keeps step 2, then captures and replicates 3-9 (3 slots).
-TEST(ReplicaHolder, KeepsTheReplicaOfTheStepItsSourceKeepsWhileNewerOnesCome) {
-  testing::TempDir root("repl-keep");
-  const std::string job = testing::UniqueJobId("repl-keep");
-  const std::string host = root.path() + "/host";
-  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(host, 0700).ok());
-  Logger log("test", LogLevel::kError);
-  InProcessRank ranks[2];
+// Connects two InProcessRanks (3 slots each) of job `job` under `root` (host tier at
+// `host`), rank 1 holding rank 0's replicas; `share`: CAIRN_REPLICATE_SHARE.
+void OpenTwoRanks(const testing::TempDir& root, const std::string& job, const std::string& host,
+                  const Logger& log, InProcessRank (&ranks)[2], double share = 1.0) {
   {
     std::vector<std::thread> joining;
     Status connected[2];
@@ -414,8 +410,33 @@ TEST(ReplicaHolder, KeepsTheReplicaOfTheStepItsSourceKeepsWhileNewerOnesCome) {
     ASSERT_TRUE(placement.ok()) << placement.status().ToString();
     ranks[r].replicator = std::make_unique<Replicator>(
         ranks[r].comm.get(), JobChannels{}.replication, std::move(*placement), ranks[r].tier.get(),
-        ranks[r].store.get(), &log, 20.0);
+        ranks[r].store.get(), &log, 20.0, std::nullopt, ThreadPriority::kNormal, share);
   }
+}
+
+// The ranks leave together, as processes would (a closing rank waits for its peers' last
+// words a while).
+void CloseTwoRanks(InProcessRank (&ranks)[2]) {
+  for (InProcessRank& r : ranks) r.replicator.reset();
+  std::vector<std::thread> leaving;
+  for (InProcessRank& r : ranks) leaving.emplace_back([&r] { r.comm.reset(); });
+  for (std::thread& t : leaving) t.join();
+}
+
+// A holder keeps the replica of the step its source keeps (the agreed one) however many
+// newer versions come after it, in place of only the newest ones: while a rank on another
+// node skipped its saves, the agreement stayed on a step the other ranks' holders had already
+// reused, and a lost node had no step every rank held (the crash matrices under ASan,
+// tests/RELIABILITY.md). Rank 0 keeps step 2, then captures and replicates 3-9 (3 slots).
+TEST(ReplicaHolder, KeepsTheReplicaOfTheStepItsSourceKeepsWhileNewerOnesCome) {
+  testing::TempDir root("repl-keep");
+  const std::string job = testing::UniqueJobId("repl-keep");
+  const std::string host = root.path() + "/host";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(host, 0700).ok());
+  Logger log("test", LogLevel::kError);
+  InProcessRank ranks[2];
+  OpenTwoRanks(root, job, host, log, ranks);
+  if (::testing::Test::HasFatalFailure()) return;
   HostTier& own = *ranks[0].tier;
   for (int64_t step = 1; step <= 9; ++step) {
     ASSERT_TRUE(testing::CaptureInto(own, step)) << step;
@@ -433,12 +454,47 @@ TEST(ReplicaHolder, KeepsTheReplicaOfTheStepItsSourceKeepsWhileNewerOnesCome) {
   for (const VersionInfo& v : (*held)->Versions()) steps.push_back(v.step);
   std::sort(steps.begin(), steps.end());
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 8, 9}));
-  // The ranks leave together, as processes would (a closing rank waits for its peers' last
-  // words a while).
-  for (InProcessRank& r : ranks) r.replicator.reset();
-  std::vector<std::thread> leaving;
-  for (InProcessRank& r : ranks) leaving.emplace_back([&r] { r.comm.reset(); });
-  for (std::thread& t : leaving) t.join();
+  CloseTwoRanks(ranks);
+}
+
+// CAIRN_REPLICATE_SHARE: pushes take at most about that share of the wall clock. Rank 0
+// saves a step every 4 ms for 150 steps with a share of 2%: the replicator measures the
+// push and the step and pushes one step in every 2^k, the first of each block, so that its
+// pushes' time stays near 2% of the run (unpaced, 64 KiB pushes over loopback take a
+// quarter or more). Waiting for replication lifts the pacing: the last step is then pushed.
+TEST(Replicator, PacedPushesStayWithinTheirShareOfTheTime) {
+  testing::TempDir root("repl-pace");
+  const std::string job = testing::UniqueJobId("repl-pace");
+  const std::string host = root.path() + "/host";
+  ASSERT_TRUE(DefaultFileSystem()->MakeDirs(host, 0700).ok());
+  Logger log("test", LogLevel::kError);
+  InProcessRank ranks[2];
+  constexpr double kShare = 0.02;
+  OpenTwoRanks(root, job, host, log, ranks, kShare);
+  if (::testing::Test::HasFatalFailure()) return;
+  Replicator& repl = *ranks[0].replicator;
+  const int64_t t0 = NowNanos();
+  constexpr int64_t kSteps = 150;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    if (testing::CaptureInto(*ranks[0].tier, step)) repl.Notify(step);
+    std::this_thread::sleep_for(std::chrono::milliseconds(4));
+  }
+  const double wall = NanosToSeconds(NowNanos() - t0);
+  const ReplicatorStats paced = repl.stats();
+  EXPECT_GT(paced.every, 1) << "push " << paced.push_s << " s, step " << paced.step_s << " s";
+  EXPECT_GT(paced.replicated, 1u);
+  EXPECT_GT(paced.passed_over, 0u);
+  // Pushes' time within the share, with room for the first ones (before the measure) and a
+  // block that comes early after a late push.
+  EXPECT_LT(paced.seconds / wall, 3 * kShare) << paced.replicated << " pushes of " << paced.seconds
+                                              << " s in " << wall << " s, one in " << paced.every;
+  EXPECT_EQ(paced.behind_steps, kSteps - paced.newest_replicated);
+  EXPECT_LE(paced.behind_steps, 2 * paced.every + 1);
+  Status st = repl.WaitReplicated(kSteps, 20);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(repl.stats().newest_replicated, kSteps);
+  EXPECT_EQ(repl.stats().behind_steps, 0);
+  CloseTwoRanks(ranks);
 }
 
 TEST(BlobsOnlyHeader, KeepsTheBlobsAtTheirNewOffsetsAndNoTensor) {

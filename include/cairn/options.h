@@ -89,6 +89,7 @@ struct Options {
   double op_timeout_s = 300;                       // a collective waiting on a silent peer
   int replicas = 1;                                // copies of each version in other nodes' memory
   double replicate_timeout_s = 30;  // a replica holder silent this long counts as down
+  double replicate_share = 0.05;    // the most of the wall clock replica pushes may take (1: all)
   bool group_placement = false;     // Gemini's group placement instead of the ring
   RedundancyKind redundancy = RedundancyKind::kReplica;  // replicas, or parity (xor, rs)
   int erasure_k = 4;                                     // xor/rs: nodes per set, parity included

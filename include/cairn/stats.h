@@ -74,6 +74,14 @@ struct ReplicationStats {
   double unreplicated_s = 0;
   int64_t unreplicated_steps = 0;
   std::string last_error;
+  // Pacing (CAIRN_REPLICATE_SHARE): one step in `every` is replicated (1: every version the
+  // link keeps up with), chosen from the measured push and step (moving averages, seconds);
+  // the newest captured step is `behind_steps` after newest_replicated_step: what losing
+  // this node now would redo.
+  int64_t every = 1;
+  int64_t behind_steps = 0;
+  double push_s = 0;
+  double step_s = 0;
 };
 
 // Host slots -> the PFS (PERSISTED; CAIRN_PERSIST_EVERY, flush()).
