@@ -153,21 +153,23 @@ Setting Bytes(const char* var, Member<uint64_t> m, const char* field, const char
       IntegerText<uint64_t>);
 }
 
-Setting Seconds(const char* var, Member<double> m, const char* field, const char* meaning) {
+// A number in (0, hi]: `what` names it in the error ("a number of seconds", "a fraction")
+// and in Typed's.
+Setting Number(const char* var, Member<double> m, const char* field, const char* meaning,
+               const char* what, double hi, const char* range) {
   Setting s{var, nullptr, meaning, [m](const Options& o) { return ShowSeconds(o.*m); },
-            [m](const char* v, const char* t, Options& o) {
+            [m, what, hi, range](const char* v, const char* t, Options& o) {
               char* end = nullptr;
               errno = 0;
               const double d = std::strtod(t, &end);
-              if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > 86400)
-                return Status::InvalidArgument(std::string(v) + "='" + t +
-                                               "' is not a number of seconds in (0, 86400]");
+              if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > hi)
+                return Status::InvalidArgument(std::string(v) + "='" + t + "' is not " + what +
+                                               " in " + range);
               o.*m = d;
               return Status::OK();
             }};
   return Typed(
-      std::move(s), field, "a number of seconds",
-      [m](const Options& o) { return SettingValue(o.*m); },
+      std::move(s), field, what, [m](const Options& o) { return SettingValue(o.*m); },
       [](const SettingValue& v) -> std::optional<std::string> {
         if (const auto* d = std::get_if<double>(&v)) {
           char buf[32];
@@ -178,28 +180,12 @@ Setting Seconds(const char* var, Member<double> m, const char* field, const char
       });
 }
 
+Setting Seconds(const char* var, Member<double> m, const char* field, const char* meaning) {
+  return Number(var, m, field, meaning, "a number of seconds", 86400, "(0, 86400]");
+}
+
 Setting Fraction(const char* var, Member<double> m, const char* field, const char* meaning) {
-  Setting s{var, nullptr, meaning, [m](const Options& o) { return ShowSeconds(o.*m); },
-            [m](const char* v, const char* t, Options& o) {
-              char* end = nullptr;
-              errno = 0;
-              const double d = std::strtod(t, &end);
-              if (errno != 0 || end == t || *end != '\0' || !(d > 0) || d > 1)
-                return Status::InvalidArgument(std::string(v) + "='" + t +
-                                               "' is not a fraction in (0, 1]");
-              o.*m = d;
-              return Status::OK();
-            }};
-  return Typed(
-      std::move(s), field, "a fraction", [m](const Options& o) { return SettingValue(o.*m); },
-      [](const SettingValue& v) -> std::optional<std::string> {
-        if (const auto* d = std::get_if<double>(&v)) {
-          char buf[32];
-          std::snprintf(buf, sizeof buf, "%.17g", *d);
-          return buf;
-        }
-        return IntegerText<int64_t>(v);
-      });
+  return Number(var, m, field, meaning, "a fraction", 1, "(0, 1]");
 }
 
 // A member that takes one of a few words. Typed, a bool member is a bool (its word found by
